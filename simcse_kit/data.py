@@ -1,0 +1,157 @@
+"""Training data: validated readers, `datasets` wrapping and batch collation.
+
+Files are read and checked here (so an error names the file and line), then handed
+to `datasets.Dataset`. Formats, by training mode:
+  * ``unsup``: a text file, one sentence a line; blank lines are skipped.
+  * ``sup``: CSV or JSONL with columns ``sent0, sent1`` (extra columns are ignored).
+  * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``.
+  * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch
+
+from simcse_kit.errors import DataError, where
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = {"unsup": ("sent0",), "sup": ("sent0", "sent1"), "hardneg": ("sent0", "sent1", "hard_neg")}
+
+
+def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(line_number, text)`` with strict UTF-8, naming the line of a bad byte."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{where(path, number)}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            yield number, text.rstrip("\r\n")
+
+
+def read_sentences(path: str | Path) -> list[str]:
+    """One sentence a line; blank lines skipped; an empty file is an error."""
+    path = Path(path)
+    sentences = [line.strip() for _, line in _decoded_lines(path) if line.strip()]
+    if not sentences:
+        raise DataError(f"{path}: no sentences (the file is empty or blank)")
+    if len(sentences) < 2:
+        raise DataError(f"{path}: only one sentence; contrastive training needs at least two (in-batch negatives)")
+    return sentences
+
+
+def _check_row(path: Path, number: int, row: dict[str, object], columns: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for col in columns:
+        value = row.get(col)
+        if value is None:
+            raise DataError(f"{where(path, number)}: missing value for column {col!r}")
+        if not isinstance(value, str):
+            raise DataError(f"{where(path, number)}: column {col!r} must be text, got {type(value).__name__}")
+        if not value.strip():
+            raise DataError(f"{where(path, number)}: empty value in column {col!r}")
+        out[col] = value.strip()
+    return out
+
+
+def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """Read CSV (header row) or JSONL (one object a line) and check the columns."""
+    path = Path(path)
+    rows: list[dict[str, str]] = []
+    if path.suffix.lower() in (".jsonl", ".json"):
+        for number, line in _decoded_lines(path):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where(path, number)}: expected a JSON object with keys {list(columns)}")
+            rows.append(_check_row(path, number, obj, columns))
+    else:
+        lines = list(_decoded_lines(path))
+        if not lines:
+            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}")
+        text = "\n".join(line for _, line in lines)
+        reader = csv.reader(io.StringIO(text))
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
+        for record in reader:
+            number = reader.line_num
+            if not any(field.strip() for field in record):
+                continue
+            if len(record) != len(header):
+                raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
+            rows.append(_check_row(path, number, dict(zip(header, record)), columns))
+    if len(rows) < 2:
+        raise DataError(f"{path}: {len(rows)} usable row(s); contrastive training needs at least two")
+    return rows
+
+
+def load_train_dataset(source: str, mode: str, max_samples: int | None = None) -> datasets.Dataset:
+    """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``."""
+    columns = COLUMNS[mode]
+    if source.startswith("hub:"):
+        ds = datasets.load_dataset(source[4:], split="train")
+        missing = [c for c in columns if c not in ds.column_names]
+        if missing:
+            raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
+        ds = ds.select_columns(list(columns))
+    elif mode == "unsup" and Path(source).suffix.lower() not in (".csv", ".jsonl", ".json"):
+        ds = datasets.Dataset.from_dict({"sent0": read_sentences(source)})
+    else:
+        rows = read_rows(source, columns)
+        ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in columns})
+    if max_samples is not None:
+        ds = ds.select(range(min(max_samples, len(ds))))
+    logger.info("loaded %d training examples (%s) from %s", len(ds), mode, source)
+    return ds
+
+
+@dataclass
+class ContrastiveCollator:
+    """Turn a list of examples into one tokenised batch of all views.
+
+    Row order (what the objectives expect):
+      * ``unsup``: ``[a, a, b, b, ...]`` — each sentence twice, so dropout makes the views;
+      * ``sup``: ``[s0_1..s0_N, s1_1..s1_N]``;
+      * ``hardneg``: ``[s0_1..s0_N, s1_1..s1_N, neg_1..neg_N]``.
+    Padding is to the longest sequence of the batch, truncation at ``max_seq_len``.
+    """
+
+    tokenizer: object
+    mode: str
+    max_seq_len: int = 32
+
+    def texts(self, examples: list[dict[str, str]]) -> list[str]:
+        if self.mode == "unsup":
+            return [ex["sent0"] for ex in examples for _ in range(2)]
+        return [ex[col] for col in COLUMNS[self.mode] for ex in examples]
+
+    def __call__(self, examples: list[dict[str, str]]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(
+            self.texts(examples),
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_len,
+            return_tensors="pt",
+        )
+        return dict(batch)

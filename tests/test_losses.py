@@ -1,0 +1,205 @@
+"""Known answers and naive-loop references for the loss core."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from simcse_kit import losses
+
+SIMS = [0.5, 0.25, -0.45, -0.1]
+
+
+def embeddings_with_cosines(sims: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An anchor ``[1, D]`` and candidates ``[M, D]`` whose cosines to it are exactly ``sims``."""
+    m = len(sims)
+    anchor = torch.zeros(1, m + 1, dtype=torch.float64)
+    anchor[0, 0] = 1.0
+    cands = torch.zeros(m, m + 1, dtype=torch.float64)
+    for j, s in enumerate(sims):
+        cands[j, 0] = s
+        cands[j, j + 1] = math.sqrt(1 - s * s)
+    return anchor, cands
+
+
+@pytest.mark.parametrize(
+    ("positive", "tau", "expected"),
+    [
+        (0, 1.0, 0.9986),
+        (0, 0.5, 0.7214),
+        (0, 0.05, 0.0067),
+        (1, 1.0, 1.2486),
+        (1, 0.5, 1.2214),
+        (1, 0.05, 5.0067),
+        (1, 0.01, 25.0),
+    ],
+)
+def test_known_table(positive: int, tau: float, expected: float) -> None:
+    # Straight from similarities...
+    logits = torch.tensor([SIMS], dtype=torch.float64) / tau
+    got = losses.cross_entropy_from_logits(logits, torch.tensor([positive])).item()
+    assert got == pytest.approx(expected, abs=6e-5)
+    # ...and through info_nce from embeddings with exactly those cosines.
+    anchor, cands = embeddings_with_cosines(SIMS)
+    got = losses.info_nce(anchor, cands, temperature=tau, labels=torch.tensor([positive])).item()
+    assert got == pytest.approx(expected, abs=6e-5)
+
+
+def naive_info_nce(z1, z2, z3=None, tau=0.05, alpha=1.0):
+    total = 0.0
+    n = len(z1)
+    for i in range(n):
+        cos = lambda a, b: float(torch.dot(a, b) / (a.norm() * b.norm()))  # noqa: E731
+        num = math.exp(cos(z1[i], z2[i]) / tau)
+        den = sum(math.exp(cos(z1[i], z2[j]) / tau) for j in range(n))
+        if z3 is not None:
+            den += sum((alpha if j == i else 1.0) * math.exp(cos(z1[i], z3[j]) / tau) for j in range(n))
+        total += -math.log(num / den)
+    return total / n
+
+
+def naive_views(z, tau):
+    n = len(z)
+    total = 0.0
+    for i in range(n):
+        cos = lambda a, b: float(torch.dot(a, b) / (a.norm() * b.norm()))  # noqa: E731
+        pos = i ^ 1
+        den = sum(math.exp(cos(z[i], z[k]) / tau) for k in range(n) if k != i)
+        total += -(cos(z[i], z[pos]) / tau - math.log(den))
+    return total / n
+
+
+def naive_supcon(z, labels, tau, variant):
+    n = len(z)
+    zn = torch.nn.functional.normalize(z, dim=-1)
+    total, count = 0.0, 0
+    for i in range(n):
+        pos = [p for p in range(n) if p != i and labels[p] == labels[i]]
+        if not pos:
+            continue
+        den = sum(math.exp(float(zn[i] @ zn[a]) / tau) for a in range(n) if a != i)
+        probs = [math.exp(float(zn[i] @ zn[p]) / tau) / den for p in pos]
+        if variant == "out":
+            total += -sum(math.log(q) for q in probs) / len(pos)
+        else:
+            total += -math.log(sum(probs) / len(pos))
+        count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_info_nce_matches_naive_loop(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    z1, z2, z3 = (torch.randn(6, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    tol = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    # Reference computed on the same (rounded) inputs the loss sees.
+    r1, r2, r3 = (t.to(dtype).double() for t in (z1, z2, z3))
+    for tau in (1.0, 0.05):
+        got = losses.info_nce(z1.to(dtype), z2.to(dtype), temperature=tau).item()
+        assert got == pytest.approx(naive_info_nce(r1, r2, tau=tau), rel=tol, abs=tol)
+        got = losses.info_nce(z1.to(dtype), z2.to(dtype), z3.to(dtype), temperature=tau, hard_negative_weight=2.5).item()
+        assert got == pytest.approx(naive_info_nce(r1, r2, r3, tau=tau, alpha=2.5), rel=tol, abs=tol)
+
+
+def test_views_matches_naive_loop_and_labels() -> None:
+    assert losses.view_labels(6).tolist() == [1, 0, 3, 2, 5, 4]
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(8, 5, generator=g, dtype=torch.float64)
+    for tau in (0.5, 0.05):
+        assert losses.info_nce_views(z, temperature=tau).item() == pytest.approx(naive_views(z, tau), rel=1e-9)
+
+
+@pytest.mark.parametrize("variant", ["out", "in"])
+def test_supcon_matches_naive_loop(variant: str) -> None:
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn(10, 6, generator=g, dtype=torch.float64)
+    labels = torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 1, 4])  # 3 and 4 have no positive: excluded
+    got = losses.supcon(z, labels, temperature=0.1, variant=variant).item()
+    assert got == pytest.approx(naive_supcon(z, labels.tolist(), 0.1, variant), rel=1e-9)
+    mask = labels.view(-1, 1) == labels.view(1, -1)
+    assert losses.supcon(z, positive_mask=mask, temperature=0.1, variant=variant).item() == pytest.approx(got, rel=1e-12)
+
+
+def test_supcon_l_in_le_l_out() -> None:
+    # Jensen: L_in <= L_out, equal when every anchor has one positive.
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(12, 4, generator=g)
+    labels = torch.arange(12) % 3
+    assert losses.supcon(z, labels, variant="in") <= losses.supcon(z, labels, variant="out") + 1e-6
+
+
+def test_supcon_two_views_equals_views_infonce() -> None:
+    g = torch.Generator().manual_seed(4)
+    z = torch.randn(10, 7, generator=g, dtype=torch.float64)
+    labels = torch.arange(5).repeat_interleave(2)  # [0,0,1,1,...] one label per sentence
+    for variant in ("out", "in"):
+        a = losses.supcon(z, labels, temperature=0.05, variant=variant)
+        b = losses.info_nce_views(z, temperature=0.05)
+        assert a.item() == pytest.approx(b.item(), rel=1e-10)
+
+
+def test_supcon_no_positive_is_zero_not_nan() -> None:
+    z = torch.randn(4, 3, requires_grad=True)
+    loss = losses.supcon(z, torch.arange(4))
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.isfinite(z.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_finite_at_low_temperature(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(8, 16, generator=g)
+    for fn in (
+        lambda z: losses.info_nce(z[:4], z[4:], temperature=0.01),
+        lambda z: losses.info_nce(z[:4], z[4:], z[:4].flip(0), temperature=0.01, hard_negative_weight=0.1),
+        lambda z: losses.info_nce_views(z, temperature=0.01),
+        lambda z: losses.supcon(z, torch.arange(8) % 3, temperature=0.01),
+        lambda z: losses.supcon(z, torch.arange(8) % 3, temperature=0.01, variant="in"),
+    ):
+        z = base.to(dtype).requires_grad_(True)
+        loss = fn(z)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(z.grad.float()).all()
+
+
+def test_mask_uses_dtype_min_not_big_constant() -> None:
+    # A row whose only candidates besides the positive are excluded: loss is exactly 0.
+    logits = torch.tensor([[3.0, 1.0, 2.0]])
+    exclude = torch.tensor([[False, True, True]])
+    assert losses.cross_entropy_from_logits(logits, torch.tensor([0]), exclude).item() == 0.0
+    # The positive is never excluded even if the mask says so.
+    assert torch.isfinite(losses.cross_entropy_from_logits(logits, torch.tensor([1]), torch.ones(1, 3, dtype=torch.bool)))
+
+
+def test_gradient_on_negative_grows_with_similarity() -> None:
+    # Hardness awareness: d loss / d s_j = P_j / tau, larger for more similar negatives.
+    s = torch.tensor([[0.5, 0.25, -0.45, -0.1]], requires_grad=True)
+    tau = 0.1
+    losses.cross_entropy_from_logits(s / tau, torch.tensor([0])).backward()
+    g = s.grad[0, 1:]
+    p = torch.softmax(s.detach() / tau, dim=1)[0, 1:] / tau
+    assert torch.allclose(g, p)
+    order = torch.argsort(s.detach()[0, 1:])
+    assert torch.all(torch.diff(g[order]) > 0)
+
+
+def test_hard_negative_weight_one_is_plain_and_weight_raises_loss() -> None:
+    g = torch.Generator().manual_seed(6)
+    z1, z2, z3 = (torch.randn(5, 8, generator=g) for _ in range(3))
+    plain = losses.info_nce(z1, z2, z3, temperature=0.05)
+    heavier = losses.info_nce(z1, z2, z3, temperature=0.05, hard_negative_weight=3.0)
+    assert heavier > plain
+    assert losses.info_nce(z1, z2, z3, temperature=0.05, hard_negative_weight=1.0) == plain
+
+
+def test_bad_arguments() -> None:
+    z = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="temperature"):
+        losses.info_nce(z, z, temperature=0.0)
+    with pytest.raises(ValueError, match="even"):
+        losses.info_nce_views(torch.randn(5, 3))
+    with pytest.raises(ValueError, match="labels or positive_mask"):
+        losses.supcon(z)
