@@ -44,7 +44,45 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.training import train
 
     cfg = load_config(args.config, parse_overrides(extra))
-    train(cfg, overwrite=args.overwrite)
+    if args.seeds is not None:  # one run per seed in OUTPUT_DIR/seed-N, then mean ± std
+        from simcse_kit.experiments import parse_seeds, run_seeds
+
+        if args.resume:
+            raise ConfigError("--seeds runs reuse finished seeds on their own; run the same command again instead of --resume")
+        run_seeds(cfg, parse_seeds(args.seeds), overwrite=args.overwrite)
+        return 0
+    train(cfg, overwrite=args.overwrite, resume=args.resume)
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
+    from simcse_kit.config import load_config
+    from simcse_kit.experiments import SWEEP_KEYS, parse_seeds, parse_values, run_sweep
+
+    grid = {name: parse_values(name, getattr(args, name)) for name in SWEEP_KEYS if getattr(args, name) is not None}
+    if not grid:
+        raise ConfigError("nothing to sweep: give --temperature, --dropout and/or --hard-negative-weight (comma-separated)")
+    cfg = load_config(args.config, parse_overrides(extra))
+    run_sweep(cfg, grid, parse_seeds(args.seeds) if args.seeds else None, overwrite=args.overwrite)
+    return 0
+
+
+def cmd_transfer(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise ConfigError(f"unexpected arguments {extra}")
+    from simcse_kit.transfer import evaluate_transfer
+
+    evaluate_transfer(
+        args.model,
+        pooler=args.pooler,
+        data_dir=args.data_dir,
+        tasks=args.tasks,
+        kfold=args.kfold,
+        max_train_samples=args.max_train_samples,
+        mrpc_features=args.mrpc_features,
+        json_out=args.json,
+        batch_size=args.batch_size,
+    )
     return 0
 
 
@@ -65,15 +103,107 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise ConfigError(f"unexpected arguments {extra}")
+    from simcse_kit.export import ExportError, export_model
+
+    try:
+        result = export_model(args.source, args.out_dir, overwrite=args.overwrite)
+    except ExportError as exc:
+        # Not a user error (exit 2) but a failed check: one line, no traceback, status 1.
+        print(f"simcse-kit export: failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported to {result.out_dir}: {result.modules}")
+    print(f"parity: min cosine {result.min_cosine:.7f} over {result.n_probes} probe sentences")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise ConfigError(f"unexpected arguments {extra}")
+    if args.demo == "digits":
+        from simcse_kit.demos import digits
+
+        cfg = digits.DigitsConfig(epochs=args.epochs, temperature=args.temperature, seed=args.seed, tsne=not args.no_tsne)
+        digits.run(cfg, args.output_dir or Path("runs/demos/digits"))
+    else:
+        from simcse_kit.demos import toy
+
+        out = args.output_dir or Path("runs/demos/toy")
+        toy.run(args.temperatures, steps=args.steps, seed=args.seed, similarity=args.similarity, output_dir=out)
+    return 0
+
+
+def cmd_temperature(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise ConfigError(f"unexpected arguments {extra}")
+    from simcse_kit.demos import temperature
+
+    if len(args.similarities) < 2 or any(not -1.0 <= s <= 1.0 for s in args.similarities):
+        raise ConfigError("--similarities needs the positive's and at least one negative's cosine, each in [-1, 1]")
+    if any(t <= 0 for t in args.temperatures):
+        raise ConfigError("--temperatures must all be > 0")
+    temperature.run(args.similarities, args.temperatures, args.output_dir)
+    return 0
+
+
+def cmd_align_uniform(args: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        raise ConfigError(f"unexpected arguments {extra}")
+    from simcse_kit.demos.align_uniform import align_uniform_model
+
+    align_uniform_model(
+        args.model,
+        pooler=args.pooler,
+        data_dir=args.data_dir,
+        split=args.split,
+        threshold=args.threshold,
+        json_out=args.json,
+        batch_size=args.batch_size,
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simcse-kit", description="SimCSE sentence-embedding training and evaluation")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train from a YAML recipe; any config key can be overridden as --key value")
+    # allow_abbrev=False: an override such as --seed 3 must never be read as --seeds.
+    p = sub.add_parser(
+        "train", help="train from a YAML recipe; any config key can be overridden as --key value", allow_abbrev=False
+    )
     p.add_argument("config", type=Path, help="recipe YAML (see train/)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --output-dir")
+    p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
+    p.add_argument("--seeds", default=None, help="e.g. 1,2,3: a run per seed in OUTPUT_DIR/seed-N; mean ± std in seeds.json")
     p.set_defaults(func=cmd_train, extra_ok=True)
+
+    p = sub.add_parser(
+        "sweep",
+        help="one-axis sweeps of temperature / dropout / hard-negative weight; plot of STS-B dev against each",
+        allow_abbrev=False,
+    )
+    p.add_argument("config", type=Path, help="base recipe YAML; other keys may be overridden as --key value")
+    p.add_argument("--temperature", default=None, help="comma-separated values, e.g. 0.01,0.05,0.1")
+    p.add_argument("--dropout", default=None, help="comma-separated values, e.g. 0.05,0.1,0.2")
+    p.add_argument("--hard-negative-weight", dest="hard_negative_weight", default=None, help="comma-separated (hardneg mode)")
+    p.add_argument("--seeds", default=None, help="seeds per point (mean ± std error bars)")
+    p.add_argument("--overwrite", action="store_true", help="retrain points already finished")
+    p.set_defaults(func=cmd_sweep, extra_ok=True)
+
+    p = sub.add_parser("transfer", help="SentEval transfer tasks (MR CR SUBJ MPQA SST2 TREC MRPC), logistic-regression probe")
+    p.add_argument("model", help="anything 'simcse-kit evaluate' accepts")
+    p.add_argument("--pooler", default=None, help="pooler for a plain HF model")
+    p.add_argument("--data-dir", default="../shared/data/senteval", help="SentEval-layout data folder")
+    p.add_argument("--tasks", nargs="+", default=None, help="subset of tasks (default: all 7)")
+    p.add_argument("--kfold", type=int, default=10, help="folds for CV (SentEval: 10; 5 for a quick look)")
+    p.add_argument("--max-train-samples", type=int, default=None, help="subsample each task's training data (quick runs)")
+    p.add_argument("--mrpc-features", choices=("senteval", "full"), default="senteval", help="[|u-v|, u*v] or [u, v, |u-v|, u*v]")
+    p.add_argument("--json", type=Path, default=None, help="write results here")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.set_defaults(func=cmd_transfer, extra_ok=False)
 
     p = sub.add_parser("evaluate", help="STS12-16, STS-B, SICK-R Spearman x 100 (SimCSE protocol)")
     p.add_argument("model", help="a simcse-kit run or model folder, a sentence-transformers folder, an HF folder, or 'all-MiniLM-L6-v2'")
@@ -84,6 +214,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--precision", choices=("no", "bf16", "fp16"), default="no", help="inference autocast")
     p.set_defaults(func=cmd_evaluate, extra_ok=False)
+
+    p = sub.add_parser("export", help="write a verified sentence-transformers folder (with model card) from a run or model")
+    p.add_argument("source", help="a simcse-kit run folder or model folder")
+    p.add_argument("out_dir", type=Path, help="the export folder (appears only complete and verified)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    p.set_defaults(func=cmd_export, extra_ok=False)
+
+    p = sub.add_parser("demo", help="the loss core off text: 'digits' (SupCon on 8x8 images), 'toy' (2-D temperature toy)")
+    p.add_argument("demo", choices=("digits", "toy"))
+    p.add_argument("--output-dir", type=Path, default=None, help="where figures go (default runs/demos/<demo>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=30, help="digits: training epochs")
+    p.add_argument("--temperature", type=float, default=0.1, help="digits: SupCon temperature")
+    p.add_argument("--no-tsne", action="store_true", help="digits: skip the t-SNE figure")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.99, 0.5, 0.05, 0.01, 0.001], help="toy: one run per tau")
+    p.add_argument("--steps", type=int, default=1000, help="toy: SGD steps per run")
+    p.add_argument("--similarity", choices=("dot", "cosine"), default="dot", help="toy: similarity of tanh features")
+    p.set_defaults(func=cmd_demo, extra_ok=False)
+
+    p = sub.add_parser("temperature", help="softmax, loss and per-negative gradient weight vs tau; hardness-awareness plot")
+    p.add_argument("--similarities", type=float, nargs="+", default=[0.5, 0.25, -0.45, -0.1], help="cosines, positive first")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.5, 0.2, 0.1, 0.05])
+    p.add_argument("--output-dir", type=Path, default=Path("runs/demos/temperature"), help="where hardness.png goes")
+    p.set_defaults(func=cmd_temperature, extra_ok=False)
+
+    p = sub.add_parser("align-uniform", help="alignment (gold >= 4 pairs) and uniformity on STS-B (Wang & Isola 2020)")
+    p.add_argument("model", help="anything 'simcse-kit evaluate' accepts")
+    p.add_argument("--pooler", default=None, help="pooler for a plain HF model")
+    p.add_argument("--data-dir", default="../shared/data/senteval", help="SentEval-layout data folder")
+    p.add_argument("--split", choices=("dev", "test", "train"), default="dev", help="STS-B split")
+    p.add_argument("--threshold", type=float, default=4.0, help="minimum gold score of a positive pair")
+    p.add_argument("--json", type=Path, default=None, help="write results here")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.set_defaults(func=cmd_align_uniform, extra_ok=False)
     return parser
 
 
@@ -99,6 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers.modeling_utils"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # transformers 5 lists every unsharded layer at WARNING on a plain single-device load.
+    logging.getLogger("transformers.distributed.tensor_parallel").setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         return args.func(args, extra)

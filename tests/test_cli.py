@@ -1,0 +1,97 @@
+"""The console script end to end on a tiny model: run folder, metrics, evaluate JSON, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import toy_sentences
+from simcse_kit.cli import main, parse_overrides
+from simcse_kit.config import load_config
+from simcse_kit.errors import ConfigError
+
+
+def recipe(tmp_path: Path, model_dir: Path, data_dir: Path, mode: str = "unsup") -> Path:
+    train_file = tmp_path / "train.txt"
+    train_file.write_text("\n".join(toy_sentences(40)) + "\n", encoding="utf-8")
+    cfg = {
+        "model": {"name_or_path": str(model_dir), "pooler": "cls", "mlp": "train", "max_seq_len": 16, "eval_max_seq_len": 32},
+        "data": {"mode": mode, "train_file": str(train_file), "eval_data_dir": str(data_dir / "senteval")},
+        "train": {"output_dir": str(tmp_path / "run"), "batch_size": 8, "max_steps": 4, "eval_steps": 2, "progress_bar": False},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def test_train_then_evaluate(tmp_path: Path, tiny_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = recipe(tmp_path, tiny_model_dir, data_dir)
+    assert main(["train", str(path), "--seed", "7", "--learning-rate", "1e-4"]) == 0
+    run = tmp_path / "run"
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["train"]["seed"] == 7 and saved["train"]["learning_rate"] == 1e-4  # overrides recorded
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["steps"] == 4
+    assert [e["step"] for e in metrics["evals"]] == [2.0, 4.0]
+    assert metrics["best_stsb_dev"] == max(e["stsb_dev"] for e in metrics["evals"])
+    assert metrics["examples_per_second"] > 0 and metrics["train_seconds"] > 0
+    assert set(metrics["sts"]) >= {"STS12", "STS16", "STSBenchmark", "SICKRelatedness", "avg"}
+    meta = json.loads((run / "best_model" / "simcse_config.json").read_text())
+    assert meta["pooler"] == "cls" and meta["mlp"] == "train" and meta["mlp_at_inference"] is False
+    assert meta["step"] == metrics["best_step"]
+    out = capsys.readouterr().out
+    assert "STS-B" in out and "Avg." in out
+
+    # evaluate the run folder: same numbers as the run's own final table.
+    assert main(["evaluate", str(run), "--data-dir", str(data_dir / "senteval"), "--json", str(tmp_path / "e.json")]) == 0
+    again = json.loads((tmp_path / "e.json").read_text())
+    for key in ("STS12", "STSBenchmark", "SICKRelatedness", "avg"):
+        assert again[key] == pytest.approx(metrics["sts"][key], abs=1e-6)
+
+    # A finished run is not overwritten by accident.
+    assert main(["train", str(path)]) == 2
+    assert "already holds a finished run" in capsys.readouterr().err
+
+
+def test_errors_name_the_file_and_line(tmp_path: Path, tiny_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = recipe(tmp_path, tiny_model_dir, data_dir)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a good line\nanother\nbad \xff byte\n")
+    assert main(["train", str(path), "--train-file", str(bad)]) == 2
+    assert f"{bad}, line 3: not valid UTF-8" in capsys.readouterr().err
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert main(["train", str(path), "--train-file", str(empty)]) == 2
+    assert "no sentences" in capsys.readouterr().err
+
+    csv = tmp_path / "pairs.csv"
+    csv.write_text("sent0,sent1\na,b\nc,d\n")
+    assert main(["train", str(path), "--train-file", str(csv), "--mode", "hardneg"]) == 2
+    assert f"{csv}, line 1: header ['sent0', 'sent1'] lacks column(s) ['hard_neg']" in capsys.readouterr().err
+
+    assert main(["train", str(path), "--pooler", "max"]) == 2
+    assert "model.pooler" in capsys.readouterr().err
+    assert main(["train", str(path), "--batch-sise", "8"]) == 2
+    assert "unknown option --batch-sise" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists(), "a failed start must not create the run folder"
+
+
+def test_overrides_and_yaml_types(tmp_path: Path) -> None:
+    assert parse_overrides(["--seed", "3", "--model.pooler=avg"]) == {"seed": "3", "model.pooler": "avg"}
+    with pytest.raises(ConfigError, match="needs a value"):
+        parse_overrides(["--seed"])
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  batch_size: many\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: config key 'train.batch_size' = 'many'"):
+        load_config(path)
+    path.write_text("train:\n  batchsize: 8\n")
+    with pytest.raises(ConfigError, match=r"unknown key train.batchsize"):
+        load_config(path)
+    path.write_text("model:\n  dropout: 0.2\ntrain:\n  max_steps: null\n")
+    cfg = load_config(path, {"max_grad_norm": "1.0", "progress-bar": "false"})
+    assert cfg.model.dropout == 0.2 and cfg.train.max_steps is None
+    assert cfg.train.max_grad_norm == 1.0 and cfg.train.progress_bar is False
