@@ -1,0 +1,1 @@
+"""Demos and analyses on the loss core: image SupCon, a 2-D toy, temperature, alignment/uniformity."""
