@@ -41,7 +41,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("tiny-bert")
     vocab = write_vocab(folder)
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)  # transformers 5 ignores vocab_file=
+    assert len(tokenizer) > 40 and tokenizer.unk_token_id not in tokenizer("a dog")["input_ids"]
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
     config = BertConfig(
