@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from simcse_kit.errors import ConfigError
+from simcse_kit.fileio import write_text_atomic
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
@@ -56,6 +57,10 @@ class LossConfig:
     temperature: float = 0.05
     hard_negative_weight: float = 1.0  # the paper's alpha on each anchor's own hard negative
     unsup_loss: str = "views"  # "views": 2N-view InfoNCE; "paper": z1 . z2^T as in SimCSE's code
+    gather: bool = True  # use other processes' embeddings as negatives (multi-process runs)
+    mask_false_negatives: bool = False  # drop in-batch candidates whose text equals the anchor's positive
+    queue_size: int = 0  # MoCo-style queue of past embeddings as extra negatives (0: off)
+    momentum: float = 0.999  # momentum encoder update rate when queue_size > 0
 
 
 @dataclass
@@ -76,6 +81,7 @@ class TrainConfig:
     eval_steps: int = 125  # STS-B dev every N optimiser steps (0: only at the end)
     log_steps: int = 10
     save_steps: int = 0  # full training state every N steps for --resume (0: off)
+    grad_cache_chunk: int = 0  # GradCache: encode the batch in chunks of this many rows (0: off)
     progress_bar: bool = True
 
 
@@ -107,6 +113,9 @@ class RunConfig:
         ]
         if self.model.dropout is not None:
             checks.append(("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"))
+        if self.data.max_train_samples is not None:
+            # One example would make batches without a single negative: a zero loss.
+            checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
         if self.model.pooler == "cls_before_pooler":
             checks.append(("model.mlp", self.model.mlp == "none", "'none' with pooler cls_before_pooler"))
         for key, ok, expected in checks:
@@ -223,5 +232,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML (the run folder's record of what ran)."""
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+    """Write the resolved config as YAML (the run folder's record of what ran).
+
+    Written to a temp file and renamed, so a kill never leaves half a config that a
+    ``--resume`` would then read.
+    """
+    write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -22,6 +22,7 @@ import datasets
 import torch
 
 from simcse_kit.errors import DataError, where
+from simcse_kit.negatives import text_ids
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,19 @@ def _check_row(path: Path, number: int, row: dict[str, object], columns: tuple[s
     return out
 
 
+def _csv_records(reader: Iterator[list[str]], path: Path) -> Iterator[list[str]]:
+    """Iterate a ``csv.reader``, turning its errors (a bare carriage return inside a
+    field, a field over ``csv.field_size_limit()``) into a DataError naming the line."""
+    while True:
+        try:
+            record = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DataError(f"{where(path, getattr(reader, 'line_num', None))}: not valid CSV ({exc})") from None
+        yield record
+
+
 def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
     """Read CSV (header row) or JSONL (one object a line) and check the columns."""
     path = Path(path)
@@ -87,20 +101,21 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
             raise DataError(f"{path}: empty file; expected a header row with {list(columns)}")
         text = "\n".join(line for _, line in lines)
         reader = csv.reader(io.StringIO(text))
+        records = _csv_records(reader, path)
         try:
-            header = [h.strip() for h in next(reader)]
+            header = [h.strip() for h in next(records)]
         except StopIteration:
             raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
         missing = [c for c in columns if c not in header]
         if missing:
             raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
-        for record in reader:
+        for record in records:
             number = reader.line_num
             if not any(field.strip() for field in record):
                 continue
             if len(record) != len(header):
                 raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
-            rows.append(_check_row(path, number, dict(zip(header, record)), columns))
+            rows.append(_check_row(path, number, dict(zip(header, record, strict=True)), columns))
     if len(rows) < 2:
         raise DataError(f"{path}: {len(rows)} usable row(s); contrastive training needs at least two")
     return rows
@@ -110,13 +125,27 @@ def load_train_dataset(source: str, mode: str, max_samples: int | None = None) -
     """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``."""
     columns = COLUMNS[mode]
     if source.startswith("hub:"):
-        ds = datasets.load_dataset(source[4:], split="train")
+        try:
+            ds = datasets.load_dataset(source[4:], split="train")
+        except Exception as exc:  # offline, unknown id, no train split: many exception types
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DataError(f"{source}: cannot load this hub dataset ({reason})") from None
         missing = [c for c in columns if c not in ds.column_names]
         if missing:
             raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
         ds = ds.select_columns(list(columns))
     elif mode == "unsup" and Path(source).suffix.lower() not in (".csv", ".jsonl", ".json"):
-        ds = datasets.Dataset.from_dict({"sent0": read_sentences(source)})
+        sentences = read_sentences(source)
+        duplicates = len(sentences) - len(set(sentences))
+        if duplicates:
+            # Kept (a corpus is what it is), but two copies in one batch are each
+            # other's negatives: say so, and how to mask them.
+            logger.warning(
+                "%s: %d duplicated sentence(s) kept; copies in one batch act as negatives (set loss.mask_false_negatives)",
+                source,
+                duplicates,
+            )
+        ds = datasets.Dataset.from_dict({"sent0": sentences})
     else:
         rows = read_rows(source, columns)
         ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in columns})
@@ -140,6 +169,7 @@ class ContrastiveCollator:
     tokenizer: object
     mode: str
     max_seq_len: int = 32
+    with_text_ids: bool = False  # add ``text_ids`` [B] int64 (row text hashes) for false-negative masking
 
     def texts(self, examples: list[dict[str, str]]) -> list[str]:
         if self.mode == "unsup":
@@ -154,4 +184,7 @@ class ContrastiveCollator:
             max_length=self.max_seq_len,
             return_tensors="pt",
         )
-        return dict(batch)
+        out = dict(batch)
+        if self.with_text_ids:
+            out["text_ids"] = text_ids(self.texts(examples))
+        return out

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from simcse_kit.fileio import write_json_atomic
 from simcse_kit.modeling import load_encoder
 from simcse_kit.sts import STSEvaluator, format_table
 
@@ -37,7 +37,5 @@ def evaluate_model(
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
     print(format_table(results))
     if json_out is not None:
-        path = Path(json_out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        write_json_atomic(Path(json_out), results)
     return results

@@ -287,6 +287,9 @@ def load_encoder(
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s is a sentence-transformers folder", pooler, resolved)
         return SentenceTransformerEncoder(str(resolved), device, max_seq_len)
+    looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") > 1  # a hub id is "org/name"
+    if looks_local and not resolved.is_dir():
+        raise ConfigError(f"{path}: no such model folder")
     if pooler is None:
         raise ConfigError(f"{path}: a plain transformers model records no pooler; pass --pooler (one of {POOLERS})")
     try:

@@ -253,7 +253,11 @@ def read_stsb(path: Path | str) -> STSPairs:
     s2: list[str] = []
     scores: list[float] = []
     rows = csv.reader(lines, delimiter="\t", quoting=csv.QUOTE_NONE)
-    for i, row in enumerate(rows, start=1):
+    for i in range(1, len(lines) + 1):
+        try:
+            row = next(rows)
+        except csv.Error as exc:  # a bare carriage return mid-line, an over-long field
+            raise DataError(f"{where(path, i)}: not valid tab-separated text ({exc})") from None
         if len(row) < 7:
             raise DataError(f"{where(path, i)}: expected at least 7 tab-separated fields, got {len(row)}")
         scores.append(_parse_score(row[4].strip(), path, i, STS_RANGE))
