@@ -90,6 +90,11 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         raise ConfigError(f"unexpected arguments {extra}")
     from simcse_kit.evaluation import evaluate_model
+    from simcse_kit.sts import DEFAULT_SUITE
+
+    unknown = [t for t in args.tasks or () if t not in DEFAULT_SUITE]
+    if unknown:
+        raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(DEFAULT_SUITE)}")
 
     evaluate_model(
         args.model,
@@ -261,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers.modeling_utils"):
+    for noisy in ("httpx", "urllib3", "filelock", "datasets"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # transformers 5 lists every unsharded layer at WARNING on a plain single-device load.
     logging.getLogger("transformers.distributed.tensor_parallel").setLevel(logging.ERROR)

@@ -1,0 +1,229 @@
+"""Cleaner and more negatives: false-negative masks from text ids, and a MoCo-style
+momentum encoder with a queue of past embeddings (as ESimCSE adds to SimCSE).
+
+False negatives. In-batch negatives assume every other row is a different sentence.
+When a batch holds the same text twice (a duplicated corpus line, an NLI premise with
+two hypotheses, a hard negative that repeats the positive), the copy is pushed away
+from its own twin. :func:`false_negative_mask` marks, for each anchor, every candidate
+whose text equals the anchor's or its positive's; the loss core's ``exclude=`` drops
+them from the softmax. Texts are compared by a 64-bit hash (:func:`text_ids`), which
+the collator adds to the batch as ``text_ids`` so it can be gathered across processes
+and stored in the queue like any label.
+
+Momentum queue (He et al., 2020; Wu et al., 2022 "ESimCSE"). A copy of the encoder
+follows the online encoder as ``theta_k <- m * theta_k + (1 - m) * theta_q`` and
+encodes each batch's sentences without a graph; those embeddings go into a FIFO
+queue of ``queue_size`` rows that later batches use as extra negatives. The queue
+carries no gradient, so the negatives are cheap: no backward through the momentum
+encoder, and no memory for its activations. Order within a step follows MoCo's
+``forward``: update the momentum encoder from the online one (which the previous
+optimiser step changed), compute the loss against the queue as it was, then enqueue
+the current batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from simcse_kit import distributed
+
+__all__ = ["MomentumQueue", "MomentumQueueStep", "false_negative_mask", "text_ids"]
+
+logger = logging.getLogger(__name__)
+
+Batch = dict[str, torch.Tensor]
+
+
+def text_ids(texts: Sequence[str]) -> torch.Tensor:
+    """A stable 64-bit id per text: equal texts, equal ids, on every process and run.
+
+    Python's ``hash`` is salted per process, so it would give different ids on
+    different ranks; an 8-byte BLAKE2b digest is stable and collides with
+    probability about ``n^2 / 2^65`` (negligible for any batch or queue).
+
+    Args:
+        texts: ``N`` strings, compared exactly (no case folding or whitespace change).
+
+    Returns:
+        ``[N]`` int64 tensor.
+    """
+    ids = [int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little", signed=True) for t in texts]
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def false_negative_mask(
+    anchor_ids: torch.Tensor,
+    candidate_ids: torch.Tensor,
+    positive: torch.Tensor,
+    self_index: torch.Tensor | None = None,
+    candidate_anchor_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Candidates that share a text with the anchor or with the anchor's positive.
+
+    Candidate ``j`` is masked for anchor ``i`` when its text equals anchor ``i``'s
+    text or the text of anchor ``i``'s positive, or (with ``candidate_anchor_ids``)
+    when it is the positive of an anchor with the same text as anchor ``i`` (an NLI
+    premise seen twice: each of its entailments is a positive of both copies).
+
+    Args:
+        anchor_ids: ``[N]`` text id of each anchor.
+        candidate_ids: ``[M]`` text id of each candidate column of the logits.
+        positive: ``[N]`` int64 column of each anchor's positive (never masked).
+        self_index: optional ``[N]`` column holding the anchor itself (2N-view
+            losses); never marked here, as the loss masks it on its own.
+        candidate_anchor_ids: optional ``[M]``: for a column that is some anchor's
+            positive, that anchor's text id; for other columns (hard negatives, queue
+            rows) the column's own text id.
+
+    Returns:
+        ``[N, M]`` bool, True where candidate ``j`` must not be a negative of anchor
+        ``i``; its sum is the number of false negatives removed.
+    """
+    candidate_ids = candidate_ids.to(anchor_ids.device)
+    positive_ids = candidate_ids[positive]
+    mask = (candidate_ids[None, :] == anchor_ids[:, None]) | (candidate_ids[None, :] == positive_ids[:, None])
+    if candidate_anchor_ids is not None:
+        mask |= candidate_anchor_ids.to(anchor_ids.device)[None, :] == anchor_ids[:, None]
+    rows = torch.arange(anchor_ids.shape[0], device=anchor_ids.device)
+    mask[rows, positive] = False
+    if self_index is not None:
+        mask[rows, self_index] = False
+    return mask
+
+
+class MomentumQueue(nn.Module):
+    """A momentum copy of the encoder and a FIFO queue of its past embeddings.
+
+    The queue, its text ids, the write pointer and the fill count are buffers, so
+    ``state_dict`` holds the whole state; a run registers this module with
+    ``accelerator.register_for_checkpointing`` and ``--resume`` restores it.
+
+    Args:
+        model: the online encoder (``forward(**inputs) -> [B, D]``); copied, frozen.
+        size: queue rows ``Q >= 1``.
+        momentum: ``m`` in ``[0, 1)``; ``0`` makes the copy follow the online encoder
+            exactly, ESimCSE uses ``0.995``, MoCo ``0.999``.
+        dim: embedding width ``D``.
+    """
+
+    def __init__(self, model: nn.Module, size: int, momentum: float, dim: int) -> None:
+        super().__init__()
+        if size < 1:
+            raise ValueError(f"queue size must be >= 1, got {size}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        self.size = size
+        self.momentum = momentum
+        self.encoder = copy.deepcopy(model)
+        self.encoder.requires_grad_(False)
+        self.register_buffer("queue", torch.zeros(size, dim))
+        self.register_buffer("queue_ids", torch.zeros(size, dtype=torch.int64))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("filled", torch.zeros((), dtype=torch.int64))
+        # True once an optimiser step has happened since the last momentum update;
+        # a buffer so a resumed run applies the update the interrupted one owed.
+        self.register_buffer("pending_update", torch.zeros((), dtype=torch.bool))
+
+    @torch.no_grad()
+    def update(self, online: nn.Module) -> None:
+        """``theta_k <- m * theta_k + (1 - m) * theta_q`` for every parameter."""
+        for key, query in zip(self.encoder.parameters(), online.parameters(), strict=True):
+            key.mul_(self.momentum).add_(query.detach().to(key.dtype), alpha=1.0 - self.momentum)
+
+    @torch.no_grad()
+    def encode(self, inputs: Batch, training: bool = True) -> torch.Tensor:
+        """Momentum-encoder embeddings ``[B, D]`` (fp32, no graph) of tokenised ``inputs``.
+
+        ``training`` keeps dropout on, as the online encoder has it while training
+        (MoCo and ESimCSE run the key encoder in train mode too).
+        """
+        self.encoder.train(training)
+        return self.encoder(**inputs).float()
+
+    def negatives(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The filled part of the queue: ``([F, D], [F])`` embeddings and text ids."""
+        n = int(self.filled)
+        return self.queue[:n], self.queue_ids[:n]
+
+    @torch.no_grad()
+    def enqueue(self, keys: torch.Tensor, ids: torch.Tensor) -> None:
+        """Write ``keys [B, D]`` (and their ``ids [B]``) over the oldest rows.
+
+        With ``B > Q`` only the newest ``Q`` rows are kept.
+        """
+        keys, ids = keys.detach()[-self.size :], ids[-self.size :]
+        positions = (self.ptr + torch.arange(keys.shape[0], device=self.queue.device)) % self.size
+        self.queue[positions] = keys.to(self.queue.dtype)
+        self.queue_ids[positions] = ids.to(self.queue_ids.device)
+        self.ptr.copy_((self.ptr + keys.shape[0]) % self.size)
+        self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=self.size))
+
+
+def queue_rows(mode: str, n_rows: int) -> slice:
+    """Rows of a collated batch whose embeddings go into the queue: one view of each
+    unsup sentence (``[a, a, b, b]`` -> even rows), the positives ``s1`` otherwise."""
+    if mode == "unsup":
+        return slice(0, n_rows, 2)
+    views = 2 if mode == "sup" else 3
+    n = n_rows // views
+    return slice(n, 2 * n)
+
+
+class MomentumQueueStep:
+    """A trainer step that adds the queue's negatives to an objective's loss.
+
+    Args:
+        objective: a :class:`~simcse_kit.objectives.SimCSEObjective` (``embed``,
+            ``loss(embeddings, batch, extra_negatives=, extra_ids=)``, ``mode``).
+        queue: the :class:`MomentumQueue`, built from the online model before
+            ``accelerator.prepare``.
+        accelerator: optional; gives ``unwrap_model``, ``autocast`` and
+            ``sync_gradients`` (the momentum encoder moves once per optimiser step,
+            not per accumulated micro-batch).
+    """
+
+    def __init__(self, objective: Any, queue: MomentumQueue, accelerator: Any | None = None) -> None:
+        self.objective = objective
+        self.queue = queue
+        self.accelerator = accelerator
+
+    def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        online = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
+        device = next(online.parameters()).device
+        if self.queue.queue.device != device:
+            self.queue.to(device)
+        if bool(self.queue.pending_update):
+            self.queue.update(online)
+        embeddings = self.objective.embed(model, batch)
+        negatives, negative_ids = self.queue.negatives()
+        loss = self.objective.loss(
+            embeddings,
+            batch,
+            extra_negatives=negatives.clone() if negatives.shape[0] else None,
+            extra_ids=negative_ids.clone() if negatives.shape[0] else None,
+        )
+        # The keys are encoded after the loss used the old queue, and cloned above so
+        # the in-place enqueue never touches a tensor saved for backward.
+        rows = queue_rows(self.objective.mode, batch["input_ids"].shape[0])
+        inputs = {k: v[rows] for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        context = self.accelerator.autocast() if self.accelerator is not None else torch.autocast(device.type, enabled=False)
+        with context:
+            keys = self.queue.encode(inputs, training=online.training)
+        if "text_ids" in batch:
+            ids = batch["text_ids"][rows]
+        else:  # masking off: the ids are never compared
+            ids = torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
+        if self.objective.loss_cfg.gather:  # every process keeps the same queue
+            keys, _ = distributed.gather_with_grad(keys)
+            ids = distributed.gather_labels(ids)
+        self.queue.enqueue(keys, ids)
+        sync = getattr(self.accelerator, "sync_gradients", True) if self.accelerator is not None else True
+        self.queue.pending_update.fill_(bool(sync))
+        return loss
