@@ -211,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_transfer, extra_ok=False)
 
     p = sub.add_parser("evaluate", help="STS12-16, STS-B, SICK-R Spearman x 100 (SimCSE protocol)")
-    p.add_argument("model", help="a simcse-kit run or model folder, a sentence-transformers folder, an HF folder, or 'all-MiniLM-L6-v2'")
+    p.add_argument(
+        "model", help="a simcse-kit run or model folder, a sentence-transformers folder, an HF folder, or 'all-MiniLM-L6-v2'"
+    )
     p.add_argument("--pooler", default=None, help="pooler for a plain HF model (simcse-kit and ST folders record theirs)")
     p.add_argument("--data-dir", default="../shared/data/senteval", help="SentEval-layout data folder")
     p.add_argument("--tasks", nargs="+", default=None, help="subset of tasks (default: all 7)")

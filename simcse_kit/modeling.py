@@ -61,7 +61,9 @@ class Pooler(nn.Module):
     def needs_hidden_states(self) -> bool:
         return self.mode in ("avg_first_last", "avg_top2")
 
-    def forward(self, attention_mask: torch.Tensor, last_hidden: torch.Tensor, hidden_states: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self, attention_mask: torch.Tensor, last_hidden: torch.Tensor, hidden_states: Sequence[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """Args: attention_mask ``[B, L]``, last_hidden ``[B, L, H]``, hidden_states
         (embeddings + one per layer, each ``[B, L, H]``). Returns ``[B, H]``."""
         if self.mode in ("cls", "cls_before_pooler"):
@@ -110,14 +112,18 @@ class SimCSEModel(nn.Module):
         self.encoder = encoder
         self.pooler = Pooler(pooler)
         self.mlp_mode = mlp
-        self.mlp = MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02)) if mlp != "none" else None
+        self.mlp = (
+            MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02)) if mlp != "none" else None
+        )
         self.max_seq_len = max_seq_len
 
     @property
     def uses_mlp(self) -> bool:
         return self.mlp is not None and (self.mlp_mode == "always" or self.training)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         out = self.encoder(
             input_ids=input_ids,
@@ -220,7 +226,9 @@ class Encoder:
     returned in input order.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: object, max_seq_len: int, device: str | torch.device = "cpu", precision: str = "no") -> None:
+    def __init__(
+        self, model: nn.Module, tokenizer: object, max_seq_len: int, device: str | torch.device = "cpu", precision: str = "no"
+    ) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
@@ -258,7 +266,11 @@ class SentenceTransformerEncoder:
             self.model.max_seq_length = max_seq_len
 
     def encode(self, sentences: Sequence[str], batch_size: int = 128) -> torch.Tensor:
-        return self.model.encode(list(sentences), batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False).float().cpu()
+        return (
+            self.model.encode(list(sentences), batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
+            .float()
+            .cpu()
+        )
 
     __call__ = encode
 

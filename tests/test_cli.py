@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import toy_sentences
+
 from simcse_kit.cli import main, parse_overrides
 from simcse_kit.config import load_config
 from simcse_kit.errors import ConfigError
@@ -56,7 +56,9 @@ def test_train_then_evaluate(tmp_path: Path, tiny_model_dir: Path, data_dir: Pat
     assert "already holds a finished run" in capsys.readouterr().err
 
 
-def test_errors_name_the_file_and_line(tmp_path: Path, tiny_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_name_the_file_and_line(
+    tmp_path: Path, tiny_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = recipe(tmp_path, tiny_model_dir, data_dir)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"a good line\nanother\nbad \xff byte\n")

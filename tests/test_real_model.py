@@ -40,14 +40,18 @@ def test_reference_is_public_mteb_figure(st_reference: float) -> None:
 
 
 def test_evaluate_cli_path_matches_sentence_transformers(st_reference: float, data_dir: Path, tmp_path: Path) -> None:
-    results = evaluate_model("all-MiniLM-L6-v2", data_dir=data_dir / "senteval", tasks=["STSBenchmark"], json_out=tmp_path / "r.json")
+    results = evaluate_model(
+        "all-MiniLM-L6-v2", data_dir=data_dir / "senteval", tasks=["STSBenchmark"], json_out=tmp_path / "r.json"
+    )
     assert results["STSBenchmark"] == pytest.approx(st_reference, abs=0.05)
     assert (tmp_path / "r.json").is_file()
 
 
 def test_own_encoder_plain_hf_and_saved_model_match(st_reference: float, data_dir: Path, tmp_path: Path) -> None:
     # Our pooler + Encoder on the raw transformer, and a simcse-kit save/load of it.
-    plain = evaluate_model(resolve_model_path("all-MiniLM-L6-v2"), pooler="avg", data_dir=data_dir / "senteval", tasks=["STSBenchmark"])
+    plain = evaluate_model(
+        resolve_model_path("all-MiniLM-L6-v2"), pooler="avg", data_dir=data_dir / "senteval", tasks=["STSBenchmark"]
+    )
     assert plain["STSBenchmark"] == pytest.approx(st_reference, abs=0.05)
 
     from transformers import AutoTokenizer

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import toy_sentences
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from conftest import toy_sentences
 from simcse_kit.config import LossConfig, ModelConfig, TrainConfig
 from simcse_kit.data import ContrastiveCollator, load_train_dataset
 from simcse_kit.modeling import Encoder, SimCSEModel, load_encoder
@@ -30,7 +30,9 @@ def write_data(folder: Path, mode: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("mode", "pooler", "mlp"), [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")])
+@pytest.mark.parametrize(
+    ("mode", "pooler", "mlp"), [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")]
+)
 def test_three_modes_loss_falls(tmp_path: Path, tiny_model_dir: Path, mode: str, pooler: str, mlp: str) -> None:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -50,7 +52,9 @@ def test_three_modes_loss_falls(tmp_path: Path, tiny_model_dir: Path, mode: str,
 
     before = fixed_loss()
     cfg = TrainConfig(output_dir=str(tmp_path), batch_size=8, learning_rate=1e-3, num_epochs=4, progress_bar=False, eval_steps=0)
-    state = fit(model, objective.step, loader, cfg, examples_in=lambda b: b["input_ids"].shape[0] // objective.views_per_example())
+    state = fit(
+        model, objective.step, loader, cfg, examples_in=lambda b: b["input_ids"].shape[0] // objective.views_per_example()
+    )
     after = fixed_loss()
     assert state.global_step == 16
     assert state.examples_seen == 128
@@ -70,7 +74,14 @@ def test_unsup_batch_is_each_sentence_twice(tiny_model_dir: Path) -> None:
 def test_save_load_roundtrip_every_pooler(tmp_path: Path, tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     sents = toy_sentences(10)
-    for pooler, mlp in [("cls", "train"), ("cls", "always"), ("cls_before_pooler", "none"), ("avg", "none"), ("avg_first_last", "none"), ("avg_top2", "train")]:
+    for pooler, mlp in [
+        ("cls", "train"),
+        ("cls", "always"),
+        ("cls_before_pooler", "none"),
+        ("avg", "none"),
+        ("avg_first_last", "none"),
+        ("avg_top2", "train"),
+    ]:
         model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler=pooler, mlp=mlp))
         model.save(tmp_path / pooler, tokenizer)
         meta = json.loads((tmp_path / pooler / "simcse_config.json").read_text())

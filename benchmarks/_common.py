@@ -1,0 +1,120 @@
+"""Helpers shared by the benchmark scripts (not part of the library)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+WIKI = DATA / "train" / "wiki1m_head.txt"
+
+
+def setup_threads(threads: int) -> None:
+    """Pin torch's intra-op threads (both frameworks get the same count)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    cpu = platform.processor() or "?"
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "amx": any(f.startswith("amx") for f in flags),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_avg_1min": round(load, 2),
+    }
+
+
+class TimedCollator:
+    """Wraps a collate function and stamps the time of each call.
+
+    The training loops prefetch at a fixed phase, so the gap between collate call
+    ``i`` and ``i + n`` is ``n`` steps in steady state whatever the loop does around
+    them: the same clock for both frameworks. Unknown attributes pass through (the
+    sentence-transformers trainer reads some off its collator).
+    """
+
+    def __init__(
+        self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]], count: Callable[[dict[str, Any]], tuple[int, int]]
+    ) -> None:
+        self.collate = collate
+        self.count = count
+        self.stamps: list[float] = []
+        self.sentences: list[int] = []
+        self.tokens: list[int] = []
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        self.stamps.append(time.perf_counter())
+        batch = self.collate(features)
+        sentences, tokens = self.count(batch)
+        self.sentences.append(sentences)
+        self.tokens.append(tokens)
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.collate, name)
+
+    def rate(self, warmup: int, steps: int) -> dict[str, float]:
+        """Sentences and padded tokens per second over ``steps`` steps after ``warmup``."""
+        if len(self.stamps) <= warmup + steps:
+            raise RuntimeError(f"only {len(self.stamps)} batches collated; need {warmup + steps + 1}")
+        seconds = self.stamps[warmup + steps] - self.stamps[warmup]
+        sentences = sum(self.sentences[warmup : warmup + steps])
+        tokens = sum(self.tokens[warmup : warmup + steps])
+        return {
+            "seconds": seconds,
+            "sentences": sentences,
+            "sentences_per_s": sentences / seconds,
+            "padded_tokens_per_s": tokens / seconds,
+        }
+
+
+def run_worker(script: Path, args: list[str], threads: int) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter (clean RSS, clean Accelerate state)."""
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise RuntimeError(f"worker {args} failed with status {proc.returncode}")
+    last = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1]
+    return json.loads(last[len("RESULT ") :])
+
+
+def emit(result: dict[str, Any]) -> None:
+    """A worker's one machine-readable output line."""
+    print("RESULT " + json.dumps(result), flush=True)

@@ -1,0 +1,212 @@
+"""GradCache: cached chunk-wise gradients equal full-batch gradients (fp32, tiny BERT)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, toy_sentences
+from transformers import AutoTokenizer
+
+from simcse_kit.config import LossConfig, ModelConfig, TrainConfig
+from simcse_kit.data import ContrastiveCollator
+from simcse_kit.gradcache import GradCacheStep, chunk_slices, effective_negatives
+from simcse_kit.modeling import SimCSEModel
+from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.trainer import fit
+
+MODES = [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")]
+
+
+def make_batch(tokenizer: object, mode: str, n: int) -> dict[str, torch.Tensor]:
+    sents = toy_sentences(3 * n)
+    examples = [{"sent0": sents[i], "sent1": sents[n + i], "hard_neg": sents[2 * n + i]} for i in range(n)]
+    return ContrastiveCollator(tokenizer, mode, 16)(examples)
+
+
+def make_model(tiny_model_dir: Path, pooler: str, mlp: str, dropout: float) -> SimCSEModel:
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler=pooler, mlp=mlp, dropout=dropout))
+    return model.train()
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_grads_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=0, msg=name)
+    # The comparison must not be vacuous: the gradients are far from zero.
+    assert sum(g.abs().sum() for g in want.values()) > 1e-2
+
+
+@pytest.mark.parametrize(("mode", "pooler", "mlp"), MODES)
+@pytest.mark.parametrize("chunk", [1, 4, 7, 64])
+def test_cached_gradients_equal_full_batch_without_dropout(
+    tiny_model_dir: Path, mode: str, pooler: str, mlp: str, chunk: int
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    objective = SimCSEObjective(mode, LossConfig(temperature=0.05))
+    batch = make_batch(tokenizer, mode, 8)
+    model = make_model(tiny_model_dir, pooler, mlp, dropout=0.0)
+
+    full_loss = objective.step(model, batch)
+    full_loss.backward()
+    want = grads(model)
+    model.zero_grad(set_to_none=True)
+
+    cached_loss = GradCacheStep(objective, chunk)(model, batch)
+    assert abs(cached_loss.item() - full_loss.item()) < 1e-5
+    assert_grads_equal(grads(model), want, atol=1e-5)
+
+
+def trimmed(batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+    """The reference's own chunk: rows sliced, all-padding columns dropped."""
+    chunk = {k: v[rows] for k, v in batch.items()}
+    keep = int(chunk["attention_mask"].sum(dim=1).max())
+    return {k: v[:, :keep] for k, v in chunk.items()}
+
+
+@pytest.mark.parametrize(("mode", "pooler", "mlp"), MODES)
+def test_dropout_is_replayed(tiny_model_dir: Path, mode: str, pooler: str, mlp: str) -> None:
+    """With dropout on, the cached gradients equal one graph over the same chunked
+    forwards (same dropout masks): the replay reproduces pass 1 exactly."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    objective = SimCSEObjective(mode, LossConfig(temperature=0.05))
+    batch = make_batch(tokenizer, mode, 8)
+    model = make_model(tiny_model_dir, pooler, mlp, dropout=0.3)
+    chunk = 6
+
+    torch.manual_seed(7)
+    parts = [
+        objective.embed(model, trimmed(batch, rows))
+        for rows in chunk_slices(batch["input_ids"].shape[0], chunk, 2 if mode == "unsup" else 1)
+    ]
+    ref_loss = objective.loss(torch.cat(parts), batch)
+    ref_loss.backward()
+    want = grads(model)
+    after_ref = torch.get_rng_state()
+    model.zero_grad(set_to_none=True)
+
+    torch.manual_seed(7)
+    loss = GradCacheStep(objective, chunk)(model, batch)
+    assert abs(loss.item() - ref_loss.item()) < 1e-5
+    assert_grads_equal(grads(model), want, atol=1e-5)
+    # The RNG stream continues as after one pass of chunk forwards (replays are forked).
+    assert torch.equal(torch.get_rng_state(), after_ref)
+
+    # Without the replay the masks differ and so do the gradients: the test has teeth.
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(8)
+    GradCacheStep(objective, chunk)(model, batch)
+    assert any((g - want[k]).abs().max() > 1e-3 for k, g in grads(model).items())
+
+
+def test_unsup_chunks_keep_both_views_together() -> None:
+    assert chunk_slices(10, 3, align=2) == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8), slice(8, 10)]
+    assert chunk_slices(10, 4, align=2) == [slice(0, 4), slice(4, 8), slice(8, 10)]
+    assert chunk_slices(10, 1, align=2) == [slice(i, i + 2) for i in range(0, 10, 2)]
+    assert chunk_slices(7, 3) == [slice(0, 3), slice(3, 6), slice(6, 7)]
+    with pytest.raises(ValueError):
+        chunk_slices(4, 0)
+
+
+def test_effective_negatives() -> None:
+    # batch of 512 examples: 2N-view InfoNCE sees 2*512 - 2 = 1022 other views
+    assert effective_negatives("unsup", 512) == 1022
+    assert effective_negatives("unsup", 512, unsup_loss="paper") == 511
+    assert effective_negatives("sup", 512) == 511
+    assert effective_negatives("hardneg", 512) == 1023
+    assert effective_negatives("sup", 64, world_size=4) == 255
+
+
+def test_fit_with_gradcache_matches_plain_fit(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Through the real loop (Accelerate's backward, AdamW): two steps of GradCache
+    give the same weights as two plain full-batch steps (dropout off). The gradients
+    themselves are compared at 1e-5 above."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    objective = SimCSEObjective("unsup", LossConfig(temperature=0.05))
+    collator = ContrastiveCollator(tokenizer, "unsup", 16)
+    data = [{"sent0": s} for s in toy_sentences(16)]
+    cfg = TrainConfig(output_dir=str(tmp_path), batch_size=8, learning_rate=1e-3, num_epochs=1, progress_bar=False, eval_steps=0)
+
+    def run(step: object) -> dict[str, torch.Tensor]:
+        model = make_model(tiny_model_dir, "cls", "train", dropout=0.0)
+        loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=False, collate_fn=collator)
+        state = fit(model, step, loader, cfg)
+        assert state.global_step == 2
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    plain = run(objective.step)
+    cached = run(GradCacheStep(objective, 4))
+    moved = False
+    start = make_model(tiny_model_dir, "cls", "train", dropout=0.0).state_dict()
+    for name, value in plain.items():
+        # Adam's first steps move a weight by about lr * sign(g), so entries whose
+        # gradient is ~0 turn fp32 rounding into up to ~2% of the 1.5e-3 movement.
+        torch.testing.assert_close(cached[name], value, atol=5e-5, rtol=0, msg=name)
+        moved |= bool((value - start[name]).abs().max() > 1e-4)
+    assert moved
+
+
+def test_bf16_autocast_close_to_full_batch(tiny_model_dir: Path) -> None:
+    """Under CPU bf16 autocast the replayed forwards run in bf16 too; gradients agree
+    with the full-batch bf16 ones to bf16 accuracy."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    objective = SimCSEObjective("sup", LossConfig(temperature=0.05))
+    batch = make_batch(tokenizer, "sup", 8)
+    model = make_model(tiny_model_dir, "avg", "none", dropout=0.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        objective.step(model, batch).backward()
+        want = grads(model)
+        model.zero_grad(set_to_none=True)
+        GradCacheStep(objective, 5)(model, batch)
+    got = grads(model)
+    for name, g in want.items():
+        scale = g.abs().max().item() + 1e-6
+        assert (got[name] - g).abs().max().item() <= 0.05 * scale, name
+
+
+@pytest.mark.slow  # a whole run incl. the 7-task STS evaluation (~15 s CPU)
+def test_train_run_uses_gradcache(tiny_model_dir: Path, tmp_path: Path, data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``train.grad_cache_chunk > 0`` routes a real run through GradCacheStep."""
+    import logging
+
+    from simcse_kit.config import load_config
+    from simcse_kit.training import train
+
+    train_file = tmp_path / "train.txt"
+    train_file.write_text("\n".join(toy_sentences(32)) + "\n", encoding="utf-8")
+    overrides = {
+        "name_or_path": str(tiny_model_dir),
+        "train_file": str(train_file),
+        "eval_data_dir": str(data_dir / "senteval"),
+        "output_dir": str(tmp_path / "run"),
+        "eval_max_seq_len": "64",
+        "batch_size": "16",
+        "grad_cache_chunk": "6",
+        "eval_steps": "0",
+        "progress_bar": "false",
+    }
+    with caplog.at_level(logging.INFO, logger="simcse_kit.gradcache"):
+        metrics = train(load_config(REPO / "train" / "unsup.yaml", overrides))
+    # 16 examples = 32 rows in chunks of 6 rows (3 sentences x 2 views): 6 chunks;
+    # 2N-view InfoNCE over 16 examples: 30 negatives per anchor.
+    assert "GradCache: 32 rows in 6 chunks of <= 6; 30 negatives per anchor" in caplog.text
+    assert metrics["steps"] == 2
+
+
+def test_chunk_trims_only_all_padding_columns() -> None:
+    from simcse_kit.gradcache import _model_chunk
+
+    ids = torch.tensor([[2, 7, 3, 0, 0], [2, 7, 8, 3, 0], [2, 3, 0, 0, 0]])
+    batch = {"input_ids": ids, "attention_mask": (ids != 0).long(), "text_ids": torch.arange(3)}
+    right = _model_chunk(batch, slice(0, 2))
+    assert right.keys() == {"input_ids", "attention_mask"}  # non-model keys stay out
+    assert torch.equal(right["input_ids"], ids[:2, :4])
+    assert torch.equal(_model_chunk(batch, slice(2, 3))["input_ids"], torch.tensor([[2, 3]]))
+    left = {"input_ids": ids.flip(1), "attention_mask": (ids != 0).long().flip(1)}
+    assert torch.equal(_model_chunk(left, slice(0, 3))["input_ids"], ids.flip(1))  # left padding: nothing to trim
