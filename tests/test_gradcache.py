@@ -188,6 +188,7 @@ def test_train_run_uses_gradcache(tiny_model_dir: Path, tmp_path: Path, data_dir
         "eval_max_seq_len": "64",
         "batch_size": "16",
         "grad_cache_chunk": "6",
+        "mixed_precision": "no",  # one Accelerate state per process: earlier tests set "no"
         "eval_steps": "0",
         "progress_bar": "false",
     }
