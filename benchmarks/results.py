@@ -53,8 +53,9 @@ RECIPES = {"unsup": REPO / "train" / "unsup.yaml", "sup": REPO / "train" / "sup.
 OPTIONS = {
     "": {},
     "-fn": {"mask_false_negatives": "true"},
-    "-queue": {"queue_size": "160", "momentum": "0.995"},
-    "-fn-queue": {"mask_false_negatives": "true", "queue_size": "160", "momentum": "0.995"},
+    # The momentum encoder's EMA needs fp32 weights: queue runs use bf16 autocast.
+    "-queue": {"queue_size": "160", "momentum": "0.995", "bf16_weights": "false"},
+    "-fn-queue": {"mask_false_negatives": "true", "queue_size": "160", "momentum": "0.995", "bf16_weights": "false"},
 }
 CONFIGS: dict[str, tuple[str, str, dict[str, str]]] = {"base": ("base", "unsup", {})}
 CONFIGS["st-unsup"] = ("st", "unsup", {})
@@ -62,6 +63,8 @@ CONFIGS["st-hardneg"] = ("st", "hardneg", {})
 for _mode in ("unsup", "sup", "hardneg"):
     for _suffix, _overrides in OPTIONS.items():
         CONFIGS[f"kit-{_mode}{_suffix}"] = ("kit", _mode, _overrides)
+# The unsup recipe trained in fp32 (no bf16 anywhere): the reference for bf16's STS cost.
+CONFIGS["kit-unsup-fp32"] = ("kit", "unsup", {"mixed_precision": "no", "bf16_weights": "false"})
 
 logger = logging.getLogger("results")
 
@@ -147,6 +150,7 @@ def st_train_one(mode: str, seed: int, args: argparse.Namespace, out: Path) -> d
         num_train_epochs=cfg.train.num_epochs,
         max_steps=cfg.train.max_steps if cfg.train.max_steps is not None else -1,
         learning_rate=cfg.train.learning_rate,
+        bf16=args.st_precision == "bf16",
         weight_decay=cfg.train.weight_decay,
         warmup_ratio=cfg.train.warmup_ratio,
         max_grad_norm=0.0,  # simcse-kit recipes do not clip (HF's default would clip at 1.0)
@@ -187,7 +191,13 @@ def run_st(mode: str, args: argparse.Namespace, out: Path) -> dict[int, dict[str
     for seed in args.seeds:
         folder = out / f"seed-{seed}"
         done = folder / "metrics.json"
-        settings = {"mode": mode, "steps": args.steps, "max_train_samples": args.max_train_samples, "eval_steps": args.eval_steps}
+        settings = {
+            "mode": mode,
+            "steps": args.steps,
+            "max_train_samples": args.max_train_samples,
+            "eval_steps": args.eval_steps,
+            "precision": args.st_precision,
+        }
         if done.is_file() and json.loads(done.read_text()).get("settings") == settings:
             metrics = json.loads(done.read_text())
         else:
@@ -246,6 +256,12 @@ def main() -> None:
     parser.add_argument("--eval-steps", type=int, default=25, help="STS-B dev every N steps (and at the end)")
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "results")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--st-precision",
+        choices=("bf16", "fp32"),
+        default="bf16",
+        help="sentence-transformers' training precision (bf16: its own bf16=True, as the kit recipes train in bf16)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "sentence_transformers"):
@@ -269,7 +285,8 @@ def main() -> None:
             rows[name] = run_kit(mode, overrides, args, out)
     table, stats = markdown(rows)
     budget = (
-        f"steps={args.steps or 'one epoch'}, max_train_samples={args.max_train_samples or 'all'}, eval_steps={args.eval_steps}"
+        f"steps={args.steps or 'one epoch'}, max_train_samples={args.max_train_samples or 'all'}, "
+        f"eval_steps={args.eval_steps}, sentence-transformers in {args.st_precision}"
     )
     header = f"STS Spearman x 100, mean ± sample std over seeds {args.seeds} ({budget}); {time.perf_counter() - start:.0f} s"
     print(header + "\n\n" + table)

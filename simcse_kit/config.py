@@ -77,6 +77,10 @@ class TrainConfig:
     grad_accum: int = 1
     max_grad_norm: float | None = None
     mixed_precision: str = "no"  # one of PRECISIONS
+    # bf16 weights, activations and gradients with fp32 master weights in AdamW, instead
+    # of autocast (simcse_kit.optim); needs mixed_precision bf16.
+    bf16_weights: bool = False
+    fast_dropout: bool = False  # cheaper dropout RNG, same distribution (simcse_kit.fastpath)
     seed: int = 42
     eval_steps: int = 125  # STS-B dev every N optimiser steps (0: only at the end)
     log_steps: int = 10
@@ -111,6 +115,13 @@ class RunConfig:
             ("train.mixed_precision", self.train.mixed_precision in PRECISIONS, f"one of {PRECISIONS}"),
             ("train.warmup_ratio", 0 <= self.train.warmup_ratio < 1, "in [0, 1)"),
         ]
+        if self.train.bf16_weights:
+            checks.append(
+                ("train.mixed_precision", self.train.mixed_precision == "bf16", "'bf16' when train.bf16_weights is true")
+            )
+            # The momentum encoder's EMA step (1 - momentum) x (difference) is below bf16's
+            # resolution: in bf16 the momentum encoder would never move.
+            checks.append(("loss.queue_size", self.loss.queue_size == 0, "0 when train.bf16_weights is true (use autocast bf16)"))
         if self.model.dropout is not None:
             checks.append(("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"))
         if self.data.max_train_samples is not None:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from simcse_kit.config import TrainConfig
+from simcse_kit.optim import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,22 @@ def make_accelerator(cfg: TrainConfig, cpu: bool | None = None) -> Accelerator:
     """One Accelerator per run; mixed precision and accumulation from the config."""
     if cpu is None:
         cpu = not torch.cuda.is_available()
-    return Accelerator(mixed_precision=cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum, cpu=cpu)
+    # bf16 weights run the model in bf16 outright: autocast on top would only add casts.
+    precision = "no" if cfg.bf16_weights else cfg.mixed_precision
+    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum, cpu=cpu)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW, fused into one kernel where the parameters' device allows (on CPU it takes
+    a bf16 step's AdamW from ~170 to ~26 ms on the default model); with
+    ``cfg.bf16_weights`` the model is cast to bf16 and AdamW keeps fp32 masters."""
+    groups = param_groups(model, cfg.weight_decay)
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
+    if cfg.bf16_weights:
+        optimizer: torch.optim.Optimizer = MasterWeightAdamW(groups, lr=cfg.learning_rate, fused=fused)
+        model.to(torch.bfloat16)  # what the optimizer does not own (frozen weights)
+        return optimizer
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=fused)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -206,7 +222,8 @@ def fit(
     # The shuffling generator (DataLoader(generator=...)): each epoch's order is drawn
     # from it, so its state at the epoch's start is part of the checkpoint.
     generator: torch.Generator | None = getattr(loader, "generator", None)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate)
+    optimizer = make_optimizer(model, cfg)
+    master = optimizer if isinstance(optimizer, MasterWeightAdamW) else None
     n_steps = total_steps(cfg, len(loader))
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps), n_steps)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
@@ -240,7 +257,12 @@ def fit(
             if score > state.best_score:
                 state.best_score, state.best_step = score, state.global_step
                 if on_improve is not None:
-                    on_improve(accelerator.unwrap_model(model), metrics)
+                    unwrapped = accelerator.unwrap_model(model)
+                    if master is None:
+                        on_improve(unwrapped, metrics)
+                    else:  # save the fp32 master weights, not their bf16 rounding
+                        with master.fp32_model(unwrapped):
+                            on_improve(unwrapped, metrics)
         accelerator.wait_for_everyone()
         model.train()
 

@@ -23,6 +23,7 @@ from simcse_kit.config import RunConfig, load_config, save_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset
 from simcse_kit.demos.align_uniform import plot_trajectory
 from simcse_kit.errors import ConfigError
+from simcse_kit.fastpath import use_fast_dropout
 from simcse_kit.fileio import write_json_atomic
 from simcse_kit.geometry import EmbeddingRecorder
 from simcse_kit.modeling import Encoder, SimCSEModel, replace_dir, resolve_model_path
@@ -177,6 +178,8 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     hf_pooler = getattr(model.encoder, "pooler", None)
     if isinstance(hf_pooler, torch.nn.Module):
         hf_pooler.requires_grad_(False)
+    if cfg.train.fast_dropout:
+        use_fast_dropout(model)
     objective = SimCSEObjective(cfg.data.mode, cfg.loss)
     collator = ContrastiveCollator(tokenizer, cfg.data.mode, cfg.model.max_seq_len, with_text_ids=cfg.loss.mask_false_negatives)
     generator = torch.Generator().manual_seed(cfg.train.seed)

@@ -26,6 +26,7 @@ from transformers import AutoTokenizer
 from simcse_kit.cli import main as cli_main
 from simcse_kit.config import LossConfig, ModelConfig, TrainConfig, load_config, save_config
 from simcse_kit.data import ContrastiveCollator
+from simcse_kit.fastpath import use_fast_dropout
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.sts import DEFAULT_SUITE
@@ -215,10 +216,14 @@ class Crash(Exception):
     pass
 
 
-def _fit_run(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int | None, grad_accum: int) -> tuple[object, dict]:
+def _fit_run(
+    model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int | None, grad_accum: int, fast: bool = False
+) -> tuple[object, dict]:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(model_dir), pooler="cls", mlp="train"))
+    if fast:  # the recipes' fast path: fast dropout, bf16 weights with fp32 masters
+        use_fast_dropout(model)
     dataset = datasets.Dataset.from_dict({"sent0": toy_sentences(40)})
     loader = DataLoader(
         dataset,
@@ -237,6 +242,8 @@ def _fit_run(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int | N
         eval_steps=2,
         save_steps=3,
         grad_accum=grad_accum,
+        mixed_precision="bf16" if fast else "no",
+        bf16_weights=fast,
     )
     calls: list[int] = []
 
@@ -252,16 +259,19 @@ def _fit_run(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int | N
     return state, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("grad_accum", [1, 2])
-def test_fit_resume_is_exact(tmp_path: Path, tiny_model_dir: Path, grad_accum: int) -> None:
+@pytest.mark.parametrize(("grad_accum", "fast"), [(1, False), (2, False), (1, True)])
+def test_fit_resume_is_exact(tmp_path: Path, tiny_model_dir: Path, grad_accum: int, fast: bool) -> None:
     """The loop restores weights, optimizer, schedule, RNG (dropout), the shuffled order
-    and the position inside the epoch: a crash mid-epoch 1 and a resume end bit-equal."""
-    ref_state, ref_weights = _fit_run(tiny_model_dir, tmp_path / "a", resume=False, crash_at_eval=None, grad_accum=grad_accum)
+    and the position inside the epoch: a crash mid-epoch 1 and a resume end bit-equal.
+    With bf16 weights the fp32 masters travel in the optimizer state."""
+    ref_state, ref_weights = _fit_run(
+        tiny_model_dir, tmp_path / "a", resume=False, crash_at_eval=None, grad_accum=grad_accum, fast=fast
+    )
     with pytest.raises(Crash):
-        _fit_run(tiny_model_dir, tmp_path / "b", resume=False, crash_at_eval=4, grad_accum=grad_accum)
+        _fit_run(tiny_model_dir, tmp_path / "b", resume=False, crash_at_eval=4, grad_accum=grad_accum, fast=fast)
     steps = sorted(p.name for p in (tmp_path / "b" / "ckpt").iterdir())
     assert steps == ["step-3", "step-6"]  # only the newest two are kept
-    state, weights = _fit_run(tiny_model_dir, tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=grad_accum)
+    state, weights = _fit_run(tiny_model_dir, tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=grad_accum, fast=fast)
     assert state.global_step == ref_state.global_step == 30 // grad_accum
     assert state.losses == ref_state.losses and state.evals == ref_state.evals
     assert (state.best_step, state.best_score, state.examples_seen) == (

@@ -1,0 +1,87 @@
+"""AdamW for a model whose weights are bf16, with fp32 master weights.
+
+Autocast keeps fp32 weights and casts them (and the activations) to bf16 around each
+matmul; everything between the matmuls (dropout, GELU, LayerNorm, residual adds) stays
+fp32. Running the model in bf16 outright halves the bytes those ops move and drops the
+casts. The catch is the update: a step of lr 3e-5 is below bf16's resolution for most
+weights and would be rounded away, so AdamW updates an fp32 master copy and the bf16
+weights are re-rounded from it after every step (as in Megatron / DeepSpeed bf16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+MASTER_KEY = "master_weights"
+
+
+class MasterWeightAdamW(torch.optim.AdamW):
+    """AdamW over fp32 masters of the given parameters, which it casts to ``dtype``.
+
+    Build it on the fp32 model, before anything else casts it: the masters start from
+    the exact fp32 weights. ``step()`` reads the model's (bf16) gradients, updates the
+    masters and copies them back into the model. The masters are part of
+    ``state_dict()``, so a checkpoint resumes exactly.
+    """
+
+    def __init__(self, params: list[dict[str, Any]], dtype: torch.dtype = torch.bfloat16, **kwargs: Any) -> None:
+        self.model_params: list[nn.Parameter] = []
+        self.masters: list[torch.Tensor] = []
+        groups = []
+        for group in params:
+            masters = []
+            for p in group["params"]:
+                master = p.detach().clone().float()
+                p.data = p.data.to(dtype)
+                self.model_params.append(p)
+                self.masters.append(master)
+                masters.append(master)
+            groups.append({**group, "params": masters})
+        super().__init__(groups, **kwargs)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for p, master in zip(self.model_params, self.masters):
+            master.grad = None if p.grad is None else p.grad.float()
+        loss = super().step(closure)
+        torch._foreach_copy_(self.model_params, self.masters)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        for p in self.model_params:
+            p.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state[MASTER_KEY] = [m.clone() for m in self.masters]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        masters = state_dict.pop(MASTER_KEY, None)
+        if masters is None or len(masters) != len(self.masters):
+            raise ValueError("optimizer state has no (or mismatched) fp32 master weights: not saved by MasterWeightAdamW")
+        with torch.no_grad():
+            for mine, saved in zip(self.masters, masters):
+                mine.copy_(saved)
+            torch._foreach_copy_(self.model_params, self.masters)
+        super().load_state_dict(state_dict)
+
+    @contextmanager
+    def fp32_model(self, model: nn.Module) -> Iterator[nn.Module]:
+        """``model`` with its trained weights in fp32 (the masters), e.g. to save it;
+        afterwards back to the low-precision weights rounded from the masters."""
+        dtype = self.model_params[0].dtype if self.model_params else torch.bfloat16
+        model.float()
+        with torch.no_grad():
+            torch._foreach_copy_(self.model_params, self.masters)
+        try:
+            yield model
+        finally:
+            model.to(dtype)

@@ -1,0 +1,261 @@
+"""The fast training path: fast dropout and bf16 weights with fp32 master weights."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import toy_sentences
+from safetensors import safe_open
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from simcse_kit.config import LossConfig, ModelConfig
+from simcse_kit.data import ContrastiveCollator
+from simcse_kit.fastpath import LEVELS, FastDropout, fast_dropout, quantized_drop_rate, use_fast_dropout
+from simcse_kit.gradcache import GradCacheStep
+from simcse_kit.modeling import SimCSEModel
+from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.optim import MasterWeightAdamW
+
+# --------------------------------------------------------------------------- fast dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_fast_dropout_rate_and_scale(p: float) -> None:
+    torch.manual_seed(0)
+    n = 1 << 21
+    y = fast_dropout(torch.ones(n), p)
+    q = quantized_drop_rate(p)
+    assert abs(q - p) <= 0.5 / LEVELS
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - q) < 5 * math.sqrt(q * (1 - q) / n)  # a binomial within 5 sigma
+    kept = y[y != 0]
+    assert torch.all(kept == 1 / (1 - q))  # inverted dropout: the expectation is kept
+    # Every one of the four 16-bit lanes of a 64-bit draw is used and uniform: a lane
+    # stuck at >= 0 (a 63-bit draw) would drop nothing there.
+    lanes = (y == 0).view(-1, 4).float().mean(dim=0)
+    assert torch.all((lanes - q).abs() < 5 * math.sqrt(q * (1 - q) / (n // 4)))
+
+
+def test_fast_dropout_follows_the_torch_seed_and_keeps_dtype() -> None:
+    x = torch.randn(3, 5, 7, dtype=torch.bfloat16)
+    torch.manual_seed(3)
+    a = fast_dropout(x, 0.2)
+    torch.manual_seed(3)
+    b = fast_dropout(x, 0.2)
+    c = fast_dropout(x, 0.2)
+    assert a.dtype == torch.bfloat16 and a.shape == x.shape
+    assert torch.equal(a, b) and not torch.equal(b, c)
+    assert torch.equal(fast_dropout(x, 0.0), x) and torch.equal(fast_dropout(x, 1e-9), x)
+    assert torch.count_nonzero(fast_dropout(x, 1.0)) == 0
+
+
+def test_fast_dropout_gradient_is_the_mask_times_scale() -> None:
+    x = torch.randn(4096, requires_grad=True)
+    torch.manual_seed(1)
+    y = fast_dropout(x, 0.25)
+    y.sum().backward()
+    kept = y.detach() != 0
+    assert torch.all(x.grad[kept] == 1 / (1 - quantized_drop_rate(0.25)))
+    assert torch.all(x.grad[~kept] == 0)
+
+
+def tiny_bert(dropout: float) -> BertModel:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=60,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
+    model = BertModel(config, add_pooling_layer=False)
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def padded_batch() -> dict[str, torch.Tensor]:
+    torch.manual_seed(5)
+    ids = torch.randint(5, 60, (4, 11))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[2, 3:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_use_fast_dropout_swaps_every_dropout_and_keeps_the_mask() -> None:
+    batch = padded_batch()
+    # A drop rate that quantizes to 0: the explicit attention path runs, no element is
+    # dropped, so the output must equal SDPA's, padding masks included.
+    model = tiny_bert(dropout=1e-9).train()
+    want = model(**batch).last_hidden_state
+    assert use_fast_dropout(model) == 1 + 3 * 2  # embeddings + 3 per layer
+    assert not any(type(m) is torch.nn.Dropout for m in model.modules())
+    assert all(m.p == 1e-9 for m in model.modules() if isinstance(m, FastDropout))
+    got = model(**batch).last_hidden_state
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    model.eval()  # no dropout: straight to SDPA
+    torch.testing.assert_close(model(**batch).last_hidden_state, want, atol=1e-5, rtol=0)
+    # The padded rows are really masked: changing a padded token changes nothing.
+    other = {k: v.clone() for k, v in batch.items()}
+    other["input_ids"][2, 5] = 7
+    torch.testing.assert_close(model(**other).last_hidden_state[2, :3], got[2, :3], atol=1e-5, rtol=0)
+
+
+def test_fast_dropout_model_drops_in_training_only() -> None:
+    batch = padded_batch()
+    model = tiny_bert(dropout=0.1)
+    use_fast_dropout(model)
+    model.train()
+    torch.manual_seed(0)
+    a = model(**batch).last_hidden_state
+    b = model(**batch).last_hidden_state
+    assert (a - b).abs().max() > 1e-2  # two views differ: the SimCSE augmentation
+    model.eval()
+    torch.testing.assert_close(model(**batch).last_hidden_state, model(**batch).last_hidden_state, atol=0, rtol=0)
+
+
+def test_gradcache_replays_fast_dropout(tiny_model_dir: Path) -> None:
+    """GradCache's RNG replay covers fast dropout: the same draws come from torch's generator."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    objective = SimCSEObjective("unsup", LossConfig(temperature=0.05))
+    batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": s} for s in toy_sentences(8)])
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="cls", mlp="train", dropout=0.3))
+    use_fast_dropout(model)
+    model.train()
+    # Chunk of 16 rows = the whole batch: one forward in each pass, so the cached
+    # gradient equals a plain backward with the same dropout draws.
+    torch.manual_seed(9)
+    objective.step(model, batch).backward()
+    want = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(9)
+    GradCacheStep(objective, 16)(model, batch)
+    for k, p in model.named_parameters():
+        if k in want:
+            torch.testing.assert_close(p.grad, want[k], atol=1e-5, rtol=0, msg=k)
+    assert sum(g.abs().sum() for g in want.values()) > 1e-2
+
+
+# --------------------------------------------------------------------------- master weights
+
+
+def two_layer() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+
+
+def test_master_adamw_equals_fp32_adamw_on_the_same_gradients() -> None:
+    ref = two_layer()
+    model = two_layer()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
+    opt = MasterWeightAdamW([{"params": list(model.parameters())}], lr=1e-2, weight_decay=0.01)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(torch.equal(m, p) for m, p in zip(opt.masters, ref.parameters()))  # exact fp32 start
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        for p, q in zip(model.parameters(), ref.parameters()):
+            g = torch.randn(p.shape, generator=gen).to(torch.bfloat16)
+            p.grad, q.grad = g, g.float()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    for m, p, q in zip(opt.masters, model.parameters(), ref.parameters()):
+        torch.testing.assert_close(m, q.detach(), atol=1e-6, rtol=0)
+        assert torch.equal(p.detach(), m.to(torch.bfloat16))  # the model holds the rounded masters
+        assert p.grad is None
+
+
+def test_master_weights_keep_updates_below_bf16_resolution() -> None:
+    """Why the masters exist: 20 steps of lr 1e-5 on weights of size ~1 vanish in plain
+    bf16 AdamW (each step is below half an ulp) but accumulate in the masters."""
+    w = torch.full((64,), 1.0)
+    plain = torch.nn.Parameter(w.clone().to(torch.bfloat16))
+    plain_opt = torch.optim.AdamW([plain], lr=1e-5, weight_decay=0.0)
+    kept = torch.nn.Parameter(w.clone())
+    opt = MasterWeightAdamW([{"params": [kept]}], lr=1e-5, weight_decay=0.0)
+    for _ in range(20):
+        plain.grad = torch.ones_like(plain)
+        kept.grad = torch.ones_like(kept)
+        plain_opt.step()
+        opt.step()
+    assert torch.all(plain.detach() == 1.0)  # stuck
+    torch.testing.assert_close(opt.masters[0], torch.full((64,), 1.0 - 20e-5), atol=1e-6, rtol=0)
+
+
+def test_master_state_dict_roundtrip_and_fp32_view() -> None:
+    model = two_layer()
+    opt = MasterWeightAdamW([{"params": list(model.parameters())}], lr=1e-2)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    state = opt.state_dict()
+
+    fresh = two_layer()
+    fresh_opt = MasterWeightAdamW([{"params": list(fresh.parameters())}], lr=1e-2)
+    fresh_opt.load_state_dict(state)
+    for a, b in zip(fresh_opt.masters, opt.masters):
+        assert torch.equal(a, b)
+    for a, b in zip(fresh.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], state["state"][0]["exp_avg"])
+
+    with opt.fp32_model(model) as m:
+        assert all(p.dtype == torch.float32 for p in m.parameters())
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), opt.masters))
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+    plain = torch.optim.AdamW(two_layer().parameters()).state_dict()
+    with pytest.raises(ValueError, match="master weights"):
+        fresh_opt.load_state_dict(plain)
+
+
+# --------------------------------------------------------------------------- a whole run
+
+
+@pytest.mark.slow  # a whole run incl. the 7-task STS evaluation
+def test_train_run_on_the_fast_path(tiny_model_dir: Path, tmp_path: Path, data_dir: Path) -> None:
+    """The recipes' fast path end to end: the loss falls, and the saved best model holds
+    the fp32 master weights in a plain (sdpa) model folder."""
+    from simcse_kit.config import load_config
+    from simcse_kit.training import train
+
+    train_file = tmp_path / "train.txt"
+    train_file.write_text("\n".join(toy_sentences(96)) + "\n", encoding="utf-8")
+    cfg = load_config(
+        None,
+        {
+            "name_or_path": str(tiny_model_dir),
+            "train_file": str(train_file),
+            "eval_data_dir": str(data_dir / "senteval"),
+            "output_dir": str(tmp_path / "run"),
+            "max_seq_len": "16",
+            "eval_max_seq_len": "64",
+            "batch_size": "16",
+            "learning_rate": "1e-3",
+            "num_epochs": "2",
+            "eval_steps": "0",
+            "log_steps": "1",
+            "progress_bar": "false",
+            "mixed_precision": "bf16",
+            "bf16_weights": "true",
+            "fast_dropout": "true",
+        },
+    )
+    metrics = train(cfg)
+    losses = [v for _, v in metrics["losses"]]
+    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
+    best = tmp_path / "run" / "best_model"
+    with safe_open(str(best / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes == {"F32"}
+    config = json.loads((best / "config.json").read_text())
+    assert "simcse_fast_dropout" not in json.dumps(config)
+    assert not any(type(m).__name__ == "FastDropout" for m in SimCSEModel.load(best).modules())
