@@ -46,7 +46,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        for p, master in zip(self.model_params, self.masters):
+        for p, master in zip(self.model_params, self.masters, strict=True):
             master.grad = None if p.grad is None else p.grad.float()
         loss = super().step(closure)
         torch._foreach_copy_(self.model_params, self.masters)
@@ -68,7 +68,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
         if masters is None or len(masters) != len(self.masters):
             raise ValueError("optimizer state has no (or mismatched) fp32 master weights: not saved by MasterWeightAdamW")
         with torch.no_grad():
-            for mine, saved in zip(self.masters, masters):
+            for mine, saved in zip(self.masters, masters, strict=True):
                 mine.copy_(saved)
             torch._foreach_copy_(self.model_params, self.masters)
         super().load_state_dict(state_dict)

@@ -157,17 +157,17 @@ def test_master_adamw_equals_fp32_adamw_on_the_same_gradients() -> None:
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.01)
     opt = MasterWeightAdamW([{"params": list(model.parameters())}], lr=1e-2, weight_decay=0.01)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    assert all(torch.equal(m, p) for m, p in zip(opt.masters, ref.parameters()))  # exact fp32 start
+    assert all(torch.equal(m, p) for m, p in zip(opt.masters, ref.parameters(), strict=True))  # exact fp32 start
     gen = torch.Generator().manual_seed(1)
     for _ in range(5):
-        for p, q in zip(model.parameters(), ref.parameters()):
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
             g = torch.randn(p.shape, generator=gen).to(torch.bfloat16)
             p.grad, q.grad = g, g.float()
         opt.step()
         ref_opt.step()
         opt.zero_grad()
         ref_opt.zero_grad()
-    for m, p, q in zip(opt.masters, model.parameters(), ref.parameters()):
+    for m, p, q in zip(opt.masters, model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(m, q.detach(), atol=1e-6, rtol=0)
         assert torch.equal(p.detach(), m.to(torch.bfloat16))  # the model holds the rounded masters
         assert p.grad is None
@@ -201,15 +201,15 @@ def test_master_state_dict_roundtrip_and_fp32_view() -> None:
     fresh = two_layer()
     fresh_opt = MasterWeightAdamW([{"params": list(fresh.parameters())}], lr=1e-2)
     fresh_opt.load_state_dict(state)
-    for a, b in zip(fresh_opt.masters, opt.masters):
+    for a, b in zip(fresh_opt.masters, opt.masters, strict=True):
         assert torch.equal(a, b)
-    for a, b in zip(fresh.parameters(), model.parameters()):
+    for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
         assert torch.equal(a, b)
     assert torch.equal(fresh_opt.state_dict()["state"][0]["exp_avg"], state["state"][0]["exp_avg"])
 
     with opt.fp32_model(model) as m:
         assert all(p.dtype == torch.float32 for p in m.parameters())
-        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), opt.masters))
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), opt.masters, strict=True))
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
 
     plain = torch.optim.AdamW(two_layer().parameters()).state_dict()
