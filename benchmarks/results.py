@@ -53,9 +53,8 @@ RECIPES = {"unsup": REPO / "train" / "unsup.yaml", "sup": REPO / "train" / "sup.
 OPTIONS = {
     "": {},
     "-fn": {"mask_false_negatives": "true"},
-    # The momentum encoder's EMA needs fp32 weights: queue runs use bf16 autocast.
-    "-queue": {"queue_size": "160", "momentum": "0.995", "bf16_weights": "false"},
-    "-fn-queue": {"mask_false_negatives": "true", "queue_size": "160", "momentum": "0.995", "bf16_weights": "false"},
+    "-queue": {"queue_size": "160", "momentum": "0.995"},
+    "-fn-queue": {"mask_false_negatives": "true", "queue_size": "160", "momentum": "0.995"},
 }
 CONFIGS: dict[str, tuple[str, str, dict[str, str]]] = {"base": ("base", "unsup", {})}
 CONFIGS["st-unsup"] = ("st", "unsup", {})

@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 
 from simcse_kit.config import DEFAULT_MODEL, MLP_MODES, POOLERS, ModelConfig
 from simcse_kit.errors import ConfigError
+from simcse_kit.packing import attention_mask_for, pack, packing_matches
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +101,14 @@ class SimCSEModel(nn.Module):
     ``mlp="train"`` applies the MLP only in ``train()`` mode (SimCSE unsupervised);
     ``mlp="always"`` keeps it at inference (SimCSE supervised ``cls``).
     ``max_seq_len`` is the *inference* truncation recorded with the model (training
-    truncates shorter, in the collator).
+    truncates shorter, in the collator). ``packing`` runs the encoder on packed rows
+    (:mod:`simcse_kit.packing`) where that saves padding and the encoder is verified to
+    give the same token states packed as padded.
     """
 
-    def __init__(self, encoder: PreTrainedModel, pooler: str = "cls", mlp: str = "none", max_seq_len: int = 256) -> None:
+    def __init__(
+        self, encoder: PreTrainedModel, pooler: str = "cls", mlp: str = "none", max_seq_len: int = 256, packing: bool = False
+    ) -> None:
         super().__init__()
         if mlp not in MLP_MODES:
             raise ConfigError(f"unknown mlp mode {mlp!r}; choose one of {MLP_MODES}")
@@ -116,6 +121,7 @@ class SimCSEModel(nn.Module):
             MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02)) if mlp != "none" else None
         )
         self.max_seq_len = max_seq_len
+        self.packing = packing and packing_matches(encoder)
 
     @property
     def uses_mlp(self) -> bool:
@@ -124,15 +130,29 @@ class SimCSEModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
-        kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
-        out = self.encoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            output_hidden_states=self.pooler.needs_hidden_states,
-            return_dict=True,
-            **kwargs,
-        )
-        pooled = self.pooler(attention_mask, out.last_hidden_state, out.hidden_states)
+        want_all = self.pooler.needs_hidden_states
+        packed = None
+        if self.packing:
+            packed = pack(input_ids, attention_mask, token_type_ids, getattr(self.encoder.config, "pad_token_id", None) or 0)
+        if packed is None:
+            kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+            out = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=want_all, return_dict=True, **kwargs
+            )
+            last, hidden = out.last_hidden_state, out.hidden_states
+        else:
+            kwargs = {"token_type_ids": packed.token_type_ids} if packed.token_type_ids is not None else {}
+            out = self.encoder(
+                input_ids=packed.input_ids,
+                position_ids=packed.position_ids,
+                attention_mask=attention_mask_for(self.encoder, packed.attention_mask, self.encoder.dtype),
+                output_hidden_states=want_all,
+                return_dict=True,
+                **kwargs,
+            )
+            last = packed.unpack(out.last_hidden_state)
+            hidden = [packed.unpack(h) for h in out.hidden_states] if want_all else None
+        pooled = self.pooler(attention_mask, last, hidden)
         return self.mlp(pooled) if self.uses_mlp else pooled
 
     # ---- persistence -------------------------------------------------------------
@@ -183,7 +203,7 @@ class SimCSEModel(nn.Module):
             encoder = AutoModel.from_pretrained(path, config=hf_config, attn_implementation=cfg.attn_implementation)
         except OSError as exc:
             raise ConfigError(f"model.name_or_path {cfg.name_or_path!r}: cannot load a model there ({exc})") from None
-        return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len)
+        return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=cfg.packing)
 
     @classmethod
     def load(cls, path: str | Path, attn_implementation: str = "sdpa") -> SimCSEModel:

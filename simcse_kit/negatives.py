@@ -194,6 +194,20 @@ class MomentumQueueStep:
         self.queue = queue
         self.accelerator = accelerator
 
+    def key_autocast(self, online: nn.Module, device: torch.device) -> Any:
+        """The precision of the key encoder's forward: the online model's.
+
+        The momentum encoder is an fp32 copy, whatever the online model's dtype: its EMA
+        step ``(1 - m) x (difference)`` is below bf16's resolution, so in bf16 it would
+        never move. When the online model runs in bf16 outright (``train.bf16_weights``),
+        the keys are computed under bf16 autocast so they cost what the online forward does.
+        """
+        if next(online.parameters()).dtype == torch.bfloat16:
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        if self.accelerator is not None:
+            return self.accelerator.autocast()
+        return torch.autocast(device.type, enabled=False)
+
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         online = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
         device = next(online.parameters()).device
@@ -213,8 +227,7 @@ class MomentumQueueStep:
         # the in-place enqueue never touches a tensor saved for backward.
         rows = queue_rows(self.objective.mode, batch["input_ids"].shape[0])
         inputs = {k: v[rows] for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-        context = self.accelerator.autocast() if self.accelerator is not None else torch.autocast(device.type, enabled=False)
-        with context:
+        with self.key_autocast(online, device):
             keys = self.queue.encode(inputs, training=online.training)
         if "text_ids" in batch:
             ids = batch["text_ids"][rows]

@@ -217,6 +217,43 @@ def test_master_state_dict_roundtrip_and_fp32_view() -> None:
         fresh_opt.load_state_dict(plain)
 
 
+def test_bf16_training_keeps_embedding_tables_fp32(tiny_model_dir: Path) -> None:
+    """Lookups gain nothing from bf16: the tables stay fp32 (their own masters), every
+    other weight is bf16 with an fp32 master, and saving sees the fp32 tables unrounded."""
+    from simcse_kit.optim import bf16_training
+    from simcse_kit.trainer import param_groups
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": s} for s in toy_sentences(6)])
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", dropout=0.0)).train()
+    model.encoder.pooler.requires_grad_(False)
+    tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    assert len(tables) == 3
+    start = {id(t): t.detach().clone() for t in tables}
+    opt = bf16_training(model, param_groups(model, 0.01), lr=1e-2)
+    assert all(t.dtype == torch.float32 for t in tables)
+    others = [p for p in model.parameters() if all(p is not t for t in tables)]
+    assert others and all(p.dtype == torch.bfloat16 for p in others)  # frozen pooler included
+    out = model(**batch)
+    assert out.dtype == torch.bfloat16  # the tables' outputs join the bf16 stream
+    out.float().pow(2).sum().backward()
+    word = model.encoder.embeddings.word_embeddings.weight
+    assert word.grad is not None and word.grad.dtype == torch.float32
+    grad = word.grad.clone()
+    opt.step()
+    # The table took exactly plain fp32 AdamW's first step on the same gradient.
+    ref = torch.nn.Parameter(start[id(word)].clone())
+    ref.grad = grad
+    torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.01).step()
+    torch.testing.assert_close(word.detach(), ref.detach(), atol=1e-7, rtol=0)
+    moved = word.detach().clone()
+    with opt.fp32_model(model) as m:
+        assert all(p.dtype == torch.float32 for p in m.parameters())
+    assert word.dtype == torch.float32 and torch.equal(word.detach(), moved)  # not rounded through bf16
+    assert all(p.dtype == torch.bfloat16 for p in others)
+
+
 # --------------------------------------------------------------------------- a whole run
 
 

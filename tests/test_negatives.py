@@ -234,6 +234,37 @@ def test_momentum_update_formula() -> None:
         assert not k.requires_grad
 
 
+def test_momentum_encoder_stays_fp32_beside_a_bf16_online_model(tiny_model_dir: Path) -> None:
+    """With ``train.bf16_weights`` the online model is bf16 but the momentum copy stays
+    fp32: an EMA step of (1 - 0.999) x 0.01 is far below bf16's resolution near 1 and
+    would be rounded away in a bf16 copy. Keys are computed in bf16 like the online forward."""
+    from simcse_kit.optim import MasterWeightAdamW
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="none", dropout=0.0))
+    queue = MomentumQueue(model, size=8, momentum=0.999, dim=32)  # built before the cast, as train() does
+    MasterWeightAdamW([{"params": [p for p in model.parameters() if p.requires_grad]}], lr=1e-3)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in queue.encoder.parameters())
+    step = MomentumQueueStep(SimCSEObjective("unsup", LossConfig(temperature=TAU, gather=False)), queue)
+    batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": w} for w in ["a man", "the dog runs", "two cats"]])
+    step(model, batch)
+    keys = queue.negatives()[0]
+    assert keys.shape == (3, 32) and keys.dtype == torch.float32
+    with torch.no_grad():
+        want = model(**{k: v[0::2] for k, v in batch.items()}).float()  # the bf16 online forward (no dropout)
+    torch.testing.assert_close(keys, want, atol=0.05, rtol=0.05)  # bf16 autocast on an fp32 copy vs bf16 weights
+
+    before = [p.detach().clone() for p in queue.encoder.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    queue.update(model)
+    moved = [(k - b).abs().max().item() for k, b in zip(queue.encoder.parameters(), before, strict=True)]
+    assert min(moved) > 1e-6  # every fp32 key weight moved by ~1e-5
+
+
 @pytest.mark.parametrize("mode", ["unsup", "hardneg"])
 def test_queue_negatives_enter_loss_without_gradient_to_momentum_encoder(tiny_model_dir: Path, mode: str) -> None:
     torch.manual_seed(0)

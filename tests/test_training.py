@@ -45,10 +45,12 @@ def test_three_modes_loss_falls(tmp_path: Path, tiny_model_dir: Path, mode: str,
     assert fixed["input_ids"].shape[0] == 8 * objective.views_per_example()
 
     def fixed_loss() -> float:
+        # Averaged over dropout draws: one draw's loss moves by ~10% with the masks alone
+        # (and the masks depend on the batch layout, e.g. packed or padded).
         model.train()
-        torch.manual_seed(123)  # same dropout masks before and after
+        torch.manual_seed(123)
         with torch.no_grad():
-            return objective.step(model, fixed).item()
+            return sum(objective.step(model, fixed).item() for _ in range(16)) / 16
 
     before = fixed_loss()
     cfg = TrainConfig(output_dir=str(tmp_path), batch_size=8, learning_rate=1e-3, num_epochs=4, progress_bar=False, eval_steps=0)
