@@ -26,7 +26,7 @@ import numpy as np
 
 from simcse_kit.config import RunConfig, load_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.fileio import write_json_atomic
+from simcse_kit.fileio import save_figure, write_json_atomic
 
 __all__ = [
     "SWEEP_KEYS",
@@ -265,6 +265,4 @@ def plot_sweep(results: Mapping[str, Sequence[Mapping[str, float]]], path: Path)
         ax.set_ylabel("STS-B dev (Spearman x 100)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -26,3 +26,20 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """JSON (indented) through :func:`write_text_atomic`."""
     write_text_atomic(path, json.dumps(obj, indent=2))
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    """Save a matplotlib figure atomically (format from the suffix, PNG by default)
+    and close it, so figures never pile up in pyplot's registry."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+    return path

@@ -33,28 +33,31 @@ def write_vocab(folder: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A saved tiny random BERT + tokenizer folder, loadable with from_pretrained."""
-    import torch
+def save_tiny_bert(folder: Path, layers: int = 2) -> Path:
+    """Write a tiny random BERT (hidden 32, ``layers`` layers) and a tokenizer that
+    knows the toy words into ``folder``; loadable with ``from_pretrained``."""
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    vocab = write_vocab(folder)
-    tokenizer = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)  # transformers 5 ignores vocab_file=
-    assert len(tokenizer) > 40 and tokenizer.unk_token_id not in tokenizer("a dog")["input_ids"]
+    tokenizer = BertTokenizerFast(vocab=str(write_vocab(folder)), do_lower_case=True)  # transformers 5 ignores vocab_file=
+    assert len(tokenizer) > 40 and tokenizer.unk_token_id not in tokenizer("a man plays guitar")["input_ids"]
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=37,
         max_position_embeddings=64,
     )
     BertModel(config).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved tiny random 2-layer BERT + tokenizer folder."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_sentences, write_vocab
-from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel, BertTokenizerFast
+from conftest import save_tiny_bert, toy_sentences
+from transformers import AutoModel, AutoTokenizer
 
 from simcse_kit import export as export_mod
 from simcse_kit.cli import main
@@ -51,21 +51,7 @@ def bert3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     layers (the test could not tell them apart), and under transformers 5
     ``BertTokenizerFast(vocab_file=...)`` ignores the file, so every word is [UNK].
     """
-    folder = tmp_path_factory.mktemp("bert3")
-    tokenizer = BertTokenizerFast(vocab=str(write_vocab(folder)), do_lower_case=True)
-    assert tokenizer.unk_token_id not in tokenizer("a man plays guitar")["input_ids"]
-    tokenizer.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-    )
-    BertModel(config).save_pretrained(folder)
-    return folder
+    return save_tiny_bert(tmp_path_factory.mktemp("bert3"), layers=3)
 
 
 def train_and_save(base: Path, pooler: str, mlp: str, out: Path, steps: int = 2) -> Path:

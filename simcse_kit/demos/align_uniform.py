@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from simcse_kit.fileio import save_figure
 from simcse_kit.geometry import EmbeddingRecorder
 
 if TYPE_CHECKING:
@@ -111,10 +111,4 @@ def plot_trajectory(evals: Sequence[dict[str, float]], path: Path, title: str = 
     fig.colorbar(sc, ax=ax, label="step")
     ax.set(xlabel="uniformity (lower is better)", ylabel="alignment (lower is better)", title=title or "STS-B dev")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written beside and renamed: a run folder never holds half a figure.
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return save_figure(fig, path)  # atomic: a run folder never holds half a figure

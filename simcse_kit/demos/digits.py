@@ -28,6 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from simcse_kit.config import TrainConfig
+from simcse_kit.fileio import save_figure
 from simcse_kit.losses import supcon
 from simcse_kit.trainer import fit, make_accelerator
 
@@ -227,10 +228,7 @@ def plot_tsne(panels: dict[str, np.ndarray], labels: np.ndarray, path: Path, see
         ax.set_xticks([])
         ax.set_yticks([])
     fig.colorbar(scatter, ax=axes, ticks=range(10), label="digit")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def run(cfg: DigitsConfig | None = None, output_dir: Path | None = Path("runs/demos/digits")) -> DigitsResult:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from simcse_kit.fileio import save_figure
 from simcse_kit.losses import cross_entropy_from_logits
 
 logger = logging.getLogger(__name__)
@@ -137,10 +138,7 @@ def plot_hardness(similarities: Sequence[float], temperatures: Sequence[float], 
         ax.axvline(similarities[0], color="grey", lw=0.8, ls="--")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from simcse_kit.fileio import save_figure
 from simcse_kit.geometry import alignment, uniformity
 from simcse_kit.losses import cross_entropy_from_logits, info_nce
 
@@ -180,10 +181,7 @@ def plot_toy(results: Sequence[ToyResult], path: Path) -> Path:
         ax.axhline(0, color="grey", lw=0.5)
         ax.axvline(0, color="grey", lw=0.5)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(
