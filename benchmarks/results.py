@@ -17,7 +17,9 @@ Configurations (``--configs``, default all):
 * ``kit-unsup`` (train/unsup.yaml), ``kit-sup`` (train/sup.yaml), ``kit-hardneg``
   (train/hardneg.yaml), and each with ``-fn`` (false-negative masking), ``-queue``
   (momentum queue of 160 = 2.5 x batch negatives, momentum 0.995, as ESimCSE) or
-  ``-fn-queue`` (both).
+  ``-fn-queue`` (both); ``kit-unsup-fp32`` (the unsup recipe without bf16, the
+  reference for bf16's STS cost) and ``kit-unsup-tau0.1`` (the best STS-B dev score
+  of a one-seed exploration around the unsup recipe).
 
 Each configuration runs ``--seeds`` (default 1,2,3) into ``OUTPUT_DIR/<config>/seed-N``;
 a finished seed is reused when the command is run again, so the table can be built up
@@ -64,6 +66,9 @@ for _mode in ("unsup", "sup", "hardneg"):
         CONFIGS[f"kit-{_mode}{_suffix}"] = ("kit", _mode, _overrides)
 # The unsup recipe trained in fp32 (no bf16 anywhere): the reference for bf16's STS cost.
 CONFIGS["kit-unsup-fp32"] = ("kit", "unsup", {"mixed_precision": "no", "bf16_weights": "false"})
+# The best STS-B dev score of a one-seed exploration of temperature, dropout, learning
+# rate, MLP head and queue around the unsup recipe (BENCHMARKS.md, issue 7).
+CONFIGS["kit-unsup-tau0.1"] = ("kit", "unsup", {"temperature": "0.1"})
 
 logger = logging.getLogger("results")
 
@@ -223,26 +228,34 @@ def run_base(args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]
 def markdown(rows: dict[str, dict[int, dict[str, float]]]) -> tuple[str, dict[str, Any]]:
     from simcse_kit.experiments import TABLE_HEADERS, TABLE_KEYS, aggregate
 
-    lines = ["| config | seeds | " + " | ".join(TABLE_HEADERS) + " |", "|---|---:|" + "---:|" * len(TABLE_HEADERS)]
+    keys, headers = (*TABLE_KEYS, "best_stsb_dev"), (*TABLE_HEADERS, "STS-B dev (selection)")
+    lines = ["| config | seeds | " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * len(headers)]
     stats: dict[str, Any] = {}
     for name, per_seed in rows.items():
         mean, std = aggregate(list(per_seed.values()))
         stats[name] = {"mean": mean, "std": std, "n": len(per_seed), "per_seed": {str(k): v for k, v in per_seed.items()}}
-        cells = [f"{mean[k]:.2f} ± {std[k]:.2f}" if len(per_seed) > 1 else f"{mean[k]:.2f}" for k in TABLE_KEYS]
+        cells = [
+            "–" if k not in mean else f"{mean[k]:.2f} ± {std[k]:.2f}" if len(per_seed) > 1 else f"{mean[k]:.2f}" for k in keys
+        ]
         lines.append(f"| {name} | {len(per_seed)} | " + " | ".join(cells) + " |")
     for family, baseline in (("unsup", "st-unsup"), ("hardneg", "st-hardneg")):
         kit = {n: s for n, s in stats.items() if n.startswith(f"kit-{family}")}
         if baseline not in stats or not kit:
             continue
-        best = max(kit, key=lambda n: kit[n]["mean"]["avg"])
+        # The best recipe is chosen on STS-B dev (mean over seeds), as SimCSE selects,
+        # never on the test tasks the table reports; the best on the table is shown too.
+        best = max(kit, key=lambda n: kit[n]["mean"]["best_stsb_dev"])
+        best_avg = max(kit, key=lambda n: kit[n]["mean"]["avg"])
         gap = kit[best]["mean"]["avg"] - stats[baseline]["mean"]["avg"]
         verdict = "meets" if gap >= 0.5 else "does NOT meet"
         lines.append("")
         lines.append(
-            f"{family}: best simcse-kit recipe `{best}` {kit[best]['mean']['avg']:.2f} vs `{baseline}` "
-            f"{stats[baseline]['mean']['avg']:.2f}: {gap:+.2f} on the 7-task average ({verdict} the +0.5 target)"
+            f"{family}: best simcse-kit recipe on STS-B dev `{best}` (dev {kit[best]['mean']['best_stsb_dev']:.2f}) "
+            f"{kit[best]['mean']['avg']:.2f} vs `{baseline}` {stats[baseline]['mean']['avg']:.2f}: {gap:+.2f} on the "
+            f"7-task average ({verdict} the +0.5 target); highest 7-task average: `{best_avg}` "
+            f"{kit[best_avg]['mean']['avg']:.2f} ({kit[best_avg]['mean']['avg'] - stats[baseline]['mean']['avg']:+.2f})"
         )
-        stats[f"gap_{family}"] = {"best": best, "gap": gap}
+        stats[f"gap_{family}"] = {"best_on_dev": best, "gap": gap, "best_on_table": best_avg}
     return "\n".join(lines), stats
 
 
