@@ -145,7 +145,7 @@ class SimCSEModel(nn.Module):
             out = self.encoder(
                 input_ids=packed.input_ids,
                 position_ids=packed.position_ids,
-                attention_mask=attention_mask_for(self.encoder, packed.attention_mask, self.encoder.dtype),
+                attention_mask=attention_mask_for(self.encoder, packed.attention_mask),
                 output_hidden_states=want_all,
                 return_dict=True,
                 **kwargs,

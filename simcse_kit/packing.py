@@ -158,12 +158,24 @@ def pack(
     )
 
 
-def attention_mask_for(encoder: nn.Module, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def compute_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype most of ``module``'s parameter tensors have: the one its attention
+    scores come in (a bf16 model may keep a few tables in fp32, see simcse_kit.optim)."""
+    counts: dict[torch.dtype, int] = {}
+    for p in module.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + 1
+    return max(counts, key=lambda d: counts[d], default=torch.float32)
+
+
+def attention_mask_for(encoder: nn.Module, mask: torch.Tensor) -> torch.Tensor:
     """The 4-D mask in the form the encoder's attention takes: boolean for SDPA (and
-    simcse-kit's fast-dropout attention), additive (0 / dtype minimum) for the rest."""
+    simcse-kit's fast-dropout attention), additive (0 / dtype minimum, in the scores'
+    dtype) for the rest."""
     implementation = getattr(getattr(encoder, "config", None), "_attn_implementation", "sdpa")
     if implementation in ("sdpa", "simcse_fast_dropout"):
         return mask
+    dtype = compute_dtype(encoder)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
@@ -195,7 +207,7 @@ def packing_matches(encoder: nn.Module, vocab_size: int | None = None, atol: flo
             out = encoder(
                 input_ids=packed.input_ids,
                 position_ids=packed.position_ids,
-                attention_mask=attention_mask_for(encoder, packed.attention_mask, param.dtype),
+                attention_mask=attention_mask_for(encoder, packed.attention_mask),
                 return_dict=True,
             ).last_hidden_state
     except Exception as exc:  # any failure means "run padded"

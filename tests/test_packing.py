@@ -144,3 +144,25 @@ def test_training_batch_packs_into_fewer_rows(tiny_model_dir: Path) -> None:
     assert packed is not None
     assert packed.rows * batch["input_ids"].shape[1] < 1.15 * tokens  # near-perfect fill
     assert packed.rows < 0.8 * batch["input_ids"].shape[0]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_packing_in_a_bf16_model_with_fp32_tables(tiny_model_dir: Path, attn: str) -> None:
+    """The recipes' bf16 model keeps its embedding tables fp32; the additive mask of eager
+    attention must come in the scores' dtype (bf16), not the first parameter's (fp32)."""
+    from simcse_kit.optim import bf16_training
+    from simcse_kit.trainer import param_groups
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = batch_of(tokenizer, mixed_sentences(16))
+    torch.manual_seed(0)
+    cfg = ModelConfig(name_or_path=str(tiny_model_dir), dropout=0.0, attn_implementation=attn)
+    model = SimCSEModel.from_config(cfg)
+    with torch.no_grad():
+        want = model(**batch)
+    bf16_training(model, param_groups(model, 0.0), lr=1e-3)
+    assert model.packing
+    got = model(**batch)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
+    got.float().sum().backward()  # and the backward pass runs in mixed dtypes
