@@ -107,3 +107,17 @@ def test_pooler_values_by_hand(tiny_model_dir: Path) -> None:
     assert Pooler("avg")(mask, h[-1], h).tolist() == [[2.0, 3.0]]
     assert Pooler("avg_first_last")(mask, h[-1], h).tolist() == [[1.5, 2.0]]  # (layer1=1 + last)/2
     assert Pooler("avg_top2")(mask, h[-1], h).tolist() == [[2.0, 2.5]]  # (layer2=2 + last)/2
+
+
+def test_runs_with_different_precisions_in_one_process() -> None:
+    """Seeds, sweeps and benchmarks build several Accelerators in one process (an autocast
+    run, then an fp32 or bf16-weights run); Accelerate's process-wide state would refuse the
+    second precision (ValueError) unless make_accelerator resets it."""
+    from simcse_kit.trainer import make_accelerator
+
+    first = make_accelerator(TrainConfig(mixed_precision="bf16", bf16_weights=False), cpu=True)
+    assert str(first.mixed_precision) == "bf16"
+    second = make_accelerator(TrainConfig(mixed_precision="no"), cpu=True)
+    assert str(second.mixed_precision) == "no"
+    with second.autocast():
+        assert not torch.is_autocast_enabled("cpu")
