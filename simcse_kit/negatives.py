@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from simcse_kit import distributed
+from simcse_kit.optim import compute_dtype
 
 __all__ = ["MomentumQueue", "MomentumQueueStep", "false_negative_mask", "text_ids"]
 
@@ -202,7 +203,7 @@ class MomentumQueueStep:
         never move. When the online model runs in bf16 outright (``train.bf16_weights``),
         the keys are computed under bf16 autocast so they cost what the online forward does.
         """
-        if next(online.parameters()).dtype == torch.bfloat16:
+        if compute_dtype(online) == torch.bfloat16:
             return torch.autocast(device.type, dtype=torch.bfloat16)
         if self.accelerator is not None:
             return self.accelerator.autocast()

@@ -107,6 +107,17 @@ class MasterWeightAdamW(torch.optim.AdamW):
                 p.data = data
 
 
+def compute_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype most of ``module``'s parameter tensors have: the one its matmuls (and
+    attention scores) run in. A bf16 model keeps its embedding tables in fp32 (see
+    :func:`bf16_training`), so its first parameter's dtype is the wrong test."""
+    counts: dict[torch.dtype, int] = {}
+    for p in module.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + 1
+    return max(counts, key=lambda d: counts[d], default=torch.float32)
+
+
 def bf16_training(model: nn.Module, groups: list[dict[str, Any]], **adamw: Any) -> MasterWeightAdamW:
     """Cast ``model`` to bf16 for training and return AdamW with fp32 master weights.
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from simcse_kit.optim import compute_dtype
+
 logger = logging.getLogger(__name__)
 
 # Pack only when it saves at least this share of the padded positions: the mask and
@@ -156,16 +158,6 @@ def pack(
         attention_mask=same[:, None],
         index=index,
     )
-
-
-def compute_dtype(module: nn.Module) -> torch.dtype:
-    """The dtype most of ``module``'s parameter tensors have: the one its attention
-    scores come in (a bf16 model may keep a few tables in fp32, see simcse_kit.optim)."""
-    counts: dict[torch.dtype, int] = {}
-    for p in module.parameters():
-        if p.is_floating_point():
-            counts[p.dtype] = counts.get(p.dtype, 0) + 1
-    return max(counts, key=lambda d: counts[d], default=torch.float32)
 
 
 def attention_mask_for(encoder: nn.Module, mask: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate import state as accelerate_state
-from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
@@ -75,8 +74,8 @@ def make_accelerator(cfg: TrainConfig, cpu: bool | None = None) -> Accelerator:
     # Accelerate keeps one process-wide state and refuses a second Accelerator with another
     # precision; seeds, sweeps and benchmarks train several runs (and other libraries' trainers)
     # in one process. Reset that state but keep the process group (PartialState).
-    if accelerate_state.is_initialized() and str(AcceleratorState().mixed_precision) != precision:
-        AcceleratorState._reset_state(reset_partial_state=False)
+    if accelerate_state.is_initialized() and str(accelerate_state.AcceleratorState().mixed_precision) != precision:
+        accelerate_state.AcceleratorState._reset_state(reset_partial_state=False)
     return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum, cpu=cpu)
 
 

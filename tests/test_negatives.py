@@ -463,3 +463,20 @@ def test_masking_across_two_processes_equals_one_process(tmp_path: Path, tiny_mo
         assert abs(got[mode][0] - want_loss) < 1e-5
         for key, g in got[mode][2].items():
             assert torch.allclose(g, want_grads[key], atol=1e-5, rtol=0), (mode, key)
+
+
+def test_keys_use_bf16_autocast_beside_the_recipes_bf16_model(tiny_model_dir: Path) -> None:
+    """The recipes' bf16 model (``bf16_training``) keeps its embedding tables, its first
+    parameters, in fp32; the key forward must still see a bf16 model and run under bf16
+    autocast, not fall back to fp32 keys."""
+    from simcse_kit.optim import bf16_training
+    from simcse_kit.trainer import param_groups
+
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="none"))
+    queue = MomentumQueue(model, size=8, momentum=0.999, dim=32)
+    bf16_training(model, param_groups(model, 0.0), lr=1e-3)
+    assert next(model.parameters()).dtype == torch.float32  # the case a first-parameter test gets wrong
+    step = MomentumQueueStep(SimCSEObjective("unsup", LossConfig(temperature=TAU, gather=False)), queue)
+    with step.key_autocast(model, torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
