@@ -1,12 +1,79 @@
-"""Atomic file writes: a reader (or a resumed run) never sees half a file."""
+"""Files in and out, with one policy each way.
+
+In: :func:`read_lines` is the one reader of line-based text (training corpora, STS and
+SentEval files, CSV/JSONL before parsing): UTF-8, a leading byte-order mark dropped (as
+Excel and Notepad write it), ``\\r\\n`` or ``\\n`` line ends, and a bad byte reported
+with the file and line.
+
+Out: nothing is ever half-written. A file goes to a temp name beside its target and
+is renamed into place (:func:`write_text_atomic`); a folder is built in a temp folder
+and renamed into place (:func:`atomic_dir`). Both get the permissions an ordinary
+``open``/``mkdir`` would (the process umask), not ``tempfile``'s private 0600/0700,
+so colleagues on a shared machine can read a run folder.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from simcse_kit.errors import DataError, where
+
+BOM = "\ufeff"
+
+
+def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = False) -> list[tuple[int, str]]:
+    """``(line_number, text)`` for every line of a text file, line ends removed.
+
+    ``str.splitlines`` is not used: it also splits on form feeds, ``\\x1c`` and U+2028,
+    which occur inside sentences of scraped text.
+
+    Args:
+        path: the file.
+        what: how an error names the file's role ("training file", "STS file").
+        latin1_fallback: decode the whole file as Latin-1 when it is not UTF-8
+            (SentEval's MR/CR/SUBJ/MPQA files predate UTF-8); otherwise a bad byte
+            is an error naming its line.
+
+    Raises:
+        DataError: missing file, a folder where a file was expected, or invalid UTF-8.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{where(path)}: is a folder; expected a {what}")
+    if not path.is_file():
+        raise DataError(f"{where(path)}: {what} not found")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if not latin1_fallback:
+            line = data[: exc.start].count(b"\n") + 1
+            raise DataError(f"{where(path, line)}: not valid UTF-8 (byte 0x{data[exc.start]:02x})") from None
+        text = data.decode("latin-1")
+    if text.startswith(BOM):
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line, it does not start one
+    return [(number, line[:-1] if line.endswith("\r") else line) for number, line in enumerate(lines, start=1)]
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it; set it straight back.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _ordinary_mode(path: str | Path, directory: bool) -> None:
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -17,6 +84,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        _ordinary_mode(tmp, directory=False)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -26,6 +94,62 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """JSON (indented) through :func:`write_text_atomic`."""
     write_text_atomic(path, json.dumps(obj, indent=2))
+
+
+def replace_dir(src: str | Path, dst: str | Path) -> None:
+    """Put folder ``src`` at ``dst`` by renames (same filesystem), dropping an old ``dst``.
+
+    A kill at any moment leaves the old ``dst``, the new one, or (between the two
+    renames) the old one under a hidden ``.NAME.old-PID`` name beside it.
+    """
+    src, dst = Path(src), Path(dst)
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Build a folder in a hidden temp folder beside ``path``; on success it replaces
+    ``path`` whole, on any error (or kill) nothing at ``path`` changes.
+
+    Example::
+
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(tmp)
+            (tmp / "meta.json").write_text(...)
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"{path}: exists and is not a folder")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+        for folder, subdirs, files in os.walk(tmp):
+            _ordinary_mode(folder, directory=True)
+            for name in files:
+                full = os.path.join(folder, name)
+                if not os.path.islink(full):
+                    os.chmod(full, os.stat(full).st_mode | (0o666 & ~_umask()))
+        replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def remove_dir(path: str | Path) -> None:
+    """Delete a folder so that a kill midway never leaves it half-deleted under its
+    name: it is first renamed to a hidden ``.NAME.deleting``."""
+    path = Path(path)
+    doomed = path.with_name(f".{path.name}.deleting")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
