@@ -6,7 +6,7 @@ length, same thread count, in one process. Variants alternate round by round:
 
 * ``st-fp32``: ``SentenceTransformer.encode`` as shipped;
 * ``st-bf16``: the same under ``torch.autocast("cpu", bfloat16)``;
-* ``kit-fp32``: ``simcse_kit.modeling.Encoder`` (precision ``"no"``, the default);
+* ``kit-fp32``: ``simcse_kit.inference.Encoder`` (precision ``"no"``, the default);
 * ``kit-bf16``: ``Encoder(..., precision="bf16")``.
 
 It also checks the embeddings agree (cosine of each kit vector with ST's) and, with
@@ -38,7 +38,7 @@ VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16")
 
 def sts_sentences() -> tuple[list[str], list[tuple[int, int, float]]]:
     """Unique STS-B dev+test sentences, and the test pairs as indices into them."""
-    from simcse_kit.sts import read_stsb
+    from simcse_kit.evaluation import read_stsb
 
     folder = DATA / "senteval" / "STS" / "STSBenchmark"
     dev, test = read_stsb(folder / "sts-dev.csv"), read_stsb(folder / "sts-test.csv")
@@ -66,7 +66,8 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
-    from simcse_kit.modeling import Encoder, SimCSEModel, resolve_model_path
+    from simcse_kit.inference import Encoder
+    from simcse_kit.modeling import SimCSEModel, resolve_model_path
 
     path = resolve_model_path("all-MiniLM-L6-v2")
     sentences, pairs = sts_sentences()

@@ -4,7 +4,7 @@ Every configuration trains the default model (all-MiniLM-L6-v2) on the same data
 the same batch (64), training length (32 tokens), epochs, learning rate (3e-5, linear
 decay, no warm-up, no gradient clipping) and STS-B dev selection (every
 ``--eval-steps`` steps and at the end, best kept), then is scored on the 7 STS tasks
-by the same ``simcse_kit.sts.STSEvaluator`` (Spearman x 100, eval length 256).
+by the same ``simcse_kit.evaluation.STSEvaluator`` (Spearman x 100, eval length 256).
 
 Configurations (``--configs``, default all):
 
@@ -99,8 +99,8 @@ def st_train_one(mode: str, seed: int, args: argparse.Namespace, out: Path) -> d
     from transformers import TrainerCallback
 
     from simcse_kit.data import load_train_dataset
+    from simcse_kit.evaluation import DevEvaluator, STSEvaluator
     from simcse_kit.modeling import resolve_model_path
-    from simcse_kit.sts import STSBDevEvaluator, STSEvaluator
 
     cfg = kit_config(mode, {}, args, out)  # the kit recipe's data, batch, lengths, lr, epochs
     data = load_train_dataset(cfg.data.train_file, mode, cfg.data.max_train_samples)
@@ -112,7 +112,7 @@ def st_train_one(mode: str, seed: int, args: argparse.Namespace, out: Path) -> d
     model = SentenceTransformer(resolve_model_path(cfg.model.name_or_path), device="cpu")
     train_len, eval_len = cfg.model.max_seq_len, cfg.model.eval_max_seq_len
     model.max_seq_length = train_len
-    dev = STSBDevEvaluator(cfg.data.eval_data_dir)
+    dev = DevEvaluator(cfg.data.eval_data_dir)
 
     def encode(sentences: list[str]) -> torch.Tensor:
         model.max_seq_length = eval_len
@@ -132,7 +132,7 @@ def st_train_one(mode: str, seed: int, args: argparse.Namespace, out: Path) -> d
 
         def evaluate(self, step: int) -> None:
             tick = time.perf_counter()
-            score = dev(encode)
+            score = dev(encode)[dev.primary_metric]
             self.eval_seconds += time.perf_counter() - tick
             self.evals.append((step, score))
             logger.info("st %s seed %d step %d: stsb_dev %.2f", mode, seed, step, score)
@@ -212,9 +212,9 @@ def run_st(mode: str, args: argparse.Namespace, out: Path) -> dict[int, dict[str
 
 
 def run_base(args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
+    from simcse_kit.evaluation import STSEvaluator
     from simcse_kit.fileio import write_json_atomic
-    from simcse_kit.modeling import load_encoder
-    from simcse_kit.sts import STSEvaluator
+    from simcse_kit.inference import load_encoder
 
     done = out / "metrics.json"
     if done.is_file():

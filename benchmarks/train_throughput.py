@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads  # noqa: E402
 
 # kit-bf16: autocast, like ST's bf16=True; kit-fast: the recipes' setting (bf16 weights
-# with fp32 master weights + fast dropout, simcse_kit.optim / simcse_kit.fastpath).
+# with fp32 master weights + fast dropout, simcse_kit.fastpath.bf16 / simcse_kit.fastpath).
 # Every kit variant packs sequences (simcse_kit.packing); kit-fast-padded does not (an
 # ablation, not in the default run).
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-fast")
@@ -61,7 +61,7 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
 
     from simcse_kit.config import LossConfig, ModelConfig, TrainConfig
     from simcse_kit.data import ContrastiveCollator
-    from simcse_kit.fastpath import use_fast_dropout
+    from simcse_kit.fastpath import enable_fast_dropout
     from simcse_kit.gradcache import GradCacheStep
     from simcse_kit.modeling import SimCSEModel, resolve_model_path
     from simcse_kit.objectives import SimCSEObjective
@@ -83,7 +83,7 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))
     model = SimCSEModel.from_config(ModelConfig(max_seq_len=args.max_seq_len, packing=args.packing))
     if args.precision == "fast":
-        use_fast_dropout(model)
+        enable_fast_dropout(model)
     objective = SimCSEObjective("unsup", LossConfig(temperature=0.05))
     collator = TimedCollator(
         ContrastiveCollator(tokenizer, "unsup", args.max_seq_len),

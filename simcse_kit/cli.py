@@ -68,65 +68,76 @@ def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_transfer(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError(f"unexpected arguments {extra}")
-    from simcse_kit.transfer import evaluate_transfer
+    from simcse_kit.evaluation import evaluate_transfer
 
     evaluate_transfer(
-        args.model,
-        pooler=args.pooler,
-        data_dir=args.data_dir,
         tasks=args.tasks,
         kfold=args.kfold,
         max_train_samples=args.max_train_samples,
         mrpc_features=args.mrpc_features,
-        json_out=args.json,
-        batch_size=args.batch_size,
+        **model_options(args),
     )
     return 0
 
 
+def model_options(args: argparse.Namespace) -> dict[str, object]:
+    """The options every evaluation command shares: which model, how to read it, where
+    the data and the JSON go."""
+    return {
+        "model": args.model,
+        "pooler": args.pooler,
+        "data_dir": args.data_dir,
+        "json_out": args.json,
+        "batch_size": args.batch_size,
+    }
+
+
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError(f"unexpected arguments {extra}")
-    from simcse_kit.evaluation import evaluate_model
-    from simcse_kit.sts import DEFAULT_SUITE
+    from simcse_kit.evaluation import DEFAULT_SUITE, evaluate_model, load_suite
 
-    unknown = [t for t in args.tasks or () if t not in DEFAULT_SUITE]
+    suite = DEFAULT_SUITE if args.suite is None else load_suite(args.suite)
+    unknown = [t for t in args.tasks or () if t not in suite]
     if unknown:
-        raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(DEFAULT_SUITE)}")
+        raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(suite)}")
 
-    evaluate_model(
-        args.model,
-        pooler=args.pooler,
-        data_dir=args.data_dir,
-        tasks=args.tasks,
-        json_out=args.json,
-        batch_size=args.batch_size,
-        precision=args.precision,
-    )
+    evaluate_model(tasks=args.tasks, suite=suite, precision=args.precision, **model_options(args))
     return 0
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError(f"unexpected arguments {extra}")
     from simcse_kit.export import ExportError, export_model
 
     try:
-        result = export_model(args.source, args.out_dir, overwrite=args.overwrite)
+        result = export_model(
+            args.source,
+            args.out_dir,
+            overwrite=args.overwrite,
+            normalize=False if args.no_normalize else None,
+            onnx=args.onnx,
+            quantize=args.quantize,
+            data_dir=args.data_dir,
+            push_to_hub=args.push_to_hub,
+        )
     except ExportError as exc:
         # Not a user error (exit 2) but a failed check: one line, no traceback, status 1.
         print(f"simcse-kit export: failed: {exc}", file=sys.stderr)
         return 1
     print(f"exported to {result.out_dir}: {result.modules}")
-    print(f"parity: min cosine {result.min_cosine:.7f} over {result.n_probes} probe sentences")
+    print(f"normalize: {'on' if result.normalize else 'off'} ({result.normalize_reason})")
+    for backend, par in result.parity.items():
+        print(
+            f"parity ({backend}): min cosine {par.min_cosine:.7f} over {result.n_probes} probe sentences, "
+            f"{result.speed[backend]:.0f} sentences/s"
+        )
+    if result.sts:
+        ref, q = result.sts["simcse-kit fp32"], result.sts["onnx-int8"]
+        print(f"STS: int8 ONNX {q:.2f} vs simcse-kit fp32 {ref:.2f} ({q - ref:+.2f})")
+    if args.push_to_hub:
+        print(f"uploaded to the hub: {args.push_to_hub}")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError(f"unexpected arguments {extra}")
     if args.demo == "digits":
         from simcse_kit.demos import digits
 
@@ -141,8 +152,6 @@ def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_temperature(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError(f"unexpected arguments {extra}")
     from simcse_kit.demos import temperature
 
     if len(args.similarities) < 2 or any(not -1.0 <= s <= 1.0 for s in args.similarities):
@@ -154,19 +163,9 @@ def cmd_temperature(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_align_uniform(args: argparse.Namespace, extra: list[str]) -> int:
-    if extra:
-        raise ConfigError(f"unexpected arguments {extra}")
-    from simcse_kit.demos.align_uniform import align_uniform_model
+    from simcse_kit.evaluation import align_uniform_model
 
-    align_uniform_model(
-        args.model,
-        pooler=args.pooler,
-        data_dir=args.data_dir,
-        split=args.split,
-        threshold=args.threshold,
-        json_out=args.json,
-        batch_size=args.batch_size,
-    )
+    align_uniform_model(split=args.split, threshold=args.threshold, **model_options(args))
     return 0
 
 
@@ -216,16 +215,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pooler", default=None, help="pooler for a plain HF model (simcse-kit and ST folders record theirs)")
     p.add_argument("--data-dir", default="../shared/data/senteval", help="SentEval-layout data folder")
-    p.add_argument("--tasks", nargs="+", default=None, help="subset of tasks (default: all 7)")
+    p.add_argument("--suite", type=Path, default=None, help="YAML task table (default: the paper's 7, = evaluate/sts.yaml)")
+    p.add_argument("--tasks", nargs="+", default=None, help="subset of the suite's tasks (default: all)")
     p.add_argument("--json", type=Path, default=None, help="write results here")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--precision", choices=("no", "bf16", "fp16"), default="no", help="inference autocast")
+    p.add_argument(
+        "--precision",
+        choices=("no", "bf16", "fp16", "auto"),
+        default="no",
+        help="inference precision: no = fp32 (the default, so reported numbers do not depend on the CPU); "
+        "auto = bf16 where this device computes it natively, else fp32",
+    )
     p.set_defaults(func=cmd_evaluate, extra_ok=False)
 
     p = sub.add_parser("export", help="write a verified sentence-transformers folder (with model card) from a run or model")
     p.add_argument("source", help="a simcse-kit run folder or model folder")
     p.add_argument("out_dir", type=Path, help="the export folder (appears only complete and verified)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    p.add_argument(
+        "--no-normalize", action="store_true", help="no Normalize module (default: kept from the base / added for cosine)"
+    )
+    p.add_argument("--onnx", action="store_true", help="also write onnx/model.onnx (needs simcse-kit[onnx])")
+    p.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic-int8 ONNX model (implies --onnx)")
+    p.add_argument("--data-dir", default="../shared/data/senteval", help="STS data for the int8 check")
+    p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
     p.set_defaults(func=cmd_export, extra_ok=False)
 
     p = sub.add_parser("demo", help="the loss core off text: 'digits' (SupCon on 8x8 images), 'toy' (2-D temperature toy)")
@@ -261,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and not args.extra_ok:
+    if extra and not args.extra_ok:  # only train/sweep take config overrides
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

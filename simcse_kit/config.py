@@ -23,7 +23,8 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MLP_MODES = ("none", "train", "always")
 MODES = ("unsup", "sup", "hardneg")
-PRECISIONS = ("no", "fp16", "bf16")
+PRECISIONS = ("auto", "no", "fp16", "bf16")
+AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.precision)
 
 
 @dataclass
@@ -35,8 +36,12 @@ class ModelConfig:
     mlp: str = "none"  # "train": SimCSE's MLP only while training; "always": kept at inference
     max_seq_len: int = 32  # training truncation (SimCSE: 32)
     eval_max_seq_len: int = 256  # inference/evaluation truncation, saved with the model
-    dropout: float | None = None  # overrides hidden and attention dropout (the unsup augmentation)
-    attn_implementation: str = "sdpa"
+    # Sets every dropout of the encoder, whatever its family calls the keys (the unsup
+    # augmentation; simcse_kit.architectures); None keeps the model's own rates.
+    dropout: float | None = None
+    # "auto": SDPA where the architecture has it, else eager (MPNet, DeBERTa-v2); any
+    # other value ("sdpa", "eager", "flash_attention_2") is required, and recorded.
+    attn_implementation: str = "auto"
     # Run the encoder on packed rows instead of padded ones where the model is verified
     # to give the same token states (simcse_kit.packing): same loss, about a third less
     # work at max_seq_len 32 on Wikipedia sentences.
@@ -68,11 +73,10 @@ class LossConfig:
 
 
 @dataclass
-class TrainConfig:
-    """The optimisation loop."""
+class LoopConfig:
+    """The optimisation loop (:func:`simcse_kit.trainer.fit`): what any model trained by
+    it needs, text or image."""
 
-    output_dir: str = "runs/unsup"
-    batch_size: int = 64
     learning_rate: float = 3e-5
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0
@@ -80,23 +84,39 @@ class TrainConfig:
     max_steps: int | None = None
     grad_accum: int = 1
     max_grad_norm: float | None = None
-    mixed_precision: str = "no"  # one of PRECISIONS
+    mixed_precision: str = "no"  # one of PRECISIONS (the text run defaults to "auto")
     # With mixed_precision bf16: bf16 weights, activations and gradients with fp32 master
-    # weights in AdamW, instead of autocast (simcse_kit.optim). Ignored at other
+    # weights in AdamW, instead of autocast (simcse_kit.fastpath.bf16). Ignored at other
     # precisions, so `--mixed-precision no` on a bf16 recipe simply trains in fp32.
-    bf16_weights: bool = False
-    fast_dropout: bool = False  # cheaper dropout RNG, same distribution (simcse_kit.fastpath)
+    bf16_weights: bool | str = False  # True, False or "auto" (on where bf16 is native on CPU)
     seed: int = 42
-    eval_steps: int = 125  # STS-B dev every N optimiser steps (0: only at the end)
+    eval_steps: int = 125  # evaluate every N optimiser steps (0: only at the end)
+    # Evaluate the untouched model too (step 0), so best-checkpoint selection can keep it:
+    # training must never hand back a model worse on dev than the one it started from.
+    eval_at_start: bool = True
     log_steps: int = 10
     save_steps: int = 0  # full training state every N steps for --resume (0: off)
-    grad_cache_chunk: int = 0  # GradCache: encode the batch in chunks of this many rows (0: off)
     progress_bar: bool = True
 
     @property
     def bf16_model(self) -> bool:
         """Whether the model itself runs in bf16 (``bf16_weights`` at bf16 precision)."""
-        return self.bf16_weights and self.mixed_precision == "bf16"
+        return self.bf16_weights is True and self.mixed_precision == "bf16"
+
+
+@dataclass
+class TrainConfig(LoopConfig):
+    """The YAML ``train:`` section: the loop's settings plus the text run's own (where
+    it writes, how big a batch is, how the model is made faster)."""
+
+    output_dir: str = "runs/unsup"
+    # A text run picks its precision from the hardware unless told: bf16 (with bf16 weights
+    # and fast dropout) on a CPU that computes bf16 natively, bf16/fp16 on CUDA, else fp32.
+    mixed_precision: str = AUTO
+    bf16_weights: bool | str = AUTO
+    batch_size: int = 64  # examples per optimiser micro-step, over all processes
+    fast_dropout: bool | str = AUTO  # cheaper dropout RNG, same distribution (simcse_kit.fastpath); "auto": CPU with native bf16
+    grad_cache_chunk: int = 0  # GradCache: encode the batch in chunks of this many rows (0: off)
 
 
 @dataclass
@@ -130,6 +150,11 @@ class RunConfig:
         if self.data.max_train_samples is not None:
             # One example would make batches without a single negative: a zero loss.
             checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
+        if self.loss.queue_size > 0:
+            checks.append(("loss.momentum", 0 <= self.loss.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
+            checks.append(
+                ("train.grad_cache_chunk", self.train.grad_cache_chunk == 0, "0 with loss.queue_size > 0 (use one of them)")
+            )
         if self.model.pooler == "cls_before_pooler":
             checks.append(("model.mlp", self.model.mlp == "none", "'none' with pooler cls_before_pooler"))
         for key, ok, expected in checks:
@@ -164,6 +189,12 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
     base = next((a for a in args if a is not type(None)), tp) if is_optional else tp
     if is_optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
         return None
+    if base == bool | str:  # a switch: True, False or "auto"
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no", AUTO):
+            return AUTO if value.lower() == AUTO else value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be true, false or auto")
     try:
         if base is bool:
             if isinstance(value, bool):

@@ -1,7 +1,8 @@
 """Training data: validated readers, `datasets` wrapping and batch collation.
 
-Files are read and checked here (so an error names the file and line), then handed
-to `datasets.Dataset`. Formats, by training mode:
+Files are read with :func:`simcse_kit.fileio.read_lines` (UTF-8, a byte-order mark as
+Excel writes it dropped, ``\r\n`` or ``\n``) and checked here, so an error names the
+file and line, then handed to `datasets.Dataset`. Formats, by training mode:
   * ``unsup``: a text file, one sentence a line; blank lines are skipped.
   * ``sup``: CSV or JSONL with columns ``sent0, sent1`` (extra columns are ignored).
   * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``.
@@ -21,31 +22,20 @@ from pathlib import Path
 import datasets
 import torch
 
+from simcse_kit.batch import VIEW_COLUMNS, batch_texts, text_ids, views_per_example
 from simcse_kit.errors import DataError, where
-from simcse_kit.negatives import text_ids
+from simcse_kit.fileio import read_lines
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = {"unsup": ("sent0",), "sup": ("sent0", "sent1"), "hardneg": ("sent0", "sent1", "hard_neg")}
-
-
-def _decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield ``(line_number, text)`` with strict UTF-8, naming the line of a bad byte."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    with path.open("rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{where(path, number)}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-            yield number, text.rstrip("\r\n")
+# The columns a training file of each mode must have: those its views are read from.
+COLUMNS: dict[str, tuple[str, ...]] = {mode: tuple(dict.fromkeys(cols)) for mode, cols in VIEW_COLUMNS.items()}
 
 
 def read_sentences(path: str | Path) -> list[str]:
     """One sentence a line; blank lines skipped; an empty file is an error."""
     path = Path(path)
-    sentences = [line.strip() for _, line in _decoded_lines(path) if line.strip()]
+    sentences = [line.strip() for _, line in read_lines(path) if line.strip()]
     if not sentences:
         raise DataError(f"{path}: no sentences (the file is empty or blank)")
     if len(sentences) < 2:
@@ -85,7 +75,7 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
     path = Path(path)
     rows: list[dict[str, str]] = []
     if path.suffix.lower() in (".jsonl", ".json"):
-        for number, line in _decoded_lines(path):
+        for number, line in read_lines(path):
             if not line.strip():
                 continue
             try:
@@ -96,7 +86,7 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
                 raise DataError(f"{where(path, number)}: expected a JSON object with keys {list(columns)}")
             rows.append(_check_row(path, number, obj, columns))
     else:
-        lines = list(_decoded_lines(path))
+        lines = read_lines(path)
         if not lines:
             raise DataError(f"{path}: empty file; expected a header row with {list(columns)}")
         text = "\n".join(line for _, line in lines)
@@ -157,34 +147,33 @@ def load_train_dataset(source: str, mode: str, max_samples: int | None = None) -
 
 @dataclass
 class ContrastiveCollator:
-    """Turn a list of examples into one tokenised batch of all views.
+    """Turn a list of examples into one tokenised batch of all their views.
 
-    Row order (what the objectives expect):
-      * ``unsup``: ``[a, a, b, b, ...]`` — each sentence twice, so dropout makes the views;
-      * ``sup``: ``[s0_1..s0_N, s1_1..s1_N]``;
-      * ``hardneg``: ``[s0_1..s0_N, s1_1..s1_N, neg_1..neg_N]``.
+    The rows are example-major, as :mod:`simcse_kit.batch` lays them out
+    (``unsup``: ``[a, a, b, b, ...]``, each sentence twice so dropout makes the views;
+    ``sup``: ``[p1, e1, p2, e2, ...]``; ``hardneg``: ``[p1, e1, c1, p2, e2, c2, ...]``).
     Padding is to the longest sequence of the batch, truncation at ``max_seq_len``.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        mode: ``unsup``, ``sup`` or ``hardneg``.
+        max_seq_len: tokens per row, at most.
+        with_text_ids: also add ``text_ids`` ``[B]`` int64 (row text hashes,
+            :func:`simcse_kit.batch.text_ids`) for false-negative masking.
     """
 
     tokenizer: object
     mode: str
     max_seq_len: int = 32
-    with_text_ids: bool = False  # add ``text_ids`` [B] int64 (row text hashes) for false-negative masking
+    with_text_ids: bool = False
 
-    def texts(self, examples: list[dict[str, str]]) -> list[str]:
-        if self.mode == "unsup":
-            return [ex["sent0"] for ex in examples for _ in range(2)]
-        return [ex[col] for col in COLUMNS[self.mode] for ex in examples]
+    def __post_init__(self) -> None:
+        views_per_example(self.mode)  # an unknown mode fails here, not at the first batch
 
     def __call__(self, examples: list[dict[str, str]]) -> dict[str, torch.Tensor]:
-        batch = self.tokenizer(
-            self.texts(examples),
-            padding=True,
-            truncation=True,
-            max_length=self.max_seq_len,
-            return_tensors="pt",
-        )
+        texts = batch_texts(examples, self.mode)
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_len, return_tensors="pt")
         out = dict(batch)
         if self.with_text_ids:
-            out["text_ids"] = text_ids(self.texts(examples))
+            out["text_ids"] = text_ids(texts)
         return out

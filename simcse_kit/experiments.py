@@ -26,6 +26,7 @@ import numpy as np
 
 from simcse_kit.config import RunConfig, load_config
 from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.tables import STS_COLUMNS, format_seed_table
 from simcse_kit.fileio import save_figure, write_json_atomic
 
 __all__ = [
@@ -49,8 +50,9 @@ SWEEP_KEYS = {
     "dropout": "model.dropout",
     "hard_negative_weight": "loss.hard_negative_weight",
 }
-TABLE_KEYS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
-TABLE_HEADERS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg.")
+# The STS table's result keys and headers (one home: simcse_kit.evaluation.tables).
+TABLE_KEYS = tuple(STS_COLUMNS)
+TABLE_HEADERS = tuple(STS_COLUMNS.values())
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -119,18 +121,6 @@ def aggregate(tables: Sequence[Mapping[str, float]]) -> tuple[dict[str, float], 
         mean[key] = float(values.mean())
         std[key] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     return mean, std
-
-
-def format_seed_table(per_seed: Mapping[int, Mapping[str, float]], mean: Mapping[str, float], std: Mapping[str, float]) -> str:
-    """A markdown table: one row per seed, then ``mean ± std``."""
-    head = "| seed | " + " | ".join(TABLE_HEADERS) + " |"
-    rule = "|---|" + "---:|" * len(TABLE_HEADERS)
-    rows = [head, rule]
-    for seed, table in per_seed.items():
-        rows.append(f"| {seed} | " + " | ".join(f"{table[k]:.2f}" if k in table else "-" for k in TABLE_KEYS) + " |")
-    cells = [f"{mean[k]:.2f} ± {std[k]:.2f}" if k in mean else "-" for k in TABLE_KEYS]
-    rows.append("| mean ± std | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
 
 
 def run_seeds(

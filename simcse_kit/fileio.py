@@ -130,7 +130,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         yield tmp
-        for folder, subdirs, files in os.walk(tmp):
+        for folder, _subdirs, files in os.walk(tmp):
             _ordinary_mode(folder, directory=True)
             for name in files:
                 full = os.path.join(folder, name)

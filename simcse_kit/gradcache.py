@@ -32,14 +32,15 @@ Only the single-process path is tested here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
-from simcse_kit.objectives import MODEL_INPUTS, Batch, SimCSEObjective
+from simcse_kit.batch import model_inputs
+from simcse_kit.objectives import Backward, Batch, SimCSEObjective
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,9 @@ def effective_negatives(mode: str, n_examples: int, unsup_loss: str = "views", w
 def chunk_slices(n_rows: int, chunk_rows: int, align: int = 1) -> list[slice]:
     """Contiguous row slices of at most ``chunk_rows`` rows, each a multiple of ``align``.
 
-    ``align`` keeps chunk boundaries on example boundaries: the unsup layout
-    ``[a, a, b, b, ...]`` needs ``align=2`` so a sentence's two views share a chunk.
+    ``align`` keeps chunk boundaries on example boundaries: with ``align = V`` (the
+    views per example, :func:`simcse_kit.batch.views_per_example`) an example's views
+    share a chunk.
     """
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
@@ -101,7 +103,7 @@ def _model_chunk(batch: Batch, rows: slice) -> Batch:
     Trimming is exact (masked positions never reach a real token) and saves the
     attention and FFN work on them; with left padding there is nothing to trim.
     """
-    chunk = {k: v[rows] for k, v in batch.items() if k in MODEL_INPUTS}
+    chunk = model_inputs(batch, rows)
     mask = chunk.get("attention_mask")
     if mask is not None and mask.ndim == 2:
         used = mask.any(dim=0).nonzero()
@@ -112,21 +114,20 @@ def _model_chunk(batch: Batch, rows: slice) -> Batch:
 
 
 class GradCacheStep:
-    """A trainer step (``handles_backward = True``) computing the loss GradCache-style.
+    """A trainer step computing the loss GradCache-style.
 
     Args:
-        objective: gives ``embed(model, batch) -> [b, H]`` and
-            ``loss(embeddings [B, H], batch) -> scalar``.
+        objective: gives ``embed(model, batch) -> [b, H]``,
+            ``loss(embeddings [B, H], batch) -> scalar`` and ``views_per_example()``.
         chunk_rows: rows (sentences) encoded per chunk; rounded down to whole examples
-            for the unsup ``[a, a, b, b]`` layout.
+            (a multiple of the views per example), at least one example.
         accelerator: optional; with several processes all but the last chunk's
             backward run under ``accelerator.no_sync(model)``.
 
     Calling ``step(model, batch, backward)`` runs the three passes above, calls
-    ``backward(loss)`` once on the full-batch loss and returns the detached loss.
+    ``backward(loss)`` once on the full-batch loss (default ``loss.backward()``) and
+    returns the detached loss.
     """
-
-    handles_backward = True
 
     def __init__(self, objective: SimCSEObjective, chunk_rows: int, accelerator: Any | None = None) -> None:
         if chunk_rows < 1:
@@ -134,9 +135,9 @@ class GradCacheStep:
         self.objective = objective
         self.chunk_rows = chunk_rows
         self.accelerator = accelerator
-        # Unsup rows are [a, a, b, b, ...]; sup/hardneg rows are view blocks
-        # [s0...; s1...(; neg...)], where any contiguous split keeps whole rows.
-        self.align = 2 if objective.mode == "unsup" else 1
+        # Chunks hold whole examples, so a chunk boundary never separates the views
+        # of one example (batch.py: rows are example-major).
+        self.align = objective.views_per_example()
         self._logged = False
 
     def _no_sync(self, model: nn.Module, last: bool) -> Any:
@@ -145,7 +146,7 @@ class GradCacheStep:
             return nullcontext()
         return acc.no_sync(model)
 
-    def __call__(self, model: nn.Module, batch: Batch, backward: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+    def __call__(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
         backward = backward or (lambda loss: loss.backward())
         n_rows = batch["input_ids"].shape[0]
         slices = chunk_slices(n_rows, self.chunk_rows, self.align)

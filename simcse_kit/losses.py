@@ -1,16 +1,25 @@
-"""The contrastive loss core: InfoNCE (SimCSE form and 2N-view form) and SupCon.
+"""The contrastive loss core: one general function and three named forms of it.
 
-Every function here takes embeddings (and optionally labels, masks or reference
-embeddings gathered from other processes) and returns a scalar loss. The module
-imports only torch so that the text trainer, the image demo and the tests all call
-exactly the same code.
+:func:`contrastive_loss` is the whole computation: one cosine-similarity matrix between
+anchors and candidates, one positive per anchor (a column index) or several (a mask),
+one exclusion mask and one additive logit bias, then cross-entropy (one positive) or
+SupCon's ``L_out`` / ``L_in`` (several). The named losses only build those inputs:
+
+  * :func:`info_nce`: SimCSE's ``z1 . z2^T`` (N - 1 in-batch negatives), optionally with
+    weighted hard negatives;
+  * :func:`info_nce_views`: NT-Xent over 2N views ordered ``[a, a, b, b, ...]``;
+  * :func:`supcon`: supervised contrastive loss over class ``labels``.
+
+Names: ``positive_index`` is always a *column* of the candidates; ``labels`` always
+means *class* labels. The module imports only torch, so the text objectives, the image
+demo and the tests all call exactly the same code.
 
 Numerics (part of the contract):
-  * similarities are computed in fp32 whatever the input dtype, with autocast off,
-    because bf16 logits divided by tau = 0.05 lose most of their mantissa;
-  * excluded entries are masked with ``torch.finfo(float32).min``, never ``-1e12``
+  * similarities are computed in fp32 whatever the input dtype (fp64 stays fp64), with
+    autocast off, because bf16 logits divided by tau = 0.05 lose most of their mantissa;
+  * excluded entries are masked with the logits' own ``finfo.min``, never ``-1e12``
     (which is ``-inf`` in fp16 and turns a fully-masked row into NaN);
-  * SupCon anchors without any positive are dropped from the mean, never NaN.
+  * anchors without any positive are dropped from the mean, never NaN.
 """
 
 from __future__ import annotations
@@ -21,12 +30,15 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "cross_entropy_from_logits",
+    "contrastive_loss",
     "cosine_similarity_matrix",
+    "cross_entropy_from_logits",
     "info_nce",
     "info_nce_views",
+    "self_mask",
     "supcon",
     "view_labels",
+    "weight_bias",
 ]
 
 
@@ -55,10 +67,11 @@ def cross_entropy_from_logits(
 ) -> torch.Tensor:
     """Cross-entropy of each row's positive column, with some columns excluded.
 
-    This is the one place where every InfoNCE variant turns logits into a loss.
+    The single-positive tail of :func:`contrastive_loss`, public for callers that build
+    their own logits (the temperature and toy demos).
 
     Args:
-        logits: ``[N, M]`` fp32 logits (similarity / temperature).
+        logits: ``[N, M]`` logits (similarity / temperature); below fp32 they are upcast.
         positive: ``[N]`` int64 column of each row's positive.
         exclude: optional ``[N, M]`` bool, True where a column must not take part in
             that row's softmax (self-similarity, false negatives). A row's own
@@ -77,6 +90,110 @@ def cross_entropy_from_logits(
     return F.cross_entropy(logits, positive, reduction=reduction)
 
 
+def _multi_positive(logits: torch.Tensor, positive_mask: torch.Tensor, variant: str, zero: torch.Tensor) -> torch.Tensor:
+    """SupCon's ``L_out`` / ``L_in`` of masked ``[N, M]`` logits; anchors without a
+    positive dropped, ``zero`` (a graph-carrying 0) when none has one."""
+    log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)
+    n_pos = positive_mask.sum(dim=1)
+    valid = n_pos > 0
+    if not bool(valid.any()):
+        return zero
+    if variant == "out":
+        # Zero (not -inf/min) where not positive, so the masked sum is exact.
+        per_anchor = -(log_prob * positive_mask).sum(dim=1)[valid] / n_pos[valid]
+    else:
+        pos_log_prob = log_prob.masked_fill(~positive_mask, torch.finfo(log_prob.dtype).min)
+        # log |P(i)| in the logits' dtype: an fp32 log(3) would cap fp64 losses at ~1e-8.
+        per_anchor = -(torch.logsumexp(pos_log_prob, dim=1)[valid] - n_pos[valid].to(log_prob.dtype).log())
+    return per_anchor.mean()
+
+
+def contrastive_loss(
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    *,
+    temperature: float,
+    positive_index: torch.Tensor | None = None,
+    positive_mask: torch.Tensor | None = None,
+    exclude: torch.Tensor | None = None,
+    logit_bias: torch.Tensor | None = None,
+    variant: str = "out",
+) -> torch.Tensor:
+    """The general contrastive loss: every InfoNCE and SupCon form here is this call.
+
+    Logits are ``cos(anchors, candidates) / tau + logit_bias`` in fp32 (autocast off);
+    ``exclude``d entries get the dtype's minimum (a row's positives never do); then
+      * one positive per anchor (``positive_index``): cross-entropy,
+        ``-log softmax_i(logits)[positive_index[i]]``, mean over anchors;
+      * several (``positive_mask``), SupCon (Khosla et al., 2020) with ``P(i)`` the
+        positives and the softmax over all non-excluded candidates:
+        ``L_out`` (eq. 2) ``-1/|P(i)| sum_p log softmax(logits)[p]`` or
+        ``L_in`` (eq. 3) ``-log(1/|P(i)| sum_p softmax(logits)[p])``; anchors with no
+        positive are dropped from the mean, and with none at all the loss is a zero
+        that still carries the graph.
+
+    Args:
+        anchors: ``[N, D]`` embeddings.
+        candidates: ``[M, D]`` embeddings (positives, negatives, gathered or queued rows).
+        temperature: tau > 0.
+        positive_index: ``[N]`` int64 column of each anchor's one positive; or
+        positive_mask: ``[N, M]`` bool, True at each anchor's positives.
+        exclude: optional ``[N, M]`` bool, True where a candidate must not take part in
+            that anchor's softmax (the anchor itself, false negatives).
+        logit_bias: optional ``[N, M]`` added to the logits after the division by tau;
+            ``log(alpha)`` there weights a candidate's ``exp`` by ``alpha`` (SimCSE's
+            hard-negative weight, see :func:`weight_bias`).
+        variant: ``"out"`` or ``"in"`` (multi-positive only).
+
+    Returns:
+        Scalar mean loss over anchors (with at least one positive).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if (positive_index is None) == (positive_mask is None):
+        raise ValueError("contrastive_loss needs exactly one of positive_index and positive_mask")
+    if variant not in ("out", "in"):
+        raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
+    shape = (anchors.shape[0], candidates.shape[0])
+    for name, t in (("positive_mask", positive_mask), ("exclude", exclude), ("logit_bias", logit_bias)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {shape}, got {tuple(t.shape)}")
+    logits = cosine_similarity_matrix(anchors, candidates) / temperature
+    if logit_bias is not None:
+        logits = logits + logit_bias.to(device=logits.device, dtype=logits.dtype)
+    if positive_index is not None:
+        return cross_entropy_from_logits(logits, positive_index, exclude)
+    positive_mask = positive_mask.to(device=logits.device, dtype=torch.bool)
+    if exclude is not None:
+        logits = logits.masked_fill(exclude & ~positive_mask, torch.finfo(logits.dtype).min)
+    return _multi_positive(logits, positive_mask, variant, (anchors.sum() + candidates.sum()) * 0.0)
+
+
+def weight_bias(columns: torch.Tensor, n_columns: int, weight: float, like: torch.Tensor) -> torch.Tensor | None:
+    """The ``logit_bias`` that weights candidate ``columns[i]`` of anchor ``i`` by ``weight``.
+
+    ``log(weight)`` at ``(i, columns[i])``, 0 elsewhere: in the softmax denominator that
+    candidate's ``exp(cos / tau)`` becomes ``weight * exp(cos / tau)``.
+
+    Args:
+        columns: ``[N]`` int64 column per anchor.
+        n_columns: ``M``, the number of candidates.
+        weight: alpha > 0.
+        like: a tensor giving device and (at least fp32) dtype.
+
+    Returns:
+        ``[N, M]`` bias, or None when ``weight == 1`` (nothing to add).
+    """
+    if weight <= 0:
+        raise ValueError(f"hard_negative_weight must be > 0, got {weight}")
+    if weight == 1.0:
+        return None
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    bias = torch.zeros(columns.shape[0], n_columns, dtype=dtype, device=like.device)
+    bias[torch.arange(columns.shape[0], device=like.device), columns.to(like.device)] = math.log(weight)
+    return bias
+
+
 def info_nce(
     anchors: torch.Tensor,
     positives: torch.Tensor,
@@ -84,7 +201,7 @@ def info_nce(
     *,
     temperature: float = 0.05,
     hard_negative_weight: float = 1.0,
-    labels: torch.Tensor | None = None,
+    positive_index: torch.Tensor | None = None,
     exclude: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SimCSE's InfoNCE: each anchor against all positives of the batch.
@@ -102,37 +219,33 @@ def info_nce(
     Args:
         anchors: ``[N, D]`` anchor embeddings (e.g. premises).
         positives: ``[M, D]`` candidate embeddings, ``M >= N`` (more when gathered from
-            other processes); anchor ``i``'s positive is row ``labels[i]``.
+            other processes); anchor ``i``'s positive is row ``positive_index[i]``.
         hard_negatives: optional ``[M, D]``; anchor ``i``'s own hard negative is row
-            ``labels[i]``.
+            ``positive_index[i]``. They become candidates ``M .. 2M - 1``.
         temperature: tau > 0.
         hard_negative_weight: alpha > 0 applied to each anchor's own hard negative.
-        labels: ``[N]`` int64, default ``arange(N)``.
+        positive_index: ``[N]`` int64 row of each anchor's positive, default ``arange(N)``.
         exclude: optional ``[N, M]`` (or ``[N, 2M]`` with hard negatives) bool mask of
             candidates to drop from each anchor's softmax (false negatives).
 
     Returns:
         Scalar mean loss over anchors.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     n, m = anchors.shape[0], positives.shape[0]
-    if labels is None:
+    if positive_index is None:
         if n != m:
-            raise ValueError(f"labels are required when anchors ({n}) and positives ({m}) differ in size")
-        labels = torch.arange(n, device=anchors.device)
-    logits = cosine_similarity_matrix(anchors, positives) / temperature
+            raise ValueError(f"positive_index is required when anchors ({n}) and positives ({m}) differ in size")
+        positive_index = torch.arange(n, device=anchors.device)
+    candidates, bias = positives, None
     if hard_negatives is not None:
         if hard_negatives.shape[0] != m:
             raise ValueError(f"hard_negatives has {hard_negatives.shape[0]} rows, positives {m}")
-        if hard_negative_weight <= 0:
-            raise ValueError(f"hard_negative_weight must be > 0, got {hard_negative_weight}")
-        hard = cosine_similarity_matrix(anchors, hard_negatives) / temperature
-        if hard_negative_weight != 1.0:
-            rows = torch.arange(n, device=anchors.device)
-            hard = hard.index_put((rows, labels), hard[rows, labels] + math.log(hard_negative_weight))
-        logits = torch.cat([logits, hard], dim=1)
-    return cross_entropy_from_logits(logits, labels, exclude)
+        dtype = torch.promote_types(positives.dtype, hard_negatives.dtype)
+        candidates = torch.cat([positives.to(dtype), hard_negatives.to(dtype)])
+        bias = weight_bias(positive_index + m, 2 * m, hard_negative_weight, anchors)
+    return contrastive_loss(
+        anchors, candidates, temperature=temperature, positive_index=positive_index, exclude=exclude, logit_bias=bias
+    )
 
 
 def view_labels(n_rows: int, offset: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
@@ -140,6 +253,14 @@ def view_labels(n_rows: int, offset: int = 0, device: torch.device | str | None 
     if n_rows % 2:
         raise ValueError(f"a 2N-view batch needs an even number of rows, got {n_rows}")
     return (torch.arange(n_rows, device=device) ^ 1) + offset
+
+
+def self_mask(n_rows: int, n_columns: int, offset: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
+    """``[N, M]`` bool, True at ``(i, offset + i)``: each anchor's own row among the candidates."""
+    mask = torch.zeros(n_rows, n_columns, dtype=torch.bool, device=device)
+    rows = torch.arange(n_rows, device=device)
+    mask[rows, rows + offset] = True
+    return mask
 
 
 def info_nce_views(
@@ -152,8 +273,8 @@ def info_nce_views(
 ) -> torch.Tensor:
     """InfoNCE over 2N views (NT-Xent), for unsupervised batches ``[a, a, b, b, ...]``.
 
-    Each row's positive is its neighbour (labels ``[1, 0, 3, 2, ...]``), its own
-    similarity is masked out, and the other ``2N - 2`` rows are negatives. This is
+    Each row's positive is its neighbour (``positive_index`` ``[1, 0, 3, 2, ...]``), its
+    own similarity is masked out, and the other ``2N - 2`` rows are negatives. This is
     unsupervised SimCSE with dropout as the augmentation written symmetrically: every
     view is an anchor once.
 
@@ -168,17 +289,13 @@ def info_nce_views(
     Returns:
         Scalar mean loss over the ``2N`` anchors.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     ref = embeddings if ref_embeddings is None else ref_embeddings
     n = embeddings.shape[0]
-    rows = torch.arange(n, device=embeddings.device)
-    logits = cosine_similarity_matrix(embeddings, ref) / temperature
-    self_mask = torch.zeros(n, ref.shape[0], dtype=torch.bool, device=embeddings.device)
-    self_mask[rows, rows + offset] = True
+    positive = view_labels(n, offset, embeddings.device)
+    mask = self_mask(n, ref.shape[0], offset, embeddings.device)
     if exclude is not None:
-        self_mask |= exclude
-    return cross_entropy_from_logits(logits, view_labels(n, offset, embeddings.device), self_mask)
+        mask |= exclude
+    return contrastive_loss(embeddings, ref, temperature=temperature, positive_index=positive, exclude=mask)
 
 
 def supcon(
@@ -192,15 +309,11 @@ def supcon(
     ref_labels: torch.Tensor | None = None,
     offset: int = 0,
 ) -> torch.Tensor:
-    """Supervised contrastive loss (Khosla et al., 2020) over labels or a positive mask.
+    """Supervised contrastive loss (Khosla et al., 2020) over class labels or a positive mask.
 
-    For anchor ``i`` with positives ``P(i)`` and all other candidates ``A(i)``:
-      * ``L_out`` (default, eq. 2): ``-1/|P(i)| * sum_p log softmax_A(i)(z_i . z_p / tau)``
-      * ``L_in`` (eq. 3): ``-log(1/|P(i)| * sum_p softmax_A(i)(z_i . z_p / tau))``
-    Anchors with no positive are excluded from the mean; if no anchor has one the
-    loss is a zero that still carries the graph.
-
-    With one label per sentence over its two views this equals :func:`info_nce_views`.
+    Anchor ``i``'s positives are the other candidates with its class label; its own
+    row is excluded; see :func:`contrastive_loss` for ``L_out`` / ``L_in``. With one
+    label per sentence over its two views this equals :func:`info_nce_views`.
 
     Args:
         embeddings: ``[N, D]`` anchor embeddings (normalised here).
@@ -211,19 +324,14 @@ def supcon(
         variant: ``"out"`` or ``"in"``.
         ref_embeddings: optional ``[R, D]`` candidates (gathered); default
             ``embeddings``, with local rows at ``offset``.
-        ref_labels: ``[R]`` labels of the candidates when ``ref_embeddings`` is given.
+        ref_labels: ``[R]`` class labels of the candidates when ``ref_embeddings`` is given.
         offset: index of the first local row in ``ref_embeddings``.
 
     Returns:
         Scalar mean loss over anchors that have at least one positive.
     """
-    if variant not in ("out", "in"):
-        raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
     ref = embeddings if ref_embeddings is None else ref_embeddings
     n, r = embeddings.shape[0], ref.shape[0]
-    device = embeddings.device
     if positive_mask is None:
         if labels is None:
             raise ValueError("supcon needs labels or positive_mask")
@@ -234,23 +342,6 @@ def supcon(
         positive_mask = labels.view(-1, 1) == ref_labels.view(1, -1)
     if positive_mask.shape != (n, r):
         raise ValueError(f"positive_mask must be {(n, r)}, got {tuple(positive_mask.shape)}")
-    rows = torch.arange(n, device=device)
-    self_mask = torch.zeros(n, r, dtype=torch.bool, device=device)
-    self_mask[rows, rows + offset] = True
-    positive_mask = positive_mask.to(device=device, dtype=torch.bool) & ~self_mask
-
-    logits = cosine_similarity_matrix(embeddings, ref) / temperature
-    logits = logits.masked_fill(self_mask, torch.finfo(logits.dtype).min)
-    log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)
-
-    n_pos = positive_mask.sum(dim=1)
-    valid = n_pos > 0
-    if not bool(valid.any()):
-        return embeddings.sum() * 0.0
-    if variant == "out":
-        # Zero (not -inf/min) where not positive, so the masked sum is exact.
-        per_anchor = -(log_prob * positive_mask).sum(dim=1)[valid] / n_pos[valid]
-    else:
-        pos_log_prob = log_prob.masked_fill(~positive_mask, torch.finfo(log_prob.dtype).min)
-        per_anchor = -(torch.logsumexp(pos_log_prob, dim=1)[valid] - n_pos[valid].float().log())
-    return per_anchor.mean()
+    own = self_mask(n, r, offset, embeddings.device)
+    positive_mask = positive_mask.to(device=embeddings.device, dtype=torch.bool) & ~own
+    return contrastive_loss(embeddings, ref, temperature=temperature, positive_mask=positive_mask, exclude=own, variant=variant)

@@ -1,28 +1,27 @@
-"""The sentence encoder: a plain ``AutoModel`` + a pooler + an optional MLP head.
+"""The training model: a plain ``AutoModel`` + a pooler + an optional MLP head.
 
 A saved model describes itself: ``simcse_config.json`` next to the transformer's
 files records the pooler, whether the MLP is used at inference, the max length and
-the similarity, so loading never guesses.
+the similarity, so loading never guesses. Turning sentences into vectors (tokenising,
+batching, loading whatever a user names) is :mod:`simcse_kit.inference`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
+from simcse_kit import architectures
 from simcse_kit.config import DEFAULT_MODEL, MLP_MODES, POOLERS, ModelConfig
 from simcse_kit.errors import ConfigError
+from simcse_kit.fileio import atomic_dir
 from simcse_kit.packing import attention_mask_for, pack, packing_matches
 
 logger = logging.getLogger(__name__)
@@ -30,6 +29,18 @@ logger = logging.getLogger(__name__)
 SIMCSE_CONFIG = "simcse_config.json"
 HEAD_WEIGHTS = "simcse_head.safetensors"
 FORMAT_VERSION = 1
+
+
+def compute_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype most of ``module``'s parameter tensors have: the one its matmuls (and
+    attention scores) run in. A bf16 model keeps its embedding tables in fp32 (see
+    :func:`simcse_kit.fastpath.bf16.bf16_training`), so its first parameter's dtype is
+    the wrong test."""
+    counts: dict[torch.dtype, int] = {}
+    for p in module.parameters():
+        if p.is_floating_point():
+            counts[p.dtype] = counts.get(p.dtype, 0) + 1
+    return max(counts, key=lambda d: counts[d], default=torch.float32)
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -104,10 +115,23 @@ class SimCSEModel(nn.Module):
     truncates shorter, in the collator). ``packing`` runs the encoder on packed rows
     (:mod:`simcse_kit.packing`) where that saves padding and the encoder is verified to
     give the same token states packed as padded.
+
+    ``attn_implementation`` is the attention implementation ``encoder`` was loaded with
+    (``from_pretrained(..., attn_implementation=...)``; transformers' default is
+    ``"sdpa"``). The model keeps it because transformers offers no public way to read it
+    back, and the packed rows' 4-D mask must come in the form that attention takes.
+    What else differs per architecture (segment ids, offset position ids) is read off
+    the encoder by :mod:`simcse_kit.architectures`.
     """
 
     def __init__(
-        self, encoder: PreTrainedModel, pooler: str = "cls", mlp: str = "none", max_seq_len: int = 256, packing: bool = False
+        self,
+        encoder: PreTrainedModel,
+        pooler: str = "cls",
+        mlp: str = "none",
+        max_seq_len: int = 256,
+        packing: bool = False,
+        attn_implementation: str = "sdpa",
     ) -> None:
         super().__init__()
         if mlp not in MLP_MODES:
@@ -121,7 +145,14 @@ class SimCSEModel(nn.Module):
             MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02)) if mlp != "none" else None
         )
         self.max_seq_len = max_seq_len
-        self.packing = packing and packing_matches(encoder)
+        self.attn_implementation = attn_implementation
+        # DistilBERT, MPNet and ModernBERT take no segment ids (a BERT tokenizer beside
+        # them still makes some); RoBERTa-style positions start at padding_idx + 1.
+        self.takes_token_type_ids = architectures.takes_token_type_ids(encoder)
+        self.position_offset = architectures.position_offset(encoder)
+        self.packing = packing and packing_matches(
+            encoder, attn_implementation=attn_implementation, dtype=compute_dtype(encoder), position_offset=self.position_offset
+        )
 
     @property
     def uses_mlp(self) -> bool:
@@ -131,6 +162,8 @@ class SimCSEModel(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
         want_all = self.pooler.needs_hidden_states
+        if not self.takes_token_type_ids:
+            token_type_ids = None
         packed = None
         if self.packing:
             packed = pack(input_ids, attention_mask, token_type_ids, getattr(self.encoder.config, "pad_token_id", None) or 0)
@@ -144,8 +177,8 @@ class SimCSEModel(nn.Module):
             kwargs = {"token_type_ids": packed.token_type_ids} if packed.token_type_ids is not None else {}
             out = self.encoder(
                 input_ids=packed.input_ids,
-                position_ids=packed.position_ids,
-                attention_mask=attention_mask_for(self.encoder, packed.attention_mask),
+                position_ids=packed.position_ids + self.position_offset,
+                attention_mask=attention_mask_for(packed.attention_mask, self.attn_implementation, compute_dtype(self.encoder)),
                 output_hidden_states=want_all,
                 return_dict=True,
                 **kwargs,
@@ -167,18 +200,14 @@ class SimCSEModel(nn.Module):
             "similarity": "cosine",
             "normalize": False,
             "hidden_size": self.encoder.config.hidden_size,
+            "attn_implementation": self.attn_implementation,
         }
 
     def save(self, path: str | Path, tokenizer: object | None = None, extra: dict[str, object] | None = None) -> None:
-        """Write the model atomically: into a temp folder beside ``path``, then renamed.
-
-        A kill at any moment leaves either the old folder or the new one at ``path``,
-        never a half-written one.
-        """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+        """Write the model atomically (:func:`simcse_kit.fileio.atomic_dir`): a kill at any
+        moment leaves either the old folder or the new one at ``path``, never a
+        half-written one."""
+        with atomic_dir(path) as tmp:
             self.encoder.save_pretrained(tmp, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
@@ -186,159 +215,40 @@ class SimCSEModel(nn.Module):
                 save_file({k: v.detach().contiguous().cpu() for k, v in self.mlp.state_dict().items()}, str(tmp / HEAD_WEIGHTS))
             meta = self.describe() | (extra or {})
             (tmp / SIMCSE_CONFIG).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-            replace_dir(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> SimCSEModel:
         """A fresh training model from a base encoder (hub id, folder or the default)."""
         path = resolve_model_path(cfg.name_or_path)
-        overrides: dict[str, object] = {}
-        if cfg.dropout is not None:
-            overrides = {"hidden_dropout_prob": cfg.dropout, "attention_probs_dropout_prob": cfg.dropout}
         try:
-            hf_config = AutoConfig.from_pretrained(path, **overrides)
-            encoder = AutoModel.from_pretrained(path, config=hf_config, attn_implementation=cfg.attn_implementation)
+            hf_config = AutoConfig.from_pretrained(path)
+            if cfg.dropout is not None:  # each family names its dropout keys differently
+                overrides = architectures.dropout_overrides(hf_config.model_type, cfg.dropout)
+                hf_config = AutoConfig.from_pretrained(path, **overrides)
+            encoder, attn = architectures.load_pretrained_encoder(path, cfg.attn_implementation, config=hf_config)
         except OSError as exc:
             raise ConfigError(f"model.name_or_path {cfg.name_or_path!r}: cannot load a model there ({exc})") from None
-        return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=cfg.packing)
+        if cfg.dropout is not None:
+            architectures.check_dropout(encoder, cfg.dropout)  # every site, not just the keys we set
+        else:
+            architectures.warn_if_no_dropout(encoder)
+        return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=cfg.packing, attn_implementation=attn)
 
     @classmethod
-    def load(cls, path: str | Path, attn_implementation: str = "sdpa") -> SimCSEModel:
-        """Load a folder written by :meth:`save` (pooler and MLP from its own metadata)."""
+    def load(cls, path: str | Path, attn_implementation: str = architectures.AUTO) -> SimCSEModel:
+        """Load a folder written by :meth:`save` (pooler and MLP from its own metadata).
+
+        ``attn_implementation="auto"`` tries the implementation the model records it was
+        trained with, then SDPA, then eager (:func:`architectures.load_pretrained_encoder`);
+        any other value is required.
+        """
         path = Path(path)
         meta_file = path / SIMCSE_CONFIG
         if not meta_file.is_file():
             raise ConfigError(f"{path}: not a simcse-kit model (no {SIMCSE_CONFIG})")
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        encoder = AutoModel.from_pretrained(path, attn_implementation=attn_implementation)
-        model = cls(encoder, meta["pooler"], meta["mlp"], int(meta["max_seq_len"]))
+        encoder, attn = architectures.load_pretrained_encoder(path, attn_implementation, prefer=meta.get("attn_implementation"))
+        model = cls(encoder, meta["pooler"], meta["mlp"], int(meta["max_seq_len"]), attn_implementation=attn)
         if model.mlp is not None:
             model.mlp.load_state_dict(load_file(str(path / HEAD_WEIGHTS)))
         return model.eval()
-
-
-def replace_dir(src: Path, dst: Path) -> None:
-    """Atomically put folder ``src`` at ``dst`` (same filesystem), dropping an old ``dst``."""
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
-
-
-def autocast_context(device: torch.device, precision: str) -> object:
-    """bf16/fp16 autocast for inference, or a no-op for ``"no"``/fp32."""
-    if precision in ("bf16", "fp16"):
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-        return torch.autocast(device_type=device.type, dtype=dtype)
-    return nullcontext()
-
-
-class Encoder:
-    """Inference wrapper: sentences -> ``[N, H]`` fp32 embeddings (not normalised).
-
-    Sentences are tokenised a block at a time and sorted by *token* count before
-    batching, then returned in input order. Sorting by characters, the usual shortcut,
-    leaves ~30% of the positions of STS-B batches as padding; by tokens ~4%.
-    """
-
-    # Sentences tokenised (and sorted) together: bounds the memory held in token lists.
-    BLOCK_BATCHES = 64
-
-    def __init__(
-        self, model: nn.Module, tokenizer: object, max_seq_len: int, device: str | torch.device = "cpu", precision: str = "no"
-    ) -> None:
-        self.model = model.to(device).eval()
-        self.tokenizer = tokenizer
-        self.max_seq_len = max_seq_len
-        self.device = torch.device(device)
-        self.precision = precision
-
-    @torch.inference_mode()
-    def encode(self, sentences: Sequence[str], batch_size: int = 128) -> torch.Tensor:
-        """Args: ``N`` sentences. Returns ``[N, H]`` fp32 (``[0, 0]`` for none)."""
-        out: list[torch.Tensor] = []
-        order: list[int] = []
-        block = batch_size * self.BLOCK_BATCHES
-        for first in range(0, len(sentences), block):
-            texts = list(sentences[first : first + block])
-            features = self.tokenizer(texts, truncation=True, max_length=self.max_seq_len)
-            rows = [dict(zip(features.keys(), values, strict=True)) for values in zip(*features.values(), strict=True)]
-            by_length = sorted(range(len(texts)), key=lambda i: -len(rows[i]["input_ids"]))
-            order.extend(first + i for i in by_length)
-            for start in range(0, len(by_length), batch_size):
-                batch = self.tokenizer.pad([rows[i] for i in by_length[start : start + batch_size]], return_tensors="pt")
-                batch = {k: v.to(self.device) for k, v in batch.items()}
-                with autocast_context(self.device, self.precision):
-                    out.append(self.model(**batch).float().cpu())
-        if not out:
-            return torch.empty(0, 0)
-        embeddings = torch.cat(out)
-        result = torch.empty_like(embeddings)
-        result[torch.tensor(order)] = embeddings
-        return result
-
-    __call__ = encode
-
-
-class SentenceTransformerEncoder:
-    """A sentence-transformers folder (its own modules decide pooling and normalisation)."""
-
-    def __init__(self, path: str, device: str = "cpu", max_seq_len: int | None = None) -> None:
-        from sentence_transformers import SentenceTransformer
-
-        self.model = SentenceTransformer(path, device=device)
-        if max_seq_len is not None:
-            self.model.max_seq_length = max_seq_len
-
-    def encode(self, sentences: Sequence[str], batch_size: int = 128) -> torch.Tensor:
-        return (
-            self.model.encode(list(sentences), batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
-            .float()
-            .cpu()
-        )
-
-    __call__ = encode
-
-
-def load_encoder(
-    path: str | Path,
-    pooler: str | None = None,
-    max_seq_len: int | None = None,
-    device: str = "cpu",
-    precision: str = "no",
-) -> Encoder | SentenceTransformerEncoder:
-    """Load whatever MODEL names: a simcse-kit run folder (its ``best_model``), a
-    simcse-kit model folder, a sentence-transformers folder, or a plain HF model
-    folder / hub id (then ``pooler`` is required: nothing is guessed).
-    """
-    resolved = Path(resolve_model_path(str(path)))
-    if (resolved / "best_model" / SIMCSE_CONFIG).is_file():
-        resolved = resolved / "best_model"
-    if (resolved / SIMCSE_CONFIG).is_file():
-        if pooler is not None:
-            logger.warning("--pooler %s ignored: %s records its own pooler", pooler, resolved)
-        model = SimCSEModel.load(resolved)
-        tokenizer = AutoTokenizer.from_pretrained(resolved)
-        return Encoder(model, tokenizer, max_seq_len or model.max_seq_len, device, precision)
-    if (resolved / "modules.json").is_file():
-        if pooler is not None:
-            logger.warning("--pooler %s ignored: %s is a sentence-transformers folder", pooler, resolved)
-        return SentenceTransformerEncoder(str(resolved), device, max_seq_len)
-    looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") > 1  # a hub id is "org/name"
-    if looks_local and not resolved.is_dir():
-        raise ConfigError(f"{path}: no such model folder")
-    if pooler is None:
-        raise ConfigError(f"{path}: a plain transformers model records no pooler; pass --pooler (one of {POOLERS})")
-    try:
-        encoder = AutoModel.from_pretrained(str(resolved), attn_implementation="sdpa")
-        tokenizer = AutoTokenizer.from_pretrained(str(resolved))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot load a model there ({exc})") from None
-    model = SimCSEModel(encoder, pooler, "none", max_seq_len or 256)
-    return Encoder(model, tokenizer, model.max_seq_len, device, precision)

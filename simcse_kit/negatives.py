@@ -6,7 +6,8 @@ When a batch holds the same text twice (a duplicated corpus line, an NLI premise
 two hypotheses, a hard negative that repeats the positive), the copy is pushed away
 from its own twin. :func:`false_negative_mask` marks, for each anchor, every candidate
 whose text equals the anchor's or its positive's; the loss core's ``exclude=`` drops
-them from the softmax. Texts are compared by a 64-bit hash (:func:`text_ids`), which
+them from the softmax. Texts are compared by a 64-bit hash
+(:func:`simcse_kit.batch.text_ids`), which
 the collator adds to the batch as ``text_ids`` so it can be gathered across processes
 and stored in the queue like any label.
 
@@ -24,39 +25,25 @@ the current batch.
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from simcse_kit import distributed
-from simcse_kit.optim import compute_dtype
+from simcse_kit.batch import model_inputs, view_rows
+from simcse_kit.modeling import compute_dtype
 
-__all__ = ["MomentumQueue", "MomentumQueueStep", "false_negative_mask", "text_ids"]
+if TYPE_CHECKING:  # objectives imports this module (false_negative_mask)
+    from simcse_kit.objectives import SimCSEObjective
+
+__all__ = ["MomentumQueue", "MomentumQueueStep", "false_negative_mask"]
 
 logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
-
-
-def text_ids(texts: Sequence[str]) -> torch.Tensor:
-    """A stable 64-bit id per text: equal texts, equal ids, on every process and run.
-
-    Python's ``hash`` is salted per process, so it would give different ids on
-    different ranks; an 8-byte BLAKE2b digest is stable and collides with
-    probability about ``n^2 / 2^65`` (negligible for any batch or queue).
-
-    Args:
-        texts: ``N`` strings, compared exactly (no case folding or whitespace change).
-
-    Returns:
-        ``[N]`` int64 tensor.
-    """
-    ids = [int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little", signed=True) for t in texts]
-    return torch.tensor(ids, dtype=torch.int64)
 
 
 def false_negative_mask(
@@ -167,22 +154,12 @@ class MomentumQueue(nn.Module):
         self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=self.size))
 
 
-def queue_rows(mode: str, n_rows: int) -> slice:
-    """Rows of a collated batch whose embeddings go into the queue: one view of each
-    unsup sentence (``[a, a, b, b]`` -> even rows), the positives ``s1`` otherwise."""
-    if mode == "unsup":
-        return slice(0, n_rows, 2)
-    views = 2 if mode == "sup" else 3
-    n = n_rows // views
-    return slice(n, 2 * n)
-
-
 class MomentumQueueStep:
     """A trainer step that adds the queue's negatives to an objective's loss.
 
     Args:
         objective: a :class:`~simcse_kit.objectives.SimCSEObjective` (``embed``,
-            ``loss(embeddings, batch, extra_negatives=, extra_ids=)``, ``mode``).
+            ``loss(embeddings, batch, queue=)``, ``views_per_example``, ``loss_cfg``).
         queue: the :class:`MomentumQueue`, built from the online model before
             ``accelerator.prepare``.
         accelerator: optional; gives ``unwrap_model``, ``autocast`` and
@@ -190,7 +167,7 @@ class MomentumQueueStep:
             not per accumulated micro-batch).
     """
 
-    def __init__(self, objective: Any, queue: MomentumQueue, accelerator: Any | None = None) -> None:
+    def __init__(self, objective: SimCSEObjective, queue: MomentumQueue, accelerator: Any | None = None) -> None:
         self.objective = objective
         self.queue = queue
         self.accelerator = accelerator
@@ -209,7 +186,12 @@ class MomentumQueueStep:
             return self.accelerator.autocast()
         return torch.autocast(device.type, enabled=False)
 
-    def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+    def __call__(self, model: nn.Module, batch: Batch, backward: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """One training step against the queue: ``backward(loss)``, the detached loss.
+
+        Without ``backward`` the loss is returned with its graph (as
+        :meth:`SimCSEObjective.step <simcse_kit.objectives.SimCSEObjective.step>`).
+        """
         online = self.accelerator.unwrap_model(model) if self.accelerator is not None else model
         device = next(online.parameters()).device
         if self.queue.queue.device != device:
@@ -218,18 +200,14 @@ class MomentumQueueStep:
             self.queue.update(online)
         embeddings = self.objective.embed(model, batch)
         negatives, negative_ids = self.queue.negatives()
-        loss = self.objective.loss(
-            embeddings,
-            batch,
-            extra_negatives=negatives.clone() if negatives.shape[0] else None,
-            extra_ids=negative_ids.clone() if negatives.shape[0] else None,
-        )
-        # The keys are encoded after the loss used the old queue, and cloned above so
-        # the in-place enqueue never touches a tensor saved for backward.
-        rows = queue_rows(self.objective.mode, batch["input_ids"].shape[0])
-        inputs = {k: v[rows] for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+        # Cloned, so the in-place enqueue below never touches a tensor saved for backward.
+        queue = (negatives.clone(), negative_ids.clone()) if negatives.shape[0] else None
+        loss = self.objective.loss(embeddings, batch, queue=queue)
+        # The keys are encoded after the loss used the old queue: view 1 of each example
+        # (the positives; in unsup the same sentence as view 0).
+        rows = view_rows(batch["input_ids"].shape[0], self.objective.views_per_example(), 1)
         with self.key_autocast(online, device):
-            keys = self.queue.encode(inputs, training=online.training)
+            keys = self.queue.encode(model_inputs(batch, rows), training=online.training)
         if "text_ids" in batch:
             ids = batch["text_ids"][rows]
         else:  # masking off: the ids are never compared
@@ -240,4 +218,7 @@ class MomentumQueueStep:
         self.queue.enqueue(keys, ids)
         sync = getattr(self.accelerator, "sync_gradients", True) if self.accelerator is not None else True
         self.queue.pending_update.fill_(bool(sync))
-        return loss
+        if backward is None:
+            return loss
+        backward(loss)
+        return loss.detach()

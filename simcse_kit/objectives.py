@@ -1,124 +1,156 @@
-"""Training objectives: how a batch becomes embeddings, and embeddings a loss.
+"""Training objectives: a batch of views in, one contrastive loss out.
 
-An objective is split in two on purpose: ``embed(model, batch)`` runs the encoder and
-``loss(embeddings)`` only touches the loss core. Cross-process gathering, cached
-(GradCache) backward and extra negatives all work on that seam without knowing the
-model.
+:class:`SimCSEObjective` states each mode's contrastive problem as data (anchors,
+candidates, one positive column per anchor, an exclusion mask, a logit bias) and hands
+it to :func:`simcse_kit.losses.contrastive_loss`. Which row is which view comes from
+:mod:`simcse_kit.batch`. The objective is split in two on purpose: :meth:`~SimCSEObjective.embed`
+runs the encoder and :meth:`~SimCSEObjective.loss` only touches the loss core, so
+GradCache and the momentum queue work on that seam without knowing the model.
+
+A *step* is any callable ``step(model, batch, backward) -> loss`` that computes the
+loss, calls ``backward(loss)`` itself and returns the detached loss; the objective is
+the plain one, :class:`~simcse_kit.gradcache.GradCacheStep` and
+:class:`~simcse_kit.negatives.MomentumQueueStep` wrap it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from simcse_kit import distributed, losses, negatives
+from simcse_kit.batch import model_inputs, split_views, views_per_example
 from simcse_kit.config import LossConfig
 
+__all__ = ["Backward", "Batch", "Queue", "SimCSEObjective", "Step"]
+
 Batch = dict[str, torch.Tensor]
+Backward = Callable[[torch.Tensor], None]
+Step = Callable[[nn.Module, Batch, Backward], torch.Tensor]
+Queue = tuple[torch.Tensor, torch.Tensor | None]
+"""Extra negatives without gradient (the momentum queue): ``([Q, H] rows, [Q] text ids)``."""
 
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def embed_batch(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """Encode every row of a tokenised batch: ``[B, H]``. Non-model keys are ignored."""
-    return model(**{k: v for k, v in batch.items() if k in MODEL_INPUTS})
+def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    # One block stays the very tensor (no copy): the unsup loss sees what it always saw.
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts))
 
 
 @dataclass
 class SimCSEObjective:
-    """The three SimCSE losses on the row order produced by ContrastiveCollator.
+    """The SimCSE losses on the example-major rows of :mod:`simcse_kit.batch`.
 
-    ``unsup``: ``[2N, H]`` rows ``[a, a, b, b, ...]`` -> 2N-view InfoNCE
-    (``unsup_loss="views"``) or SimCSE code's ``z1 . z2^T`` (``"paper"``).
-    ``sup``: ``[2N, H]`` = ``[z1; z2]`` -> InfoNCE with in-batch negatives.
-    ``hardneg``: ``[3N, H]`` = ``[z1; z2; z3]`` -> InfoNCE with weighted hard negatives.
+    Per mode (``N`` local examples, ``W`` processes when ``loss.gather``; every anchor's
+    candidates also take the queue's ``Q`` rows when a queue is given):
+      * ``unsup`` + ``unsup_loss="views"``: 2N-view NT-Xent, every row an anchor against
+        all ``2NW`` rows; positive: the other view (row ``i ^ 1``); the row itself excluded;
+      * ``unsup`` + ``"paper"`` and ``sup``: SimCSE's ``z1 . z2^T``: view-0 anchors
+        against the ``NW`` view-1 rows; positive: the anchor's own view 1;
+      * ``hardneg``: view-0 anchors against ``[view 1 | view 2]`` (``2NW`` rows); the
+        anchor's own hard negative weighted by ``loss.hard_negative_weight``
+        (``log(alpha)`` on that logit).
+
+    With ``loss.mask_false_negatives`` the batch's ``text_ids`` drop candidates that
+    share a text with the anchor or its positive (:func:`negatives.false_negative_mask`);
+    :attr:`masked_negatives` counts them over all calls, :attr:`last_masked` in the latest.
     """
 
     mode: str
     loss_cfg: LossConfig
-    masked_negatives: int = field(default=0, compare=False)  # false negatives dropped so far
-    last_masked: int = field(default=0, compare=False)  # ... in the latest loss call
+    masked_negatives: int = field(default=0, compare=False)
+    last_masked: int = field(default=0, compare=False)
+
+    def __post_init__(self) -> None:
+        views_per_example(self.mode)  # an unknown mode fails here
 
     def views_per_example(self) -> int:
-        return {"unsup": 2, "sup": 2, "hardneg": 3}[self.mode]
+        """``V``: rows per example in this mode's batches."""
+        return views_per_example(self.mode)
+
+    @property
+    def symmetric(self) -> bool:
+        """True for 2N-view NT-Xent (every view an anchor), False for ``z1 . z2^T`` forms."""
+        return self.mode == "unsup" and self.loss_cfg.unsup_loss == "views"
 
     def embed(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        return embed_batch(model, batch)
+        """Encode every row of a tokenised batch: ``[B, H]``; non-model keys are ignored."""
+        return model(**model_inputs(batch))
 
-    def loss(
-        self,
-        embeddings: torch.Tensor,
-        batch: Batch | None = None,
-        extra_negatives: torch.Tensor | None = None,
-        extra_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Loss of the batch's embeddings.
+    def loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
+        """The loss of a batch's embeddings ``[B, H]`` (rows in batch order).
 
         Args:
-            embeddings: ``[B, H]`` rows in the collator's order.
-            batch: the collated batch; its ``text_ids`` ``[B]`` are required with
-                ``loss.mask_false_negatives`` (see :mod:`simcse_kit.negatives`).
-            extra_negatives: optional ``[Q, H]`` candidates without gradient (the
-                momentum queue), negatives of every anchor.
-            extra_ids: ``[Q]`` text ids of ``extra_negatives`` (for masking).
+            embeddings: ``[N*V, H]``, example-major.
+            batch: the collated batch; its ``text_ids`` ``[B]`` are needed with
+                ``loss.mask_false_negatives``.
+            queue: optional extra negatives of every anchor, ``([Q, H], [Q] text ids)``.
         """
-        tau = self.loss_cfg.temperature
-        ids = self.row_ids(batch, embeddings.shape[0])
-        extra = (extra_negatives, extra_ids)
-        if self.mode == "unsup":
-            if self.loss_cfg.unsup_loss == "paper":
-                positives, offset = self.candidates(embeddings[1::2])
-                labels = self.labels(embeddings.shape[0] // 2, offset, embeddings.device)
-                anchor_ids = None if ids is None else ids[0::2]
-                cand_ids = None if ids is None else self.gathered_ids(ids[1::2])
-                positives, exclude = self.with_negatives(positives, cand_ids, anchor_ids, labels, *extra)
-                return losses.info_nce(embeddings[0::2], positives, temperature=tau, labels=labels, exclude=exclude)
-            ref, offset = self.candidates(embeddings)
-            rows = torch.arange(embeddings.shape[0], device=embeddings.device)
-            ref_ids = None if ids is None else self.gathered_ids(ids)
-            positive = losses.view_labels(embeddings.shape[0], offset, embeddings.device)
-            ref, exclude = self.with_negatives(ref, ref_ids, ids, positive, *extra, self_index=rows + offset)
-            return losses.info_nce_views(embeddings, temperature=tau, ref_embeddings=ref, offset=offset, exclude=exclude)
-        parts = embeddings.chunk(self.views_per_example())
-        n = parts[0].shape[0]
-        positives, offset = self.candidates(parts[1])
-        labels = self.labels(n, offset, embeddings.device)
-        id_parts = [None] * 3 if ids is None else [self.gathered_ids(p) for p in ids.chunk(self.views_per_example())]
-        anchor_ids = None if ids is None else ids[:n]
-        if self.mode == "sup":
-            positives, exclude = self.with_negatives(positives, id_parts[1], anchor_ids, labels, *extra, pair_ids=id_parts[0])
-            return losses.info_nce(parts[0], positives, temperature=tau, labels=labels, exclude=exclude)
-        hard, _ = self.candidates(parts[2])
-        alpha = self.loss_cfg.hard_negative_weight
-        if extra_negatives is None and ids is None:
-            return losses.info_nce(parts[0], positives, hard, temperature=tau, hard_negative_weight=alpha, labels=labels)
-        # info_nce pairs hard negatives row for row with the candidates, so the queue
-        # joins both blocks, [pos, queue | hard, queue], and its copy in the hard
-        # block is masked out.
-        m, q = positives.shape[0], 0 if extra_negatives is None else extra_negatives.shape[0]
-        tail = hard if extra_negatives is None else torch.cat([extra_negatives.to(hard.dtype), hard])
-        tail_ids = id_parts[2] if extra_ids is None or ids is None else torch.cat([extra_ids, id_parts[2]])
-        pool, exclude = self.with_negatives(positives, id_parts[1], anchor_ids, labels, tail, tail_ids, pair_ids=id_parts[0])
-        if exclude is None:
-            exclude = torch.zeros(n, pool.shape[0], dtype=torch.bool, device=embeddings.device)
-        exclude = torch.cat([exclude, torch.ones(n, q, dtype=torch.bool, device=embeddings.device)], dim=1)
-        return losses.info_nce(
-            parts[0],
-            pool[: m + q],
-            torch.cat([hard, pool[m : m + q]]),
-            temperature=tau,
-            hard_negative_weight=alpha,
-            labels=labels,
-            exclude=exclude,
+        ids, n_views = self.row_ids(batch, embeddings.shape[0]), self.views_per_example()
+        # Split: 2N-view NT-Xent contrasts every row with every row; the other forms
+        # contrast view 0 with views 1.. (the positives, then the hard negatives).
+        if self.symmetric:
+            anchors, blocks, anchor_ids, id_blocks = embeddings, [embeddings], ids, [ids]
+        else:
+            anchors, *blocks = split_views(embeddings, n_views)
+            anchor_ids, *id_blocks = [None] * n_views if ids is None else split_views(ids, n_views)
+        # Gather: all processes' candidates, with gradient; the local rows start at offset.
+        gathered = [self.gather(block) for block in blocks]
+        offset, n_positives = gathered[0][1], gathered[0][0].shape[0]
+        candidates = _cat([rows for rows, _ in gathered])
+        if queue is not None:  # the queue: negatives of every anchor, after the in-batch ones
+            candidates = torch.cat([candidates, queue[0].to(candidates.dtype)])
+        n, m, device = anchors.shape[0], candidates.shape[0], anchors.device
+        local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
+        positive = losses.view_labels(n, offset, device) if self.symmetric else local
+        exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, local if self.symmetric else None)
+        if self.symmetric:  # no row is its own negative
+            itself = losses.self_mask(n, m, offset, device)
+            exclude = itself if exclude is None else itself | exclude
+        bias = None  # hardneg: alpha on each anchor's own hard negative, n_positives columns after its positive
+        if self.mode == "hardneg":
+            bias = losses.weight_bias(positive + n_positives, m, self.loss_cfg.hard_negative_weight, anchors)
+        return losses.contrastive_loss(
+            anchors, candidates, temperature=self.loss_cfg.temperature, positive_index=positive, exclude=exclude, logit_bias=bias
         )
 
-    def gathered_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        """All processes' text ids in the order :meth:`candidates` gathers rows."""
-        return distributed.gather_labels(ids) if self.loss_cfg.gather else ids
+    def false_negatives(
+        self,
+        anchor_ids: torch.Tensor | None,
+        id_blocks: list[torch.Tensor | None],
+        queue: Queue | None,
+        positive: torch.Tensor,
+        self_index: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """The false-negative mask ``[N, M]`` (None when masking is off), counted.
+
+        Args:
+            anchor_ids: ``[N]`` text ids of the anchors, or None (masking off).
+            id_blocks: the local text ids of each candidate block, gathered here.
+            queue: the queue's rows and ids, the last candidate columns.
+            positive: ``[N]`` column of each anchor's positive.
+            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
+        """
+        if anchor_ids is None:
+            return None
+        column_ids = [self.gather_ids(ids) for ids in id_blocks]
+        if queue is not None:
+            if queue[1] is None:
+                raise ValueError("the queue's text ids are required when masking false negatives")
+            column_ids.append(queue[1].to(anchor_ids.device))
+        column_ids = torch.cat(column_ids)
+        # A positive column also stands for its anchor: an NLI premise seen twice has
+        # each copy's entailment as a positive of both.
+        group = None
+        if not self.symmetric:
+            pair_ids = self.gather_ids(anchor_ids)
+            group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
+        mask = negatives.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
+        self.last_masked = int(mask.sum())
+        self.masked_negatives += self.last_masked
+        return mask
 
     def row_ids(self, batch: Batch | None, n_rows: int) -> torch.Tensor | None:
         """The batch's ``text_ids`` ``[B]`` when false-negative masking is on, else None."""
@@ -131,54 +163,25 @@ class SimCSEObjective:
             raise ValueError(f"text_ids has {ids.shape[0]} rows, the embeddings {n_rows}")
         return ids
 
-    def with_negatives(
-        self,
-        candidates: torch.Tensor,
-        candidate_ids: torch.Tensor | None,
-        anchor_ids: torch.Tensor | None,
-        positive: torch.Tensor,
-        extra_negatives: torch.Tensor | None,
-        extra_ids: torch.Tensor | None,
-        self_index: torch.Tensor | None = None,
-        pair_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Append the extra negatives to ``candidates [M, H]`` and build the
-        false-negative mask ``[N, M + Q]`` (None when masking is off); the number of
-        masked entries is added to :attr:`masked_negatives`.
-
-        ``pair_ids`` ``[M]`` is, for each in-batch candidate that is a positive, the
-        text id of its anchor; columns beyond it (queue rows, hard negatives) are
-        grouped by their own text.
-        """
-        if extra_negatives is not None:
-            candidates = torch.cat([candidates, extra_negatives.to(candidates.dtype)])
-        if anchor_ids is None or candidate_ids is None:
-            return candidates, None
-        if extra_negatives is not None:
-            if extra_ids is None:
-                raise ValueError("extra_ids are required with extra_negatives when masking false negatives")
-            candidate_ids = torch.cat([candidate_ids, extra_ids.to(candidate_ids.device)])
-        group = None
-        if pair_ids is not None:
-            group = torch.cat([pair_ids, candidate_ids[pair_ids.shape[0] :]])
-        exclude = negatives.false_negative_mask(anchor_ids, candidate_ids, positive, self_index, group)
-        masked = int(exclude.sum())
-        self.masked_negatives += masked
-        self.last_masked = masked
-        return candidates, exclude
-
-    def candidates(self, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
         """All processes' ``rows`` (with gradient) when ``loss.gather`` is on, and where
         the local ones start; ``(rows, 0)`` on one process."""
         return distributed.gather_with_grad(rows) if self.loss_cfg.gather else (rows, 0)
 
-    @staticmethod
-    def labels(n: int, offset: int, device: torch.device) -> torch.Tensor:
-        """Anchor ``i``'s positive sits at row ``offset + i`` of the gathered candidates."""
-        return torch.arange(n, device=device) + offset
+    def gather_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """All processes' text ids in the order :meth:`gather` gathers rows."""
+        return distributed.gather_labels(ids) if self.loss_cfg.gather else ids
 
-    def step(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        return self.loss(self.embed(model, batch), batch)
+    def step(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
+        """One training step: ``backward(loss)``, then the detached loss.
 
+        Without ``backward`` the loss is returned with its graph, for callers that
+        differentiate it themselves (tests, benchmarks).
+        """
+        loss = self.loss(self.embed(model, batch), batch)
+        if backward is None:
+            return loss
+        backward(loss)
+        return loss.detach()
 
-StepFn = Callable[[nn.Module, Batch], torch.Tensor]
+    __call__ = step

@@ -10,10 +10,12 @@ padded batch (up to floating-point summation order): the hidden states are gathe
 back into the padded ``[B, T, H]`` layout and pooled as usual.
 
 This only uses the public ``transformers`` API (``position_ids`` and a prepared 4-D
-attention mask, which BERT-family models take as given). Models whose embeddings do
-not work that way (relative positions, RoBERTa's offset position ids) are detected
-by :func:`packing_matches`, which compares a packed and a padded forward pass, and
-then run padded.
+attention mask, which BERT-family models take as given). RoBERTa-style embeddings
+number positions from ``padding_idx + 1``; the caller adds that offset
+(:func:`simcse_kit.architectures.position_offset`). Models that do not work this way
+(DeBERTa-v2 builds its own mask, ModernBERT's sliding window) are detected by
+:func:`packing_matches`, which compares a packed and a padded forward pass, and then
+run padded.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from simcse_kit.optim import compute_dtype
+from simcse_kit.architectures import probe_batch
+from simcse_kit.fastpath.dropout import ATTENTION_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -160,34 +163,61 @@ def pack(
     )
 
 
-def attention_mask_for(encoder: nn.Module, mask: torch.Tensor) -> torch.Tensor:
-    """The 4-D mask in the form the encoder's attention takes: boolean for SDPA (and
-    simcse-kit's fast-dropout attention), additive (0 / dtype minimum, in the scores'
-    dtype) for the rest."""
-    implementation = getattr(getattr(encoder, "config", None), "_attn_implementation", "sdpa")
-    if implementation in ("sdpa", "simcse_fast_dropout"):
+# Attention implementations that take a boolean 4-D mask (True = attend); every other one
+# adds the mask to its scores. The fast-dropout attention takes either form.
+BOOLEAN_MASK_ATTENTION = frozenset({"sdpa", ATTENTION_NAME})
+
+
+def attention_mask_for(mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """The packed 4-D mask in the form the encoder's attention takes.
+
+    Args:
+        mask: ``[R, 1, T, T]`` bool, True = attend (:attr:`PackedBatch.attention_mask`).
+        attn_implementation: the implementation the encoder was loaded with (recorded by
+            the model: transformers has no public getter for it).
+        dtype: the dtype of the attention scores (the encoder's compute dtype).
+
+    Returns:
+        ``mask`` itself for SDPA (and the fast-dropout attention); otherwise ``[R, 1, T, T]``
+        additive, 0 where attended and ``dtype``'s minimum elsewhere (never -inf: a
+        masked score must stay finite in fp16/bf16).
+    """
+    if attn_implementation in BOOLEAN_MASK_ATTENTION:
         return mask
-    dtype = compute_dtype(encoder)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
-def packing_matches(encoder: nn.Module, vocab_size: int | None = None, atol: float = 1e-4) -> bool:
+def packing_matches(
+    encoder: nn.Module,
+    vocab_size: int | None = None,
+    atol: float = 1e-4,
+    *,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    position_offset: int = 0,
+) -> bool:
     """Whether ``encoder`` gives the same token states packed as padded.
 
     Runs a probe batch of three random sentences (lengths 5, 3 and 2, so two pack into
-    one row) both ways in eval mode, without gradient, and compares the tokens' last
-    hidden states. A model that builds its own position ids or mask (RoBERTa's offset
-    positions, relative-position models) fails and is run padded.
+    one row; longer than a local-attention window where the model has one:
+    :func:`simcse_kit.architectures.probe_batch`) both ways in eval mode, without
+    gradient, and compares the tokens' last hidden states. A model that builds its own
+    mask (DeBERTa-v2) or keeps a sliding window a 4-D mask overrides (ModernBERT) fails
+    and is run padded.
+
+    Args:
+        encoder: a Hugging Face encoder taking ``position_ids`` and a 4-D mask.
+        vocab_size: the probe's token id range (default: the encoder config's).
+        atol: absolute and relative tolerance of the comparison.
+        attn_implementation: the implementation ``encoder`` was loaded with, which
+            decides the mask form (:func:`attention_mask_for`).
+        dtype: the encoder's compute dtype (for an additive mask).
+        position_offset: added to the packed position ids (RoBERTa-style embeddings
+            number positions from ``padding_idx + 1``:
+            :func:`simcse_kit.architectures.position_offset`).
     """
-    config = encoder.config
-    vocab = vocab_size or getattr(config, "vocab_size", 100)
-    pad = getattr(config, "pad_token_id", None) or 0
-    param = next(encoder.parameters())
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1, max(2, vocab), (3, 5), generator=generator)
-    ids = torch.where(ids == pad, pad + 1, ids)
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
-    ids, mask = ids.to(param.device), mask.to(param.device)
+    pad = getattr(encoder.config, "pad_token_id", None) or 0
+    ids, mask = probe_batch(encoder, vocab_size=vocab_size)
     packed = pack(ids, mask, pad_token_id=pad, min_saving=0.0)
     if packed is None or packed.rows != 2:
         return False
@@ -198,8 +228,8 @@ def packing_matches(encoder: nn.Module, vocab_size: int | None = None, atol: flo
             padded = encoder(input_ids=ids, attention_mask=mask, return_dict=True).last_hidden_state
             out = encoder(
                 input_ids=packed.input_ids,
-                position_ids=packed.position_ids,
-                attention_mask=attention_mask_for(encoder, packed.attention_mask),
+                position_ids=packed.position_ids + position_offset,
+                attention_mask=attention_mask_for(packed.attention_mask, attn_implementation, dtype),
                 return_dict=True,
             ).last_hidden_state
     except Exception as exc:  # any failure means "run padded"

@@ -1,10 +1,18 @@
-"""A small training loop with Accelerate at the edges.
+"""A small training loop with Accelerate at the edges, and the checkpoints it keeps.
 
-The loop knows nothing about text or images: it takes a model, a DataLoader and a
-``step(model, batch) -> loss``. Mixed precision, gradient accumulation and
-multi-process come from Accelerate. Dev evaluation every ``eval_steps`` keeps the
-best checkpoint, as SimCSE selects on STS-B dev. Every ``save_steps`` the full training
-state is checkpointed (atomically) so that ``resume=True`` continues exactly.
+The loop knows nothing about text or images. :func:`fit` takes a model, a *step*, a
+DataLoader and a :class:`~simcse_kit.config.LoopConfig`:
+
+- a step is any callable ``step(model, batch, backward) -> loss`` that computes the
+  loss, calls ``backward(loss)`` itself and returns the detached loss (GradCache calls
+  it once on the full-batch loss, then pushes cached gradients through chunks);
+- an evaluator is any callable ``evaluator(model) -> dict[str, float]`` with a
+  ``primary_metric`` attribute naming the key that selects the best model (the
+  sentence-transformers convention), run every ``eval_steps`` and at the end;
+- :class:`Checkpoints` owns the run's ``step-N`` folders (the full training state every
+  ``save_steps``, so that ``resume=True`` continues exactly) *and* the best model.
+
+Mixed precision, gradient accumulation and multi-process come from Accelerate.
 """
 
 from __future__ import annotations
@@ -15,10 +23,11 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 from accelerate import Accelerator
@@ -29,18 +38,29 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from simcse_kit.config import TrainConfig
-from simcse_kit.optim import MasterWeightAdamW, bf16_training
+from simcse_kit.config import AUTO, LoopConfig
+from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
+from simcse_kit.fastpath.internals import reset_accelerate_state
+from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir
+from simcse_kit.precision import PrecisionChoice, resolve_precision
 
 logger = logging.getLogger(__name__)
 
-EvalFn = Callable[[nn.Module], dict[str, float]]
-ImproveFn = Callable[[nn.Module, dict[str, float]], None]
-CheckpointFn = Callable[[Path], None]
+Step = Callable[[nn.Module, Any, Callable[[torch.Tensor], None]], torch.Tensor]
+SaveModelFn = Callable[[nn.Module, Path, dict[str, float]], None]
 
 KEEP_CHECKPOINTS = 2  # the newest complete one, plus one in case the newest is bad
 LOOP_STATE = "loop_state.json"  # written last into a checkpoint: its presence marks it complete
 LOADER_RNG = "loader_generator.pt"
+BEST_SNAPSHOT = "best_model"  # a checkpoint's hard-linked copy of the best model at its step
+
+
+class Evaluator(Protocol):
+    """``evaluator(model) -> metrics``; ``metrics[evaluator.primary_metric]`` selects the best."""
+
+    primary_metric: str
+
+    def __call__(self, model: nn.Module) -> dict[str, float]: ...
 
 
 @dataclass
@@ -52,8 +72,8 @@ class LoopState:
     batches_in_epoch: int = 0  # micro-batches consumed in the current epoch
     best_score: float = -math.inf
     best_step: int = -1
-    examples_seen: int = 0
-    train_seconds: float = 0.0
+    rows_seen: int = 0  # batch rows trained on, all processes (text: sentences, V per example)
+    train_seconds: float = 0.0  # without evaluations and checkpoint saves
     losses: list[tuple[int, float]] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
 
@@ -65,25 +85,46 @@ class LoopState:
             setattr(self, key, [tuple(v) for v in value] if key == "losses" else value)
 
 
-def make_accelerator(cfg: TrainConfig, cpu: bool | None = None) -> Accelerator:
+# --------------------------------------------------------------------------- building blocks
+
+
+C = TypeVar("C", bound=LoopConfig)
+
+
+def with_concrete_precision(cfg: C, cpu: bool | None = None) -> tuple[C, PrecisionChoice | None]:
+    """``cfg`` with ``auto`` precision settings decided for this machine (and the choice,
+    with its one-line reason); a config without ``auto`` comes back unchanged with None."""
+    fast = getattr(cfg, "fast_dropout", False)
+    if AUTO not in (cfg.mixed_precision, cfg.bf16_weights, fast):
+        return cfg, None
+    cpu = not torch.cuda.is_available() if cpu is None else cpu
+    choice = resolve_precision(cfg.mixed_precision, "cpu" if cpu else "cuda", bf16_weights=cfg.bf16_weights, fast_dropout=fast)
+    changes: dict[str, Any] = {"mixed_precision": choice.mixed_precision, "bf16_weights": choice.bf16_weights}
+    if hasattr(cfg, "fast_dropout"):
+        changes["fast_dropout"] = choice.fast_dropout
+    return replace(cfg, **changes), choice
+
+
+def make_accelerator(cfg: LoopConfig, cpu: bool | None = None) -> Accelerator:
     """One Accelerator per run; mixed precision and accumulation from the config."""
     if cpu is None:
         cpu = not torch.cuda.is_available()
+    cfg, _ = with_concrete_precision(cfg, cpu)
     # bf16 weights run the model in bf16 outright: autocast on top would only add casts.
     precision = "no" if cfg.bf16_model else cfg.mixed_precision
     # Accelerate keeps one process-wide state and refuses a second Accelerator with another
     # precision; seeds, sweeps and benchmarks train several runs (and other libraries' trainers)
-    # in one process. Reset that state but keep the process group (PartialState).
+    # in one process. Reset that state but keep the process group.
     if accelerate_state.is_initialized() and str(accelerate_state.AcceleratorState().mixed_precision) != precision:
-        accelerate_state.AcceleratorState._reset_state(reset_partial_state=False)
+        reset_accelerate_state()
     return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum, cpu=cpu)
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
     """AdamW, fused into one kernel where the parameters' device allows (on CPU it takes
     a bf16 step's AdamW from ~170 to ~26 ms on the default model); with
     ``cfg.bf16_model`` the model is cast to bf16 (embedding tables excepted) and AdamW
-    keeps fp32 masters (:func:`simcse_kit.optim.bf16_training`)."""
+    keeps fp32 masters (:func:`simcse_kit.fastpath.bf16.bf16_training`)."""
     groups = param_groups(model, cfg.weight_decay)
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
     if cfg.bf16_model:
@@ -101,14 +142,23 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def total_steps(cfg: TrainConfig, batches_per_epoch: int) -> int:
+def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
     per_epoch = max(1, batches_per_epoch // cfg.grad_accum)
     steps = per_epoch * cfg.num_epochs
     return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
 
 
+def batch_rows(batch: Any) -> int:
+    """Rows of a batch: of its first tensor for a dict batch (all its tensors share the
+    row count), else ``len(batch)``."""
+    return len(next(iter(batch.values()))) if isinstance(batch, Mapping) else len(batch)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
 def checkpoint_step(path: Path) -> int | None:
-    """``step-120`` -> 120; anything else (temp or half-deleted folders) -> None."""
+    """``step-120`` -> 120; anything else (hidden temp or half-deleted folders) -> None."""
     name = path.name
     if not name.startswith("step-") or not name[5:].isdigit():
         return None
@@ -129,156 +179,221 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     return max(done, key=lambda p: checkpoint_step(p) or 0, default=None)
 
 
-def _remove_dir(path: Path) -> None:
-    """Delete a folder so that a kill midway never leaves a partial ``step-N``:
-    it is first renamed to a hidden name that ``latest_checkpoint`` ignores."""
-    doomed = path.with_name(f".{path.name}.deleting")
-    shutil.rmtree(doomed, ignore_errors=True)
-    os.replace(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+def link_tree(src: Path, dst: Path) -> None:
+    """Copy folder ``src`` to ``dst`` as hard links (a copy where linking fails).
 
-
-def save_checkpoint(
-    accelerator: Accelerator,
-    folder: Path,
-    state: LoopState,
-    loader_rng: torch.Tensor | None,
-    on_checkpoint: CheckpointFn | None = None,
-) -> Path:
-    """Write the full training state to ``folder/step-N`` atomically; keep the newest two.
-
-    Model, optimizer, scheduler, scaler and every process's RNG states come from
-    ``accelerator.save_state``; the loop position and best-so-far from ``state``; the
-    shuffling generator's state at the start of the current epoch from ``loader_rng``.
-    All processes must call this (``save_state`` writes per-process RNG files, so on
-    several nodes ``folder`` must be on a shared filesystem).
+    Model folders are only ever replaced whole (built elsewhere, then renamed), never
+    edited in place, so files shared by links cannot change under a checkpoint.
     """
-    final = folder / f"step-{state.global_step}"
-    tmp = folder / f".step-{state.global_step}.tmp"  # same name on every process
-    if accelerator.is_main_process:
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob(".step-*"):  # leftovers of a killed save or delete
-            shutil.rmtree(stale, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if loader_rng is not None:
-            torch.save(loader_rng, tmp / LOADER_RNG)
-        if on_checkpoint is not None:
-            on_checkpoint(tmp)
-        (tmp / LOOP_STATE).write_text(json.dumps(state.state_dict()), encoding="utf-8")
-        if final.exists():  # a resumed run passing the same step again
-            _remove_dir(final)
-        os.replace(tmp, final)
-        done = sorted((p for p in folder.iterdir() if checkpoint_step(p) is not None), key=lambda p: checkpoint_step(p) or 0)
-        for old in done[:-KEEP_CHECKPOINTS]:
-            _remove_dir(old)
-        logger.info("saved training state at step %d to %s", state.global_step, final)
-    accelerator.wait_for_everyone()
-    return final
+
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=link, dirs_exist_ok=True)
+
+
+class Checkpoints:
+    """A run's checkpoint folder and its best model.
+
+    The full training state goes to ``folder/step-N`` (the newest :data:`KEEP_CHECKPOINTS`
+    kept); the best model so far to ``best_dir``. Each checkpoint carries a hard-linked
+    snapshot of ``best_dir`` as it was at that step: after a kill, ``best_dir`` may come
+    from steps that the resumed run redoes, and :meth:`restore` puts it back to the
+    checkpoint's best-so-far.
+
+    Args:
+        folder: where the ``step-N`` folders go.
+        best_dir: where the best model goes; None: the best is tracked, not saved.
+        save_model: ``save_model(model, folder, metrics)`` writes ``model`` into the empty
+            ``folder`` (renamed to ``best_dir`` once written); ``metrics`` are the
+            evaluation's, with ``"step"``.
+    """
+
+    def __init__(self, folder: str | Path, best_dir: str | Path | None = None, save_model: SaveModelFn | None = None) -> None:
+        if (best_dir is None) != (save_model is None):
+            raise ValueError("Checkpoints: best_dir and save_model go together")
+        self.folder = Path(folder)
+        self.best_dir = Path(best_dir) if best_dir is not None else None
+        self.save_model = save_model
+
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.folder)
+
+    def save_best(self, model: nn.Module, metrics: dict[str, float]) -> None:
+        """Replace ``best_dir`` whole with ``model`` (main process only)."""
+        if self.best_dir is None or self.save_model is None:
+            return
+        with atomic_dir(self.best_dir) as tmp:
+            self.save_model(model, tmp, metrics)
+
+    def save(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
+        """Write the full training state to ``folder/step-N`` atomically; keep the newest two.
+
+        Model, optimizer, scheduler, scaler, registered objects and every process's RNG
+        states come from ``accelerator.save_state``; the loop position and best-so-far from
+        ``state``; the shuffling generator's state at the start of the current epoch from
+        ``loader_rng``. All processes must call this (``save_state`` writes per-process
+        files, so on several nodes ``folder`` must be on a shared filesystem).
+        """
+        final = self.folder / f"step-{state.global_step}"
+        # Not fileio.atomic_dir: every process writes into this folder, so its temp name
+        # must be the same on all of them (atomic_dir draws a random one).
+        tmp = self.folder / f".step-{state.global_step}.tmp"
+        if accelerator.is_main_process:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            for stale in self.folder.glob(".step-*"):  # leftovers of a killed save or delete
+                shutil.rmtree(stale, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if loader_rng is not None:
+                torch.save(loader_rng, tmp / LOADER_RNG)
+            if self.best_dir is not None and self.best_dir.is_dir():
+                link_tree(self.best_dir, tmp / BEST_SNAPSHOT)
+            (tmp / LOOP_STATE).write_text(json.dumps(state.state_dict()), encoding="utf-8")
+            replace_dir(tmp, final)  # a resumed run passing the same step again replaces it
+            done = sorted(
+                (p for p in self.folder.iterdir() if checkpoint_step(p) is not None), key=lambda p: checkpoint_step(p) or 0
+            )
+            for old in done[:-KEEP_CHECKPOINTS]:
+                remove_dir(old)
+            logger.info("saved training state at step %d to %s", state.global_step, final)
+        accelerator.wait_for_everyone()
+        return final
+
+    def restore(self, accelerator: Accelerator, state: LoopState, generator: torch.Generator | None) -> Path | None:
+        """Load the newest checkpoint into the prepared objects, ``state`` and the shuffling
+        ``generator``, and put ``best_dir`` back to its snapshot; None if there is none."""
+        ckpt = self.latest()
+        if ckpt is None:
+            logger.info("no checkpoint in %s: starting from the beginning", self.folder)
+            return None
+        accelerator.load_state(str(ckpt))
+        state.load_state_dict(json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8")))
+        if generator is not None and (ckpt / LOADER_RNG).is_file():
+            generator.set_state(torch.load(ckpt / LOADER_RNG))
+        if accelerator.is_main_process and self.best_dir is not None:
+            snapshot = ckpt / BEST_SNAPSHOT
+            if snapshot.is_dir():
+                with atomic_dir(self.best_dir) as tmp:
+                    link_tree(snapshot, tmp)
+            elif self.best_dir.exists():  # saved by steps after the checkpoint, before any best
+                remove_dir(self.best_dir)
+        accelerator.wait_for_everyone()
+        logger.info("resumed from %s (step %d, epoch %d, batch %d)", ckpt, state.global_step, state.epoch, state.batches_in_epoch)
+        return ckpt
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class Stopwatch:
+    """Adds training time to ``state.train_seconds``, without the evaluations and saves
+    in between (so a checkpoint holds the time trained up to it)."""
+
+    def __init__(self, state: LoopState) -> None:
+        self.state = state
+        self.since = time.perf_counter()
+
+    def lap(self) -> None:
+        now = time.perf_counter()
+        self.state.train_seconds += now - self.since
+        self.since = now
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.lap()
+        try:
+            yield
+        finally:
+            self.since = time.perf_counter()
 
 
 def fit(
     model: nn.Module,
-    step: Callable[[nn.Module, Any], torch.Tensor],
+    step: Step,
     loader: DataLoader,
-    cfg: TrainConfig,
+    cfg: LoopConfig,
     *,
     accelerator: Accelerator | None = None,
-    evaluate: EvalFn | None = None,
-    metric: str = "score",
-    on_improve: ImproveFn | None = None,
-    examples_in: Callable[[Any], int] = lambda batch: len(next(iter(batch.values()))),
-    checkpoint_dir: str | Path | None = None,
+    evaluator: Evaluator | None = None,
+    checkpoints: Checkpoints | None = None,
     resume: bool = False,
-    on_checkpoint: CheckpointFn | None = None,
-    on_resume: Callable[[Path, LoopState], None] | None = None,
 ) -> LoopState:
     """Train ``model`` with AdamW + linear schedule; return the loop state.
 
     Args:
         model: any ``nn.Module``; ``step`` decides how it is called.
-        step: ``step(model, batch) -> scalar loss`` (the prepared model is passed). A
-            step with ``handles_backward = True`` is called as
-            ``step(model, batch, backward)`` and must call ``backward`` itself.
-        loader: training batches; shuffled by the caller.
+        step: ``step(model, batch, backward) -> detached loss``; it gets the prepared
+            model and Accelerate's ``backward`` (loss scaling, accumulation division).
+        loader: training batches, shuffled by the caller; a ``generator`` attribute
+            (``DataLoader(generator=...)``) is checkpointed so a resume redraws the order.
         cfg: optimiser and loop settings.
-        accelerator: reuse one (e.g. built by the caller for ``prepare``); default new.
-        evaluate: ``evaluate(unwrapped_model) -> metrics``, called every
-            ``cfg.eval_steps`` optimiser steps and at the end, on the main process.
-        metric: key of ``evaluate``'s result that selects the best checkpoint.
-        on_improve: called with the unwrapped model when ``metric`` improves.
-        examples_in: number of training examples in a batch (for throughput).
-        checkpoint_dir: where the full training state is saved every
-            ``cfg.save_steps`` optimiser steps (``step-N`` folders); None: never.
-        resume: continue from the newest checkpoint in ``checkpoint_dir`` (from the
-            start if there is none). Model, optimizer, scheduler, RNGs, the position
-            in the epoch, the shuffling order and the best-so-far are restored, so a
-            resumed run on CPU ends exactly as an uninterrupted one.
-        on_checkpoint: called on the main process with the checkpoint's (temporary)
-            folder before it is renamed into place, to add files (e.g. a snapshot of
-            the best model).
-        on_resume: called on the main process with the checkpoint folder and the
-            restored state after loading.
+        accelerator: reuse one (e.g. built by the caller to register objects for
+            checkpointing); default a new one from ``cfg``.
+        evaluator: run on the unwrapped model in eval mode every ``cfg.eval_steps``
+            optimiser steps and at the end, on the main process; its primary metric
+            selects the best model (saved through ``checkpoints``).
+        checkpoints: where the best model and, every ``cfg.save_steps``, the full training
+            state go; None: nowhere.
+        resume: continue from the newest checkpoint (from the start if there is none).
+            Model, optimizer, scheduler, RNGs, the position in the epoch, the shuffling
+            order and the best-so-far are restored, so a resumed run on CPU ends exactly
+            as an uninterrupted one.
     """
+    if evaluator is not None and not isinstance(getattr(evaluator, "primary_metric", None), str):
+        raise TypeError("fit: the evaluator needs a primary_metric attribute naming the key that selects the best model")
     accelerator = accelerator or make_accelerator(cfg)
+    cfg, _ = with_concrete_precision(cfg, accelerator.device.type == "cpu")
     set_seed(cfg.seed)
-    # The shuffling generator (DataLoader(generator=...)): each epoch's order is drawn
-    # from it, so its state at the epoch's start is part of the checkpoint.
+    # The shuffling generator: each epoch's order is drawn from it, so its state at the
+    # epoch's start is part of the checkpoint.
     generator: torch.Generator | None = getattr(loader, "generator", None)
     optimizer = make_optimizer(model, cfg)
-    master = optimizer if isinstance(optimizer, MasterWeightAdamW) else None
+    # With bf16 weights the best model is saved from the fp32 masters, not their bf16 rounding.
+    fp32_weights = optimizer.fp32_model if isinstance(optimizer, MasterWeightAdamW) else nullcontext
     n_steps = total_steps(cfg, len(loader))
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps), n_steps)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     state = LoopState()
-    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    skip = 0
-    if resume and ckpt_dir is not None:
-        ckpt = latest_checkpoint(ckpt_dir)
-        if ckpt is None:
-            logger.info("no checkpoint in %s: starting from the beginning", ckpt_dir)
-        else:
-            accelerator.load_state(str(ckpt))
-            state.load_state_dict(json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8")))
-            if generator is not None and (ckpt / LOADER_RNG).is_file():
-                generator.set_state(torch.load(ckpt / LOADER_RNG))
-            skip = state.batches_in_epoch
-            if on_resume is not None and accelerator.is_main_process:
-                on_resume(ckpt, state)
-            accelerator.wait_for_everyone()
-            logger.info("resumed from %s (step %d, epoch %d, batch %d)", ckpt, state.global_step, state.epoch, skip)
+    if resume and checkpoints is not None:
+        checkpoints.restore(accelerator, state, generator)
 
-    def run_eval() -> None:
-        if evaluate is None:
+    def evaluate() -> None:
+        if evaluator is None:
             return
         model.eval()
         if accelerator.is_main_process:
-            metrics = {"step": float(state.global_step), **evaluate(accelerator.unwrap_model(model))}
+            unwrapped = accelerator.unwrap_model(model)
+            metrics = {"step": float(state.global_step), **evaluator(unwrapped)}
             state.evals.append(metrics)
-            score = metrics[metric]
-            logger.info("step %d: %s = %.4f (best %.4f)", state.global_step, metric, score, state.best_score)
+            score = metrics[evaluator.primary_metric]
+            if state.best_step < 0:
+                logger.info("step %d: %s = %.4f", state.global_step, evaluator.primary_metric, score)
+            else:
+                best = f"best {state.best_score:.4f} at step {state.best_step}"
+                logger.info("step %d: %s = %.4f (%s)", state.global_step, evaluator.primary_metric, score, best)
             if score > state.best_score:
                 state.best_score, state.best_step = score, state.global_step
-                if on_improve is not None:
-                    unwrapped = accelerator.unwrap_model(model)
-                    if master is None:
-                        on_improve(unwrapped, metrics)
-                    else:  # save the fp32 master weights, not their bf16 rounding
-                        with master.fp32_model(unwrapped):
-                            on_improve(unwrapped, metrics)
+                if checkpoints is not None:
+                    with fp32_weights(unwrapped):
+                        checkpoints.save_best(unwrapped, metrics)
         accelerator.wait_for_everyone()
         model.train()
 
-    handles_backward = getattr(step, "handles_backward", False)
     show_bar = cfg.progress_bar and accelerator.is_local_main_process
     bar = tqdm(total=n_steps, initial=state.global_step, disable=not show_bar, desc="train")
     model.train()
-    start = time.perf_counter()
-    done = state.global_step >= n_steps  # resumed from a checkpoint of the last step
+    if cfg.eval_at_start and state.global_step == 0 and not state.evals:
+        evaluate()  # step 0: the base model is a candidate for "best" like any checkpoint
+    clock = Stopwatch(state)
+    skip = state.batches_in_epoch  # > 0 only when resumed mid-epoch
     for epoch in range(state.epoch, cfg.num_epochs):
-        if done:
+        if state.global_step >= n_steps:  # also: resumed from a checkpoint of the last step
             break
         state.epoch = epoch
         epoch_rng = generator.get_state() if generator is not None else None
@@ -288,41 +403,38 @@ def fit(
         state.batches_in_epoch, skip = skip, 0
         for batch in batches:
             with accelerator.accumulate(model):
-                if handles_backward:  # e.g. GradCache: it runs its own chunk-wise backward
-                    loss = step(model, batch, accelerator.backward)
-                else:
-                    loss = step(model, batch)
-                    accelerator.backward(loss)
+                loss = step(model, batch, accelerator.backward)
                 if accelerator.sync_gradients and cfg.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-            state.examples_seen += examples_in(batch) * accelerator.num_processes
+            state.rows_seen += batch_rows(batch) * accelerator.num_processes
             state.batches_in_epoch += 1
-            if not accelerator.sync_gradients:
+            if not accelerator.sync_gradients:  # mid-accumulation: no optimiser step yet
                 continue
             state.global_step += 1
             bar.update(1)
             if state.global_step % max(1, cfg.log_steps) == 0 or state.global_step == 1:
                 value = loss.detach().float().item()
                 state.losses.append((state.global_step, value))
-                bar.set_postfix(loss=f"{value:.4f}")
-            if cfg.eval_steps and state.global_step % cfg.eval_steps == 0 and state.global_step < n_steps:
-                state.train_seconds += time.perf_counter() - start
-                run_eval()
-                start = time.perf_counter()
-            save_now = ckpt_dir is not None and cfg.save_steps > 0 and state.global_step % cfg.save_steps == 0
-            if save_now and state.global_step < n_steps:
-                state.train_seconds += time.perf_counter() - start
-                save_checkpoint(accelerator, ckpt_dir, state, epoch_rng, on_checkpoint)
-                start = time.perf_counter()
-            if state.global_step >= n_steps:
-                done = True
+                bar.set_postfix(loss=f"{value:.3g}")  # unsup losses of 1e-4..1e-2 must not read 0.0000
+            last = state.global_step >= n_steps  # the final evaluation follows the loop
+            if cfg.eval_steps and state.global_step % cfg.eval_steps == 0 and not last:
+                with clock.paused():
+                    evaluate()
+            if checkpoints is not None and cfg.save_steps > 0 and state.global_step % cfg.save_steps == 0 and not last:
+                with clock.paused():
+                    checkpoints.save(accelerator, state, epoch_rng)
+            if last:
                 break
-        if done:
-            break
-    state.train_seconds += time.perf_counter() - start
+    clock.lap()
     bar.close()
-    run_eval()
+    evaluate()
+    if evaluator is not None and state.best_step == 0 and state.global_step > 0:
+        logger.warning(
+            "no checkpoint beat the untouched model on %s (%.4f at step 0): the best model IS the base model",
+            evaluator.primary_metric,
+            state.best_score,
+        )
     return state

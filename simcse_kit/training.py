@@ -1,34 +1,42 @@
 """A text training run: config -> data -> model -> loop -> best model + metrics.
 
 The run folder holds ``config.yaml`` (resolved), ``metrics.json`` (per-eval dev
-scores, final STS table, train time, throughput) and ``best_model/`` (the checkpoint
-with the best STS-B dev score, self-describing).
+scores, final STS table, train time, throughput), ``best_model/`` (the checkpoint
+with the best STS-B dev score, self-describing), ``alignment_uniformity.png`` and,
+with ``train.save_steps``, ``checkpoints/`` for ``--resume``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
+from accelerate import Accelerator
 from accelerate.utils import set_seed
+from torch import nn
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoTokenizer
 
+from simcse_kit.architectures import max_tokens
+from simcse_kit.batch import views_per_example
 from simcse_kit.config import RunConfig, load_config, save_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset
-from simcse_kit.demos.align_uniform import plot_trajectory
 from simcse_kit.errors import ConfigError
-from simcse_kit.fastpath import use_fast_dropout
-from simcse_kit.fileio import write_json_atomic
-from simcse_kit.geometry import EmbeddingRecorder
-from simcse_kit.modeling import Encoder, SimCSEModel, replace_dir, resolve_model_path
+from simcse_kit.evaluation import DevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.fastpath import enable_fast_dropout
+from simcse_kit.fileio import remove_dir, write_json_atomic
+from simcse_kit.gradcache import GradCacheStep
+from simcse_kit.inference import Encoder
+from simcse_kit.modeling import SimCSEModel, resolve_model_path
+from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.trainer import fit, latest_checkpoint, make_accelerator
+from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +44,70 @@ logger = logging.getLogger(__name__)
 # to the last digit (different padding changes fp32 sums in the last bits).
 EVAL_BATCH_SIZE = 128
 
-
 # Settings that may change between a run and its --resume: they do not change what is
 # computed (where files go, progress display, loader workers, checkpoint frequency).
 RESUME_MAY_DIFFER = ("train.output_dir", "train.progress_bar", "data.num_workers", "train.save_steps")
 CHECKPOINTS = "checkpoints"
+BEST_MODEL = "best_model"
+
+
+def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
+    """Run one training job as configured; return the metrics written to metrics.json.
+
+    With ``cfg.train.save_steps`` the full training state is saved every that many
+    steps under ``output_dir/checkpoints``; ``resume=True`` continues from the newest
+    one and ends with the same model and metrics as an uninterrupted run.
+    """
+    # Everything that can be wrong with the inputs fails here, before the run folder is
+    # written: the training data, the dev and final STS files, the model folder.
+    dataset = load_train_dataset(cfg.data.train_file, cfg.data.mode, cfg.data.max_train_samples)
+    dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
+    final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
+    tokenizer = load_checked_tokenizer(cfg)
+    # "auto" precision becomes what this machine computes fastest, before the run folder
+    # records the config: config.yaml says what ran, and a resume on another machine that
+    # would decide differently is refused rather than silently mixed.
+    train_cfg, precision = with_concrete_precision(cfg.train)
+    cfg = replace(cfg, train=train_cfg)
+    out = prepare_run_dir(cfg, overwrite, resume)
+
+    accelerator = make_accelerator(cfg.train)
+    model = build_model(cfg)
+    objective = SimCSEObjective(cfg.data.mode, cfg.loss)
+    loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes)
+    step = make_step(cfg, model, objective, accelerator)
+    extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
+    checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
+    evaluator = ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision)
+
+    state = fit(
+        model, step, loader, cfg.train, accelerator=accelerator, evaluator=evaluator, checkpoints=checkpoints, resume=resume
+    )
+
+    metrics = run_metrics(state, views_per_example(cfg.data.mode), objective.masked_negatives)
+    metrics["precision"] = (
+        asdict(precision)
+        if precision is not None
+        else {
+            "mixed_precision": cfg.train.mixed_precision,
+            "bf16_weights": cfg.train.bf16_weights,
+            "fast_dropout": cfg.train.fast_dropout,
+            "reason": "set in the config",
+        }
+    )
+    if cfg.loss.mask_false_negatives:
+        logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
+    if accelerator.is_main_process:
+        best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
+        metrics["sts"] = final_sts(best.encode)
+        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"STS-B dev, {cfg.data.mode}")
+        write_json_atomic(out / "metrics.json", metrics)
+        logger.info("best model (step %d, STS-B dev %.2f) at %s", state.best_step, state.best_score, out / BEST_MODEL)
+        print(format_table(metrics["sts"]))
+    return metrics
+
+
+# --------------------------------------------------------------------------- the run folder
 
 
 def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
@@ -87,45 +154,20 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
             "pass --resume to continue it or --overwrite to start over"
         )
     if overwrite and (out / CHECKPOINTS).exists():
-        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)  # a fresh run must never resume into the old one's state
+        remove_dir(out / CHECKPOINTS)  # a fresh run must never resume into the old one's state
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     return out
 
 
-def link_tree(src: Path, dst: Path) -> None:
-    """Copy folder ``src`` to ``dst`` as hard links (a copy where linking fails).
-
-    Model folders are only ever replaced whole (written elsewhere, then renamed), never
-    edited in place, so files shared by links cannot change under a checkpoint.
-    """
-
-    def link(a: str, b: str) -> None:
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
-
-    shutil.copytree(src, dst, copy_function=link)
+def save_best_model(
+    model: SimCSEModel, folder: Path, metrics: dict[str, float], *, tokenizer: Any, extra: dict[str, Any]
+) -> None:
+    """The run's ``best_model/``: the model, its tokenizer, where it came from and its dev score."""
+    model.save(folder, tokenizer, extra | {"step": int(metrics["step"]), "stsb_dev": metrics["stsb_dev"]})
 
 
-def momentum_queue_step(cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective, accelerator: Any) -> Any:
-    """The trainer step with a momentum encoder + queue of ``cfg.loss.queue_size`` negatives.
-
-    Built from the model *before* ``accelerator.prepare`` (a copy of a prepared model
-    would carry its autocast wrapper), and registered for checkpointing so that
-    ``--resume`` restores the queue and the momentum encoder with the rest.
-    """
-    from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
-
-    if cfg.train.grad_cache_chunk > 0:
-        raise ConfigError("loss.queue_size > 0 does not combine with train.grad_cache_chunk; use one of them")
-    if not 0.0 <= cfg.loss.momentum < 1.0:
-        raise ConfigError(f"config key 'loss.momentum' = {cfg.loss.momentum!r}: must be in [0, 1)")
-    queue = MomentumQueue(model, cfg.loss.queue_size, cfg.loss.momentum, model.encoder.config.hidden_size)
-    accelerator.register_for_checkpointing(queue)
-    logger.info("momentum queue: %d negatives, momentum %.4f", cfg.loss.queue_size, cfg.loss.momentum)
-    return MomentumQueueStep(objective, queue, accelerator)
+# --------------------------------------------------------------------------- the pieces
 
 
 def load_checked_tokenizer(cfg: RunConfig) -> Any:
@@ -142,7 +184,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         key = f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}"
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
-    limit = getattr(hf_config, "max_position_embeddings", None)
+    limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
     for key in ("max_seq_len", "eval_max_seq_len"):
         value = getattr(cfg.model, key)
         if isinstance(limit, int) and value > limit:
@@ -150,127 +192,86 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
     return tokenizer
 
 
-def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
-    """Run one training job as configured; return the metrics written to metrics.json.
-
-    With ``cfg.train.save_steps`` the full training state is saved every that many
-    steps under ``output_dir/checkpoints``; ``resume=True`` continues from the newest
-    one and ends with the same model and metrics as an uninterrupted run.
-    """
-    from simcse_kit.sts import STSBDevEvaluator, STSEvaluator, format_table
-
-    # Fail on bad data and a bad eval folder *before* the model loads and the run starts.
-    dataset = load_train_dataset(cfg.data.train_file, cfg.data.mode, cfg.data.max_train_samples)
-    dev = STSBDevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
-    # The final STS table's files too: a bad STS12 file must not surface after training.
-    final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
-    tokenizer = load_checked_tokenizer(cfg)  # a bad model path fails before the run folder is written
-    out = prepare_run_dir(cfg, overwrite, resume)
-
-    accelerator = make_accelerator(cfg.train)
-    # Seed before the model is built: a fresh MLP head is initialised at random, and a
-    # run (or its resume) must be reproducible from its config alone.
+def build_model(cfg: RunConfig) -> SimCSEModel:
+    """The training model, seeded: a fresh MLP head is initialised at random, and a run
+    (or its resume) must be reproducible from its config alone."""
     set_seed(cfg.train.seed)
     model = SimCSEModel.from_config(cfg.model)
     # The transformer's own pooler (BERT's dense + tanh on [CLS]) feeds none of our
     # poolers; DDP stops on parameters that never get a gradient, so it is frozen (it
     # would not change anyway: AdamW skips parameters without a gradient).
     hf_pooler = getattr(model.encoder, "pooler", None)
-    if isinstance(hf_pooler, torch.nn.Module):
+    if isinstance(hf_pooler, nn.Module):
         hf_pooler.requires_grad_(False)
     if cfg.train.fast_dropout:
-        use_fast_dropout(model)
-    objective = SimCSEObjective(cfg.data.mode, cfg.loss)
+        enable_fast_dropout(model)
+    return model
+
+
+def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_processes: int) -> DataLoader:
+    """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
+    generator of its own, which the loop checkpoints so a resume redraws the order."""
+    per_process = cfg.train.batch_size // num_processes
     collator = ContrastiveCollator(tokenizer, cfg.data.mode, cfg.model.max_seq_len, with_text_ids=cfg.loss.mask_false_negatives)
-    generator = torch.Generator().manual_seed(cfg.train.seed)
-    per_process = cfg.train.batch_size // accelerator.num_processes
-    loader = DataLoader(
+    return DataLoader(
         dataset,
         batch_size=per_process,
         shuffle=True,
-        drop_last=len(dataset) >= per_process,
+        drop_last=len(dataset) >= per_process,  # a short last batch has too few negatives
         collate_fn=collator,
-        generator=generator,
+        generator=torch.Generator().manual_seed(cfg.train.seed),
         num_workers=cfg.data.num_workers,
     )
-    views = objective.views_per_example()
 
-    def evaluate(m: torch.nn.Module) -> dict[str, float]:
-        encoder = Encoder(m, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision)
-        # One encoding of the dev sentences gives the score and the geometry (SimCSE, Figure 2).
-        recorder = EmbeddingRecorder(encoder.encode)
-        score = dev(recorder)
-        geo = recorder.pair_alignment_uniformity(dev.pairs.sentences1, dev.pairs.sentences2, dev.pairs.scores)
-        logger.info("STS-B dev alignment %.4f, uniformity %.4f", geo["alignment"], geo["uniformity"])
-        return {"stsb_dev": score, "alignment": geo["alignment"], "uniformity": geo["uniformity"]}
 
-    best_dir = out / "best_model"
-    extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
+def make_step(cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective, accelerator: Accelerator) -> Step:
+    """The loop's step: the objective itself, or GradCache or the momentum queue around it.
 
-    def on_improve(m: torch.nn.Module, metrics: dict[str, float]) -> None:
-        m.save(best_dir, tokenizer, extra | {"step": int(metrics["step"]), "stsb_dev": metrics["stsb_dev"]})
-
-    # A checkpoint carries a (hard-linked) snapshot of best_model/ as it was at that
-    # step: after a kill, best_model/ may come from steps the resumed run redoes, and
-    # must be put back to the checkpoint's best-so-far.
-    def snapshot_best(ckpt: Path) -> None:
-        if best_dir.is_dir():
-            link_tree(best_dir, ckpt / "best_model")
-
-    def restore_best(ckpt: Path, _state: object) -> None:
-        snapshot = ckpt / "best_model"
-        if snapshot.is_dir():
-            tmp = Path(tempfile.mkdtemp(prefix=".best_model.tmp-", dir=out))
-            shutil.rmtree(tmp)
-            link_tree(snapshot, tmp)
-            replace_dir(tmp, best_dir)
-        elif best_dir.exists():
-            doomed = out / ".best_model.stale"
-            shutil.rmtree(doomed, ignore_errors=True)
-            os.replace(best_dir, doomed)
-            shutil.rmtree(doomed)
-
-    step = objective.step
+    The queue's momentum encoder is copied from the model *before* ``accelerator.prepare``
+    (a copy of a prepared model would carry its autocast wrapper) and registered for
+    checkpointing, so ``--resume`` restores the queue with the rest.
+    """
     if cfg.train.grad_cache_chunk > 0:  # big batches: chunk-wise encoder backward, same gradients
-        from simcse_kit.gradcache import GradCacheStep
-
-        step = GradCacheStep(objective, cfg.train.grad_cache_chunk, accelerator)
+        return GradCacheStep(objective, cfg.train.grad_cache_chunk, accelerator)
     if cfg.loss.queue_size > 0:  # MoCo-style negatives (simcse_kit.negatives)
-        step = momentum_queue_step(cfg, model, objective, accelerator)
-    state = fit(
-        model,
-        step,
-        loader,
-        cfg.train,
-        accelerator=accelerator,
-        evaluate=evaluate,
-        metric="stsb_dev",
-        on_improve=on_improve,
-        examples_in=lambda batch: batch["input_ids"].shape[0] // views,
-        checkpoint_dir=out / CHECKPOINTS,
-        resume=resume,
-        on_checkpoint=snapshot_best,
-        on_resume=restore_best,
-    )
-    metrics: dict[str, Any] = {
+        queue = MomentumQueue(model, cfg.loss.queue_size, cfg.loss.momentum, model.encoder.config.hidden_size)
+        accelerator.register_for_checkpointing(queue)
+        logger.info("momentum queue: %d negatives, momentum %.4f", cfg.loss.queue_size, cfg.loss.momentum)
+        return MomentumQueueStep(objective, queue, accelerator)
+    return objective
+
+
+@dataclass
+class ModelEvaluator:
+    """The loop's ``evaluator(model) -> metrics`` from an evaluator of an encode function
+    (here the dev evaluator: STS-B dev score, alignment and uniformity from one encoding)."""
+
+    evaluator: Callable[[Callable[[Sequence[str]], torch.Tensor]], dict[str, float]]
+    tokenizer: Any
+    max_seq_len: int
+    device: torch.device
+    precision: str
+
+    @property
+    def primary_metric(self) -> str:
+        return self.evaluator.primary_metric  # type: ignore[attr-defined]
+
+    def __call__(self, model: nn.Module) -> dict[str, float]:
+        encoder = Encoder(model, self.tokenizer, self.max_seq_len, self.device, self.precision)
+        return self.evaluator(encoder.encode)
+
+
+def run_metrics(state: LoopState, views: int, masked_negatives: int) -> dict[str, Any]:
+    """metrics.json's training part: best dev score and step, time, throughput, curves."""
+    seconds = max(state.train_seconds, 1e-9)
+    return {
         "best_step": state.best_step,
         "best_stsb_dev": state.best_score,
         "steps": state.global_step,
         "train_seconds": state.train_seconds,
-        "examples_per_second": state.examples_seen / max(state.train_seconds, 1e-9),
-        "sentences_per_second": state.examples_seen * views / max(state.train_seconds, 1e-9),
+        "examples_per_second": state.rows_seen / views / seconds,
+        "sentences_per_second": state.rows_seen / seconds,
         "losses": state.losses,
         "evals": state.evals,
-        "masked_negatives": objective.masked_negatives,
+        "masked_negatives": masked_negatives,
     }
-    if cfg.loss.mask_false_negatives:
-        logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
-    if accelerator.is_main_process:
-        best = Encoder(SimCSEModel.load(best_dir), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-        sts = final_sts(best.encode)
-        metrics["sts"] = sts
-        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"STS-B dev, {cfg.data.mode}")
-        write_json_atomic(out / "metrics.json", metrics)
-        logger.info("best model (step %d, STS-B dev %.2f) at %s", state.best_step, state.best_score, best_dir)
-        print(format_table(sts))
-    return metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -15,6 +16,9 @@ import torch  # noqa: E402
 # Tiny models gain nothing from threads, and on a 2-core machine with anything else
 # running, OpenMP threads spinning against each other make a 64x64 matmul 1000x slower.
 torch.set_num_threads(1)
+
+if TYPE_CHECKING:
+    from simcse_kit.config import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -72,3 +76,124 @@ def toy_sentences(n: int = 48) -> list[str]:
 
     rng = random.Random(0)
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+
+
+def write_tiny_senteval(folder: Path, pairs: int = 12) -> Path:
+    """A SentEval-layout folder with every file of the default STS suite, ``pairs`` toy
+    pairs each: the real one takes minutes to encode on one core."""
+    import random
+
+    from simcse_kit.evaluation import DEFAULT_SUITE
+
+    rng = random.Random(0)
+    sents = toy_sentences(4 * pairs)
+
+    def pair_rows() -> list[tuple[str, str, float]]:
+        return [
+            (sents[rng.randrange(len(sents))], sents[rng.randrange(len(sents))], round(rng.uniform(1, 5), 2))
+            for _ in range(pairs)
+        ]
+
+    for spec in DEFAULT_SUITE.values():
+        base = folder / spec.path
+        if spec.format == "sts":
+            base.mkdir(parents=True, exist_ok=True)
+            for subset in spec.subsets:
+                rows = pair_rows()
+                (base / f"STS.input.{subset}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in rows), encoding="utf-8")
+                (base / f"STS.gs.{subset}.txt").write_text("".join(f"{s}\n" for _, _, s in rows), encoding="utf-8")
+        elif spec.format == "stsb":
+            base.mkdir(parents=True, exist_ok=True)
+            for split in ("dev", "test"):
+                lines = [f"main-news\tfile\t2012\t{i:04d}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(pair_rows())]
+                (base / f"sts-{split}.csv").write_text("".join(lines), encoding="utf-8")
+        else:
+            base.parent.mkdir(parents=True, exist_ok=True)
+            lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"]
+            lines += [f"{i}\t{a}\t{b}\t{s}\tNEUTRAL\n" for i, (a, b, s) in enumerate(pair_rows())]
+            base.write_text("".join(lines), encoding="utf-8")
+    return folder
+
+
+# --------------------------------------------------------------------------- tiny runs
+
+
+def write_train_data(folder: Path, mode: str, n: int = 32) -> Path:
+    """``n`` toy examples: sentences (unsup) or ``sent0,sent1,hard_neg`` rows."""
+    sents = toy_sentences(3 * n)
+    if mode == "unsup":
+        path = folder / "train.txt"
+        path.write_text("\n".join(sents[:n]) + "\n", encoding="utf-8")
+    else:
+        path = folder / "train.csv"
+        rows = ["sent0,sent1,hard_neg"] + [f"{sents[i]},{sents[i]} .,{sents[i + n]}" for i in range(n)]
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def write_recipe(folder: Path, model_dir: Path, out: Path, **train: object) -> Path:
+    """A tiny unsup recipe: 64 sentences, batch 8, 3 epochs = 24 steps, eval every 3,
+    a checkpoint every 2; ``train`` overrides keys of the ``train:`` section."""
+    import yaml
+
+    data = folder / "train.txt"
+    if not data.exists():
+        data.write_text("\n".join(toy_sentences(64)) + "\n", encoding="utf-8")
+    senteval = folder / "senteval"
+    if not senteval.exists():
+        write_tiny_senteval(senteval)
+    recipe = {
+        "model": {"name_or_path": str(model_dir), "pooler": "cls", "mlp": "train", "max_seq_len": 16, "eval_max_seq_len": 32},
+        "data": {"mode": "unsup", "train_file": str(data), "eval_data_dir": str(senteval)},
+        "loss": {"temperature": 0.05},
+        "train": {
+            "output_dir": str(out),
+            "batch_size": 8,
+            "learning_rate": 1e-3,
+            "num_epochs": 3,
+            "eval_steps": 3,
+            "save_steps": 2,
+            "log_steps": 1,
+            "seed": 7,
+            "progress_bar": False,
+            # Explicit, not "auto": the same numbers on every CPU (auto picks bf16 where it is
+            # native, and CI machines differ); tests of auto give it themselves.
+            "mixed_precision": "no",
+        }
+        | train,
+    }
+    path = folder / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    return path
+
+
+class TinyRun:
+    """Tiny training runs in one temp folder: the tiny BERT, toy data, a tiny SentEval.
+
+    ``recipe(name, **train)`` writes :func:`write_recipe`'s recipe with its run folder
+    ``folder/name``; ``config(name, **overrides)`` loads it with CLI-style overrides (any
+    section's key); ``train(name, **overrides)`` runs ``simcse_kit.training.train`` on it.
+    """
+
+    def __init__(self, folder: Path, model_dir: Path) -> None:
+        self.folder = folder
+        self.model_dir = model_dir
+
+    def recipe(self, name: str = "run", **train: object) -> Path:
+        return write_recipe(self.folder, self.model_dir, self.folder / name, **train)
+
+    def config(self, name: str = "run", **overrides: object) -> RunConfig:
+        from simcse_kit.config import load_config
+
+        return load_config(self.recipe(name), {k: str(v) for k, v in overrides.items()})
+
+    def train(self, name: str = "run", **overrides: object) -> dict:
+        from simcse_kit.training import train
+
+        return train(self.config(name, **overrides))
+
+
+@pytest.fixture
+def tiny_run(tmp_path: Path, tiny_model_dir: Path) -> TinyRun:
+    """See :class:`TinyRun`."""
+    return TinyRun(tmp_path, tiny_model_dir)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from test_resume import write_recipe
+from conftest import TinyRun
 
 from simcse_kit.cli import main
 from simcse_kit.config import RunConfig, load_config
@@ -103,8 +103,8 @@ def test_sweep_with_stand_in(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- real tiny runs
 
 
-def test_cli_seeds_real_runs_equal_single_runs(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    recipe = write_recipe(tmp_path, tiny_model_dir, tmp_path / "multi", **TINY)
+def test_cli_seeds_real_runs_equal_single_runs(tmp_path: Path, tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = tiny_run.recipe("multi", **TINY)
     assert main(["train", str(recipe), "--seeds", "1,2"]) == 0
     printed = capsys.readouterr().out
     summary = json.loads((tmp_path / "multi" / "seeds.json").read_text())
@@ -120,8 +120,8 @@ def test_cli_seeds_real_runs_equal_single_runs(tmp_path: Path, tiny_model_dir: P
     assert load_config(single / "config.yaml").train.seed == 1
 
 
-def test_masking_and_queue_through_a_real_run(tmp_path: Path, tiny_model_dir: Path) -> None:
-    recipe = write_recipe(tmp_path, tiny_model_dir, tmp_path / "fn", **TINY)
+def test_masking_and_queue_through_a_real_run(tmp_path: Path, tiny_run: TinyRun) -> None:
+    recipe = tiny_run.recipe("fn", **TINY)
     # Every sentence four times: with batch 8, duplicates share batches.
     data = tmp_path / "dups.txt"
     data.write_text("\n".join((tmp_path / "train.txt").read_text().split("\n")[:16] * 4) + "\n", encoding="utf-8")
@@ -136,8 +136,8 @@ def test_masking_and_queue_through_a_real_run(tmp_path: Path, tiny_model_dir: Pa
         train(load_config(recipe, {"output_dir": str(tmp_path / "gc"), "queue_size": 8, "grad_cache_chunk": 4}))
 
 
-def test_cli_sweep_real_runs(tmp_path: Path, tiny_model_dir: Path) -> None:
-    recipe = write_recipe(tmp_path, tiny_model_dir, tmp_path / "sw", **TINY)
+def test_cli_sweep_real_runs(tmp_path: Path, tiny_run: TinyRun) -> None:
+    recipe = tiny_run.recipe("sw", **TINY)
     assert main(["sweep", str(recipe), "--dropout", "0.0,0.2"]) == 0
     results = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     for point in results["dropout"]:

@@ -14,11 +14,11 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
-from simcse_kit.fastpath import LEVELS, FastDropout, fast_dropout, quantized_drop_rate, use_fast_dropout
+from simcse_kit.fastpath import LEVELS, FastDropout, enable_fast_dropout, fast_dropout, quantized_drop_rate
+from simcse_kit.fastpath.bf16 import MasterWeightAdamW
 from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.optim import MasterWeightAdamW
 
 # --------------------------------------------------------------------------- fast dropout
 
@@ -88,13 +88,13 @@ def padded_batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def test_use_fast_dropout_swaps_every_dropout_and_keeps_the_mask() -> None:
+def test_enable_fast_dropout_swaps_every_dropout_and_keeps_the_mask() -> None:
     batch = padded_batch()
     # A drop rate that quantizes to 0: the explicit attention path runs, no element is
     # dropped, so the output must equal SDPA's, padding masks included.
     model = tiny_bert(dropout=1e-9).train()
     want = model(**batch).last_hidden_state
-    assert use_fast_dropout(model) == 1 + 3 * 2  # embeddings + 3 per layer
+    assert enable_fast_dropout(model) == 1 + 3 * 2  # embeddings + 3 per layer
     assert not any(type(m) is torch.nn.Dropout for m in model.modules())
     assert all(m.p == 1e-9 for m in model.modules() if isinstance(m, FastDropout))
     got = model(**batch).last_hidden_state
@@ -110,7 +110,7 @@ def test_use_fast_dropout_swaps_every_dropout_and_keeps_the_mask() -> None:
 def test_fast_dropout_model_drops_in_training_only() -> None:
     batch = padded_batch()
     model = tiny_bert(dropout=0.1)
-    use_fast_dropout(model)
+    enable_fast_dropout(model)
     model.train()
     torch.manual_seed(0)
     a = model(**batch).last_hidden_state
@@ -127,7 +127,7 @@ def test_gradcache_replays_fast_dropout(tiny_model_dir: Path) -> None:
     batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": s} for s in toy_sentences(8)])
     torch.manual_seed(0)
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="cls", mlp="train", dropout=0.3))
-    use_fast_dropout(model)
+    enable_fast_dropout(model)
     model.train()
     # Chunk of 16 rows = the whole batch: one forward in each pass, so the cached
     # gradient equals a plain backward with the same dropout draws.
@@ -220,7 +220,7 @@ def test_master_state_dict_roundtrip_and_fp32_view() -> None:
 def test_bf16_training_keeps_embedding_tables_fp32(tiny_model_dir: Path) -> None:
     """Lookups gain nothing from bf16: the tables stay fp32 (their own masters), every
     other weight is bf16 with an fp32 master, and saving sees the fp32 tables unrounded."""
-    from simcse_kit.optim import bf16_training
+    from simcse_kit.fastpath.bf16 import bf16_training
     from simcse_kit.trainer import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

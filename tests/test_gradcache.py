@@ -9,7 +9,8 @@ import torch
 from conftest import REPO, toy_sentences
 from transformers import AutoTokenizer
 
-from simcse_kit.config import LossConfig, ModelConfig, TrainConfig
+from simcse_kit.batch import views_per_example
+from simcse_kit.config import LoopConfig, LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.gradcache import GradCacheStep, chunk_slices, effective_negatives
 from simcse_kit.modeling import SimCSEModel
@@ -83,7 +84,7 @@ def test_dropout_is_replayed(tiny_model_dir: Path, mode: str, pooler: str, mlp: 
     torch.manual_seed(7)
     parts = [
         objective.embed(model, trimmed(batch, rows))
-        for rows in chunk_slices(batch["input_ids"].shape[0], chunk, 2 if mode == "unsup" else 1)
+        for rows in chunk_slices(batch["input_ids"].shape[0], chunk, views_per_example(mode))
     ]
     ref_loss = objective.loss(torch.cat(parts), batch)
     ref_loss.backward()
@@ -123,7 +124,7 @@ def test_effective_negatives() -> None:
     assert effective_negatives("sup", 64, world_size=4) == 255
 
 
-def test_fit_with_gradcache_matches_plain_fit(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_fit_with_gradcache_matches_plain_fit(tiny_model_dir: Path) -> None:
     """Through the real loop (Accelerate's backward, AdamW): two steps of GradCache
     give the same weights as two plain full-batch steps (dropout off). The gradients
     themselves are compared at 1e-5 above."""
@@ -131,7 +132,8 @@ def test_fit_with_gradcache_matches_plain_fit(tiny_model_dir: Path, tmp_path: Pa
     objective = SimCSEObjective("unsup", LossConfig(temperature=0.05))
     collator = ContrastiveCollator(tokenizer, "unsup", 16)
     data = [{"sent0": s} for s in toy_sentences(16)]
-    cfg = TrainConfig(output_dir=str(tmp_path), batch_size=8, learning_rate=1e-3, num_epochs=1, progress_bar=False, eval_steps=0)
+    # The loop's own config: fp32 (a text run's TrainConfig picks its precision from the hardware).
+    cfg = LoopConfig(learning_rate=1e-3, num_epochs=1, progress_bar=False, eval_steps=0)
 
     def run(step: object) -> dict[str, torch.Tensor]:
         model = make_model(tiny_model_dir, "cls", "train", dropout=0.0)

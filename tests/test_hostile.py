@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import toy_sentences
+from conftest import toy_sentences, write_recipe, write_tiny_senteval
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_resume import write_recipe, write_tiny_senteval
 from transformers import AutoTokenizer
 
 from simcse_kit import losses
@@ -30,8 +29,9 @@ from simcse_kit.cli import main as cli_main
 from simcse_kit.config import ModelConfig
 from simcse_kit.data import ContrastiveCollator, load_train_dataset, read_rows, read_sentences
 from simcse_kit.errors import DataError
-from simcse_kit.modeling import Encoder, SimCSEModel
-from simcse_kit.sts import read_sick, read_sts_subset, read_stsb
+from simcse_kit.evaluation import read_sick, read_sts_subset, read_stsb
+from simcse_kit.inference import Encoder
+from simcse_kit.modeling import SimCSEModel
 
 # --------------------------------------------------------------------------- helpers
 

@@ -43,7 +43,10 @@ def test_known_table(positive: int, tau: float, expected: float) -> None:
     assert got == pytest.approx(expected, abs=6e-5)
     # ...and through info_nce from embeddings with exactly those cosines.
     anchor, cands = embeddings_with_cosines(SIMS)
-    got = losses.info_nce(anchor, cands, temperature=tau, labels=torch.tensor([positive])).item()
+    got = losses.info_nce(anchor, cands, temperature=tau, positive_index=torch.tensor([positive])).item()
+    assert got == pytest.approx(expected, abs=6e-5)
+    # ...and through the general function.
+    got = losses.contrastive_loss(anchor, cands, temperature=tau, positive_index=torch.tensor([positive])).item()
     assert got == pytest.approx(expected, abs=6e-5)
 
 
@@ -87,6 +90,76 @@ def naive_supcon(z, labels, tau, variant):
             total += -math.log(sum(probs) / len(pos))
         count += 1
     return total / count
+
+
+def naive_general(a, c, tau, positive_mask, exclude, bias, variant):
+    """Per-pair loop of :func:`losses.contrastive_loss` with a multi-positive mask:
+    ``logit_ij = cos(a_i, c_j) / tau + bias_ij`` over the columns not excluded (a
+    positive is never excluded); anchors without a positive are skipped."""
+    cos = lambda x, y: float(torch.dot(x, y) / (x.norm() * y.norm()))  # noqa: E731
+    total, count = 0.0, 0
+    for i in range(len(a)):
+        pos = [j for j in range(len(c)) if positive_mask[i][j]]
+        if not pos:
+            continue
+        keep = [j for j in range(len(c)) if j in pos or not exclude[i][j]]
+        logit = {j: cos(a[i], c[j]) / tau + bias[i][j] for j in keep}
+        log_den = math.log(sum(math.exp(logit[j]) for j in keep))
+        if variant == "out":
+            total += -sum(logit[p] - log_den for p in pos) / len(pos)
+        else:
+            total += -math.log(sum(math.exp(logit[p] - log_den) for p in pos) / len(pos))
+        count += 1
+    return total / count
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("variant", ["out", "in"])
+def test_contrastive_loss_matches_naive_loop(dtype: torch.dtype, variant: str) -> None:
+    """The general function, with exclusions, a logit bias and several positives per
+    anchor (one anchor with none, one whose positive is also marked excluded), against
+    a per-pair Python loop; and with one positive per anchor against the same loop."""
+    g = torch.Generator().manual_seed(10)
+    a = torch.randn(5, 6, generator=g, dtype=torch.float64)
+    c = torch.randn(9, 6, generator=g, dtype=torch.float64)
+    positive_mask = torch.rand(5, 9, generator=g) < 0.3
+    positive_mask[0] = False  # no positive: dropped from the mean
+    positive_mask[1, 2] = True
+    exclude = torch.rand(5, 9, generator=g) < 0.3
+    exclude[1, 2] = True  # a positive is never excluded
+    bias = torch.randn(5, 9, generator=g, dtype=torch.float64)
+    tol = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    ra, rc = a.to(dtype).double(), c.to(dtype).double()
+    for tau in (1.0, 0.05):
+        got = losses.contrastive_loss(
+            a.to(dtype),
+            c.to(dtype),
+            temperature=tau,
+            positive_mask=positive_mask,
+            exclude=exclude,
+            logit_bias=bias,
+            variant=variant,
+        )
+        want = naive_general(ra, rc, tau, positive_mask.tolist(), exclude.tolist(), bias.tolist(), variant)
+        assert got.item() == pytest.approx(want, rel=tol, abs=tol)
+        index = torch.tensor([3, 0, 2, 8, 5])
+        one = torch.zeros(5, 9, dtype=torch.bool)
+        one[torch.arange(5), index] = True
+        got = losses.contrastive_loss(
+            a.to(dtype), c.to(dtype), temperature=tau, positive_index=index, exclude=exclude, logit_bias=bias
+        )
+        want = naive_general(ra, rc, tau, one.tolist(), exclude.tolist(), bias.tolist(), variant)
+        assert got.item() == pytest.approx(want, rel=tol, abs=tol)
+
+
+def test_weight_bias_is_log_alpha_on_one_column_per_row() -> None:
+    bias = losses.weight_bias(torch.tensor([2, 0]), 4, 3.0, torch.zeros(1))
+    want = torch.zeros(2, 4)
+    want[0, 2] = want[1, 0] = math.log(3.0)
+    assert torch.equal(bias, want)
+    assert losses.weight_bias(torch.tensor([2, 0]), 4, 1.0, torch.zeros(1)) is None  # alpha = 1: nothing added
+    with pytest.raises(ValueError, match="hard_negative_weight"):
+        losses.weight_bias(torch.tensor([0]), 1, 0.0, torch.zeros(1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
@@ -158,6 +231,9 @@ def test_finite_at_low_temperature(dtype: torch.dtype) -> None:
         lambda z: losses.info_nce_views(z, temperature=0.01),
         lambda z: losses.supcon(z, torch.arange(8) % 3, temperature=0.01),
         lambda z: losses.supcon(z, torch.arange(8) % 3, temperature=0.01, variant="in"),
+        lambda z: losses.contrastive_loss(
+            z[:4], z, temperature=0.01, positive_mask=torch.rand(4, 8) < 0.5, exclude=torch.eye(4, 8) > 0, variant="in"
+        ),
     ):
         z = base.to(dtype).requires_grad_(True)
         loss = fn(z)
@@ -203,3 +279,11 @@ def test_bad_arguments() -> None:
         losses.info_nce_views(torch.randn(5, 3))
     with pytest.raises(ValueError, match="labels or positive_mask"):
         losses.supcon(z)
+    with pytest.raises(ValueError, match="exactly one"):
+        losses.contrastive_loss(z, z, temperature=0.1)
+    with pytest.raises(ValueError, match="exactly one"):
+        losses.contrastive_loss(z, z, temperature=0.1, positive_index=torch.arange(4), positive_mask=torch.eye(4) > 0)
+    with pytest.raises(ValueError, match="exclude must be"):
+        losses.contrastive_loss(z, z, temperature=0.1, positive_index=torch.arange(4), exclude=torch.zeros(4, 3) > 0)
+    with pytest.raises(ValueError, match="variant"):
+        losses.contrastive_loss(z, z, temperature=0.1, positive_mask=torch.eye(4) > 0, variant="both")

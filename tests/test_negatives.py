@@ -13,10 +13,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from simcse_kit.batch import text_ids
 from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.modeling import SimCSEModel
-from simcse_kit.negatives import MomentumQueue, MomentumQueueStep, false_negative_mask, text_ids
+from simcse_kit.negatives import MomentumQueue, MomentumQueueStep, false_negative_mask
 from simcse_kit.objectives import SimCSEObjective
 
 TAU = 0.05
@@ -150,10 +151,10 @@ def test_sup_and_hardneg_masking_by_loop() -> None:
     s1 = ["e1", "e2", "f", "g"]
     neg = ["c1", "c2", "g", "c4"]
     torch.manual_seed(1)
-    emb = torch.randn(12, 6, dtype=torch.float64)
-    a, pos, hard = emb[:4], emb[4:8], emb[8:]
+    emb = torch.randn(12, 6, dtype=torch.float64)  # example-major: [p1, e1, c1, p2, e2, c2, ...]
+    a, pos, hard = emb[0::3], emb[1::3], emb[2::3]
     alpha = 2.0
-    batch = {"text_ids": text_ids(s0 + s1 + neg)}
+    batch = {"text_ids": text_ids([t for example in zip(s0, s1, neg, strict=True) for t in example])}
 
     def reference(with_hard: bool) -> tuple[float, int]:
         total, dropped = 0.0, 0
@@ -178,7 +179,9 @@ def test_sup_and_hardneg_masking_by_loop() -> None:
     sup = SimCSEObjective("sup", LossConfig(temperature=TAU, mask_false_negatives=True))
     want, dropped = reference(with_hard=False)
     assert dropped == 2
-    assert abs(sup.loss(emb[:8], {"text_ids": batch["text_ids"][:8]}).item() - want) < 1e-9
+    sup_rows = torch.stack([a, pos], dim=1).reshape(8, 6)  # [p1, e1, p2, e2, ...]
+    sup_ids = text_ids([t for example in zip(s0, s1, strict=True) for t in example])
+    assert abs(sup.loss(sup_rows, {"text_ids": sup_ids}).item() - want) < 1e-9
     assert sup.masked_negatives == 2
 
     hn = SimCSEObjective("hardneg", LossConfig(temperature=TAU, mask_false_negatives=True, hard_negative_weight=alpha))
@@ -198,7 +201,7 @@ def test_collator_text_ids_follow_row_order(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     exs = [{"sent0": "a dog", "sent1": "a cat", "hard_neg": "a car"}, {"sent0": "a man", "sent1": "a dog", "hard_neg": "a ball"}]
     batch = ContrastiveCollator(tokenizer, "hardneg", 16, with_text_ids=True)(exs)
-    assert torch.equal(batch["text_ids"], text_ids(["a dog", "a man", "a cat", "a dog", "a car", "a ball"]))
+    assert torch.equal(batch["text_ids"], text_ids(["a dog", "a cat", "a car", "a man", "a dog", "a ball"]))
     unsup = ContrastiveCollator(tokenizer, "unsup", 16, with_text_ids=True)(exs)
     assert torch.equal(unsup["text_ids"], text_ids(["a dog", "a dog", "a man", "a man"]))
     assert "text_ids" not in ContrastiveCollator(tokenizer, "unsup", 16)(exs)
@@ -238,7 +241,7 @@ def test_momentum_encoder_stays_fp32_beside_a_bf16_online_model(tiny_model_dir: 
     """With ``train.bf16_weights`` the online model is bf16 but the momentum copy stays
     fp32: an EMA step of (1 - 0.999) x 0.01 is far below bf16's resolution near 1 and
     would be rounded away in a bf16 copy. Keys are computed in bf16 like the online forward."""
-    from simcse_kit.optim import MasterWeightAdamW
+    from simcse_kit.fastpath.bf16 import MasterWeightAdamW
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -253,7 +256,7 @@ def test_momentum_encoder_stays_fp32_beside_a_bf16_online_model(tiny_model_dir: 
     keys = queue.negatives()[0]
     assert keys.shape == (3, 32) and keys.dtype == torch.float32
     with torch.no_grad():
-        want = model(**{k: v[0::2] for k, v in batch.items()}).float()  # the bf16 online forward (no dropout)
+        want = model(**{k: v[1::2] for k, v in batch.items()}).float()  # the bf16 online forward (no dropout)
     torch.testing.assert_close(keys, want, atol=0.05, rtol=0.05)  # bf16 autocast on an fp32 copy vs bf16 weights
 
     before = [p.detach().clone() for p in queue.encoder.parameters()]
@@ -281,10 +284,14 @@ def test_queue_negatives_enter_loss_without_gradient_to_momentum_encoder(tiny_mo
     second = collator([{"sent0": w, "sent1": w + " .", "hard_neg": "the " + w} for w in words[3:]])
 
     # Step 1: empty queue, so the loss is the plain objective's; then the momentum
-    # encoder's embeddings of the positives (unsup: one view each) are enqueued.
-    loss1 = step(model, first)
+    # encoder's embeddings of view 1 (the positives; unsup: the second copy) are enqueued.
+    # Through the step protocol: backward is called on the loss, the detached loss returned.
+    seen: list[torch.Tensor] = []
+    loss1 = step(model, first, seen.append)
+    assert len(seen) == 1 and seen[0].requires_grad and not loss1.requires_grad
     assert torch.allclose(loss1, objective.step(model, first))
-    rows = slice(0, 6, 2) if mode == "unsup" else slice(3, 6)
+    model.zero_grad()
+    rows = slice(1, 6, 2) if mode == "unsup" else slice(1, 9, 3)
     with torch.no_grad():
         keys1 = model(**{k: v[rows] for k, v in first.items() if k != "text_ids"}).float()
     assert torch.allclose(queue.negatives()[0], keys1, atol=1e-6)
@@ -307,7 +314,7 @@ def test_queue_negatives_enter_loss_without_gradient_to_momentum_encoder(tiny_mo
     if mode == "unsup":
         want, _ = views_reference(emb, [str(i // 2) for i in range(6)], mask=False, extra=[(k, "") for k in keys1.double()])
     else:
-        a, pos, hard = emb[:3], emb[3:6], emb[6:]
+        a, pos, hard = emb[0::3], emb[1::3], emb[2::3]
         want = 0.0
         for i in range(3):
             negs = [(pos[j], 1.0) for j in range(3) if j != i] + [(hard[j], alpha if j == i else 1.0) for j in range(3)]
@@ -331,7 +338,7 @@ def test_queue_ids_are_masked_too(tiny_model_dir: Path) -> None:
     extra = torch.randn(3, 8, dtype=torch.float64)
     texts = ["x", "x", "y", "y"]
     extra_texts = ["y", "w", "x"]
-    got = objective.loss(emb, {"text_ids": text_ids(texts)}, extra_negatives=extra, extra_ids=text_ids(extra_texts))
+    got = objective.loss(emb, {"text_ids": text_ids(texts)}, queue=(extra, text_ids(extra_texts)))
     want, dropped = views_reference(emb, texts, mask=True, extra=list(zip(extra, extra_texts, strict=True)))
     assert abs(got.item() - want) < 1e-9
     assert objective.masked_negatives == dropped == 4
@@ -349,8 +356,8 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
     from conftest import toy_sentences
     from torch.utils.data import DataLoader
 
-    from simcse_kit.config import TrainConfig
-    from simcse_kit.trainer import fit, make_accelerator
+    from simcse_kit.config import LoopConfig
+    from simcse_kit.trainer import Checkpoints, fit, make_accelerator
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -363,9 +370,7 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
         collate_fn=ContrastiveCollator(tokenizer, "unsup", 16, with_text_ids=True),
         generator=torch.Generator().manual_seed(1),
     )
-    cfg = TrainConfig(
-        output_dir=str(out), batch_size=4, learning_rate=1e-3, num_epochs=2, progress_bar=False, eval_steps=2, save_steps=3
-    )
+    cfg = LoopConfig(learning_rate=1e-3, num_epochs=2, progress_bar=False, eval_steps=2, save_steps=3)
     accelerator = make_accelerator(cfg)
     queue = MomentumQueue(model, size=6, momentum=0.8, dim=32)
     accelerator.register_for_checkpointing(queue)
@@ -378,8 +383,10 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
             raise Crash
         return {"score": 0.0}
 
+    evaluate.primary_metric = "score"  # type: ignore[attr-defined]
     step = MomentumQueueStep(objective, queue, accelerator)
-    fit(model, step, loader, cfg, accelerator=accelerator, evaluate=evaluate, checkpoint_dir=out / "ckpt", resume=resume)
+    checkpoints = Checkpoints(out / "ckpt")
+    fit(model, step, loader, cfg, accelerator=accelerator, evaluator=evaluate, checkpoints=checkpoints, resume=resume)
     return {k: v.clone() for k, v in model.state_dict().items()}, {k: v.clone() for k, v in queue.state_dict().items()}
 
 
@@ -469,7 +476,7 @@ def test_keys_use_bf16_autocast_beside_the_recipes_bf16_model(tiny_model_dir: Pa
     """The recipes' bf16 model (``bf16_training``) keeps its embedding tables, its first
     parameters, in fp32; the key forward must still see a bf16 model and run under bf16
     autocast, not fall back to fp32 keys."""
-    from simcse_kit.optim import bf16_training
+    from simcse_kit.fastpath.bf16 import bf16_training
     from simcse_kit.trainer import param_groups
 
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="none"))

@@ -10,7 +10,7 @@ from conftest import toy_sentences
 from transformers import AutoTokenizer, RobertaConfig, RobertaModel
 
 from simcse_kit.config import ModelConfig
-from simcse_kit.fastpath import use_fast_dropout
+from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.packing import first_fit_decreasing, pack, packing_matches
 
@@ -111,14 +111,15 @@ def test_packing_with_fast_dropout_attention(tiny_model_dir: Path) -> None:
     torch.manual_seed(0)
     packed = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), dropout=1e-9, packing=True))
     for m in (padded, packed):
-        use_fast_dropout(m)  # a rate that rounds to 0: the explicit attention path, nothing dropped
+        enable_fast_dropout(m)  # a rate that rounds to 0: the explicit attention path, nothing dropped
         m.train()
     torch.testing.assert_close(packed(**batch), padded(**batch), atol=1e-5, rtol=0)
 
 
-def test_models_that_do_not_pack_the_same_run_padded(tmp_path: Path) -> None:
-    """RoBERTa numbers positions from padding_idx + 1: the probe sees the difference and
-    the model runs padded, with the same vectors as without packing."""
+def test_roberta_packs_with_offset_positions(tmp_path: Path) -> None:
+    """RoBERTa numbers positions from padding_idx + 1: without that offset the probe sees
+    the difference; SimCSEModel adds it (simcse_kit.architectures), so RoBERTa packs, with
+    the same vectors as without packing."""
     config = RobertaConfig(
         vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
         max_position_embeddings=40, pad_token_id=1,
@@ -126,8 +127,9 @@ def test_models_that_do_not_pack_the_same_run_padded(tmp_path: Path) -> None:
     torch.manual_seed(0)
     encoder = RobertaModel(config, add_pooling_layer=False).eval()
     assert not packing_matches(encoder)
+    assert packing_matches(encoder, position_offset=2)
     model = SimCSEModel(encoder, "avg", packing=True)
-    assert not model.packing
+    assert model.packing
     ids = torch.randint(3, 60, (3, 6))
     mask = torch.tensor([[1] * 6, [1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0]])
     ids = torch.where(mask.bool(), ids, 1)
@@ -150,7 +152,7 @@ def test_training_batch_packs_into_fewer_rows(tiny_model_dir: Path) -> None:
 def test_packing_in_a_bf16_model_with_fp32_tables(tiny_model_dir: Path, attn: str) -> None:
     """The recipes' bf16 model keeps its embedding tables fp32; the additive mask of eager
     attention must come in the scores' dtype (bf16), not the first parameter's (fp32)."""
-    from simcse_kit.optim import bf16_training
+    from simcse_kit.fastpath.bf16 import bf16_training
     from simcse_kit.trainer import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

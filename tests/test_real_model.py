@@ -10,9 +10,9 @@ import torch
 from scipy.stats import spearmanr
 
 from simcse_kit.config import ModelConfig
-from simcse_kit.evaluation import evaluate_model
-from simcse_kit.modeling import SimCSEModel, load_encoder, resolve_model_path
-from simcse_kit.sts import read_stsb
+from simcse_kit.evaluation import evaluate_model, read_stsb
+from simcse_kit.inference import load_encoder
+from simcse_kit.modeling import SimCSEModel, resolve_model_path
 
 pytestmark = pytest.mark.slow
 

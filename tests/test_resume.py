@@ -14,88 +14,18 @@ import sys
 import time
 from pathlib import Path
 
-import datasets
 import pytest
 import torch
 import yaml
-from conftest import REPO, toy_sentences
+from conftest import REPO, TinyRun
 from safetensors.torch import load_file
-from torch.utils.data import DataLoader
-from transformers import AutoTokenizer
 
 from simcse_kit.cli import main as cli_main
-from simcse_kit.config import LossConfig, ModelConfig, TrainConfig, load_config, save_config
-from simcse_kit.data import ContrastiveCollator
-from simcse_kit.fastpath import use_fast_dropout
+from simcse_kit.config import load_config, save_config
 from simcse_kit.modeling import SimCSEModel
-from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.sts import DEFAULT_SUITE
-from simcse_kit.trainer import LOOP_STATE, fit, latest_checkpoint
+from simcse_kit.trainer import LOOP_STATE, latest_checkpoint
 
 # --------------------------------------------------------------------------- helpers
-
-
-def write_tiny_senteval(folder: Path, pairs: int = 12) -> Path:
-    """A SentEval-layout folder with every file of the default suite, ``pairs`` toy
-    pairs each: the real one takes minutes to encode 7 times per run on one core."""
-    rng = random.Random(0)
-    sents = toy_sentences(4 * pairs)
-
-    def pair_rows() -> list[tuple[str, str, float]]:
-        return [
-            (sents[rng.randrange(len(sents))], sents[rng.randrange(len(sents))], round(rng.uniform(1, 5), 2))
-            for _ in range(pairs)
-        ]
-
-    for spec in DEFAULT_SUITE.values():
-        base = folder / spec.path
-        if spec.format == "sts":
-            base.mkdir(parents=True, exist_ok=True)
-            for subset in spec.subsets:
-                rows = pair_rows()
-                (base / f"STS.input.{subset}.txt").write_text("".join(f"{a}\t{b}\n" for a, b, _ in rows), encoding="utf-8")
-                (base / f"STS.gs.{subset}.txt").write_text("".join(f"{s}\n" for _, _, s in rows), encoding="utf-8")
-        elif spec.format == "stsb":
-            base.mkdir(parents=True, exist_ok=True)
-            for split in ("dev", "test"):
-                lines = [f"main-news\tfile\t2012\t{i:04d}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(pair_rows())]
-                (base / f"sts-{split}.csv").write_text("".join(lines), encoding="utf-8")
-        else:
-            base.parent.mkdir(parents=True, exist_ok=True)
-            lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n"]
-            lines += [f"{i}\t{a}\t{b}\t{s}\tNEUTRAL\n" for i, (a, b, s) in enumerate(pair_rows())]
-            base.write_text("".join(lines), encoding="utf-8")
-    return folder
-
-
-def write_recipe(folder: Path, model_dir: Path, out: Path, **train: object) -> Path:
-    """A tiny unsup recipe: 64 sentences, batch 8, 3 epochs = 24 steps, eval every 3."""
-    data = folder / "train.txt"
-    if not data.exists():
-        data.write_text("\n".join(toy_sentences(64)) + "\n", encoding="utf-8")
-    senteval = folder / "senteval"
-    if not senteval.exists():
-        write_tiny_senteval(senteval)
-    recipe = {
-        "model": {"name_or_path": str(model_dir), "pooler": "cls", "mlp": "train", "max_seq_len": 16, "eval_max_seq_len": 32},
-        "data": {"mode": "unsup", "train_file": str(data), "eval_data_dir": str(senteval)},
-        "loss": {"temperature": 0.05},
-        "train": {
-            "output_dir": str(out),
-            "batch_size": 8,
-            "learning_rate": 1e-3,
-            "num_epochs": 3,
-            "eval_steps": 3,
-            "save_steps": 2,
-            "log_steps": 1,
-            "seed": 7,
-            "progress_bar": False,
-        }
-        | train,
-    }
-    path = folder / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    return path
 
 
 def train_cmd(recipe: Path, *extra: str) -> list[str]:
@@ -148,10 +78,9 @@ def newest_step(out: Path) -> int:
 # --------------------------------------------------------------------------- the real kill
 
 
-def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
     ref_out, cut_out = tmp_path / "ref", tmp_path / "cut"
-    ref_recipe = write_recipe(tmp_path, tiny_model_dir, ref_out)
-    cut_recipe = write_recipe(tmp_path, tiny_model_dir, cut_out)
+    ref_recipe, cut_recipe = tiny_run.recipe("ref"), tiny_run.recipe("cut")
 
     # The uninterrupted reference runs in a subprocess like the killed ones: in-process, state
     # left by earlier tests (Accelerate, autocast) changed the last bits of the losses.
@@ -197,9 +126,9 @@ def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path: Path, tiny_model_
     assert cli_main(["train", str(cut_recipe), "--resume"]) == 2
 
 
-def test_resume_refuses_a_changed_config(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_refuses_a_changed_config(tmp_path: Path, tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    recipe = write_recipe(tmp_path, tiny_model_dir, out)
+    recipe = tiny_run.recipe("run")
     out.mkdir()
     save_config(load_config(recipe), out / "config.yaml")  # as a killed run leaves it
     rc = cli_main(["train", str(recipe), "--resume", "--learning-rate", "0.5", "--progress-bar", "true"])
@@ -207,97 +136,6 @@ def test_resume_refuses_a_changed_config(tmp_path: Path, tiny_model_dir: Path, c
     assert rc == 2
     assert "train.learning_rate: 0.001 -> 0.5" in err and "progress_bar" not in err
     assert "--resume" in err and str(out / "config.yaml") in err
-
-
-# --------------------------------------------------------------------------- the loop alone
-
-
-class Crash(Exception):
-    pass
-
-
-def _fit_run(
-    model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int | None, grad_accum: int, fast: bool = False
-) -> tuple[object, dict]:
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(model_dir), pooler="cls", mlp="train"))
-    if fast:  # the recipes' fast path: fast dropout, bf16 weights with fp32 masters
-        use_fast_dropout(model)
-    dataset = datasets.Dataset.from_dict({"sent0": toy_sentences(40)})
-    loader = DataLoader(
-        dataset,
-        batch_size=4,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=ContrastiveCollator(tokenizer, "unsup", 16),
-        generator=torch.Generator().manual_seed(1),
-    )
-    cfg = TrainConfig(
-        output_dir=str(out),
-        batch_size=4,
-        learning_rate=1e-3,
-        num_epochs=3,
-        progress_bar=False,
-        eval_steps=2,
-        save_steps=3,
-        grad_accum=grad_accum,
-        mixed_precision="bf16" if fast else "no",
-        bf16_weights=fast,
-    )
-    calls: list[int] = []
-
-    def evaluate(m: torch.nn.Module) -> dict[str, float]:
-        calls.append(1)
-        if len(calls) == crash_at_eval:
-            raise Crash
-        with torch.no_grad():  # a score that moves with the weights and is not monotone
-            return {"score": float(torch.cos(sum(p.sum() for p in m.parameters())))}
-
-    objective = SimCSEObjective("unsup", LossConfig())
-    state = fit(model, objective.step, loader, cfg, evaluate=evaluate, checkpoint_dir=out / "ckpt", resume=resume)
-    return state, {k: v.clone() for k, v in model.state_dict().items()}
-
-
-@pytest.mark.parametrize(("grad_accum", "fast"), [(1, False), (2, False), (1, True)])
-def test_fit_resume_is_exact(tmp_path: Path, tiny_model_dir: Path, grad_accum: int, fast: bool) -> None:
-    """The loop restores weights, optimizer, schedule, RNG (dropout), the shuffled order
-    and the position inside the epoch: a crash mid-epoch 1 and a resume end bit-equal.
-    With bf16 weights the fp32 masters travel in the optimizer state."""
-    ref_state, ref_weights = _fit_run(
-        tiny_model_dir, tmp_path / "a", resume=False, crash_at_eval=None, grad_accum=grad_accum, fast=fast
-    )
-    with pytest.raises(Crash):
-        _fit_run(tiny_model_dir, tmp_path / "b", resume=False, crash_at_eval=4, grad_accum=grad_accum, fast=fast)
-    steps = sorted(p.name for p in (tmp_path / "b" / "ckpt").iterdir())
-    assert steps == ["step-3", "step-6"]  # only the newest two are kept
-    state, weights = _fit_run(tiny_model_dir, tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=grad_accum, fast=fast)
-    assert state.global_step == ref_state.global_step == 30 // grad_accum
-    assert state.losses == ref_state.losses and state.evals == ref_state.evals
-    assert (state.best_step, state.best_score, state.examples_seen) == (
-        ref_state.best_step,
-        ref_state.best_score,
-        ref_state.examples_seen,
-    )
-    for key, value in ref_weights.items():
-        assert torch.equal(value, weights[key]), key
-
-
-def test_resume_without_checkpoint_starts_from_scratch(tmp_path: Path, tiny_model_dir: Path) -> None:
-    ref, _ = _fit_run(tiny_model_dir, tmp_path / "a", resume=False, crash_at_eval=None, grad_accum=2)
-    again, _ = _fit_run(tiny_model_dir, tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=2)
-    assert again.losses == ref.losses
-
-
-def test_killed_save_leaves_only_ignored_temp_folders(tmp_path: Path) -> None:
-    ckpts = tmp_path / "checkpoints"
-    (ckpts / "step-4").mkdir(parents=True)
-    (ckpts / "step-4" / LOOP_STATE).write_text("{}")
-    (ckpts / ".step-6.tmp").mkdir()  # killed mid-save
-    (ckpts / ".step-2.deleting").mkdir()  # killed mid-prune
-    (ckpts / "step-8").mkdir()  # no loop_state.json: never renamed into place whole
-    assert latest_checkpoint(ckpts) == ckpts / "step-4"
-    assert latest_checkpoint(tmp_path / "nothing") is None
 
 
 # --------------------------------------------------------------------------- two processes
@@ -332,13 +170,12 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_two_process_sigkill_and_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_two_process_sigkill_and_resume(tmp_path: Path, tiny_run: TinyRun) -> None:
     """``torchrun`` with 2 gloo processes (DDP, cross-process negatives, per-process RNG
     files in the checkpoint): killed after its first checkpoint and resumed, it ends
     exactly as an uninterrupted 2-process run."""
     ref_out, cut_out = tmp_path / "ref", tmp_path / "cut"
-    ref_recipe = write_recipe(tmp_path, tiny_model_dir, ref_out, max_steps=12)
-    cut_recipe = write_recipe(tmp_path, tiny_model_dir, cut_out, max_steps=12)
+    ref_recipe, cut_recipe = tiny_run.recipe("ref", max_steps=12), tiny_run.recipe("cut", max_steps=12)
     done = subprocess.run(torchrun_cmd(ref_recipe), env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -1,48 +1,44 @@
-"""Tiny random BERT trains in all three modes, through the real loop; loss falls."""
+"""Tiny random BERT trains in all three modes through the real loop (the loss falls), and a
+tiny run through ``training.train`` leaves the run folder it promises."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_sentences
+from conftest import TinyRun, toy_sentences, write_train_data
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from simcse_kit.config import LossConfig, ModelConfig, TrainConfig
+from simcse_kit.batch import views_per_example
+from simcse_kit.config import LoopConfig, LossConfig, ModelConfig, load_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset
-from simcse_kit.modeling import Encoder, SimCSEModel, load_encoder
+from simcse_kit.evaluation import STSEvaluator
+from simcse_kit.inference import Encoder, load_encoder
+from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.trainer import fit
-
-
-def write_data(folder: Path, mode: str) -> Path:
-    sents = toy_sentences(96)
-    if mode == "unsup":
-        path = folder / "train.txt"
-        path.write_text("\n".join(sents[:32]) + "\n", encoding="utf-8")
-    else:
-        path = folder / "train.csv"
-        rows = ["sent0,sent1,hard_neg"] + [f"{sents[i]},{sents[i]} .,{sents[i + 32]}" for i in range(32)]
-        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return path
+from simcse_kit.training import EVAL_BATCH_SIZE, train
 
 
 @pytest.mark.parametrize(
     ("mode", "pooler", "mlp"), [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")]
 )
 def test_three_modes_loss_falls(tmp_path: Path, tiny_model_dir: Path, mode: str, pooler: str, mlp: str) -> None:
+    """The objective is itself the loop's step, in every mode."""
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler=pooler, mlp=mlp))
     objective = SimCSEObjective(mode, LossConfig(temperature=0.05))
     collator = ContrastiveCollator(tokenizer, mode, 16)
-    dataset = load_train_dataset(str(write_data(tmp_path, mode)), mode)
+    dataset = load_train_dataset(str(write_train_data(tmp_path, mode)), mode)
     loader = DataLoader(dataset, batch_size=8, shuffle=True, collate_fn=collator, generator=torch.Generator().manual_seed(0))
+    views = views_per_example(mode)
     fixed = collator([dataset[i] for i in range(8)])
-    assert fixed["input_ids"].shape[0] == 8 * objective.views_per_example()
+    assert fixed["input_ids"].shape[0] == 8 * views
 
     def fixed_loss() -> float:
         # Averaged over dropout draws: one draw's loss moves by ~10% with the masks alone
@@ -50,17 +46,55 @@ def test_three_modes_loss_falls(tmp_path: Path, tiny_model_dir: Path, mode: str,
         model.train()
         torch.manual_seed(123)
         with torch.no_grad():
-            return sum(objective.step(model, fixed).item() for _ in range(16)) / 16
+            return sum(objective(model, fixed, lambda loss: None).item() for _ in range(16)) / 16
 
     before = fixed_loss()
-    cfg = TrainConfig(output_dir=str(tmp_path), batch_size=8, learning_rate=1e-3, num_epochs=4, progress_bar=False, eval_steps=0)
-    state = fit(
-        model, objective.step, loader, cfg, examples_in=lambda b: b["input_ids"].shape[0] // objective.views_per_example()
-    )
+    cfg = LoopConfig(learning_rate=1e-3, num_epochs=4, progress_bar=False, eval_steps=0)
+    state = fit(model, objective, loader, cfg)
     after = fixed_loss()
     assert state.global_step == 16
-    assert state.examples_seen == 128
+    assert state.rows_seen == 128 * views
     assert after < 0.9 * before, (before, after)
+
+
+def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
+    """``train`` wires the pieces: the dev evaluator picks best_model/, metrics.json holds
+    the curves, throughput and the final table of best_model/, config.yaml the config."""
+    cfg = tiny_run.config("run", save_steps=0, num_epochs=1, eval_steps=3)
+    metrics = train(cfg)
+    run = tiny_run.folder / "run"
+    assert json.loads((run / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
+    assert set(metrics) == {
+        "best_step",
+        "best_stsb_dev",
+        "steps",
+        "train_seconds",
+        "examples_per_second",
+        "sentences_per_second",
+        "losses",
+        "evals",
+        "masked_negatives",
+        "precision",
+        "sts",
+    }
+    # fast_dropout "auto" at mixed_precision "no": decided (off) and recorded with its reason
+    assert metrics["precision"]["fast_dropout"] is False and metrics["precision"]["mixed_precision"] == "no"
+    assert metrics["steps"] == 8  # 64 sentences, batch 8
+    assert [e["step"] for e in metrics["evals"]] == [0.0, 3.0, 6.0, 8.0]  # step 0: the untouched model
+    assert all(set(e) == {"step", "stsb_dev", "alignment", "uniformity"} for e in metrics["evals"])
+    best = max(metrics["evals"], key=lambda e: e["stsb_dev"])
+    assert (metrics["best_step"], metrics["best_stsb_dev"]) == (best["step"], best["stsb_dev"])
+    assert metrics["sentences_per_second"] == pytest.approx(2 * metrics["examples_per_second"])  # unsup: 2 views
+    assert [s for s, _ in metrics["losses"]] == list(range(1, 9))  # log_steps 1
+    meta = json.loads((run / "best_model" / "simcse_config.json").read_text())
+    assert (meta["step"], meta["stsb_dev"], meta["mode"]) == (metrics["best_step"], metrics["best_stsb_dev"], "unsup")
+    sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)(load_encoder(run / "best_model").encode)
+    assert sts == metrics["sts"]
+    # config.yaml records what ran: "auto" switches as decided on this machine
+    assert cfg.train.fast_dropout == "auto"
+    assert load_config(run / "config.yaml") == replace(cfg, train=replace(cfg.train, fast_dropout=False, bf16_weights=False))
+    assert (run / "alignment_uniformity.png").stat().st_size > 0
+    assert not (run / "checkpoints").exists()
 
 
 def test_unsup_batch_is_each_sentence_twice(tiny_model_dir: Path) -> None:
@@ -107,17 +141,3 @@ def test_pooler_values_by_hand(tiny_model_dir: Path) -> None:
     assert Pooler("avg")(mask, h[-1], h).tolist() == [[2.0, 3.0]]
     assert Pooler("avg_first_last")(mask, h[-1], h).tolist() == [[1.5, 2.0]]  # (layer1=1 + last)/2
     assert Pooler("avg_top2")(mask, h[-1], h).tolist() == [[2.0, 2.5]]  # (layer2=2 + last)/2
-
-
-def test_runs_with_different_precisions_in_one_process() -> None:
-    """Seeds, sweeps and benchmarks build several Accelerators in one process (an autocast
-    run, then an fp32 or bf16-weights run); Accelerate's process-wide state would refuse the
-    second precision (ValueError) unless make_accelerator resets it."""
-    from simcse_kit.trainer import make_accelerator
-
-    first = make_accelerator(TrainConfig(mixed_precision="bf16", bf16_weights=False), cpu=True)
-    assert str(first.mixed_precision) == "bf16"
-    second = make_accelerator(TrainConfig(mixed_precision="no"), cpu=True)
-    assert str(second.mixed_precision) == "no"
-    with second.autocast():
-        assert not torch.is_autocast_enabled("cpu")

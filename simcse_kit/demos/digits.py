@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from simcse_kit.config import TrainConfig
+from simcse_kit.config import LoopConfig
 from simcse_kit.fileio import save_figure
 from simcse_kit.losses import supcon
 from simcse_kit.trainer import fit, make_accelerator
@@ -35,7 +35,8 @@ from simcse_kit.trainer import fit, make_accelerator
 logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
-StepFn = Callable[[nn.Module, Batch], torch.Tensor]
+Backward = Callable[[torch.Tensor], None]
+StepFn = Callable[[nn.Module, Batch, Backward], torch.Tensor]
 
 
 @dataclass
@@ -144,26 +145,28 @@ class ViewsCollator:
 
 
 def supcon_step(temperature: float) -> StepFn:
-    """``step(model, batch) -> loss`` for :func:`fit`: SupCon L_out over all views."""
+    """A :func:`fit` step: SupCon L_out over all views."""
 
-    def step(model: nn.Module, batch: Batch) -> torch.Tensor:
-        return supcon(model(batch["pixels"]), batch["labels"], temperature=temperature, variant="out")
+    def step(model: nn.Module, batch: Batch, backward: Backward) -> torch.Tensor:
+        loss = supcon(model(batch["pixels"]), batch["labels"], temperature=temperature, variant="out")
+        backward(loss)
+        return loss.detach()
 
     return step
 
 
-def cross_entropy_step(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """``step(model, batch) -> loss`` for :func:`fit`: the supervised baseline."""
-    return F.cross_entropy(model(batch["pixels"]), batch["labels"])
+def cross_entropy_step(model: nn.Module, batch: Batch, backward: Backward) -> torch.Tensor:
+    """A :func:`fit` step: the supervised baseline."""
+    loss = F.cross_entropy(model(batch["pixels"]), batch["labels"])
+    backward(loss)
+    return loss.detach()
 
 
 def train_digits_model(
     model: DigitsModel, step: StepFn, views: int, x: torch.Tensor, y: torch.Tensor, cfg: DigitsConfig
 ) -> float:
     """Train ``model`` in place with :func:`simcse_kit.trainer.fit`; return seconds."""
-    train_cfg = TrainConfig(
-        output_dir="unused",
-        batch_size=cfg.batch_size,
+    loop_cfg = LoopConfig(
         learning_rate=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
         warmup_ratio=0.0,
@@ -182,14 +185,7 @@ def train_digits_model(
         collate_fn=ViewsCollator(views, cfg.seed),
         generator=torch.Generator().manual_seed(cfg.seed),
     )
-    state = fit(
-        model,
-        step,
-        loader,
-        train_cfg,
-        accelerator=make_accelerator(train_cfg, cpu=True),
-        examples_in=lambda batch: batch["labels"].shape[0] // views,
-    )
+    state = fit(model, step, loader, loop_cfg, accelerator=make_accelerator(loop_cfg, cpu=True))
     logger.info("trained %d steps in %.1fs, last loss %.4f", state.global_step, state.train_seconds, state.losses[-1][1])
     return state.train_seconds
 

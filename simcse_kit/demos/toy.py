@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from simcse_kit.evaluation.geometry import alignment, uniformity
 from simcse_kit.fileio import save_figure
-from simcse_kit.geometry import alignment, uniformity
 from simcse_kit.losses import cross_entropy_from_logits, info_nce
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def toy_loss(
         similarity: ``"dot"`` (``f_i . f_j``) or ``"cosine"``.
     """
     if similarity == "cosine":
-        return info_nce(features, features, labels=positive, exclude=exclude, temperature=temperature)
+        return info_nce(features, features, positive_index=positive, exclude=exclude, temperature=temperature)
     if similarity != "dot":
         raise ValueError(f"similarity must be 'dot' or 'cosine', got {similarity!r}")
     return cross_entropy_from_logits(features @ features.T / temperature, positive, exclude)

@@ -1,4 +1,5 @@
-"""Alignment and uniformity of an embedding space (Wang & Isola, 2020).
+"""Alignment and uniformity of an embedding space (Wang & Isola, 2020), and the
+training-trajectory plot in their plane (SimCSE, Figure 2).
 
 Both are computed on L2-normalised embeddings, as in the paper and in SimCSE's
 Figure 2; lower is better for both:
@@ -11,18 +12,22 @@ Figure 2; lower is better for both:
 On the unit sphere ``||u - v||^2 = 2 - 2 cos(u, v)``, so alignment lies in ``[0, 4]``
 and uniformity in ``[-4, 0]`` (``0``: everything collapsed to one point).
 
-The module imports only torch so that the text trainer, the demos and the tests call
-the same code.
+The measures take tensors and need only torch, so the text trainer, the demos and the
+tests call the same code; the STS-B geometry of an encoder is
+:func:`simcse_kit.evaluation.sts.sts_alignment_uniformity`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["EmbeddingRecorder", "alignment", "pair_alignment_uniformity", "uniformity"]
+from simcse_kit.fileio import save_figure
+
+__all__ = ["alignment", "pair_alignment_uniformity", "plot_trajectory", "uniformity"]
 
 
 def _as_float(x: torch.Tensor) -> torch.Tensor:
@@ -108,37 +113,33 @@ def pair_alignment_uniformity(
     return {"alignment": float(align), "uniformity": float(uniform), "positive_pairs": float(positive.sum())}
 
 
-class EmbeddingRecorder:
-    """Wraps an ``encode(list[str]) -> [B, D]`` callable and keeps what it returns.
+def plot_trajectory(evals: Sequence[dict[str, float]], path: Path, title: str = "") -> Path | None:
+    """Plots each evaluation's (uniformity, alignment), coloured by step (PNG).
 
-    An evaluator that encodes every distinct sentence once (e.g. the STS-B dev
-    evaluator) can then be followed by :func:`pair_alignment_uniformity` on the same
-    embeddings, with no second pass through the model.
+    Args:
+        evals: dicts with ``"step"``, ``"alignment"``, ``"uniformity"`` (others ignored),
+            e.g. the trainer's list of dev evaluations.
+        path: where to save.
+        title: figure title (default ``"STS-B dev"``).
+
+    Returns:
+        ``path``, or None when no evaluation carries both values.
     """
+    points = [e for e in evals if "alignment" in e and "uniformity" in e]
+    if not points:
+        return None
+    import matplotlib
 
-    def __init__(self, encode: Callable[[list[str]], torch.Tensor]) -> None:
-        self.encode = encode
-        self.rows: dict[str, torch.Tensor] = {}
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-    def __call__(self, sentences: list[str]) -> torch.Tensor:
-        out = self.encode(sentences)
-        emb = torch.as_tensor(out).detach().to("cpu", torch.float32)
-        for sentence, row in zip(sentences, emb, strict=True):
-            self.rows[sentence] = row
-        return out
-
-    def pair_alignment_uniformity(
-        self, sentences1: Sequence[str], sentences2: Sequence[str], scores: Sequence[float] | torch.Tensor, threshold: float = 4.0
-    ) -> dict[str, float]:
-        """:func:`pair_alignment_uniformity` on the recorded embeddings of these pairs.
-
-        Raises:
-            KeyError: a sentence was never encoded.
-        """
-        vocab: dict[str, int] = {}
-        for s in (*sentences1, *sentences2):
-            vocab.setdefault(s, len(vocab))
-        embeddings = torch.stack([self.rows[s] for s in vocab])
-        index1 = torch.tensor([vocab[s] for s in sentences1], dtype=torch.long)
-        index2 = torch.tensor([vocab[s] for s in sentences2], dtype=torch.long)
-        return pair_alignment_uniformity(embeddings, index1, index2, torch.as_tensor(scores), threshold)
+    steps = [e["step"] for e in points]
+    x = [e["uniformity"] for e in points]
+    y = [e["alignment"] for e in points]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot(x, y, color="grey", lw=0.8, zorder=1)
+    sc = ax.scatter(x, y, c=steps, cmap="viridis", s=30, zorder=2)
+    fig.colorbar(sc, ax=ax, label="step")
+    ax.set(xlabel="uniformity (lower is better)", ylabel="alignment (lower is better)", title=title or "STS-B dev")
+    fig.tight_layout()
+    return save_figure(fig, path)  # atomic: a run folder never holds half a figure

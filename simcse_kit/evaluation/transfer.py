@@ -1,8 +1,8 @@
 """SentEval transfer tasks: a logistic-regression probe on frozen sentence embeddings.
 
-The seven tasks of the SimCSE paper's appendix (Table B.1), read from the original
-SentEval layout and scored as SentEval's scikit-learn path does
-(``senteval/tools/validation.py``):
+The seven tasks of the SimCSE paper's appendix (Table B.1), read by
+:func:`~simcse_kit.evaluation.readers.load_transfer_task` and scored as SentEval's
+scikit-learn path does (``senteval/tools/validation.py``):
 
 =======  ============================  =========================================
 task     data                          protocol
@@ -39,25 +39,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
 
-from simcse_kit.errors import DataError, where
+from simcse_kit.evaluation.encoding import Encode, encode_once
+from simcse_kit.evaluation.readers import TRANSFER_TASKS, TransferTask, load_transfer_task
 
 __all__ = [
-    "TRANSFER_TASKS",
+    "KFOLD_REGS",
+    "NESTED_REGS",
     "TransferEvaluator",
-    "TransferTask",
-    "format_transfer_table",
     "kfold_then_test",
-    "load_transfer_task",
     "nested_kfold",
     "pair_features",
     "split_validation",
@@ -65,133 +62,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 SEED = 1111  # SentEval's fixed seed for folds and classifiers
 NESTED_REGS = tuple(2.0**t for t in range(-2, 4))  # InnerKFoldClassifier / SplitClassifier
 KFOLD_REGS = tuple(2.0**t for t in range(-1, 6))  # KFoldClassifier
-TREC_CLASSES = {"ABBR": 0, "DESC": 1, "ENTY": 2, "HUM": 3, "LOC": 4, "NUM": 5}
-BINARY_FILES = {
-    "MR": ("MR", "rt-polarity.pos", "rt-polarity.neg"),
-    "CR": ("CR", "custrev.pos", "custrev.neg"),
-    "SUBJ": ("SUBJ", "subj.objective", "subj.subjective"),  # SentEval: objective = 1
-    "MPQA": ("MPQA", "mpqa.pos", "mpqa.neg"),
-}
-
-Encode = Callable[[list[str]], "torch.Tensor | np.ndarray"]
-
-
-@dataclass
-class TransferTask:
-    """One task's texts and labels by split.
-
-    ``splits`` maps ``"all"`` (nested k-fold tasks) or ``"train"``/``"dev"``/``"test"``
-    to ``(texts, labels)``; for MRPC ``texts`` holds ``"A\\tB"`` pairs, split by
-    :meth:`pairs`.
-    """
-
-    name: str
-    protocol: str  # "nested", "split" or "kfold"
-    splits: dict[str, tuple[list[str], np.ndarray]]
-    paired: bool = False
-
-    @staticmethod
-    def pairs(texts: Sequence[str]) -> tuple[list[str], list[str]]:
-        a, b = zip(*(t.split("\t") for t in texts), strict=True) if texts else ((), ())
-        return list(a), list(b)
-
-
-# --------------------------------------------------------------------------- readers
-
-
-def _lines(path: Path) -> list[str]:
-    """Lines of ``path`` with whitespace normalised (SentEval splits on spaces and the
-    batcher joins with one); UTF-8, else Latin-1 for the whole file."""
-    if not path.is_file():
-        raise DataError(f"{where(path)}: transfer-task file not found")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        text = raw.decode("latin-1")
-    return text.splitlines()
-
-
-def _binary(folder: Path, pos_name: str, neg_name: str) -> tuple[list[str], np.ndarray]:
-    texts: list[str] = []
-    labels: list[int] = []
-    for name, label in ((pos_name, 1), (neg_name, 0)):
-        sents = [" ".join(line.split()) for line in _lines(folder / name)]
-        sents = [s for s in sents if s]
-        if not sents:
-            raise DataError(f"{where(folder / name)}: no sentences")
-        texts += sents
-        labels += [label] * len(sents)
-    return texts, np.array(labels)
-
-
-def _sst(path: Path) -> tuple[list[str], np.ndarray]:
-    texts, labels = [], []
-    for number, line in enumerate(_lines(path), start=1):
-        if not line.strip():
-            continue
-        parts = line.rstrip().rsplit("\t", 1)
-        if len(parts) != 2 or parts[1].strip() not in ("0", "1"):
-            raise DataError(f"{where(path, number)}: expected 'sentence<TAB>0|1'")
-        texts.append(" ".join(parts[0].split()))
-        labels.append(int(parts[1]))
-    return texts, np.array(labels)
-
-
-def _trec(path: Path) -> tuple[list[str], np.ndarray]:
-    texts, labels = [], []
-    for number, line in enumerate(_lines(path), start=1):
-        if not line.strip():
-            continue
-        target, _, rest = line.strip().partition(":")
-        fine_and_text = rest.split(" ", 1)
-        if target not in TREC_CLASSES or len(fine_and_text) != 2:
-            raise DataError(f"{where(path, number)}: expected 'COARSE:fine question', coarse in {list(TREC_CLASSES)}")
-        texts.append(" ".join(fine_and_text[1].split()))
-        labels.append(TREC_CLASSES[target])
-    return texts, np.array(labels)
-
-
-def _mrpc(path: Path) -> tuple[list[str], np.ndarray]:
-    texts, labels = [], []
-    for number, line in enumerate(_lines(path)[1:], start=2):  # header row first
-        if not line.strip():
-            continue
-        fields = line.strip().split("\t")
-        if len(fields) != 5 or fields[0] not in ("0", "1"):
-            raise DataError(f"{where(path, number)}: expected 5 tab-separated fields (Quality, IDs, two strings)")
-        texts.append(" ".join(fields[3].split()) + "\t" + " ".join(fields[4].split()))
-        labels.append(int(fields[0]))
-    return texts, np.array(labels)
-
-
-def load_transfer_task(data_dir: str | Path, name: str) -> TransferTask:
-    """Read one transfer task from a SentEval-layout ``data_dir``.
-
-    Raises:
-        KeyError: ``name`` is not one of :data:`TRANSFER_TASKS`.
-        DataError: a file is missing or malformed (naming file and line).
-    """
-    base = Path(data_dir)
-    if name in BINARY_FILES:
-        folder, pos, neg = BINARY_FILES[name]
-        return TransferTask(name, "nested", {"all": _binary(base / folder, pos, neg)})
-    if name == "SST2":
-        folder = base / "SST" / "binary"
-        splits = {s: _sst(folder / f"sentiment-{f}") for s, f in (("train", "train"), ("dev", "dev"), ("test", "test"))}
-        return TransferTask(name, "split", splits)
-    if name == "TREC":
-        splits = {"train": _trec(base / "TREC" / "train_5500.label"), "test": _trec(base / "TREC" / "TREC_10.label")}
-        return TransferTask(name, "kfold", splits)
-    if name == "MRPC":
-        folder = base / "MRPC"
-        splits = {"train": _mrpc(folder / "msr_paraphrase_train.txt"), "test": _mrpc(folder / "msr_paraphrase_test.txt")}
-        return TransferTask(name, "kfold", splits, paired=True)
-    raise KeyError(f"unknown transfer task {name!r}; known: {list(TRANSFER_TASKS)}")
 
 
 # --------------------------------------------------------------------------- probes
@@ -300,11 +173,11 @@ class TransferEvaluator:
     """Runs the SentEval transfer tasks on an ``encode(list[str]) -> [N, D]`` callable.
 
     Data are read and checked when the evaluator is built. Each split's distinct
-    sentences are encoded once.
+    sentences are encoded once (:func:`~simcse_kit.evaluation.encoding.encode_once`).
 
     Args:
         data_dir: SentEval-layout folder (``../shared/data/senteval``).
-        tasks: subset of :data:`TRANSFER_TASKS` (default all seven).
+        tasks: subset of :data:`~simcse_kit.evaluation.readers.TRANSFER_TASKS` (default all seven).
         kfold: folds for the nested and k-fold protocols (SentEval: 10; its
             "prototyping" setting: 5).
         batch_size: sentences per ``encode`` call.
@@ -342,14 +215,12 @@ class TransferEvaluator:
             self.tasks[name] = task
 
     def _embed(self, encode: Encode, texts: Sequence[str]) -> np.ndarray:
-        unique = sorted(set(texts))
-        index = {t: i for i, t in enumerate(unique)}
-        chunks = []
-        for start in range(0, len(unique), self.batch_size):
-            out = encode(unique[start : start + self.batch_size])
-            chunks.append(out.detach().float().cpu().numpy() if isinstance(out, torch.Tensor) else np.asarray(out, np.float32))
-        emb = np.concatenate(chunks) if chunks else np.zeros((0, 0), dtype=np.float32)
-        return emb[[index[t] for t in texts]].astype(np.float64)
+        """``[N, D]`` float64 embeddings of ``texts``, each distinct text encoded once.
+
+        Batched in text order, not longest first: the order this evaluator's numbers
+        have always been made with (see :mod:`simcse_kit.evaluation.encoding`).
+        """
+        return encode_once(encode, texts, self.batch_size, order="text").of(texts).astype(np.float64)
 
     def _features(self, encode: Encode, task: TransferTask, split: str) -> tuple[np.ndarray, np.ndarray]:
         texts, labels = task.splits[split]
@@ -380,43 +251,3 @@ class TransferEvaluator:
         if all(t in results for t in TRANSFER_TASKS):
             results["avg"] = round(float(np.mean([results[t] for t in TRANSFER_TASKS])), 2)
         return results
-
-
-def format_transfer_table(results: Mapping[str, float]) -> str:
-    """The SimCSE appendix table row: MR CR SUBJ MPQA SST TREC MRPC Avg. (``-`` if absent)."""
-    keys = [*TRANSFER_TASKS, "avg"]
-    headers = ["MR", "CR", "SUBJ", "MPQA", "SST", "TREC", "MRPC", "Avg."]
-    cells = [f"{results[k]:.2f}" if k in results else "-" for k in keys]
-    widths = [max(len(h), len(c)) for h, c in zip(headers, cells, strict=True)]
-    head = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
-    row = "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
-    return f"{head}\n{row}"
-
-
-def evaluate_transfer(
-    model: str | Path,
-    *,
-    pooler: str | None = None,
-    data_dir: str | Path = "../shared/data/senteval",
-    tasks: Sequence[str] | None = None,
-    kfold: int = 10,
-    max_train_samples: int | None = None,
-    mrpc_features: str = "senteval",
-    json_out: str | Path | None = None,
-    batch_size: int = 128,
-) -> dict[str, float]:
-    """``simcse-kit transfer``: load MODEL (anything :func:`~simcse_kit.modeling.load_encoder`
-    takes), run the transfer tasks, print the table, optionally save JSON."""
-    import json
-
-    from simcse_kit.modeling import load_encoder
-
-    evaluator = TransferEvaluator(data_dir, tasks, kfold, batch_size, max_train_samples, mrpc_features)
-    encoder = load_encoder(model, pooler=pooler)
-    results = evaluator(encoder.encode)
-    print(format_transfer_table(results))
-    if json_out is not None:
-        path = Path(json_out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=2), encoding="utf-8")
-    return results

@@ -1,5 +1,5 @@
-"""SentEval transfer tasks: readers against the official counts, the probes against a
-loop written from SentEval's validation.py, and an end-to-end known answer."""
+"""Tests for simcse_kit.evaluation.transfer: the probes against a loop written from
+SentEval's validation.py, and an end-to-end known answer (readers: test_evaluation_readers)."""
 
 from __future__ import annotations
 
@@ -13,62 +13,15 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
 from simcse_kit.cli import main
-from simcse_kit.errors import DataError
-from simcse_kit.transfer import (
+from simcse_kit.evaluation import TRANSFER_COLUMNS, TRANSFER_TASKS, TransferEvaluator, format_table, load_transfer_task
+from simcse_kit.evaluation.transfer import (
     KFOLD_REGS,
     NESTED_REGS,
-    TRANSFER_TASKS,
-    TransferEvaluator,
-    format_transfer_table,
     kfold_then_test,
-    load_transfer_task,
     nested_kfold,
     pair_features,
     split_validation,
 )
-
-# --------------------------------------------------------------------------- readers on the real data
-
-# SentEval's sizes (MR 10662, CR 3775, SUBJ 10000, MPQA 10606, SST2 67349/872/1821,
-# TREC 5452/500, MRPC 4076/1725) less the blank lines SentEval keeps as samples.
-COUNTS = {
-    "MR": {"all": (5331, 5331)},
-    "CR": {"all": (1366, 2405)},
-    "SUBJ": {"all": (5000, 5000)},
-    "MPQA": {"all": (7292, 3311)},
-    "SST2": {"train": (29780, 37569), "dev": (428, 444), "test": (912, 909)},
-    "TREC": {"train": (86, 1162, 1250, 1223, 835, 896), "test": (9, 138, 94, 65, 81, 113)},
-    "MRPC": {"train": (1323, 2753), "test": (578, 1147)},
-}
-
-
-@pytest.mark.parametrize("name", TRANSFER_TASKS)
-def test_readers_match_official_counts(data_dir: Path, name: str) -> None:
-    task = load_transfer_task(data_dir / "senteval", name)
-    for split, per_class in COUNTS[name].items():
-        texts, labels = task.splits[split]
-        assert tuple(np.bincount(labels).tolist()) == per_class
-        sentences = [s for t in texts for s in t.split("\t")] if task.paired else texts
-        assert len(texts) == len(labels) and all(s and s == " ".join(s.split()) for s in sentences)
-    if name == "MRPC":
-        a, b = task.pairs(task.splits["train"][0][:1])
-        assert a[0].startswith("Amrozi accused his brother") and b[0].startswith("Referring to him as only")
-    if name == "TREC":  # Latin-1 file, coarse label, fine label dropped
-        assert task.splits["train"][0][0] == "How did serfdom develop in and then leave Russia ?"
-        assert task.splits["train"][1][0] == 1  # DESC
-
-
-def test_malformed_file_names_file_and_line(tmp_path: Path) -> None:
-    (tmp_path / "TREC").mkdir()
-    (tmp_path / "TREC" / "train_5500.label").write_text("DESC:manner How ?\nWHAT:x bad label\n", encoding="utf-8")
-    (tmp_path / "TREC" / "TREC_10.label").write_text("NUM:dist How far ?\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"train_5500.label, line 2"):
-        load_transfer_task(tmp_path, "TREC")
-    with pytest.raises(DataError, match="not found"):
-        load_transfer_task(tmp_path, "MR")
-    with pytest.raises(KeyError):
-        load_transfer_task(tmp_path, "SNLI")
-
 
 # --------------------------------------------------------------------------- probes vs SentEval's loops
 
@@ -221,7 +174,14 @@ def test_keyword_encoder_scores_100_on_every_task(tmp_path: Path) -> None:
         assert results[f"{name}/devacc"] == 100.0
     assert results["MRPC/f1"] == 100.0 and results["avg"] == 100.0
     assert max(calls) <= 16  # encoded in batches of batch_size
-    table = format_transfer_table(results)
+    # Each split's distinct texts once (MRPC: each side of its pairs).
+    folder_texts = {t: load_transfer_task(folder, t) for t in TRANSFER_TASKS}
+    distinct = 0
+    for task in folder_texts.values():
+        for texts, _ in task.splits.values():
+            distinct += sum(len(set(side)) for side in task.pairs(texts)) if task.paired else len(set(texts))
+    assert sum(calls) == distinct
+    table = format_table(results, TRANSFER_COLUMNS)
     assert table.splitlines()[0].split() == ["MR", "CR", "SUBJ", "MPQA", "SST", "TREC", "MRPC", "Avg."]
     assert table.splitlines()[1].split() == ["100.00"] * 8
 

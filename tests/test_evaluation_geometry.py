@@ -1,4 +1,5 @@
-"""Alignment and uniformity (Wang & Isola, 2020) against hand-computed values and naive loops."""
+"""Tests for simcse_kit.evaluation.geometry: alignment and uniformity (Wang & Isola, 2020)
+against hand-computed values and naive loops; the trajectory plot; the align-uniform command."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy.stats import spearmanr
 
-from simcse_kit.geometry import EmbeddingRecorder, alignment, pair_alignment_uniformity, uniformity
+from simcse_kit.evaluation import alignment, pair_alignment_uniformity, plot_trajectory, sts_alignment_uniformity, uniformity
 
 
 def test_alignment_by_hand() -> None:
@@ -96,11 +98,10 @@ def fake_encoder(dim: int = 16):
     return encode
 
 
-def test_recorder_reuses_one_encoding_and_matches_direct_computation(data_dir: Path) -> None:
-    from simcse_kit.demos.align_uniform import sts_alignment_uniformity
-    from simcse_kit.sts import STSBDevEvaluator
+def test_sts_alignment_uniformity_one_encoding_matches_definitions(data_dir: Path) -> None:
+    from simcse_kit.evaluation import read_stsb, stsb_split_path
 
-    dev = STSBDevEvaluator(data_dir / "senteval")
+    pairs = read_stsb(stsb_split_path(data_dir / "senteval", "dev"))
     encode = fake_encoder()
     calls: list[int] = []
 
@@ -108,32 +109,28 @@ def test_recorder_reuses_one_encoding_and_matches_direct_computation(data_dir: P
         calls.append(len(sentences))
         return encode(sentences)
 
-    # What the training loop's evaluate() does: one pass, score and geometry.
-    recorder = EmbeddingRecorder(counting)
-    score = dev(recorder)
-    geo = recorder.pair_alignment_uniformity(dev.pairs.sentences1, dev.pairs.sentences2, dev.pairs.scores)
-    unique = set(dev.pairs.sentences1) | set(dev.pairs.sentences2)
-    assert sum(calls) == len(unique)  # every distinct sentence encoded exactly once
+    geo = sts_alignment_uniformity(counting, pairs, batch_size=100)
+    unique = set(pairs.sentences1) | set(pairs.sentences2)
+    assert sum(calls) == len(unique) and max(calls) <= 100  # every distinct sentence encoded exactly once
 
     # Direct: encode all distinct sentences, then the definitions.
     vocab = sorted(unique)
     emb = encode(vocab)
     row = {s: i for i, s in enumerate(vocab)}
-    pos = np.asarray(dev.pairs.scores) >= 4.0
-    i1 = torch.tensor([row[s] for s, p in zip(dev.pairs.sentences1, pos, strict=True) if p])
-    i2 = torch.tensor([row[s] for s, p in zip(dev.pairs.sentences2, pos, strict=True) if p])
+    pos = np.asarray(pairs.scores) >= 4.0
+    i1 = torch.tensor([row[s] for s, p in zip(pairs.sentences1, pos, strict=True) if p])
+    i2 = torch.tensor([row[s] for s, p in zip(pairs.sentences2, pos, strict=True) if p])
     assert geo["alignment"] == pytest.approx(float(alignment(emb[i1], emb[i2])), rel=1e-5)
     assert geo["uniformity"] == pytest.approx(float(uniformity(emb)), rel=1e-5)
     assert geo["positive_pairs"] == int(pos.sum()) > 100
-
-    direct = sts_alignment_uniformity(encode, dev.pairs)
-    assert direct["spearman"] == pytest.approx(score, abs=1e-6)
-    assert direct["alignment"] == pytest.approx(geo["alignment"], rel=1e-6)
+    cos = [
+        float(torch.nn.functional.cosine_similarity(emb[row[a]], emb[row[b]], dim=0))
+        for a, b in zip(pairs.sentences1, pairs.sentences2, strict=True)
+    ]
+    assert geo["spearman"] == pytest.approx(spearmanr(cos, pairs.scores)[0] * 100, abs=1e-4)
 
 
 def test_plot_trajectory(tmp_path: Path) -> None:
-    from simcse_kit.demos.align_uniform import plot_trajectory
-
     evals = [{"step": float(s), "stsb_dev": 50.0, "alignment": 0.5 - s / 100, "uniformity": -1.0 - s / 50} for s in (0, 10, 20)]
     path = plot_trajectory(evals, tmp_path / "au.png")
     assert path is not None and path.stat().st_size > 1000
@@ -175,19 +172,18 @@ def test_align_uniform_command(tmp_path: Path, tiny_model_dir: Path, data_dir: P
     import json
 
     from simcse_kit.cli import main
-    from simcse_kit.demos.align_uniform import sts_alignment_uniformity
-    from simcse_kit.modeling import load_encoder
-    from simcse_kit.sts import STSBDevEvaluator
+    from simcse_kit.evaluation import DevEvaluator
+    from simcse_kit.inference import load_encoder
 
     out = tmp_path / "au.json"
     args = ["align-uniform", str(tiny_model_dir), "--pooler", "avg", "--data-dir", str(data_dir / "senteval"), "--json", str(out)]
     assert main(args) == 0
     assert "alignment" in capsys.readouterr().out
     got = json.loads(out.read_text())
-    dev = STSBDevEvaluator(data_dir / "senteval")
-    ref = sts_alignment_uniformity(load_encoder(tiny_model_dir, pooler="avg").encode, dev.pairs)
-    assert got["alignment"] == pytest.approx(ref["alignment"], rel=1e-5)
-    assert got["uniformity"] == pytest.approx(ref["uniformity"], rel=1e-5)
+    dev = DevEvaluator(data_dir / "senteval", batch_size=128)
+    ref = dev(load_encoder(tiny_model_dir, pooler="avg").encode)
+    # Same batches, same model: the command and the training-time dev evaluator agree exactly.
+    assert (got["alignment"], got["uniformity"], got["spearman"]) == (ref["alignment"], ref["uniformity"], ref["stsb_dev"])
     assert got["positive_pairs"] == int((np.asarray(dev.pairs.scores) >= 4).sum())
     # A missing data folder is a user error: one line, status 2, before any model loads.
     assert main(["align-uniform", str(tiny_model_dir), "--pooler", "avg", "--data-dir", str(tmp_path)]) == 2

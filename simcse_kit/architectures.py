@@ -1,0 +1,261 @@
+"""What differs between the encoders users bring, in one place, from public API only.
+
+SimCSE works on any bidirectional ``AutoModel`` encoder, but the architectures differ
+in facts the toolkit must not guess:
+
+* **attention**: MPNet and DeBERTa-v2 have no SDPA attention (transformers raises a
+  ``ValueError`` when asked for it). :func:`load_pretrained_encoder` asks for SDPA and,
+  under ``"auto"``, falls back to eager with one log line; an explicit choice is
+  honoured or refused, never silently changed.
+* **dropout keys**: the config keys that set the dropout (the unsupervised
+  augmentation) are named differently per family (:data:`DROPOUT_KEYS`);
+  :func:`dropout_overrides` refuses an architecture whose keys are unknown and
+  :func:`check_dropout` verifies, on the built model, that every dropout site got the
+  requested rate.
+* **token_type_ids**: DistilBERT, MPNet and ModernBERT take none
+  (:func:`takes_token_type_ids` reads ``forward``'s signature).
+* **position ids**: RoBERTa-style embeddings (RoBERTa, XLM-R, MPNet) count positions
+  from ``padding_idx + 1`` (:func:`position_offset`); code that passes its own
+  ``position_ids`` (sequence packing) must add it.
+* **pooler layer**: BERT, RoBERTa, XLM-R and MPNet have one (dense + tanh on the first
+  token), DistilBERT, DeBERTa-v2, ELECTRA and ModernBERT do not
+  (:func:`has_pooler_layer`). simcse-kit's ``cls`` pooler never uses it, so ``cls``
+  and ``cls_before_pooler`` read the same vector on every architecture.
+* **local attention**: ModernBERT attends within a sliding window in some layers;
+  :func:`probe_batch` makes verification probes longer than the window, so a trick
+  that ignores the window (a prepared 4-D packing mask) is caught, not trusted.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+
+from simcse_kit.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+"""``attn_implementation`` value: SDPA where the architecture has it, else eager."""
+
+# Tried in order under "auto". Flash attention is not tried: it needs half-precision
+# weights (simcse-kit trains fp32 master weights) and cannot take packing's block mask;
+# ask for it explicitly ("flash_attention_2") where it fits.
+AUTO_ORDER = ("sdpa", "eager")
+
+_BERT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+DROPOUT_KEYS: Mapping[str, tuple[str, ...]] = {
+    "bert": _BERT_KEYS,
+    "roberta": _BERT_KEYS,
+    "xlm-roberta": _BERT_KEYS,
+    "camembert": _BERT_KEYS,
+    "electra": _BERT_KEYS,
+    "mpnet": _BERT_KEYS,
+    "deberta": _BERT_KEYS,
+    "deberta-v2": _BERT_KEYS,
+    "distilbert": ("dropout", "attention_dropout"),
+    "modernbert": ("embedding_dropout", "mlp_dropout", "attention_dropout"),
+}
+"""``config.model_type`` -> the config keys that set every dropout of the base encoder
+(task heads' keys, such as DistilBERT's ``seq_classif_dropout``, are left alone)."""
+
+# Embeddings that build position ids as padding_idx + 1 + i (fairseq's convention).
+OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
+
+
+def dropout_overrides(model_type: str, rate: float) -> dict[str, float]:
+    """Config overrides that set every dropout of a ``model_type`` encoder to ``rate``.
+
+    Raises:
+        ConfigError: the architecture's dropout keys are not known; ignoring the
+            setting would silently train with the model's own rate.
+    """
+    keys = DROPOUT_KEYS.get(model_type)
+    if keys is None:
+        raise ConfigError(
+            f"config key 'model.dropout' = {rate!r}: simcse-kit does not know which config keys set the dropout "
+            f"of a {model_type!r} model (known: {', '.join(sorted(DROPOUT_KEYS))}); leave model.dropout unset "
+            "to train with the model's own dropout"
+        )
+    return dict.fromkeys(keys, rate)
+
+
+def dropout_rates(model: nn.Module) -> dict[str, float]:
+    """Every dropout site of ``model``: its qualified name -> drop probability.
+
+    Counts dropout modules (``nn.Dropout`` and drop-ins with a float ``p``) and float
+    attributes whose name contains ``dropout`` (ModernBERT keeps its attention
+    dropout as a float that it hands to the attention function).
+    """
+    rates: dict[str, float] = {}
+    for name, module in model.named_modules():
+        p = getattr(module, "p", None)
+        if "Dropout" in type(module).__name__ and isinstance(p, float):
+            rates[name] = p
+        for attr, value in vars(module).items():
+            if "dropout" in attr and not attr.startswith("_") and isinstance(value, float):
+                rates[f"{name}.{attr}" if name else attr] = value
+    return rates
+
+
+def check_dropout(model: nn.Module, rate: float) -> None:
+    """Raise ConfigError unless every dropout site of ``model`` drops with ``rate``."""
+    rates = dropout_rates(model)
+    wrong = {k: v for k, v in rates.items() if abs(v - rate) > 1e-12}
+    if not rates and rate > 0:
+        raise ConfigError(f"config key 'model.dropout' = {rate!r}: the model has no dropout to set")
+    if wrong:
+        shown = ", ".join(f"{k}={v:g}" for k, v in list(wrong.items())[:4])
+        raise ConfigError(
+            f"config key 'model.dropout' = {rate!r}: {len(wrong)} dropout site(s) of this "
+            f"{type(model).__name__} kept another rate ({shown}); its config keys for dropout are not the ones simcse-kit sets"
+        )
+
+
+def warn_if_no_dropout(model: nn.Module) -> None:
+    """Log a warning when ``model`` has no active dropout (ModernBERT's defaults):
+    unsupervised SimCSE's two views of a sentence would then be identical."""
+    if not any(v > 0 for v in dropout_rates(model).values()):
+        logger.warning(
+            "%s has no dropout (all rates 0): unsupervised SimCSE uses dropout as its augmentation, "
+            "so set model.dropout (SimCSE: 0.1) for unsup training",
+            type(model).__name__,
+        )
+
+
+def takes_token_type_ids(model: nn.Module) -> bool:
+    """Whether ``model.forward`` names a ``token_type_ids`` parameter (a ``**kwargs``
+    catch-all does not count: DistilBERT, MPNet and ModernBERT have no segment ids)."""
+    return "token_type_ids" in inspect.signature(model.forward).parameters
+
+
+def position_offset(model: nn.Module) -> int:
+    """The first position id of a sentence: ``padding_idx + 1`` for RoBERTa-style
+    embeddings (RoBERTa, XLM-R, MPNet), else 0."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in OFFSET_POSITIONS:
+        return 0
+    embeddings = getattr(model, "embeddings", None)
+    padding_idx = getattr(embeddings, "padding_idx", None)
+    if not isinstance(padding_idx, int):
+        padding_idx = getattr(config, "pad_token_id", None)
+    if not isinstance(padding_idx, int):
+        raise ConfigError(f"{type(model).__name__}: RoBERTa-style positions need a padding index; the config has none")
+    return padding_idx + 1
+
+
+def max_tokens(config: PretrainedConfig) -> int | None:
+    """The longest input the position table takes: ``max_position_embeddings`` less
+    RoBERTa-style offset positions (514 -> 512 for RoBERTa), or None when unbounded."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int):
+        return None
+    if getattr(config, "model_type", None) in OFFSET_POSITIONS:
+        pad = getattr(config, "pad_token_id", None)
+        limit -= (pad if isinstance(pad, int) else 1) + 1
+    return limit
+
+
+def has_pooler_layer(model: nn.Module) -> bool:
+    """Whether the encoder has its own pooler layer (BERT's dense + tanh on [CLS]).
+    simcse-kit never uses it (it is frozen in training)."""
+    return isinstance(getattr(model, "pooler", None), nn.Module)
+
+
+def sliding_window(config: PretrainedConfig) -> int | None:
+    """The half-width of the model's local attention window, or None (global only)."""
+    window = getattr(config, "sliding_window", None)
+    return window if isinstance(window, int) and window > 0 else None
+
+
+def probe_lengths(config: PretrainedConfig) -> tuple[int, int, int]:
+    """Sentence lengths ``(n, a, b)`` with ``a + b == n`` (so the three pack into two
+    rows): ``(5, 3, 2)``, or longer than a local-attention window when there is one."""
+    window = sliding_window(config)
+    n = 5 if window is None else window + 2
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int):
+        n = max(2, min(n, limit - 2))  # room for RoBERTa's offset positions
+    a = n - (2 * n) // 5
+    return n, a, n - a
+
+
+def probe_batch(model: nn.Module, seed: int = 0, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A right-padded batch of three random sentences for verification checks.
+
+    Args:
+        model: a Hugging Face encoder (its config gives vocabulary, pad id, window).
+        seed: the generator seed of the token ids.
+        vocab_size: the token id range (default: the config's).
+
+    Returns:
+        ``input_ids`` ``[3, n]`` (no pad id inside a sentence) and ``attention_mask``
+        ``[3, n]``, on the model's device; lengths from :func:`probe_lengths`.
+    """
+    config = model.config
+    vocab = int(vocab_size or getattr(config, "vocab_size", 100))
+    pad = getattr(config, "pad_token_id", None) or 0
+    lengths = probe_lengths(config)
+    n = lengths[0]
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, max(2, vocab), (3, n), generator=generator)
+    ids = torch.where(ids == pad, (pad + 1) % max(2, vocab), ids)
+    mask = (torch.arange(n)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids = torch.where(mask.bool(), ids, pad)
+    device = next(model.parameters()).device
+    return ids.to(device), mask.to(device)
+
+
+def load_pretrained_encoder(
+    path: str | Path, attn_implementation: str = AUTO, prefer: str | None = None, **kwargs: Any
+) -> tuple[PreTrainedModel, str]:
+    """``AutoModel.from_pretrained`` with the attention implementation chosen per model.
+
+    Args:
+        path: a model folder or hub id.
+        attn_implementation: ``"auto"`` (SDPA where the architecture supports it, else
+            eager, logged), or an implementation name that is then required.
+        prefer: under ``"auto"``, an implementation to try first (the one a saved model
+            records it was trained with); one that cannot load here (flash attention
+            recorded on a GPU, loaded on a CPU) falls back to the usual order.
+        **kwargs: passed to ``from_pretrained`` (e.g. ``config=``).
+
+    Returns:
+        The model and the implementation it was loaded with.
+
+    Raises:
+        ConfigError: an explicitly requested implementation is not supported by the
+            architecture (or its package is missing).
+        OSError: nothing loadable at ``path``.
+    """
+    if attn_implementation != AUTO:
+        try:
+            return AutoModel.from_pretrained(str(path), attn_implementation=attn_implementation, **kwargs), attn_implementation
+        except (ValueError, ImportError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(
+                f"config key 'model.attn_implementation' = {attn_implementation!r}: not available for {path} ({reason}); "
+                "use 'auto' (SDPA where supported, else eager) or 'eager'"
+            ) from None
+    order = [c for c in (prefer, *AUTO_ORDER) if c not in (None, AUTO)]
+    order = list(dict.fromkeys(order))  # eager recorded: tried once, as the last resort it is
+    failed: list[str] = []
+    for choice in order:
+        try:
+            model = AutoModel.from_pretrained(str(path), attn_implementation=choice, **kwargs)
+        except (ValueError, ImportError):
+            if choice == order[-1]:
+                raise  # eager failing is not about attention: the folder itself is bad
+            failed.append(choice)
+            continue
+        if failed:
+            logger.info("%s: %s attention (%s not available for it)", type(model).__name__, choice, " or ".join(failed))
+        return model, choice
+    raise AssertionError("unreachable: the last choice returns or raises")

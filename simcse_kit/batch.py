@@ -1,0 +1,105 @@
+"""The batch layout: which rows of a collated batch are which view of which example.
+
+This module is the one home of that fact; the collator, the objective, GradCache and
+the momentum queue all ask it. Every mode's batch is *example-major*: the ``V`` views
+of example ``i`` are rows ``i*V .. i*V + V - 1``.
+
+  * ``unsup``, V = 2: (sent0, sent0), dropout makes the two views differ:
+    ``[a, a, b, b, ...]``;
+  * ``sup``, V = 2: (sent0, sent1), premise and entailment: ``[p1, e1, p2, e2, ...]``;
+  * ``hardneg``, V = 3: (sent0, sent1, hard_neg), + contradiction:
+    ``[p1, e1, c1, p2, e2, c2, ...]``.
+
+Example-major rows keep an example's views together, so any split on a multiple of
+``V`` rows (GradCache's chunks, uneven per-process batches) holds whole examples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+
+import torch
+
+__all__ = [
+    "MODEL_INPUTS",
+    "VIEW_COLUMNS",
+    "batch_texts",
+    "model_inputs",
+    "split_views",
+    "text_ids",
+    "view_rows",
+    "views_per_example",
+]
+
+VIEW_COLUMNS: dict[str, tuple[str, ...]] = {
+    "unsup": ("sent0", "sent0"),
+    "sup": ("sent0", "sent1"),
+    "hardneg": ("sent0", "sent1", "hard_neg"),
+}
+"""Per mode, the data column each view of an example is read from (view 0 is the anchor)."""
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+"""The keys of a collated batch that the encoder takes; others (``text_ids``) are not for it."""
+
+
+def views_per_example(mode: str) -> int:
+    """``V``: rows per example in a batch of ``mode``."""
+    try:
+        return len(VIEW_COLUMNS[mode])
+    except KeyError:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(VIEW_COLUMNS)}") from None
+
+
+def batch_texts(examples: Sequence[Mapping[str, str]], mode: str) -> list[str]:
+    """The texts of a batch's rows, example-major: ``N * V`` strings."""
+    views_per_example(mode)  # a clear error for an unknown mode
+    return [ex[col] for ex in examples for col in VIEW_COLUMNS[mode]]
+
+
+def view_rows(n_rows: int, n_views: int, view: int) -> slice:
+    """The rows of view ``view`` (one per example) in a batch of ``n_rows`` rows."""
+    if n_rows % n_views:
+        raise ValueError(f"{n_rows} rows are not whole examples of {n_views} views")
+    if not 0 <= view < n_views:
+        raise ValueError(f"view must be in [0, {n_views}), got {view}")
+    return slice(view, n_rows, n_views)
+
+
+def split_views(rows: torch.Tensor, n_views: int) -> tuple[torch.Tensor, ...]:
+    """Turn ``[N*V, ...]`` rows into ``V`` tensors of ``[N, ...]``, view by view.
+
+    The tensors are strided views of ``rows`` (no copy), so gradients flow back to it.
+
+    Args:
+        rows: ``[N*V, ...]`` embeddings (or per-row ids) in batch order.
+        n_views: ``V``.
+
+    Returns:
+        ``V`` tensors; the ``v``-th holds view ``v`` of every example, ``[N, ...]``.
+    """
+    return tuple(rows[view_rows(rows.shape[0], n_views, v)] for v in range(n_views))
+
+
+def model_inputs(batch: Mapping[str, torch.Tensor], rows: slice | None = None) -> dict[str, torch.Tensor]:
+    """The encoder's inputs of ``batch`` (:data:`MODEL_INPUTS`), optionally only ``rows``."""
+    return {k: (v if rows is None else v[rows]) for k, v in batch.items() if k in MODEL_INPUTS}
+
+
+def text_ids(texts: Sequence[str]) -> torch.Tensor:
+    """A stable 64-bit id per text: equal texts, equal ids, on every process and run.
+
+    The collator adds them as ``text_ids`` so false negatives (two rows with the same
+    text) can be found after gathering across processes and in the momentum queue.
+    Python's ``hash`` is salted per process, so it would give different ids on
+    different ranks; an 8-byte BLAKE2b digest is stable and collides with
+    probability about ``n^2 / 2^65`` (negligible for any batch or queue).
+
+    Args:
+        texts: ``N`` strings, compared exactly (no case folding or whitespace change).
+
+    Returns:
+        ``[N]`` int64 tensor.
+    """
+    ids = [int.from_bytes(hashlib.blake2b(t.encode("utf-8"), digest_size=8).digest(), "little", signed=True) for t in texts]
+    return torch.tensor(ids, dtype=torch.int64)

@@ -1,0 +1,85 @@
+"""Evaluation: STS and SentEval transfer evaluators, alignment/uniformity, tables.
+
+Modules, each with one role:
+
+* :mod:`~simcse_kit.evaluation.readers` — STS / STS-B / SICK / transfer-task files and
+  the STS suite (``evaluate/sts.yaml`` = :data:`DEFAULT_SUITE`);
+* :mod:`~simcse_kit.evaluation.encoding` — encode each distinct sentence once;
+* :mod:`~simcse_kit.evaluation.sts` — Spearman scoring, :class:`STSEvaluator`, and
+  :class:`DevEvaluator` (STS-B dev score + geometry, for checkpoint selection);
+* :mod:`~simcse_kit.evaluation.transfer` — :class:`TransferEvaluator`;
+* :mod:`~simcse_kit.evaluation.geometry` — alignment, uniformity, the trajectory plot;
+* :mod:`~simcse_kit.evaluation.tables` — the one table formatter;
+* :mod:`~simcse_kit.evaluation.api` — the ``evaluate`` / ``transfer`` / ``align-uniform``
+  commands as functions.
+
+Every evaluator is a callable ``evaluator(encode) -> dict[str, float]`` with a
+``primary_metric`` attribute, where ``encode(list[str])`` returns ``(N, D)`` embeddings.
+"""
+
+from simcse_kit.evaluation.api import align_uniform_model, evaluate_model, evaluate_transfer
+from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once, encode_unique
+from simcse_kit.evaluation.geometry import alignment, pair_alignment_uniformity, plot_trajectory, uniformity
+from simcse_kit.evaluation.readers import (
+    DEFAULT_SUITE,
+    MAIN_TASKS,
+    TRANSFER_TASKS,
+    STSPairs,
+    TaskSpec,
+    TransferTask,
+    load_suite,
+    load_task,
+    load_transfer_task,
+    read_sick,
+    read_sts_subset,
+    read_stsb,
+    stsb_split_path,
+)
+from simcse_kit.evaluation.sts import DevEvaluator, STSEvaluator, spearman100, sts_alignment_uniformity
+from simcse_kit.evaluation.tables import (
+    STS_COLUMNS,
+    TRANSFER_COLUMNS,
+    format_rows,
+    format_seed_table,
+    format_table,
+    suite_columns,
+)
+from simcse_kit.evaluation.transfer import TransferEvaluator
+
+__all__ = [
+    "DEFAULT_SUITE",
+    "MAIN_TASKS",
+    "STS_COLUMNS",
+    "TRANSFER_COLUMNS",
+    "TRANSFER_TASKS",
+    "DevEvaluator",
+    "Embedded",
+    "Encode",
+    "STSEvaluator",
+    "STSPairs",
+    "TaskSpec",
+    "TransferEvaluator",
+    "TransferTask",
+    "align_uniform_model",
+    "alignment",
+    "encode_once",
+    "encode_unique",
+    "evaluate_model",
+    "evaluate_transfer",
+    "format_rows",
+    "format_seed_table",
+    "format_table",
+    "load_suite",
+    "load_task",
+    "load_transfer_task",
+    "pair_alignment_uniformity",
+    "plot_trajectory",
+    "read_sick",
+    "read_sts_subset",
+    "read_stsb",
+    "spearman100",
+    "sts_alignment_uniformity",
+    "stsb_split_path",
+    "suite_columns",
+    "uniformity",
+]

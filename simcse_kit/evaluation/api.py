@@ -1,0 +1,131 @@
+"""The evaluation commands as functions: load any model, evaluate, print, save JSON.
+
+``simcse-kit evaluate`` (:func:`evaluate_model`), ``simcse-kit transfer``
+(:func:`evaluate_transfer`) and ``simcse-kit align-uniform`` (:func:`align_uniform_model`).
+Each reads its data *before* loading the model, so a bad data folder fails at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.readers import TaskSpec, load_suite, read_stsb, stsb_split_path
+from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
+from simcse_kit.evaluation.tables import TRANSFER_COLUMNS, format_table, suite_columns
+from simcse_kit.evaluation.transfer import TransferEvaluator
+from simcse_kit.fileio import write_json_atomic
+from simcse_kit.inference import load_encoder
+
+__all__ = ["align_uniform_model", "evaluate_model", "evaluate_transfer"]
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR = "../shared/data/senteval"
+
+
+def evaluate_model(
+    model: str | Path,
+    *,
+    pooler: str | None = None,
+    data_dir: str | Path = DATA_DIR,
+    tasks: Sequence[str] | None = None,
+    suite: Mapping[str, TaskSpec] | str | Path | None = None,
+    json_out: str | Path | None = None,
+    batch_size: int = 128,
+    precision: str = "no",
+) -> dict[str, float]:
+    """Spearman x 100 on the STS tasks for MODEL; prints the paper-style table.
+
+    Args:
+        model: Anything :func:`simcse_kit.inference.load_encoder` takes.
+        pooler: Pooler for a plain HF model.
+        data_dir: The SentEval-layout data folder.
+        tasks: Task names of the suite to run (default all).
+        suite: A task table or a YAML suite file (e.g. ``evaluate/sts.yaml``);
+            default :data:`~simcse_kit.evaluation.readers.DEFAULT_SUITE`.
+        json_out: Where to write the results (JSON), if anywhere.
+        batch_size: Sentences per forward pass.
+        precision: Inference autocast: ``"no"``, ``"bf16"`` or ``"fp16"``.
+
+    Returns:
+        Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
+        details under ``<task>/<detail>``, and the 7-task average under ``avg``.
+    """
+    if isinstance(suite, str | Path):
+        suite = load_suite(suite)
+    # Read the data first: a bad data folder fails before the model loads.
+    evaluator = STSEvaluator(data_dir, tasks=tasks, batch_size=batch_size, suite=suite)
+    columns = suite_columns(list(evaluator.specs))
+    return _run(evaluator, model, pooler, precision, columns, json_out)
+
+
+def _run(
+    evaluator: Callable[[Callable], dict[str, float]],
+    model: str | Path,
+    pooler: str | None,
+    precision: str,
+    columns: Mapping[str, str],
+    json_out: str | Path | None,
+) -> dict[str, float]:
+    """Load MODEL, run ``evaluator`` on its encode function, print the table, save JSON."""
+    encoder = load_encoder(model, pooler=pooler, precision=precision)
+    start = time.perf_counter()
+    results = evaluator(encoder.encode)
+    logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
+    print(format_table(results, columns))
+    if json_out is not None:
+        write_json_atomic(Path(json_out), results)
+    return results
+
+
+def evaluate_transfer(
+    model: str | Path,
+    *,
+    pooler: str | None = None,
+    data_dir: str | Path = DATA_DIR,
+    tasks: Sequence[str] | None = None,
+    kfold: int = 10,
+    max_train_samples: int | None = None,
+    mrpc_features: str = "senteval",
+    json_out: str | Path | None = None,
+    batch_size: int = 128,
+) -> dict[str, float]:
+    """SentEval transfer accuracies of MODEL (see
+    :class:`~simcse_kit.evaluation.transfer.TransferEvaluator`); prints the table,
+    optionally saves JSON."""
+    evaluator = TransferEvaluator(data_dir, tasks, kfold, batch_size, max_train_samples, mrpc_features)
+    return _run(evaluator, model, pooler, "no", TRANSFER_COLUMNS, json_out)
+
+
+def align_uniform_model(
+    model: str | Path,
+    *,
+    pooler: str | None = None,
+    data_dir: str | Path = DATA_DIR,
+    split: str = "dev",
+    threshold: float = 4.0,
+    json_out: str | Path | None = None,
+    batch_size: int = 128,
+) -> dict[str, float]:
+    """Alignment, uniformity and Spearman x 100 of MODEL on one STS-B split; prints them.
+
+    Returns:
+        ``{"alignment", "uniformity", "positive_pairs", "spearman"}`` (see
+        :func:`~simcse_kit.evaluation.sts.sts_alignment_uniformity`).
+    """
+    if split not in ("dev", "test", "train"):
+        raise ConfigError(f"--split must be dev, test or train, got {split!r}")
+    pairs = read_stsb(stsb_split_path(data_dir, split))
+    encoder = load_encoder(model, pooler=pooler)
+    result = sts_alignment_uniformity(encoder.encode, pairs, threshold, batch_size)
+    print(f"STS-B {split}: {len(pairs)} pairs, {int(result['positive_pairs'])} with gold >= {threshold:g}")
+    print(f"alignment  {result['alignment']:.4f}   (lower is better)")
+    print(f"uniformity {result['uniformity']:.4f}   (lower is better)")
+    print(f"spearman   {result['spearman']:.2f}")
+    if json_out is not None:
+        write_json_atomic(Path(json_out), result)
+    return result

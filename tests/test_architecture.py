@@ -1,0 +1,223 @@
+"""The package's shape, checked against its imports (docs/architecture.md).
+
+(a) Layers point down: a module imports only modules on its own layer or below, function-
+level imports included. (b) Other libraries' internals stay at arm's length: outside
+``simcse_kit/fastpath/`` no module touches a private name of torch, transformers or
+accelerate (``fastpath/internals.py`` is the one marked module for those).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "simcse_kit"
+
+# docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
+LAYERS: dict[int, tuple[str, ...]] = {
+    0: ("errors", "fileio", "config"),
+    1: ("losses", "distributed", "batch", "architectures", "precision", "fastpath/"),
+    2: ("packing", "modeling", "data"),
+    3: ("inference", "objectives", "negatives", "gradcache", "trainer"),
+    4: ("evaluation/",),
+    5: ("training", "export", "experiments"),
+    6: ("cli", "demos/"),
+}
+LAYER_OF = {name.rstrip("/"): layer for layer, names in LAYERS.items() for name in names}
+PRIVATE_OK = "fastpath"  # the one subpackage allowed to touch other libraries' internals
+GUARDED = ("torch", "transformers", "accelerate")
+
+
+def modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def unit(path: Path) -> str:
+    """The layer-table entry a file belongs to: ``modeling`` or ``fastpath`` (a folder);
+    ``""`` for the package's own ``__init__.py``."""
+    rel = path.relative_to(PACKAGE).with_suffix("")
+    return "" if rel.parts == ("__init__",) else rel.parts[0]
+
+
+def imported_units(path: Path, package: tuple[str, ...] | None = None) -> set[tuple[str, int]]:
+    """``(unit, line)`` of every ``simcse_kit`` module that ``path`` imports, anywhere in it
+    (function bodies included). ``package``: the file's package, for relative imports
+    (default: from its place under the repo)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    if package is None:
+        package = path.relative_to(REPO).with_suffix("").parts[:-1]
+    found: set[tuple[str, int]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([base] if base else [])])
+            # "from simcse_kit import losses" names a module; "from simcse_kit.x import y", x.
+            names = [f"{base}.{alias.name}" for alias in node.names] if base == "simcse_kit" else [base]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "simcse_kit" and len(parts) > 1:
+                found.add((parts[1], node.lineno))
+    return found
+
+
+def test_the_table_is_the_documents_table() -> None:
+    """The table above is docs/architecture.md's, so the two cannot drift apart."""
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d) \| ([^|]+) \|", doc, flags=re.MULTILINE)
+    assert {int(layer): tuple(re.findall(r"`([^`]+)`", names)) for layer, names in rows} == LAYERS
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted({unit(p) for p in modules()} - set(LAYER_OF) - {""})
+    assert not missing, f"modules missing from the layer table in docs/architecture.md: {missing}"
+
+
+def test_imports_point_down() -> None:
+    upward = []
+    for path in modules():
+        own = unit(path)
+        if own not in LAYER_OF:
+            continue  # reported by test_every_module_has_a_layer
+        for target, line in imported_units(path):
+            if target in LAYER_OF and LAYER_OF[target] > LAYER_OF[own]:
+                upward.append(
+                    f"{path.relative_to(REPO)}:{line}: {own} (layer {LAYER_OF[own]}) imports {target} (layer {LAYER_OF[target]})"
+                )
+    assert not upward, "imports that point up the layer table:\n" + "\n".join(sorted(upward))
+
+
+def test_the_import_scan_itself(tmp_path: Path) -> None:
+    """Known answers: absolute, from-package, relative and function-level imports."""
+    path = tmp_path / "probe.py"
+    path.write_text(
+        "import simcse_kit.losses\n"
+        "from simcse_kit import fileio, config as cfg\n"
+        "from simcse_kit.fastpath.bf16 import bf16_training\n"
+        "from . import packing\n"
+        "from ..cli import main\n"
+        "import torch\n"
+        "def f():\n"
+        "    from simcse_kit.training import train\n",
+        encoding="utf-8",
+    )
+    got = imported_units(path, package=("simcse_kit", "fastpath"))
+    assert got == {
+        ("losses", 1), ("fileio", 2), ("config", 2), ("fastpath", 3), ("fastpath", 4), ("cli", 5), ("training", 8),
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- private API
+
+
+def own_private_names() -> set[str]:
+    """``_names`` that simcse_kit defines itself (``self._x = ...``, ``def _f``, ``class _C``,
+    ``_X = ...``): using those is not touching another library's internals."""
+    names: set[str] = set()
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if is_private(n)}
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+# Public by convention despite the underscore (namedtuple's API).
+CONVENTIONAL = {"_asdict", "_replace", "_fields", "_make"}
+
+
+def private_uses(path: Path, own: set[str]) -> list[str]:
+    """Every private name of torch/transformers/accelerate that ``path`` touches.
+
+    Imports: ``import torch._x``, ``from torch._x import y``, ``from transformers import _y``.
+    Attributes: any ``_x`` on a name bound to one of those libraries or to something imported
+    from them (``torch._foreach_copy_``, ``AcceleratorState._reset_state``); and any ``_x``
+    that simcse_kit does not define itself, on anything but ``self``/``cls`` (``config.
+    _attn_implementation`` on a transformers object), also as ``getattr(obj, "_x")``.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    guarded: set[str] = set()  # local names bound to the guarded libraries (or their contents)
+    other: set[str] = set()  # local names bound to any other import (os, numpy, ...)
+    hits: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
+                if alias.name.split(".")[0] in GUARDED:
+                    guarded.add(local)
+                    if any(is_private(part) for part in alias.name.split(".")):
+                        hits.append(f"{node.lineno}: import {alias.name}")
+                else:
+                    other.add(local)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            root = node.module.split(".")[0]
+            for alias in node.names:
+                (guarded if root in GUARDED else other).add(alias.asname or alias.name)
+                if root in GUARDED and any(is_private(p) for p in [*node.module.split("."), alias.name]):
+                    hits.append(f"{node.lineno}: from {node.module} import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr) and node.attr not in CONVENTIONAL:
+            root = node.value
+            while isinstance(root, ast.Attribute | ast.Call | ast.Subscript):
+                root = root.func if isinstance(root, ast.Call) else root.value
+            name = root.id if isinstance(root, ast.Name) else ""
+            if name in guarded or (name not in ("self", "cls") and name not in other and node.attr not in own):
+                hits.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and is_private(node.args[1].value)
+            and node.args[1].value not in own
+        ):
+            hits.append(f"{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_private_api_only_in_fastpath() -> None:
+    own = own_private_names()
+    offenders = [
+        f"{path.relative_to(REPO)}:{hit}" for path in modules() if unit(path) != PRIVATE_OK for hit in private_uses(path, own)
+    ]
+    assert not offenders, "private API of torch/transformers/accelerate outside simcse_kit/fastpath/:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import torch\ntorch._foreach_copy_(a, b)", 1),
+        ("from accelerate import state as s\ns.AcceleratorState._reset_state(reset_partial_state=False)", 1),
+        ("from accelerate.state import AcceleratorState\nAcceleratorState._reset_state()", 1),
+        ("x = model.config._attn_implementation", 1),
+        ('x = getattr(getattr(m, "config", None), "_attn_implementation", "sdpa")', 1),
+        ("from transformers.modeling_utils import _init_weights", 1),
+        ("import torch._dynamo", 1),
+        ("from torch.utils._pytree import tree_map", 1),
+        ("self._cache = 1\nx = self._cache\ny = other._cache", 0),  # simcse_kit's own names
+        ("import os\nos._exit(0)", 0),  # not a guarded library
+        ("import torch\nx = torch.nn.functional.softmax\ny = p.__class__", 0),
+    ],
+)
+def test_the_private_scan_itself(tmp_path: Path, source: str, expected: int) -> None:
+    """The scan finds what it must (known answers), and nothing in public code."""
+    path = tmp_path / "probe.py"
+    path.write_text(source + "\n", encoding="utf-8")
+    assert len(private_uses(path, own={"_cache"})) == expected, private_uses(path, own={"_cache"})

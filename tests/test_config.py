@@ -1,0 +1,96 @@
+"""Typed configs: the loop's settings apart from the run's, YAML + command-line overrides,
+every recipe loading, the resolved config round-tripping, errors naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from simcse_kit.config import LoopConfig, RunConfig, TrainConfig, load_config, save_config
+from simcse_kit.errors import ConfigError
+
+RECIPES = sorted((REPO / "train").rglob("*.yaml"))
+
+
+def names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def test_train_section_is_the_loop_plus_the_run() -> None:
+    """``fit`` takes a LoopConfig; the YAML ``train:`` section is a TrainConfig, i.e. the
+    loop's settings plus the run's own (where it writes, batch size, model speed-ups)."""
+    assert issubclass(TrainConfig, LoopConfig)
+    assert names(TrainConfig) - names(LoopConfig) == {"output_dir", "batch_size", "fast_dropout", "grad_cache_chunk"}
+    assert "output_dir" not in names(LoopConfig)
+    assert LoopConfig(mixed_precision="bf16", bf16_weights=True).bf16_model
+    assert not LoopConfig(mixed_precision="no", bf16_weights=True).bf16_model  # ignored off bf16
+    assert not TrainConfig(mixed_precision="bf16").bf16_model
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[str(p.relative_to(REPO)) for p in RECIPES])
+def test_every_recipe_loads_with_its_values(recipe: Path) -> None:
+    raw = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    cfg = load_config(recipe)
+    for section, values in raw.items():
+        for key, value in values.items():
+            assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
+
+
+def test_save_then_load_gives_the_same_config(tmp_path: Path) -> None:
+    cfg = load_config(REPO / "train" / "unsup.yaml", {"seed": "3", "max_steps": "10", "model.dropout": "0.2"})
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # no temp file left behind
+
+
+def test_overrides_by_leaf_or_dotted_name(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  dropout: 0.2\ntrain:\n  max_steps: null\n")
+    cfg = load_config(path, {"max_grad_norm": "1.0", "progress-bar": "false", "--train.seed": "5", "model.pooler": "cls"})
+    assert cfg.model.dropout == 0.2 and cfg.train.max_steps is None
+    assert cfg.train.max_grad_norm == 1.0 and cfg.train.progress_bar is False
+    assert cfg.train.seed == 5 and cfg.model.pooler == "cls"
+    assert load_config(None, {"max_steps": "none"}).train.max_steps is None
+    assert load_config(None, {"grad_accum": 4.0}).train.grad_accum == 4  # a whole float is an int
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "overrides", "message"),
+    [
+        ("train:\n  batch_size: many\n", {}, r"c.yaml: config key 'train.batch_size' = 'many' is not a valid"),
+        ("train:\n  batch_size: 8.5\n", {}, r"'train.batch_size' = 8.5 is not a valid"),
+        ("train:\n  batchsize: 8\n", {}, r"unknown key train.batchsize; valid keys: \[.*'batch_size'"),
+        ("trainer:\n  seed: 1\n", {}, r"unknown section 'trainer'"),
+        ("- a\n", {}, r"top level must be a mapping"),
+        ("train: [1\n", {}, r"not valid YAML"),
+        ("", {"batch-sise": "8"}, r"unknown option --batch-sise"),
+        ("", {"progress_bar": "maybe"}, r"command line: config key 'train.progress_bar' = 'maybe'"),
+        ("", {"pooler": "max"}, r"'model.pooler' = 'max': must be one of"),
+        ("", {"warmup_ratio": "1"}, r"'train.warmup_ratio' = 1.0: must be in \[0, 1\)"),
+        ("", {"batch_size": "1"}, r"'train.batch_size' = 1: must be >= 2"),
+        ("", {"queue_size": "8", "momentum": "1"}, r"'loss.momentum' = 1.0: must be in \[0, 1\)"),
+        ("", {"queue_size": "8", "grad_cache_chunk": "4"}, r"'train.grad_cache_chunk' = 4: must be 0 with loss.queue_size"),
+    ],
+)
+def test_errors_name_the_key(tmp_path: Path, yaml_text: str, overrides: dict[str, str], message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, overrides)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config("nope.yaml")
+
+
+def test_momentum_is_free_without_a_queue() -> None:
+    assert load_config(None, {"momentum": "1"}).loss.momentum == 1.0  # unused: no queue
+
+
+def test_defaults_are_valid() -> None:
+    assert RunConfig().validate() == RunConfig()
