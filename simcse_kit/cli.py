@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.recipes import find_recipe, senteval_dir
 
 logger = logging.getLogger("simcse_kit")
 
@@ -43,7 +44,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.config import load_config
     from simcse_kit.training import train
 
-    cfg = load_config(args.config, parse_overrides(extra))
+    cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
     if args.seeds is not None:  # one run per seed in OUTPUT_DIR/seed-N, then mean ± std
         from simcse_kit.experiments import parse_seeds, run_seeds
 
@@ -61,8 +62,10 @@ def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
 
     grid = {name: parse_values(name, getattr(args, name)) for name in SWEEP_KEYS if getattr(args, name) is not None}
     if not grid:
-        raise ConfigError("nothing to sweep: give --temperature, --dropout and/or --hard-negative-weight (comma-separated)")
-    cfg = load_config(args.config, parse_overrides(extra))
+        raise ConfigError(
+            "nothing to sweep: give --temperature, --dropout, --hard-negative-weight and/or --word-repetition (comma-separated)"
+        )
+    cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
     run_sweep(cfg, grid, parse_seeds(args.seeds) if args.seeds else None, overwrite=args.overwrite)
     return 0
 
@@ -83,24 +86,66 @@ def cmd_transfer(args: argparse.Namespace, extra: list[str]) -> int:
 def model_options(args: argparse.Namespace) -> dict[str, object]:
     """The options every evaluation command shares: which model, how to read it, where
     the data and the JSON go."""
-    return {
+    options: dict[str, object] = {
         "model": args.model,
         "pooler": args.pooler,
-        "data_dir": args.data_dir,
         "json_out": args.json,
         "batch_size": args.batch_size,
     }
+    if getattr(args, "source", "senteval") == "senteval":  # hub tasks read no SentEval folder
+        options["data_dir"] = senteval_dir(args.data_dir, args.data_root)
+    return options
+
+
+def cmd_recipes(args: argparse.Namespace, extra: list[str]) -> int:
+    from simcse_kit.recipes import builtin_recipes, describe, recipe_folder
+
+    if args.action == "show":
+        if args.name is None:
+            raise ConfigError("recipes show needs a NAME (simcse-kit recipes lists them)")
+        kind = "evaluate" if args.name in builtin_recipes("evaluate") else "train"
+        sys.stdout.write(find_recipe(args.name, kind).read_text(encoding="utf-8"))
+        return 0
+    for kind, title, use in (("train", "training recipes", "simcse-kit train NAME"), ("evaluate", "STS suites", "--suite NAME")):
+        recipes = builtin_recipes(kind)
+        print(f"{title} ({use}; in {recipe_folder(kind)}):")
+        width = max(map(len, recipes), default=0)
+        for name, path in recipes.items():
+            print(f"  {name:<{width}}  {describe(path)}")
+    print("'simcse-kit recipes show NAME > my.yaml' starts your own; in a recipe, {data_root} is the data root")
+    print("(--data-root DIR or SIMCSE_KIT_DATA; default ../shared/data beside a source checkout)")
+    return 0
+
+
+def add_data_options(p: argparse.ArgumentParser, data_dir_help: str) -> None:
+    """``--data-dir`` and ``--data-root`` of the evaluation commands."""
+    p.add_argument("--data-dir", default=None, help=f"{data_dir_help} (default: DATA_ROOT/senteval)")
+    p.add_argument(
+        "--data-root",
+        default=None,
+        help="the data root (default: $SIMCSE_KIT_DATA, else ../shared/data beside a source checkout)",
+    )
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.evaluation import DEFAULT_SUITE, evaluate_model, load_suite
+    from simcse_kit.evaluation.hub import HUB_SUITE
 
-    suite = DEFAULT_SUITE if args.suite is None else load_suite(args.suite)
-    unknown = [t for t in args.tasks or () if t not in suite]
+    suite = None if args.suite is None else load_suite(find_recipe(args.suite, "evaluate"))
+    known = suite or (HUB_SUITE if args.source == "hub" else DEFAULT_SUITE)
+    unknown = [t for t in args.tasks or () if t not in known]
     if unknown:
-        raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(suite)}")
+        raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(known)}")
 
-    evaluate_model(tasks=args.tasks, suite=suite, precision=args.precision, **model_options(args))
+    evaluate_model(
+        tasks=args.tasks,
+        suite=suite,
+        precision=args.precision,
+        source=args.source,
+        hub_root=args.hub_root,
+        mteb_results=args.mteb_results,
+        **model_options(args),
+    )
     return 0
 
 
@@ -115,8 +160,9 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             normalize=False if args.no_normalize else None,
             onnx=args.onnx,
             quantize=args.quantize,
-            data_dir=args.data_dir,
             push_to_hub=args.push_to_hub,
+            # STS data is read only for the int8 check: exporting needs no data root otherwise.
+            **({"data_dir": senteval_dir(args.data_dir, args.data_root)} if args.quantize else {}),
         )
     except ExportError as exc:
         # Not a user error (exit 2) but a failed check: one line, no traceback, status 1.
@@ -169,6 +215,36 @@ def cmd_align_uniform(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
+    from simcse_kit.mining import mine_file
+
+    mine_file(
+        args.pairs,
+        args.out,
+        model=args.model,
+        pooler=args.pooler,
+        top_k=args.top_k,
+        margin=args.margin,
+        sampling_strategy=args.sampling_strategy,
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+    return 0
+
+
+def config_keys_help() -> str:
+    """Every config key a recipe may set and ``--key value`` may override, with its type,
+    default and meaning (from the field's comment in simcse_kit/config.py)."""
+    from simcse_kit.config import key_help
+
+    lines = ["config keys (override as --KEY VALUE or --SECTION.KEY VALUE; dashes or underscores):"]
+    for dotted, kind, default, meaning in key_help():
+        flag = dotted.split(".")[1].replace("_", "-")
+        first_sentence = meaning.split(". ")[0].rstrip(".")
+        lines.append(f"  --{flag:<22} {kind:<14} default {default!r:<12} {first_sentence}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="simcse-kit", description="SimCSE sentence-embedding training and evaluation")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -176,9 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     # allow_abbrev=False: an override such as --seed 3 must never be read as --seeds.
     p = sub.add_parser(
-        "train", help="train from a YAML recipe; any config key can be overridden as --key value", allow_abbrev=False
+        "train",
+        help="train from a YAML recipe; any config key can be overridden as --key value",
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=config_keys_help(),
     )
-    p.add_argument("config", type=Path, help="recipe YAML (see train/)")
+    p.add_argument("config", help="recipe YAML file, or a built-in recipe's name (simcse-kit recipes)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --output-dir")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
     p.add_argument("--seeds", default=None, help="e.g. 1,2,3: a run per seed in OUTPUT_DIR/seed-N; mean ± std in seeds.json")
@@ -189,10 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="one-axis sweeps of temperature / dropout / hard-negative weight; plot of STS-B dev against each",
         allow_abbrev=False,
     )
-    p.add_argument("config", type=Path, help="base recipe YAML; other keys may be overridden as --key value")
+    p.add_argument("config", help="base recipe (file or built-in name); other keys may be overridden as --key value")
     p.add_argument("--temperature", default=None, help="comma-separated values, e.g. 0.01,0.05,0.1")
     p.add_argument("--dropout", default=None, help="comma-separated values, e.g. 0.05,0.1,0.2")
     p.add_argument("--hard-negative-weight", dest="hard_negative_weight", default=None, help="comma-separated (hardneg mode)")
+    p.add_argument("--word-repetition", dest="word_repetition", default=None, help="comma-separated ESimCSE dup rates (unsup)")
     p.add_argument("--seeds", default=None, help="seeds per point (mean ± std error bars)")
     p.add_argument("--overwrite", action="store_true", help="retrain points already finished")
     p.set_defaults(func=cmd_sweep, extra_ok=True)
@@ -200,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("transfer", help="SentEval transfer tasks (MR CR SUBJ MPQA SST2 TREC MRPC), logistic-regression probe")
     p.add_argument("model", help="anything 'simcse-kit evaluate' accepts")
     p.add_argument("--pooler", default=None, help="pooler for a plain HF model")
-    p.add_argument("--data-dir", default="../shared/data/senteval", help="SentEval-layout data folder")
+    add_data_options(p, "SentEval-layout data folder")
     p.add_argument("--tasks", nargs="+", default=None, help="subset of tasks (default: all 7)")
     p.add_argument("--kfold", type=int, default=10, help="folds for CV (SentEval: 10; 5 for a quick look)")
     p.add_argument("--max-train-samples", type=int, default=None, help="subsample each task's training data (quick runs)")
@@ -214,8 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
         "model", help="a simcse-kit run or model folder, a sentence-transformers folder, an HF folder, or 'all-MiniLM-L6-v2'"
     )
     p.add_argument("--pooler", default=None, help="pooler for a plain HF model (simcse-kit and ST folders record theirs)")
-    p.add_argument("--data-dir", default="../shared/data/senteval", help="SentEval-layout data folder")
-    p.add_argument("--suite", type=Path, default=None, help="YAML task table (default: the paper's 7, = evaluate/sts.yaml)")
+    add_data_options(p, "SentEval-layout data folder")
+    p.add_argument(
+        "--suite", default=None, help="YAML task table, or a built-in suite's name (default: the paper's 7, = the suite sts)"
+    )
+    p.add_argument(
+        "--source",
+        choices=("senteval", "hub"),
+        default="senteval",
+        help="senteval = the tokenised files in --data-dir; hub = MTEB's copies of the 7 tasks through 'datasets' "
+        "(untokenised text; needs internet or --hub-root)",
+    )
+    p.add_argument("--hub-root", type=Path, default=None, help="with --source hub: a local folder of <dataset id>/ copies")
+    p.add_argument("--mteb-results", type=Path, default=None, help="also write one MTEB-format JSON per task here")
     p.add_argument("--tasks", nargs="+", default=None, help="subset of the suite's tasks (default: all)")
     p.add_argument("--json", type=Path, default=None, help="write results here")
     p.add_argument("--batch-size", type=int, default=128)
@@ -237,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--onnx", action="store_true", help="also write onnx/model.onnx (needs simcse-kit[onnx])")
     p.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic-int8 ONNX model (implies --onnx)")
-    p.add_argument("--data-dir", default="../shared/data/senteval", help="STS data for the int8 check")
+    add_data_options(p, "STS data for the int8 check")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
     p.set_defaults(func=cmd_export, extra_ok=False)
 
@@ -262,12 +354,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("align-uniform", help="alignment (gold >= 4 pairs) and uniformity on STS-B (Wang & Isola 2020)")
     p.add_argument("model", help="anything 'simcse-kit evaluate' accepts")
     p.add_argument("--pooler", default=None, help="pooler for a plain HF model")
-    p.add_argument("--data-dir", default="../shared/data/senteval", help="SentEval-layout data folder")
+    add_data_options(p, "SentEval-layout data folder")
     p.add_argument("--split", choices=("dev", "test", "train"), default="dev", help="STS-B split")
     p.add_argument("--threshold", type=float, default=4.0, help="minimum gold score of a positive pair")
     p.add_argument("--json", type=Path, default=None, help="write results here")
     p.add_argument("--batch-size", type=int, default=128)
     p.set_defaults(func=cmd_align_uniform, extra_ok=False)
+
+    p = sub.add_parser("mine", help="add a hard_neg column to sent0,sent1 pairs, mined with a model over the file's sentences")
+    p.add_argument("pairs", type=Path, help="CSV or JSONL with sent0, sent1")
+    p.add_argument("out", type=Path, help="CSV written with sent0, sent1, hard_neg")
+    p.add_argument("--model", default=None, help="anything 'simcse-kit evaluate' accepts (default: the default model)")
+    p.add_argument("--pooler", default=None, help="pooler for a plain HF model")
+    p.add_argument("--top-k", type=int, default=10, help="candidates considered per anchor")
+    p.add_argument("--margin", type=float, default=0.0, help="skip candidates with cos(a, c) > cos(a, pos) - margin")
+    p.add_argument("--sampling-strategy", choices=("top", "random"), default="top", help="best candidate, or one of the top-k")
+    p.add_argument("--seed", type=int, default=0, help="for --sampling-strategy random")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.set_defaults(func=cmd_mine, extra_ok=False)
+
+    p = sub.add_parser("recipes", help="list the built-in recipes, or print one: recipes show NAME > my.yaml")
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list")
+    p.add_argument("name", nargs="?", default=None, help="with show: a recipe or suite name, e.g. unsup")
+    p.set_defaults(func=cmd_recipes, extra_ok=False)
     return parser
 
 

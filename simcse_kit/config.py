@@ -8,9 +8,12 @@ command line any key may be given by its leaf name (``--pooler avg``) or dotted
 
 from __future__ import annotations
 
+import inspect
+import os
+import re
 import types
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +21,18 @@ import yaml
 
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import write_text_atomic
+from simcse_kit.recipes import DATA_ENV, DATA_ROOT_HINT, absolute, default_data_root
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MLP_MODES = ("none", "train", "always")
 MODES = ("unsup", "sup", "hardneg")
+PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads (simcse_kit.evaluation.readers.PAIR_READERS)
 PRECISIONS = ("auto", "no", "fp16", "bf16")
 AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.precision)
+DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
+OPTIONAL_DATA_PATHS = ("mix_file", "dev_file")  # data keys that are paths when set, resolved as train_file
+HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
 
 
 @dataclass
@@ -53,17 +61,37 @@ class DataConfig:
     """Training data and the STS data used for dev selection."""
 
     mode: str = "unsup"  # one of MODES
-    train_file: str = "../shared/data/train/wiki1m_head.txt"  # file path, or "hub:<dataset id>"
-    eval_data_dir: str = "../shared/data/senteval"
-    max_train_samples: int | None = None
-    num_workers: int = 0
+    # Data paths: "{data_root}" stands for the data root; other relative paths are read from
+    # the recipe's folder (on the command line, from the current one). Saved absolute.
+    train_file: str = "{data_root}/train/wiki1m_head.txt"  # file path, or "hub:<dataset id>"
+    eval_data_dir: str = "{data_root}/senteval"  # SentEval-layout STS folder: STS-B dev selection and the final table
+    # The folder "{data_root}" stands for. --data-root and SIMCSE_KIT_DATA win over a recipe's;
+    # default: ../shared/data beside a source checkout (simcse_kit.recipes).
+    data_root: str | None = None
+    max_train_samples: int | None = None  # use only the first N training examples (None: all)
+    num_workers: int = 0  # DataLoader worker processes for tokenisation (0: in the training process)
+    # "auto": by mode and file suffix (simcse_kit.data); "stsb" / "sick": train_file is a scored
+    # pair file of that format whose distinct sentences become the unsup corpus (scores unused).
+    train_format: str = "auto"
+    # ESimCSE word repetition (unsup): one view of each sentence gets a few tokens doubled in
+    # place, so the two views differ in length (0: off; ESimCSE: 0.32).
+    word_repetition: float = 0.0
+    mix_file: str | None = None  # a second (general) corpus mixed into train_file, in data.mode's format
+    mix_ratio: float = 0.0  # share of the mixed training set drawn from mix_file, in [0, 1)
+    dev_file: str | None = None  # dev split for checkpoint selection (None: STS-B dev of eval_data_dir)
+    dev_format: str = "stsb"  # dev_file's format: "stsb" (sts-dev.csv) or "sick" (SICK_trial.txt)
+
+    def path_keys(self) -> list[str]:
+        """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
+        keys = ("train_file", "eval_data_dir", *OPTIONAL_DATA_PATHS)
+        return [key for key in keys if getattr(self, key) is not None and not getattr(self, key).startswith(HUB_PREFIX)]
 
 
 @dataclass
 class LossConfig:
     """The contrastive objective."""
 
-    temperature: float = 0.05
+    temperature: float = 0.05  # tau: logits are cos / tau (SimCSE: 0.05)
     hard_negative_weight: float = 1.0  # the paper's alpha on each anchor's own hard negative
     unsup_loss: str = "views"  # "views": 2N-view InfoNCE; "paper": z1 . z2^T as in SimCSE's code
     gather: bool = True  # use other processes' embeddings as negatives (multi-process runs)
@@ -77,26 +105,30 @@ class LoopConfig:
     """The optimisation loop (:func:`simcse_kit.trainer.fit`): what any model trained by
     it needs, text or image."""
 
-    learning_rate: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    num_epochs: int = 1
-    max_steps: int | None = None
-    grad_accum: int = 1
-    max_grad_norm: float | None = None
+    learning_rate: float = 3e-5  # AdamW peak learning rate (linear decay to 0)
+    weight_decay: float = 0.0  # AdamW weight decay (never on biases and norms)
+    warmup_ratio: float = 0.0  # share of the steps with a linear warm-up
+    num_epochs: int = 1  # passes over the training data
+    max_steps: int | None = None  # stop after N optimiser steps (None: all epochs)
+    grad_accum: int = 1  # micro-batches per optimiser step (negatives stay per micro-batch)
+    max_grad_norm: float | None = None  # clip the gradient norm (None: no clipping)
     mixed_precision: str = "no"  # one of PRECISIONS (the text run defaults to "auto")
     # With mixed_precision bf16: bf16 weights, activations and gradients with fp32 master
     # weights in AdamW, instead of autocast (simcse_kit.fastpath.bf16). Ignored at other
     # precisions, so `--mixed-precision no` on a bf16 recipe simply trains in fp32.
     bf16_weights: bool | str = False  # True, False or "auto" (on where bf16 is native on CPU)
-    seed: int = 42
+    seed: int = 42  # model head init, shuffling and dropout
     eval_steps: int = 125  # evaluate every N optimiser steps (0: only at the end)
     # Evaluate the untouched model too (step 0), so best-checkpoint selection can keep it:
     # training must never hand back a model worse on dev than the one it started from.
     eval_at_start: bool = True
-    log_steps: int = 10
+    log_steps: int = 10  # record the loss every N steps
     save_steps: int = 0  # full training state every N steps for --resume (0: off)
-    progress_bar: bool = True
+    progress_bar: bool = True  # tqdm bar on the main process
+    # Experiment trackers (Accelerate's names: tensorboard, wandb, mlflow, ...; a list, or
+    # comma-separated on the command line) that get loss, learning rate, gradient norm,
+    # throughput and every evaluation against the step ([] or none: no tracking).
+    report_to: list[str] = field(default_factory=list)
 
     @property
     def bf16_model(self) -> bool:
@@ -109,11 +141,11 @@ class TrainConfig(LoopConfig):
     """The YAML ``train:`` section: the loop's settings plus the text run's own (where
     it writes, how big a batch is, how the model is made faster)."""
 
-    output_dir: str = "runs/unsup"
+    output_dir: str = "runs/unsup"  # the run folder (config.yaml, metrics.json, best_model/)
     # A text run picks its precision from the hardware unless told: bf16 (with bf16 weights
     # and fast dropout) on a CPU that computes bf16 natively, bf16/fp16 on CUDA, else fp32.
     mixed_precision: str = AUTO
-    bf16_weights: bool | str = AUTO
+    bf16_weights: bool | str = AUTO  # True, False or "auto": bf16 weights with fp32 masters (native-bf16 CPU)
     batch_size: int = 64  # examples per optimiser micro-step, over all processes
     fast_dropout: bool | str = AUTO  # cheaper dropout RNG, same distribution (simcse_kit.fastpath); "auto": CPU with native bf16
     grad_cache_chunk: int = 0  # GradCache: encode the batch in chunks of this many rows (0: off)
@@ -147,6 +179,16 @@ class RunConfig:
         ]
         if self.model.dropout is not None:
             checks.append(("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"))
+        checks.append(
+            ("data.train_format", self.data.train_format in ("auto", *PAIR_FORMATS), f"'auto' or one of {PAIR_FORMATS}")
+        )
+        checks.append(("data.dev_format", self.data.dev_format in PAIR_FORMATS, f"one of {PAIR_FORMATS}"))
+        checks.append(("data.word_repetition", 0 <= self.data.word_repetition <= 1, "in [0, 1]"))
+        if self.data.word_repetition or self.data.train_format != "auto":
+            checks.append(("data.mode", self.data.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))
+        checks.append(("data.mix_ratio", 0 <= self.data.mix_ratio < 1, "in [0, 1)"))
+        if self.data.mix_ratio > 0:
+            checks.append(("data.mix_file", self.data.mix_file is not None, "set with data.mix_ratio > 0"))
         if self.data.max_train_samples is not None:
             # One example would make batches without a single negative: a zero loss.
             checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
@@ -164,11 +206,53 @@ class RunConfig:
                 raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
         return self
 
+    def check_data(self) -> RunConfig:
+        """Check the data paths exist before anything is loaded; raise ConfigError naming
+        the key, the path tried and how the data root is set."""
+        for key in self.data.path_keys():
+            path = Path(getattr(self.data, key))
+            folder = key == "eval_data_dir"
+            if not (path.is_dir() if folder else path.exists()):
+                hint = (
+                    f"the data root is {self.data.data_root}: {DATA_ROOT_HINT}"
+                    if self.data.data_root
+                    else "relative paths in a recipe are read from its folder, on the command line from the current one"
+                )
+                raise ConfigError(f"config key 'data.{key}': {path}: {'folder' if folder else 'file'} not found ({hint})")
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(RunConfig)}  # type: ignore[misc]
+
+
+def key_help() -> list[tuple[str, str, Any, str]]:
+    """``(dotted key, type, default, meaning)`` for every config key, for ``--help``.
+
+    The meaning is the field's own comment in this file (trailing, or the comment lines
+    just above it), so the help cannot drift from the code.
+    """
+    notes: dict[str, str] = {}
+    # A subclass's comment wins (TrainConfig re-declares some of LoopConfig's keys).
+    for cls in [c for section in SECTIONS.values() for c in section.__mro__ if is_dataclass(c)]:
+        pending: list[str] = []
+        for line in inspect.getsource(cls).splitlines()[1:]:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                pending.append(stripped.lstrip("# "))
+                continue
+            match = re.match(r"(\w+): [^=]+= .*?(?:  # (.*))?$", stripped)
+            if match:
+                notes.setdefault(match.group(1), match.group(2) or " ".join(pending))
+            pending = []
+    rows = []
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            rows.append((f"{section}.{f.name}", str(f.type), default, notes.get(f.name, "")))
+    return rows
 
 
 def _leaf_index() -> dict[str, str]:
@@ -195,6 +279,11 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no", AUTO):
             return AUTO if value.lower() == AUTO else value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{source}: config key {key!r} = {value!r} must be true, false or auto")
+    if typing.get_origin(base) is list:  # names: a YAML list, a YAML string, or "a,b" on the command line
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, list) and all(isinstance(v, str) for v in items):
+            return [v.strip() for v in items if v.strip()]
+        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a list of names (or a comma-separated string)")
     try:
         if base is bool:
             if isinstance(value, bool):
@@ -221,7 +310,7 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
     raise ConfigError(f"{source}: config key {key!r} = {value!r} is not a valid {annotation}")
 
 
-_TYPES = {"str": str, "int": int, "float": float, "bool": bool}
+_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "list[str]": list[str]}
 
 
 def _annotation(section: str, name: str) -> Any:
@@ -247,14 +336,17 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         ConfigError: unreadable YAML, unknown key (with the valid ones listed), wrong type.
     """
     cfg = RunConfig()
+    from_recipe: set[str] = set()  # keys whose relative paths are read from the recipe's folder
     if path is not None:
         path = Path(path)
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            text = path.read_text(encoding="utf-8")
+            raw = yaml.safe_load(text) or {}
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+            hint = f' (quote values that start with {DATA_ROOT}: "{DATA_ROOT}/...")' if DATA_ROOT in text else ""
+            raise ConfigError(f"{path}: not valid YAML: {exc}{hint}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections {list(SECTIONS)}")
         for section, values in raw.items():
@@ -267,13 +359,54 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
                 if name not in known:
                     raise ConfigError(f"{path}: unknown key {section}.{name}; valid keys: {sorted(known)}")
                 _set(cfg, f"{section}.{name}", value, str(path))
+                from_recipe.add(f"{section}.{name}")
     index = _leaf_index()
     for key, value in (overrides or {}).items():
         norm = key.lstrip("-").replace("-", "_")
         if norm not in index:
             raise ConfigError(f"unknown option --{key.lstrip('-')}; valid keys: {sorted(k for k in index if '.' not in k)}")
         _set(cfg, index[norm], value, "command line")
+        from_recipe.discard(index[norm])
+    recipe_dir = path.resolve().parent if path is not None else None
+    _resolve_paths(cfg, {key: recipe_dir for key in from_recipe})
     return cfg.validate()
+
+
+def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
+    """Make the path keys absolute, in place: ``{data_root}`` expanded, relative paths read
+    from the recipe's folder for ``recipe_keys`` and from the current folder otherwise (the
+    command line, the defaults), so a recipe runs the same from any folder.
+
+    ``model.name_or_path`` counts as a path only where it names one (starts with ``.`` or
+    ``~``, or exists there); a hub id or the bundled model's name stays as it is.
+    """
+    data = cfg.data
+
+    base = recipe_keys.get
+    keys = data.path_keys()
+    if any(DATA_ROOT in getattr(data, key) for key in keys):
+        # --data-root (a command-line override) > SIMCSE_KIT_DATA > the recipe's > the default.
+        if data.data_root is not None and "data.data_root" not in recipe_keys:
+            root = absolute(data.data_root)
+        elif os.environ.get(DATA_ENV):
+            root = absolute(os.environ[DATA_ENV])
+        elif data.data_root is not None:
+            root = absolute(data.data_root, base("data.data_root"))
+        else:
+            root = default_data_root()
+        for key in keys:
+            value = getattr(data, key)
+            if DATA_ROOT in value and root is None:
+                raise ConfigError(f"config key 'data.{key}' = {value!r} needs a data root, and none is set: {DATA_ROOT_HINT}")
+        data.data_root = str(root)
+    elif data.data_root is not None:
+        data.data_root = str(absolute(data.data_root, base("data.data_root")))
+    for key in keys:
+        setattr(data, key, str(absolute(getattr(data, key).replace(DATA_ROOT, data.data_root or ""), base(f"data.{key}"))))
+    name = cfg.model.name_or_path
+    folder = base("model.name_or_path") or Path.cwd()
+    if name.startswith((".", "~")) or (folder / name).exists():
+        cfg.model.name_or_path = str(absolute(name, folder))
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:
@@ -283,3 +416,22 @@ def save_config(cfg: RunConfig, path: str | Path) -> None:
     ``--resume`` would then read.
     """
     write_text_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def flat_params(cfg: Any) -> dict[str, bool | int | float | str]:
+    """A config dataclass as one flat mapping for experiment trackers' hyper-parameters:
+    dotted keys (``train.learning_rate``), None as ``"none"`` and lists comma-joined,
+    since TensorBoard's hparams take only numbers, strings and booleans."""
+
+    def flat(values: dict[str, Any], prefix: str) -> dict[str, bool | int | float | str]:
+        out: dict[str, bool | int | float | str] = {}
+        for key, value in values.items():
+            if isinstance(value, dict):
+                out |= flat(value, f"{prefix}{key}.")
+            elif isinstance(value, list):
+                out[prefix + key] = ",".join(map(str, value))
+            else:
+                out[prefix + key] = "none" if value is None else value
+        return out
+
+    return flat(asdict(cfg), "")

@@ -12,17 +12,19 @@ file and line, then handed to `datasets.Dataset`. Formats, by training mode:
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
-from collections.abc import Iterator
+import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 import torch
 
-from simcse_kit.batch import VIEW_COLUMNS, batch_texts, text_ids, views_per_example
+from simcse_kit.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
 from simcse_kit.errors import DataError, where
 from simcse_kit.fileio import read_lines
 
@@ -111,10 +113,20 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
     return rows
 
 
-def load_train_dataset(source: str, mode: str, max_samples: int | None = None) -> datasets.Dataset:
-    """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``."""
+def load_train_dataset(
+    source: str, mode: str, max_samples: int | None = None, sentences: Sequence[str] | None = None
+) -> datasets.Dataset:
+    """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``.
+
+    ``sentences``: an ``unsup`` corpus already read (the distinct sentences of a scored
+    pair file, say); ``source`` then only names it.
+    """
     columns = COLUMNS[mode]
-    if source.startswith("hub:"):
+    if sentences is not None:
+        if mode != "unsup":
+            raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
+        ds = datasets.Dataset.from_dict({"sent0": list(sentences)})
+    elif source.startswith("hub:"):
         try:
             ds = datasets.load_dataset(source[4:], split="train")
         except Exception as exc:  # offline, unknown id, no train split: many exception types
@@ -145,6 +157,31 @@ def load_train_dataset(source: str, mode: str, max_samples: int | None = None) -
     return ds
 
 
+def mix_datasets(domain: datasets.Dataset, general: datasets.Dataset, ratio: float, seed: int) -> datasets.Dataset:
+    """All of ``domain`` plus a seeded sample of ``general`` making up ``ratio`` of the result.
+
+    Concatenation of an exact-size sample, not ``interleave_datasets``: its probabilities
+    give the ratio only in expectation, and its length depends on which side runs out.
+    The DataLoader shuffles, so the order here does not matter.
+
+    Args:
+        domain: the in-domain examples, all kept.
+        general: the general corpus, same columns.
+        ratio: share of the result from ``general``, in [0, 1).
+        seed: the sample's seed (the run seed).
+
+    Raises:
+        DataError: ``general`` has too few examples for the ratio.
+    """
+    wanted = round(len(domain) * ratio / (1 - ratio))
+    if wanted > len(general):
+        raise DataError(f"mix_ratio {ratio}: needs {wanted} general examples, the mix file has {len(general)}")
+    picked = torch.randperm(len(general), generator=torch.Generator().manual_seed(seed))[:wanted]
+    mixed = datasets.concatenate_datasets([domain, general.select(sorted(picked.tolist()))])
+    logger.info("mixed %d in-domain + %d general examples (ratio %.2f)", len(domain), wanted, ratio)
+    return mixed
+
+
 @dataclass
 class ContrastiveCollator:
     """Turn a list of examples into one tokenised batch of all their views.
@@ -160,20 +197,90 @@ class ContrastiveCollator:
         max_seq_len: tokens per row, at most.
         with_text_ids: also add ``text_ids`` ``[B]`` int64 (row text hashes,
             :func:`simcse_kit.batch.text_ids`) for false-negative masking.
+        word_repetition: ESimCSE's dup rate for ``unsup`` (0: off): view 1 of each
+            example gets a few tokens doubled (:func:`repeat_tokens`); view 0 is as before.
+        seed: with ``word_repetition``, seeds the draws (with each batch's texts).
     """
 
     tokenizer: object
     mode: str
     max_seq_len: int = 32
     with_text_ids: bool = False
+    word_repetition: float = 0.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         views_per_example(self.mode)  # an unknown mode fails here, not at the first batch
+        if self.word_repetition and self.mode != "unsup":
+            raise ValueError(f"word_repetition is an unsup augmentation; mode is {self.mode!r}")
 
     def __call__(self, examples: list[dict[str, str]]) -> dict[str, torch.Tensor]:
         texts = batch_texts(examples, self.mode)
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_len, return_tensors="pt")
+        if self.word_repetition:
+            batch = self._with_repetition(texts)
+        else:
+            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_len, return_tensors="pt")
         out = dict(batch)
         if self.with_text_ids:
             out["text_ids"] = text_ids(texts)
         return out
+
+    def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """Tokenise, repeat a few tokens of view 1 of each example (ESimCSE), pad.
+
+        The random draws are seeded from ``seed`` and the batch's own texts, not from a
+        counter: a counter would live in each DataLoader worker's copy of the collator and
+        be lost on ``--resume``, while the batches themselves are what the checkpointed
+        loader generator reproduces; the same batch always gets the same repetitions.
+        """
+        features = self.tokenizer(texts, truncation=True, max_length=self.max_seq_len)
+        digest = hashlib.blake2b(f"{self.seed}\0".encode() + "\0".join(texts).encode("utf-8"), digest_size=8).digest()
+        rng = random.Random(int.from_bytes(digest, "little"))
+        n_rows = len(texts)
+        second_views = set(range(n_rows)[view_rows(n_rows, views_per_example(self.mode), 1)])
+        rows = []
+        for i, ids in enumerate(features["input_ids"]):
+            if i in second_views:
+                ids = repeat_tokens(
+                    ids,
+                    self.tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True),
+                    self.word_repetition,
+                    self.max_seq_len,
+                    rng,
+                )
+            row = {"input_ids": ids, "attention_mask": [1] * len(ids)}
+            if "token_type_ids" in features:
+                row["token_type_ids"] = [0] * len(ids)
+            rows.append(row)
+        return self.tokenizer.pad(rows, return_tensors="pt")
+
+
+def repeat_tokens(ids: list[int], special: list[int], rate: float, max_len: int, rng: random.Random) -> list[int]:
+    """ESimCSE's word repetition (Wu et al. 2022) on one row of token ids.
+
+    Of the row's ``n`` non-special tokens, ``randint(0, max(2, int(rate * n)))`` distinct
+    ones (capped at ``n``) are each duplicated in place, so the tokens stay in order and
+    only the length changes (SimCSE's views share a length, which the model learns to
+    use; this breaks that). Tokens over ``max_len`` are cut from the end of the content,
+    the special tokens kept.
+
+    Args:
+        ids: token ids with the tokenizer's special tokens.
+        special: 1 where ``ids`` holds a special token (``get_special_tokens_mask``).
+        rate: ESimCSE's ``dup_rate`` (0.32 in the paper).
+        max_len: tokens per row, at most.
+        rng: the batch's random source.
+
+    Returns:
+        The new ids: prefix specials, content with repetitions, suffix specials.
+    """
+    content = [i for i, s in enumerate(special) if not s]
+    if not content:
+        return list(ids)
+    first, last = content[0], content[-1] + 1
+    words = ids[first:last]
+    n = len(words)
+    dup = set(rng.sample(range(n), min(n, rng.randint(0, max(2, int(rate * n))))))
+    repeated = [t for k, t in enumerate(words) for _ in range(2 if k in dup else 1)]
+    room = max_len - first - (len(ids) - last)
+    return ids[:first] + repeated[:room] + ids[last:]

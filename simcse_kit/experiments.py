@@ -49,6 +49,7 @@ SWEEP_KEYS = {
     "temperature": "loss.temperature",
     "dropout": "model.dropout",
     "hard_negative_weight": "loss.hard_negative_weight",
+    "word_repetition": "data.word_repetition",
 }
 # The STS table's result keys and headers (one home: simcse_kit.evaluation.tables).
 TABLE_KEYS = tuple(STS_COLUMNS)

@@ -140,6 +140,10 @@ class GradCacheStep:
         self.align = objective.views_per_example()
         self._logged = False
 
+    def metrics(self) -> dict[str, float]:
+        """The objective's counters (:meth:`SimCSEObjective.metrics <simcse_kit.objectives.SimCSEObjective.metrics>`)."""
+        return self.objective.metrics()
+
     def _no_sync(self, model: nn.Module, last: bool) -> Any:
         acc = self.accelerator
         if last or acc is None or getattr(acc, "num_processes", 1) <= 1:

@@ -172,6 +172,10 @@ class MomentumQueueStep:
         self.queue = queue
         self.accelerator = accelerator
 
+    def metrics(self) -> dict[str, float]:
+        """The objective's counters and the queue's fill (rows of negatives it holds now)."""
+        return self.objective.metrics() | {"queue_size": float(self.queue.filled)}
+
     def key_autocast(self, online: nn.Module, device: torch.device) -> Any:
         """The precision of the key encoder's forward: the online model's.
 

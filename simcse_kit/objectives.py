@@ -70,6 +70,13 @@ class SimCSEObjective:
         """``V``: rows per example in this mode's batches."""
         return views_per_example(self.mode)
 
+    def metrics(self) -> dict[str, float]:
+        """The counters a tracked run logs (:mod:`simcse_kit.tracking`): with false-negative
+        masking, the entries masked in the latest batch and in all batches so far."""
+        if not self.loss_cfg.mask_false_negatives:
+            return {}
+        return {"masked_negatives": float(self.last_masked), "masked_negatives_total": float(self.masked_negatives)}
+
     @property
     def symmetric(self) -> bool:
         """True for 2N-view NT-Xent (every view an anchor), False for ``z1 . z2^T`` forms."""

@@ -10,7 +10,9 @@ DataLoader and a :class:`~simcse_kit.config.LoopConfig`:
   ``primary_metric`` attribute naming the key that selects the best model (the
   sentence-transformers convention), run every ``eval_steps`` and at the end;
 - :class:`Checkpoints` owns the run's ``step-N`` folders (the full training state every
-  ``save_steps``, so that ``resume=True`` continues exactly) *and* the best model.
+  ``save_steps``, so that ``resume=True`` continues exactly) *and* the best model;
+- the accelerator's experiment trackers (``cfg.report_to``) get the loop's numbers, the
+  step's own ``metrics()`` and every evaluation against the step (:mod:`simcse_kit.tracking`).
 
 Mixed precision, gradient accumulation and multi-process come from Accelerate.
 """
@@ -32,7 +34,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from accelerate import Accelerator
 from accelerate import state as accelerate_state
-from accelerate.utils import set_seed
+from accelerate.utils import ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -43,6 +45,7 @@ from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
 from simcse_kit.fastpath.internals import reset_accelerate_state
 from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir
 from simcse_kit.precision import PrecisionChoice, resolve_precision
+from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +108,22 @@ def with_concrete_precision(cfg: C, cpu: bool | None = None) -> tuple[C, Precisi
     return replace(cfg, **changes), choice
 
 
-def make_accelerator(cfg: LoopConfig, cpu: bool | None = None) -> Accelerator:
-    """One Accelerator per run; mixed precision and accumulation from the config."""
+def loss_text(value: float) -> str:
+    """The progress bar's loss: three significant digits, since a fine-tuned model's unsup
+    loss sits at 1e-4..1e-2 and a fixed four decimals would show it as 0.0000."""
+    return f"{value:.3g}"
+
+
+def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str | Path | None = None) -> Accelerator:
+    """One Accelerator per run; mixed precision, accumulation and the experiment trackers
+    (``cfg.report_to``, checked: :func:`simcse_kit.tracking.tracker_names`) from the config.
+
+    Args:
+        cfg: the loop's settings.
+        cpu: force the CPU; default: CPU when CUDA is unavailable.
+        logging_dir: where trackers with local files (TensorBoard) write.
+    """
+    trackers = tracker_names(cfg.report_to)
     if cpu is None:
         cpu = not torch.cuda.is_available()
     cfg, _ = with_concrete_precision(cfg, cpu)
@@ -117,7 +134,13 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None) -> Accelerator:
     # in one process. Reset that state but keep the process group.
     if accelerate_state.is_initialized() and str(accelerate_state.AcceleratorState().mixed_precision) != precision:
         reset_accelerate_state()
-    return Accelerator(mixed_precision=precision, gradient_accumulation_steps=cfg.grad_accum, cpu=cpu)
+    return Accelerator(
+        mixed_precision=precision,
+        gradient_accumulation_steps=cfg.grad_accum,
+        cpu=cpu,
+        log_with=trackers or None,
+        project_config=ProjectConfiguration(logging_dir=str(logging_dir)) if logging_dir is not None else None,
+    )
 
 
 def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
@@ -146,6 +169,12 @@ def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
     per_epoch = max(1, batches_per_epoch // cfg.grad_accum)
     steps = per_epoch * cfg.num_epochs
     return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
+
+
+def is_log_step(cfg: LoopConfig, step: int) -> bool:
+    """Whether optimiser step ``step`` records its loss (and reports to trackers): the
+    first step, then every ``cfg.log_steps``."""
+    return step % max(1, cfg.log_steps) == 0 or step == 1
 
 
 def batch_rows(batch: Any) -> int:
@@ -362,6 +391,7 @@ def fit(
     state = LoopState()
     if resume and checkpoints is not None:
         checkpoints.restore(accelerator, state, generator)
+    log = LoopLog(accelerator, cfg, step, state.rows_seen, state.train_seconds)
 
     def evaluate() -> None:
         if evaluator is None:
@@ -371,6 +401,7 @@ def fit(
             unwrapped = accelerator.unwrap_model(model)
             metrics = {"step": float(state.global_step), **evaluator(unwrapped)}
             state.evals.append(metrics)
+            log.evaluation(metrics)
             score = metrics[evaluator.primary_metric]
             if state.best_step < 0:
                 logger.info("step %d: %s = %.4f", state.global_step, evaluator.primary_metric, score)
@@ -404,8 +435,14 @@ def fit(
         for batch in batches:
             with accelerator.accumulate(model):
                 loss = step(model, batch, accelerator.backward)
+                # The gradient norm comes with clipping; without it, it is computed for logged steps only.
+                grad_norm = None
                 if accelerator.sync_gradients and cfg.max_grad_norm is not None:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                elif log.active and accelerator.sync_gradients and is_log_step(cfg, state.global_step + 1):
+                    accelerator.unscale_gradients()  # fp16: the true gradients' norm, as clipping sees it
+                    grad_norm = gradient_norm(model.parameters())
+                lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it next)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
@@ -415,10 +452,12 @@ def fit(
                 continue
             state.global_step += 1
             bar.update(1)
-            if state.global_step % max(1, cfg.log_steps) == 0 or state.global_step == 1:
+            if is_log_step(cfg, state.global_step):
                 value = loss.detach().float().item()
                 state.losses.append((state.global_step, value))
-                bar.set_postfix(loss=f"{value:.3g}")  # unsup losses of 1e-4..1e-2 must not read 0.0000
+                clock.lap()  # the throughput so far
+                log.train(state.global_step, value, lr, grad_norm, state.rows_seen, state.train_seconds)
+                bar.set_postfix(loss=loss_text(value))
             last = state.global_step >= n_steps  # the final evaluation follows the loop
             if cfg.eval_steps and state.global_step % cfg.eval_steps == 0 and not last:
                 with clock.paused():
@@ -431,6 +470,7 @@ def fit(
     clock.lap()
     bar.close()
     evaluate()
+    log.close()
     if evaluator is not None and state.best_step == 0 and state.global_step > 0:
         logger.warning(
             "no checkpoint beat the untouched model on %s (%.4f at step 0): the best model IS the base model",

@@ -2,7 +2,9 @@
 
 The run folder holds ``config.yaml`` (resolved), ``metrics.json`` (per-eval dev
 scores, final STS table, train time, throughput), ``best_model/`` (the checkpoint
-with the best STS-B dev score, self-describing), ``alignment_uniformity.png`` and,
+with the best STS-B dev score, self-describing), ``training_curves.png`` (loss and dev
+score against the step, best step marked), ``alignment_uniformity.png``, with
+``train.report_to`` the trackers' files under ``logs/`` (:mod:`simcse_kit.tracking`) and,
 with ``train.save_steps``, ``checkpoints/`` for ``--resume``.
 """
 
@@ -26,9 +28,10 @@ from transformers import AutoConfig, AutoTokenizer
 from simcse_kit.architectures import max_tokens
 from simcse_kit.batch import views_per_example
 from simcse_kit.config import RunConfig, load_config, save_config
-from simcse_kit.data import ContrastiveCollator, load_train_dataset
+from simcse_kit.data import ContrastiveCollator, load_train_dataset, mix_datasets
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
@@ -36,6 +39,8 @@ from simcse_kit.inference import Encoder
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.plots import plot_training_curves
+from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
 from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
 
 logger = logging.getLogger(__name__)
@@ -45,9 +50,10 @@ logger = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 128
 
 # Settings that may change between a run and its --resume: they do not change what is
-# computed (where files go, progress display, loader workers, checkpoint frequency).
-RESUME_MAY_DIFFER = ("train.output_dir", "train.progress_bar", "data.num_workers", "train.save_steps")
+# computed (where files go, progress display, loader workers, checkpoint frequency, trackers).
+RESUME_MAY_DIFFER = ("train.output_dir", "train.progress_bar", "data.num_workers", "train.save_steps", "train.report_to")
 CHECKPOINTS = "checkpoints"
+LOGS = "logs"  # the experiment trackers' folder in the run folder
 BEST_MODEL = "best_model"
 
 
@@ -60,10 +66,11 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     """
     # Everything that can be wrong with the inputs fails here, before the run folder is
     # written: the training data, the dev and final STS files, the model folder.
-    dataset = load_train_dataset(cfg.data.train_file, cfg.data.mode, cfg.data.max_train_samples)
-    dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
+    dataset = load_training_data(cfg)
+    dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
     final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
     tokenizer = load_checked_tokenizer(cfg)
+    tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
     # "auto" precision becomes what this machine computes fastest, before the run folder
     # records the config: config.yaml says what ran, and a resume on another machine that
     # would decide differently is refused rather than silently mixed.
@@ -71,7 +78,8 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     cfg = replace(cfg, train=train_cfg)
     out = prepare_run_dir(cfg, overwrite, resume)
 
-    accelerator = make_accelerator(cfg.train)
+    accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)
+    start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
     model = build_model(cfg)
     objective = SimCSEObjective(cfg.data.mode, cfg.loss)
     loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes)
@@ -100,10 +108,23 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     if accelerator.is_main_process:
         best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
         metrics["sts"] = final_sts(best.encode)
+        accelerator.log(
+            {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
+        )
         plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"STS-B dev, {cfg.data.mode}")
+        plot_training_curves(
+            state.losses,
+            state.evals,
+            out / "training_curves.png",
+            evaluator.primary_metric,
+            state.best_step,
+            f"{out.name} ({cfg.data.mode})",
+        )
         write_json_atomic(out / "metrics.json", metrics)
-        logger.info("best model (step %d, STS-B dev %.2f) at %s", state.best_step, state.best_score, out / BEST_MODEL)
+        best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
+        logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
         print(format_table(metrics["sts"]))
+    stop_tracking(accelerator)
     return metrics
 
 
@@ -130,6 +151,8 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
     restart script may always pass ``--resume``).
     """
     out = Path(cfg.train.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"config key 'train.output_dir' = {str(out)!r}: exists and is not a folder")
     finished = (out / "metrics.json").exists()
     if resume:
         if overwrite:
@@ -208,11 +231,34 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
     return model
 
 
+def load_training_data(cfg: RunConfig) -> datasets.Dataset:
+    """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
+    the distinct sentences of that scored pair file, scores unused: a domain's unlabelled
+    text), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus)."""
+    data = cfg.data
+    sentences = None
+    if data.train_format != "auto":
+        pairs = PAIR_READERS[data.train_format](data.train_file)
+        sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
+    dataset = load_train_dataset(data.train_file, data.mode, data.max_train_samples, sentences=sentences)
+    if data.mix_file is not None and data.mix_ratio > 0:
+        general = load_train_dataset(data.mix_file, data.mode)
+        dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
+    return dataset
+
+
 def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_processes: int) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
     generator of its own, which the loop checkpoints so a resume redraws the order."""
     per_process = cfg.train.batch_size // num_processes
-    collator = ContrastiveCollator(tokenizer, cfg.data.mode, cfg.model.max_seq_len, with_text_ids=cfg.loss.mask_false_negatives)
+    collator = ContrastiveCollator(
+        tokenizer,
+        cfg.data.mode,
+        cfg.model.max_seq_len,
+        with_text_ids=cfg.loss.mask_false_negatives,
+        word_repetition=cfg.data.word_repetition,
+        seed=cfg.train.seed,
+    )
     return DataLoader(
         dataset,
         batch_size=per_process,

@@ -71,6 +71,20 @@ def data_dir() -> Path:
     return DATA
 
 
+def fake_encoder(dim: int = 16):
+    """Deterministic bag-of-words hashing encoder: cheap, and similar sentences score similar."""
+
+    def encode(sentences: list[str]) -> torch.Tensor:
+        out = torch.zeros(len(sentences), dim)
+        for i, s in enumerate(sentences):
+            for w in s.lower().split():
+                g = torch.Generator().manual_seed(sum(ord(c) * 31**k for k, c in enumerate(w)) % (2**31))
+                out[i] += torch.randn(dim, generator=g)
+        return out
+
+    return encode
+
+
 def toy_sentences(n: int = 48) -> list[str]:
     import random
 

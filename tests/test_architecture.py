@@ -19,10 +19,10 @@ PACKAGE = REPO / "simcse_kit"
 
 # docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("errors", "fileio", "config"),
-    1: ("losses", "distributed", "batch", "architectures", "precision", "fastpath/"),
+    0: ("errors", "fileio", "recipes", "config"),
+    1: ("losses", "distributed", "batch", "architectures", "precision", "fastpath/", "plots", "tracking"),
     2: ("packing", "modeling", "data"),
-    3: ("inference", "objectives", "negatives", "gradcache", "trainer"),
+    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining"),
     4: ("evaluation/",),
     5: ("training", "export", "experiments"),
     6: ("cli", "demos/"),

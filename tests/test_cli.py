@@ -93,3 +93,48 @@ def test_parse_overrides() -> None:
     assert parse_overrides(["--seed", "3", "--model.pooler=avg"]) == {"seed": "3", "model.pooler": "avg"}
     with pytest.raises(ConfigError, match="needs a value"):
         parse_overrides(["--seed"])
+
+
+# --------------------------------------------------------------------------- rough edges a new user hit
+
+
+def test_output_dir_that_is_a_file_is_a_clear_error(
+    tmp_path: Path, tiny_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = recipe(tmp_path, tiny_model_dir, data_dir)
+    (tmp_path / "taken").write_text("a file, not a folder")
+    assert main(["train", str(path), "--output-dir", str(tmp_path / "taken")]) == 2
+    err = capsys.readouterr().err
+    assert "train.output_dir" in err and "exists and is not a folder" in err and "Traceback" not in err
+    assert (tmp_path / "taken").read_text() == "a file, not a folder"
+
+
+def test_train_help_lists_every_config_key(capsys: pytest.CaptureFixture[str]) -> None:
+    from simcse_kit.config import key_help
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    for dotted, kind, default, meaning in key_help():
+        flag = "--" + dotted.split(".")[1].replace("_", "-")
+        line = next((ln for ln in out.splitlines() if ln.split()[:1] == [flag]), None)
+        assert line is not None, flag
+        assert kind in line and repr(default) in line, line
+        assert meaning, f"{dotted} has no comment in config.py to explain it"
+    assert "--mixed-precision" in out and "'auto'" in out
+
+
+def test_progress_bar_shows_small_losses() -> None:
+    from simcse_kit.trainer import loss_text
+
+    assert loss_text(1.234e-4) == "0.000123"  # four fixed decimals showed 0.0001 / 0.0000
+    assert loss_text(3.2e-6) == "3.2e-06"
+    assert loss_text(2.71828) == "2.72"
+
+
+def test_paper_recipes_use_the_paper_loss() -> None:
+    from simcse_kit.config import load_config
+
+    repo = Path(__file__).resolve().parents[1]
+    for name in ("unsup_bert_base.yaml", "unsup_bert_large.yaml"):
+        assert load_config(repo / "train" / "paper" / name).loss.unsup_loss == "paper", name

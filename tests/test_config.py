@@ -37,6 +37,9 @@ def test_every_recipe_loads_with_its_values(recipe: Path) -> None:
     cfg = load_config(recipe)
     for section, values in raw.items():
         for key, value in values.items():
+            if isinstance(value, str) and "{data_root}" in value:  # data paths: the data root put in, absolute
+                assert cfg.data.data_root == str(REPO.parent / "shared" / "data")
+                value = value.replace("{data_root}", cfg.data.data_root)
             assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
 
 

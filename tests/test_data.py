@@ -131,3 +131,84 @@ def test_data_imports_neither_negatives_nor_optimisers() -> None:
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not imported & {"simcse_kit.negatives", "simcse_kit.objectives", "simcse_kit.optim"}
+
+
+# --------------------------------------------------------------------------- word repetition (ESimCSE)
+
+
+def _content(tokenizer: object, row: torch.Tensor) -> list[int]:
+    """A row's ids without padding and special tokens."""
+    ids = [int(t) for t in row if int(t) != tokenizer.pad_token_id]  # type: ignore[attr-defined]
+    mask = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)  # type: ignore[attr-defined]
+    return [t for t, s in zip(ids, mask, strict=True) if not s]
+
+
+def _is_repetition(original: list[int], repeated: list[int], prefix: bool = False) -> int:
+    """How many tokens of ``original`` ``repeated`` doubles in place (or, with ``prefix``,
+    a prefix of such a sequence); -1 if it is not that."""
+    out, doubled = 0, 0
+    for token in original:
+        if prefix and out == len(repeated):
+            break
+        if repeated[out : out + 2] == [token, token]:
+            out, doubled = out + 2, doubled + 1
+        elif repeated[out : out + 1] == [token]:
+            out += 1
+        else:
+            return -1
+    return doubled if out == len(repeated) else -1
+
+
+WORD_REP_EXAMPLES = [
+    {"sent0": "a man plays the red guitar in the park"},
+    {"sent0": "two children swims water"},
+    {"sent0": "dog cat ball car street book bed food piano guitar park water"},
+]
+
+
+def test_word_repetition_doubles_tokens_of_view_one_in_order_within_bounds(tiny_model_dir: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    plain = ContrastiveCollator(tok, "unsup", max_seq_len=12)(WORD_REP_EXAMPLES)
+    rate, seen = 0.32, set()
+    for seed in range(8):
+        batch = ContrastiveCollator(tok, "unsup", max_seq_len=12, word_repetition=rate, seed=seed)(WORD_REP_EXAMPLES)
+        assert batch["input_ids"].shape[1] <= 12 and set(batch) == set(plain)
+        for i in range(len(WORD_REP_EXAMPLES)):
+            original = _content(tok, plain["input_ids"][2 * i])
+            assert _content(tok, batch["input_ids"][2 * i]) == original  # view 0 untouched
+            repeated = _content(tok, batch["input_ids"][2 * i + 1])
+            n, room = len(original), 12 - 2  # [CLS] ... [SEP]
+            if len(repeated) < room:  # not truncated: every token kept, some doubled
+                doubled = _is_repetition(original, repeated)
+                assert 0 <= doubled <= max(2, int(rate * n))
+                seen.add(doubled)
+            else:  # truncated at max_seq_len: a prefix of such a sequence
+                assert len(repeated) == room and _is_repetition(original, repeated, prefix=True) >= 0
+            row = batch["input_ids"][2 * i + 1]
+            assert int(row[0]) == tok.cls_token_id and tok.sep_token_id in row.tolist()
+            assert int(batch["attention_mask"][2 * i + 1].sum()) == len(repeated) + 2
+    assert len(seen) > 1  # the number of repeats varies
+
+
+def test_word_repetition_is_deterministic_per_batch_and_off_is_unchanged(tiny_model_dir: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    make = lambda **kw: ContrastiveCollator(tok, "unsup", max_seq_len=16, **kw)  # noqa: E731
+    first = make(word_repetition=0.5, seed=3)(WORD_REP_EXAMPLES)
+    again = make(word_repetition=0.5, seed=3)(WORD_REP_EXAMPLES)
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    # What --resume needs: a batch's repetitions depend on the batch alone, not on how many
+    # batches this collator (or a worker's copy of it) made before.
+    used = make(word_repetition=0.5, seed=3)
+    used(WORD_REP_EXAMPLES[::-1])
+    assert all(torch.equal(used(WORD_REP_EXAMPLES)[k], first[k]) for k in first)
+    plain = make()(WORD_REP_EXAMPLES)
+    reference = tok(
+        [e["sent0"] for e in WORD_REP_EXAMPLES for _ in range(2)],
+        padding=True,
+        truncation=True,
+        max_length=16,
+        return_tensors="pt",
+    )
+    assert all(torch.equal(plain[k], reference[k]) for k in reference)  # off: the plain tokenizer call
+    with pytest.raises(ValueError, match="unsup"):
+        ContrastiveCollator(tok, "sup", word_repetition=0.3)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TinyRun, fake_encoder
 from scipy.stats import spearmanr
 
 from simcse_kit.evaluation import alignment, pair_alignment_uniformity, plot_trajectory, sts_alignment_uniformity, uniformity
@@ -84,20 +85,6 @@ def test_pair_alignment_uniformity_uses_only_high_score_pairs() -> None:
     assert out["uniformity"] == pytest.approx(math.log(sum(math.exp(-2 * d) for d in d2) / 6), rel=1e-6)
 
 
-def fake_encoder(dim: int = 16):
-    """Deterministic bag-of-words hashing encoder: cheap, and similar sentences score similar."""
-
-    def encode(sentences: list[str]) -> torch.Tensor:
-        out = torch.zeros(len(sentences), dim)
-        for i, s in enumerate(sentences):
-            for w in s.lower().split():
-                g = torch.Generator().manual_seed(sum(ord(c) * 31**k for k, c in enumerate(w)) % (2**31))
-                out[i] += torch.randn(dim, generator=g)
-        return out
-
-    return encode
-
-
 def test_sts_alignment_uniformity_one_encoding_matches_definitions(data_dir: Path) -> None:
     from simcse_kit.evaluation import read_stsb, stsb_split_path
 
@@ -139,33 +126,13 @@ def test_plot_trajectory(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_training_logs_alignment_uniformity_and_saves_plot(tmp_path: Path, tiny_model_dir: Path, data_dir: Path) -> None:
-    from simcse_kit.config import load_config
-    from simcse_kit.training import train
-
-    lines = [" ".join(["a man is playing guitar"] * (1 + i % 3)) + f" {i % 7}" for i in range(64)]
-    train_file = tmp_path / "train.txt"
-    train_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    cfg = load_config(
-        None,
-        {
-            "name_or_path": str(tiny_model_dir),
-            "train_file": str(train_file),
-            "eval_data_dir": str(data_dir / "senteval"),
-            "output_dir": str(tmp_path / "run"),
-            "batch_size": "16",
-            "eval_steps": "2",
-            "num_epochs": "1",
-            "eval_max_seq_len": "32",
-            "progress_bar": "false",
-        },
-    )
-    metrics = train(cfg)
+def test_training_logs_alignment_uniformity_and_saves_plot(tiny_run: TinyRun) -> None:
+    metrics = tiny_run.train("run", batch_size=16, eval_steps=2, num_epochs=1, save_steps=0)
     evals = metrics["evals"]
-    assert len(evals) >= 2
+    assert [e["step"] for e in evals] == [0.0, 2.0, 4.0]  # the trajectory starts at the base model
     for e in evals:
         assert 0.0 <= e["alignment"] <= 4.0 and -4.0 <= e["uniformity"] <= 0.0
-    assert (tmp_path / "run" / "alignment_uniformity.png").stat().st_size > 1000
+    assert (tiny_run.folder / "run" / "alignment_uniformity.png").stat().st_size > 1000
 
 
 def test_align_uniform_command(tmp_path: Path, tiny_model_dir: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import toy_sentences
+from conftest import fake_encoder, toy_sentences
 from scipy.stats import spearmanr
 from test_evaluation_readers import write_sick, write_sts_subset, write_stsb
 
@@ -197,20 +197,6 @@ def test_dev_evaluator_known_answer(tmp_path: Path) -> None:
     emb = torch.tensor([table[s] for pair in dev for s in pair])
     assert results["uniformity"] == pytest.approx(float(uniformity(emb)), rel=1e-6)
     assert sorted(encoder.seen) == sorted(table) and max(encoder.batch_sizes) <= 3  # one pass
-
-
-def fake_encoder(dim: int = 16):
-    """Deterministic bag-of-words hashing encoder: cheap, and similar sentences score similar."""
-
-    def encode(sentences: list[str]) -> torch.Tensor:
-        out = torch.zeros(len(sentences), dim)
-        for i, s in enumerate(sentences):
-            for w in s.lower().split():
-                g = torch.Generator().manual_seed(sum(ord(c) * 31**k for k, c in enumerate(w)) % (2**31))
-                out[i] += torch.randn(dim, generator=g)
-        return out
-
-    return encode
 
 
 def test_dev_evaluator_one_encoding_matches_definitions_on_real_dev(data_dir: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_sentences
+from conftest import TinyRun, toy_sentences
 from safetensors import safe_open
 from transformers import AutoTokenizer, BertConfig, BertModel
 
@@ -258,37 +258,14 @@ def test_bf16_training_keeps_embedding_tables_fp32(tiny_model_dir: Path) -> None
 
 
 @pytest.mark.slow  # a whole run incl. the 7-task STS evaluation
-def test_train_run_on_the_fast_path(tiny_model_dir: Path, tmp_path: Path, data_dir: Path) -> None:
+def test_train_run_on_the_fast_path(tiny_run: TinyRun) -> None:
     """The recipes' fast path end to end: the loss falls, and the saved best model holds
     the fp32 master weights in a plain (sdpa) model folder."""
-    from simcse_kit.config import load_config
-    from simcse_kit.training import train
-
-    train_file = tmp_path / "train.txt"
-    train_file.write_text("\n".join(toy_sentences(96)) + "\n", encoding="utf-8")
-    cfg = load_config(
-        None,
-        {
-            "name_or_path": str(tiny_model_dir),
-            "train_file": str(train_file),
-            "eval_data_dir": str(data_dir / "senteval"),
-            "output_dir": str(tmp_path / "run"),
-            "max_seq_len": "16",
-            "eval_max_seq_len": "64",
-            "batch_size": "16",
-            "learning_rate": "1e-3",
-            "num_epochs": "2",
-            "eval_steps": "0",
-            "log_steps": "1",
-            "progress_bar": "false",
-            "mixed_precision": "bf16",
-            "bf16_weights": "true",
-            "fast_dropout": "true",
-        },
-    )
-    metrics = train(cfg)
+    fast = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"}
+    metrics = tiny_run.train("run", batch_size=16, num_epochs=2, eval_steps=0, save_steps=0, eval_max_seq_len=64, **fast)
+    tmp_path = tiny_run.folder
     losses = [v for _, v in metrics["losses"]]
-    assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])
+    assert len(losses) == 8 and sum(losses[-3:]) < sum(losses[:3])  # 64 sentences, batch 16, 2 epochs
     best = tmp_path / "run" / "best_model"
     with safe_open(str(best / "model.safetensors"), "pt") as f:
         dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, toy_sentences
+from conftest import TinyRun, toy_sentences
 from transformers import AutoTokenizer
 
 from simcse_kit.batch import views_per_example
@@ -173,29 +173,12 @@ def test_bf16_autocast_close_to_full_batch(tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.slow  # a whole run incl. the 7-task STS evaluation (~15 s CPU)
-def test_train_run_uses_gradcache(tiny_model_dir: Path, tmp_path: Path, data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_train_run_uses_gradcache(tiny_run: TinyRun, caplog: pytest.LogCaptureFixture) -> None:
     """``train.grad_cache_chunk > 0`` routes a real run through GradCacheStep."""
     import logging
 
-    from simcse_kit.config import load_config
-    from simcse_kit.training import train
-
-    train_file = tmp_path / "train.txt"
-    train_file.write_text("\n".join(toy_sentences(32)) + "\n", encoding="utf-8")
-    overrides = {
-        "name_or_path": str(tiny_model_dir),
-        "train_file": str(train_file),
-        "eval_data_dir": str(data_dir / "senteval"),
-        "output_dir": str(tmp_path / "run"),
-        "eval_max_seq_len": "64",
-        "batch_size": "16",
-        "grad_cache_chunk": "6",
-        "mixed_precision": "no",  # one Accelerate state per process: earlier tests set "no"
-        "eval_steps": "0",
-        "progress_bar": "false",
-    }
     with caplog.at_level(logging.INFO, logger="simcse_kit.gradcache"):
-        metrics = train(load_config(REPO / "train" / "unsup.yaml", overrides))
+        metrics = tiny_run.train("run", batch_size=16, grad_cache_chunk=6, max_steps=2, eval_steps=0, save_steps=0)
     # 16 examples = 32 rows in chunks of 6 rows (3 sentences x 2 views): 6 chunks;
     # 2N-view InfoNCE over 16 examples: 30 negatives per anchor.
     assert "GradCache: 32 rows in 6 chunks of <= 6; 30 negatives per anchor" in caplog.text

@@ -179,7 +179,7 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         (["--learning-rate"], ["option --learning-rate needs a value"]),
         (["--name-or-path", "/no/such/model"], ["'model.name_or_path' = '/no/such/model': no such folder"]),
         (["--eval-max-seq-len", "512"], ["'model.eval_max_seq_len' = 512: the model takes at most 64 positions"]),
-        (["--eval-data-dir", "/no/such/senteval"], ["/no/such/senteval/STS/STSBenchmark/sts-dev.csv: file not found"]),
+        (["--eval-data-dir", "/no/such/senteval"], ["config key 'data.eval_data_dir': /no/such/senteval: folder not found"]),
     ],
 )
 def test_bad_option(recipe: Path, capsys: pytest.CaptureFixture[str], overrides: list[str], needles: list[str]) -> None:

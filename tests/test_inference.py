@@ -94,3 +94,20 @@ def test_load_encoder_opens_a_sentence_transformers_folder(tiny_model_dir: Path,
     sentences = toy_sentences(6)
     want = torch.nn.functional.normalize(load_encoder(tiny_model_dir, pooler="avg").encode(sentences), dim=-1)
     torch.testing.assert_close(encoder.encode(sentences), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "auto"])
+def test_precision_applies_to_sentence_transformers_folders(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``evaluate --precision bf16`` used to be ignored for sentence-transformers folders
+    (all-MiniLM-L6-v2 and every export): the vectors came out bit-equal to fp32."""
+    from simcse_kit import precision as precision_module
+
+    # "auto" decides from a probe; make this CPU look native-bf16 whatever it is.
+    monkeypatch.setattr(precision_module, "cpu_matmul_speeds", lambda dtype, *a, **k: precision_module.MatmulSpeeds(50.0, 150.0))
+    sentences = ["a man is playing a guitar.", "two dogs run in the park.", "the cat sleeps on the bed."]
+    fp32 = load_encoder("all-MiniLM-L6-v2").encode(sentences)
+    low = load_encoder("all-MiniLM-L6-v2", precision=precision)
+    assert isinstance(low, SentenceTransformerEncoder) and low.precision == "bf16"
+    out = low.encode(sentences)
+    assert not torch.equal(out, fp32)  # bf16 really ran
+    assert torch.nn.functional.cosine_similarity(out, fp32).min() > 0.99  # and is the same model

@@ -10,6 +10,9 @@ Modules, each with one role:
 * :mod:`~simcse_kit.evaluation.transfer` — :class:`TransferEvaluator`;
 * :mod:`~simcse_kit.evaluation.geometry` — alignment, uniformity, the trajectory plot;
 * :mod:`~simcse_kit.evaluation.tables` — the one table formatter;
+* :mod:`~simcse_kit.evaluation.hub` — the same STS tasks from the Hugging Face hub
+  (MTEB's dataset ids), and local copies in the hub's schema;
+* :mod:`~simcse_kit.evaluation.mteb` — STS results in MTEB's JSON format;
 * :mod:`~simcse_kit.evaluation.api` — the ``evaluate`` / ``transfer`` / ``align-uniform``
   commands as functions.
 
@@ -20,6 +23,8 @@ Every evaluator is a callable ``evaluator(encode) -> dict[str, float]`` with a
 from simcse_kit.evaluation.api import align_uniform_model, evaluate_model, evaluate_transfer
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once, encode_unique
 from simcse_kit.evaluation.geometry import alignment, pair_alignment_uniformity, plot_trajectory, uniformity
+from simcse_kit.evaluation.hub import HUB_DATASETS, HubSTSEvaluator
+from simcse_kit.evaluation.mteb import write_mteb_results
 from simcse_kit.evaluation.readers import (
     DEFAULT_SUITE,
     MAIN_TASKS,
@@ -48,12 +53,14 @@ from simcse_kit.evaluation.transfer import TransferEvaluator
 
 __all__ = [
     "DEFAULT_SUITE",
+    "HUB_DATASETS",
     "MAIN_TASKS",
     "STS_COLUMNS",
     "TRANSFER_COLUMNS",
     "TRANSFER_TASKS",
     "DevEvaluator",
     "Embedded",
+    "HubSTSEvaluator",
     "Encode",
     "STSEvaluator",
     "STSPairs",
@@ -82,4 +89,5 @@ __all__ = [
     "stsb_split_path",
     "suite_columns",
     "uniformity",
+    "write_mteb_results",
 ]

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.hub import HubSTSEvaluator
+from simcse_kit.evaluation.mteb import write_mteb_results
 from simcse_kit.evaluation.readers import TaskSpec, load_suite, read_stsb, stsb_split_path
 from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
 from simcse_kit.evaluation.tables import TRANSFER_COLUMNS, format_table, suite_columns
@@ -37,6 +39,9 @@ def evaluate_model(
     json_out: str | Path | None = None,
     batch_size: int = 128,
     precision: str = "no",
+    source: str = "senteval",
+    hub_root: str | Path | None = None,
+    mteb_results: str | Path | None = None,
 ) -> dict[str, float]:
     """Spearman x 100 on the STS tasks for MODEL; prints the paper-style table.
 
@@ -50,17 +55,41 @@ def evaluate_model(
         json_out: Where to write the results (JSON), if anywhere.
         batch_size: Sentences per forward pass.
         precision: Inference autocast: ``"no"``, ``"bf16"`` or ``"fp16"``.
+        source: ``"senteval"`` (the tokenised files in ``data_dir``) or ``"hub"``
+            (MTEB's copies through ``datasets``, see :mod:`~simcse_kit.evaluation.hub`).
+        hub_root: For ``source="hub"``: a local folder of hub-schema copies
+            instead of the hub.
+        mteb_results: A folder to write one MTEB-format JSON per task into
+            (see :mod:`~simcse_kit.evaluation.mteb`), if any.
 
     Returns:
         Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
-        details under ``<task>/<detail>``, and the 7-task average under ``avg``.
+        details under ``<task>/<detail>`` (SentEval source only), and the 7-task
+        average under ``avg``.
+
+    Raises:
+        ConfigError: An unknown ``source``, or a suite or hub root given with the
+            other source.
     """
+    if source not in ("senteval", "hub"):
+        raise ConfigError(f"--source must be senteval or hub, got {source!r}")
+    if source == "hub" and suite is not None:
+        raise ConfigError("--suite selects SentEval-layout files; it does not apply to --source hub")
+    if source == "senteval" and hub_root is not None:
+        raise ConfigError("--hub-root only applies to --source hub")
     if isinstance(suite, str | Path):
         suite = load_suite(suite)
     # Read the data first: a bad data folder fails before the model loads.
-    evaluator = STSEvaluator(data_dir, tasks=tasks, batch_size=batch_size, suite=suite)
+    evaluator = (
+        HubSTSEvaluator(tasks, batch_size, hub_root)
+        if source == "hub"
+        else STSEvaluator(data_dir, tasks=tasks, batch_size=batch_size, suite=suite)
+    )
     columns = suite_columns(list(evaluator.specs))
-    return _run(evaluator, model, pooler, precision, columns, json_out)
+    results = _run(evaluator, model, pooler, precision, columns, json_out)
+    if mteb_results is not None:
+        write_mteb_results(mteb_results, evaluator)
+    return results
 
 
 def _run(

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from simcse_kit.fileio import save_figure
+from simcse_kit.plots import pyplot
 
 __all__ = ["alignment", "pair_alignment_uniformity", "plot_trajectory", "uniformity"]
 
@@ -128,11 +129,7 @@ def plot_trajectory(evals: Sequence[dict[str, float]], path: Path, title: str = 
     points = [e for e in evals if "alignment" in e and "uniformity" in e]
     if not points:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     steps = [e["step"] for e in points]
     x = [e["uniformity"] for e in points]
     y = [e["alignment"] for e in points]
@@ -140,6 +137,7 @@ def plot_trajectory(evals: Sequence[dict[str, float]], path: Path, title: str = 
     ax.plot(x, y, color="grey", lw=0.8, zorder=1)
     sc = ax.scatter(x, y, c=steps, cmap="viridis", s=30, zorder=2)
     fig.colorbar(sc, ax=ax, label="step")
+    ax.annotate(f"step {steps[0]:g}", (x[0], y[0]), textcoords="offset points", xytext=(4, 4), fontsize=8)  # where it starts
     ax.set(xlabel="uniformity (lower is better)", ylabel="alignment (lower is better)", title=title or "STS-B dev")
     fig.tight_layout()
     return save_figure(fig, path)  # atomic: a run folder never holds half a figure

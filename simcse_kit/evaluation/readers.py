@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -40,6 +40,7 @@ from simcse_kit.fileio import read_lines
 __all__ = [
     "DEFAULT_SUITE",
     "MAIN_TASKS",
+    "PAIR_READERS",
     "STSPairs",
     "TRANSFER_TASKS",
     "TaskSpec",
@@ -47,13 +48,15 @@ __all__ = [
     "load_suite",
     "load_task",
     "load_transfer_task",
+    "pairs_from_columns",
     "read_sick",
     "read_sts_subset",
     "read_stsb",
     "stsb_split_path",
 ]
 
-TaskFormat = Literal["sts", "stsb", "sick"]
+# "hub": one test split from a Hugging Face dataset (simcse_kit.evaluation.hub), never in a YAML suite.
+TaskFormat = Literal["sts", "stsb", "sick", "hub"]
 FORMATS: tuple[str, ...] = ("sts", "stsb", "sick")
 
 # Gold-score ranges of the official data.
@@ -74,9 +77,11 @@ class TaskSpec:
     Attributes:
         format: ``"sts"`` (STS12-16 input/gold file pairs, one per subset),
             ``"stsb"`` (STS Benchmark ``sts-dev.csv`` and ``sts-test.csv``) or
-            ``"sick"`` (one SICK file with a header row).
+            ``"sick"`` (one SICK file with a header row) or ``"hub"`` (one
+            ``test`` split read through ``datasets``, see
+            :mod:`simcse_kit.evaluation.hub`).
         path: Relative to the data folder: the task's folder for ``sts`` and
-            ``stsb``, the annotated test file for ``sick``.
+            ``stsb``, the annotated test file for ``sick``; the dataset id for ``hub``.
         subsets: The subset names for ``sts`` (``STS.input.<subset>.txt``);
             empty for the other formats.
     """
@@ -234,7 +239,7 @@ def _check_sentence(sentence: str, path: Path, line: int, column: str) -> str:
     return sentence
 
 
-def read_sts_subset(folder: Path | str, subset: str) -> STSPairs:
+def read_sts_subset(folder: Path | str, subset: str, prefix: str = "STS", source_columns: bool = False) -> STSPairs:
     """Reads one STS12-16 subset: ``STS.input.<subset>.txt`` and ``STS.gs.<subset>.txt``.
 
     Pairs whose gold line is blank are unscored in the official data and skipped.
@@ -242,6 +247,10 @@ def read_sts_subset(folder: Path | str, subset: str) -> STSPairs:
     Args:
         folder: The year's folder, e.g. ``<data>/STS/STS12-en-test``.
         subset: e.g. ``"MSRpar"``.
+        prefix: The file-name prefix: ``"STS"``, or ``"STS2016"`` for the original
+            STS 2016 release.
+        source_columns: Accept (and ignore) fields after the two sentences: the
+            original STS 2016 input files name each sentence's source there.
 
     Returns:
         The scored pairs, in file order.
@@ -252,8 +261,8 @@ def read_sts_subset(folder: Path | str, subset: str) -> STSPairs:
             gold score is not a number in [0, 5]; no pair is scored.
     """
     folder = Path(folder)
-    input_path = folder / f"STS.input.{subset}.txt"
-    gold_path = folder / f"STS.gs.{subset}.txt"
+    input_path = folder / f"{prefix}.input.{subset}.txt"
+    gold_path = folder / f"{prefix}.gs.{subset}.txt"
     inputs = _sts_lines(input_path)
     golds = _sts_lines(gold_path)
     if len(golds) != len(inputs):
@@ -266,7 +275,7 @@ def read_sts_subset(folder: Path | str, subset: str) -> STSPairs:
     scores: list[float] = []
     for i, (pair, gold) in enumerate(zip(inputs, golds, strict=True), start=1):
         fields = pair.split("\t")
-        if len(fields) != 2:
+        if len(fields) != 2 and not (source_columns and len(fields) > 2):
             raise DataError(f"{where(input_path, i)}: expected 2 tab-separated sentences, got {len(fields)} fields")
         a = _check_sentence(fields[0], input_path, i, "sentence 1")
         b = _check_sentence(fields[1], input_path, i, "sentence 2")
@@ -313,11 +322,17 @@ def read_stsb(path: Path | str) -> STSPairs:
 _SICK_COLUMNS = ("sentence_A", "sentence_B", "relatedness_score")
 
 
-def read_sick(path: Path | str) -> STSPairs:
+def read_sick(path: Path | str, semeval_set: str | None = None) -> STSPairs:
     """Reads a SentEval SICK file (``SICK_test_annotated.txt``) for relatedness.
 
     The first line is a tab-separated header naming at least ``sentence_A``,
     ``sentence_B`` and ``relatedness_score``; columns are found by name.
+
+    Args:
+        path: The file.
+        semeval_set: Keep only the rows whose ``SemEval_set`` column holds this
+            value (``"TEST"`` picks the test pairs out of the full ``SICK.txt``);
+            default every row.
 
     Raises:
         DataError: Missing, empty or non-UTF-8 file; a header without the needed
@@ -331,6 +346,9 @@ def read_sick(path: Path | str) -> STSPairs:
     if missing:
         raise DataError(f"{where(path, 1)}: header lacks column(s) {', '.join(missing)}")
     ia, ib, iscore = (header.index(c) for c in _SICK_COLUMNS)
+    if semeval_set is not None and "SemEval_set" not in header:
+        raise DataError(f"{where(path, 1)}: header lacks column SemEval_set")
+    iset = header.index("SemEval_set") if semeval_set is not None else -1
     if len(lines) == 1:
         raise DataError(f"{where(path)}: no data rows after the header")
     s1: list[str] = []
@@ -340,10 +358,58 @@ def read_sick(path: Path | str) -> STSPairs:
         fields = line.split("\t")
         if len(fields) != len(header):
             raise DataError(f"{where(path, i)}: expected {len(header)} tab-separated fields, got {len(fields)}")
+        if semeval_set is not None and fields[iset].strip() != semeval_set:
+            continue
         scores.append(_parse_score(fields[iscore].strip(), path, i, SICK_RANGE))
         s1.append(_check_sentence(fields[ia], path, i, "sentence_A"))
         s2.append(_check_sentence(fields[ib], path, i, "sentence_B"))
+    if not scores:
+        raise DataError(f"{where(path)}: no rows with SemEval_set {semeval_set!r}")
     return STSPairs(s1, s2, np.asarray(scores, dtype=np.float64))
+
+
+def pairs_from_columns(
+    sentences1: Sequence[object], sentences2: Sequence[object], scores: Sequence[object], source: str
+) -> STSPairs:
+    """Checks three parallel columns (e.g. a ``datasets`` split's) and makes them pairs.
+
+    Sentences are whitespace-normalised like every file reader's; a score may be
+    any real number (hub datasets rescale: MTEB's SICK-R is 1-5, others 0-5), since
+    Spearman and Pearson do not depend on the scale.
+
+    Args:
+        sentences1: First sentence of each pair.
+        sentences2: Second sentence of each pair.
+        scores: Gold similarity of each pair.
+        source: What the columns came from, for error messages (a dataset id).
+
+    Raises:
+        DataError: The columns differ in length or are empty; a sentence is not
+            a non-empty string; a score is not a finite number. The message names
+            ``source`` and the row (1-based).
+    """
+    if not len(sentences1) == len(sentences2) == len(scores):
+        raise DataError(f"{source}: columns differ in length ({len(sentences1)}, {len(sentences2)}, {len(scores)})")
+    if not scores:
+        raise DataError(f"{source}: no pairs")
+    s1: list[str] = []
+    s2: list[str] = []
+    gold: list[float] = []
+    for row, (a, b, score) in enumerate(zip(sentences1, sentences2, scores, strict=True), start=1):
+        pair = [_normalize(s) if isinstance(s, str) else "" for s in (a, b)]
+        if not all(pair):
+            raise DataError(f"{source}: row {row}: sentence1 and sentence2 must be non-empty strings")
+        if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+            raise DataError(f"{source}: row {row}: score {score!r} is not a finite number")
+        s1.append(pair[0])
+        s2.append(pair[1])
+        gold.append(float(score))
+    return STSPairs(s1, s2, np.asarray(gold, dtype=np.float64))
+
+
+PAIR_READERS: dict[str, Callable[[Path | str], STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
+"""The readers of one scored-pair file by format: what a training run may name as its dev
+split (``data.dev_format``) or read sentences from (``data.train_format``)."""
 
 
 def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:
@@ -363,7 +429,7 @@ def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:
         return {split: read_stsb(base / f"sts-{split}.csv") for split in ("dev", "test")}
     if spec.format == "sick":
         return {"test": read_sick(base)}
-    raise ValueError(f"unknown task format {spec.format!r}")
+    raise ValueError(f"task format {spec.format!r} is not read from a data folder")
 
 
 # --------------------------------------------------------------------------- transfer readers

@@ -25,11 +25,20 @@ from scipy.stats import spearmanr
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once
 from simcse_kit.evaluation.geometry import pair_alignment_uniformity
-from simcse_kit.evaluation.readers import DEFAULT_SUITE, MAIN_TASKS, STSPairs, TaskSpec, load_task, read_stsb, stsb_split_path
+from simcse_kit.evaluation.readers import (
+    DEFAULT_SUITE,
+    MAIN_TASKS,
+    PAIR_READERS,
+    STSPairs,
+    TaskSpec,
+    load_task,
+    stsb_split_path,
+)
 
 __all__ = [
     "DevEvaluator",
     "STSEvaluator",
+    "main_split",
     "score_splits",
     "spearman100",
     "sts_alignment_uniformity",
@@ -78,31 +87,39 @@ def score_splits(
     }
 
 
+def main_split(spec: TaskSpec, scored: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The (cosines, gold scores) behind a task's main figure: all subsets of an
+    ``sts`` task concatenated (SimCSE's "all", and MTEB's test split), else ``test``."""
+    if spec.format == "sts":
+        return (
+            np.concatenate([scored[s][0] for s in spec.subsets]),
+            np.concatenate([scored[s][1] for s in spec.subsets]),
+        )
+    return scored["test"]
+
+
 def task_results(name: str, spec: TaskSpec, scored: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, float]:
     """Turns per-split cosines and gold scores into the result entries of one task.
 
     ``sts``: ``name`` = all subsets concatenated (the paper's figure),
     ``name/mean`` = unweighted mean over subsets, ``name/wmean`` = mean weighted
     by pair count, ``name/<subset>`` each. ``stsb``: ``name`` = test,
-    ``name/dev``. ``sick``: ``name`` = test.
+    ``name/dev``. ``sick`` and ``hub``: ``name`` = test.
     """
+    main = {name: spearman100(*main_split(spec, scored))}
     if spec.format == "sts":
         per = {s: spearman100(*scored[s]) for s in spec.subsets}
         sizes = np.array([len(scored[s][1]) for s in spec.subsets], dtype=np.float64)
         values = np.array(list(per.values()))
-        res = {
-            name: spearman100(
-                np.concatenate([scored[s][0] for s in spec.subsets]),
-                np.concatenate([scored[s][1] for s in spec.subsets]),
-            ),
+        res = main | {
             f"{name}/mean": float(values.mean()),
             f"{name}/wmean": float((values * sizes).sum() / sizes.sum()),
         }
         res.update({f"{name}/{s}": v for s, v in per.items()})
         return res
     if spec.format == "stsb":
-        return {name: spearman100(*scored["test"]), f"{name}/dev": spearman100(*scored["dev"])}
-    return {name: spearman100(*scored["test"])}
+        return main | {f"{name}/dev": spearman100(*scored["dev"])}
+    return main
 
 
 def sts_alignment_uniformity(encode: Encode, pairs: STSPairs, threshold: float = 4.0, batch_size: int = 128) -> dict[str, float]:
@@ -165,6 +182,13 @@ class STSEvaluator:
     primary_metric: str
     """``"avg"`` when all seven paper tasks run, else the first task's name."""
 
+    scored: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+    """The last call's cosines and gold scores: task -> split -> ``((N,), (N,))``
+    (what :mod:`~simcse_kit.evaluation.mteb` reports besides Spearman)."""
+
+    seconds: dict[str, float]
+    """The last call's encoding-and-scoring time of each task."""
+
     def __init__(
         self,
         data_dir: Path | str,
@@ -182,12 +206,19 @@ class STSEvaluator:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.data_dir = Path(data_dir)
-        if not self.data_dir.is_dir():
-            raise DataError(f"{where(self.data_dir)}: SentEval data folder not found")
         self.batch_size = batch_size
         self.specs = {t: suite[t] for t in names}
-        self.data = {t: load_task(self.data_dir, spec) for t, spec in self.specs.items()}
+        self.data = self._read()
         self.primary_metric = "avg" if set(MAIN_TASKS) <= set(names) else names[0]
+        self.scored = {}
+        self.seconds = {}
+
+    def _read(self) -> dict[str, dict[str, STSPairs]]:
+        """Every task's splits, read from the SentEval-layout ``data_dir`` (a subclass
+        reads them from elsewhere: :class:`~simcse_kit.evaluation.hub.HubSTSEvaluator`)."""
+        if not self.data_dir.is_dir():
+            raise DataError(f"{where(self.data_dir)}: SentEval data folder not found")
+        return {t: load_task(self.data_dir, spec) for t, spec in self.specs.items()}
 
     def __call__(self, encode: Encode) -> dict[str, float]:
         """Encodes each task's distinct sentences once and returns the correlations.
@@ -204,9 +235,10 @@ class STSEvaluator:
         results: dict[str, float] = {}
         for name, spec in self.specs.items():
             start = time.perf_counter()
-            scored = score_splits(encode, self.data[name], self.batch_size)
-            results.update(task_results(name, spec, scored))
-            logger.info("%s: %.2f (%.1fs)", name, results[name], time.perf_counter() - start)
+            self.scored[name] = score_splits(encode, self.data[name], self.batch_size)
+            results.update(task_results(name, spec, self.scored[name]))
+            self.seconds[name] = time.perf_counter() - start
+            logger.info("%s: %.2f (%.1fs)", name, results[name], self.seconds[name])
         if all(t in results for t in MAIN_TASKS):
             results["avg"] = float(np.mean([results[t] for t in MAIN_TASKS]))
             logger.info("STS avg: %.2f", results["avg"])
@@ -220,20 +252,26 @@ class DevEvaluator:
     primary metric) and the alignment (gold >= 4 pairs) and uniformity of SimCSE's
     Figure 2. The dev file is read once, at construction; each call only encodes.
 
+    Another scored-pair file may take STS-B dev's place (a domain's own dev split, such
+    as SICK trial); its score is still reported as ``stsb_dev``, the key checkpoint
+    selection and ``metrics.json`` read, and :attr:`path` says which file it was.
+
     Args:
         data_dir: The SentEval-layout data folder.
         batch_size: Sentences per ``encode`` call.
+        path: The dev file instead of ``STS/STSBenchmark/sts-dev.csv``.
+        fmt: Its format, a key of :data:`~simcse_kit.evaluation.readers.PAIR_READERS`.
 
     Raises:
-        DataError: ``STS/STSBenchmark/sts-dev.csv`` is missing or malformed.
+        DataError: The dev file is missing or malformed.
     """
 
     primary_metric = "stsb_dev"
 
-    def __init__(self, data_dir: Path | str, batch_size: int = 64) -> None:
-        self.path = stsb_split_path(data_dir, "dev")
+    def __init__(self, data_dir: Path | str, batch_size: int = 64, path: Path | str | None = None, fmt: str = "stsb") -> None:
+        self.path = stsb_split_path(data_dir, "dev") if path is None else Path(path)
         self.batch_size = batch_size
-        self.pairs = read_stsb(self.path)
+        self.pairs = PAIR_READERS[fmt](self.path)
 
     def __call__(self, encode: Encode) -> dict[str, float]:
         """``{"stsb_dev", "alignment", "uniformity"}`` of ``encode`` on STS-B dev."""
