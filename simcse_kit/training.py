@@ -132,7 +132,12 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
 
 
 def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
-    """``'section.key: saved -> requested'`` for each setting that would change the run."""
+    """``'section.key: saved -> requested'`` for each setting that would change the run.
+
+    A saved config records what ran, so ``auto`` precision settings in ``requested`` are
+    decided for this machine before comparing (a recipe's ``auto`` matches a run that
+    chose bf16 here, and not one that chose it on another machine's hardware)."""
+    saved, requested = (replace(c, train=with_concrete_precision(c.train)[0]) for c in (saved, requested))
     out = []
     old, new = saved.to_dict(), requested.to_dict()
     for section, values in new.items():

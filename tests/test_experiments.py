@@ -113,6 +113,11 @@ def test_cli_seeds_real_runs_equal_single_runs(tmp_path: Path, tiny_run: TinyRun
     assert summary["std"]["avg"] == pytest.approx(abs(tables[0]["avg"] - tables[1]["avg"]) / np.sqrt(2))
     assert tables[0]["avg"] != tables[1]["avg"]  # the seeds really differ
     assert f"{summary['mean']['avg']:.2f} ± {summary['std']['avg']:.2f}" in printed
+    # The same command again reuses both finished seeds: the recipe's "auto" switches match
+    # the decided values config.yaml recorded (it used to refuse them as another config).
+    stamp = (tmp_path / "multi" / "seed-1" / "metrics.json").stat().st_mtime_ns
+    assert main(["train", str(recipe), "--seeds", "1,2"]) == 0
+    assert (tmp_path / "multi" / "seed-1" / "metrics.json").stat().st_mtime_ns == stamp
     # Seed 1 of the multi-seed run is exactly the single run with --seed 1.
     single = tmp_path / "single"
     assert main(["train", str(recipe), "--seed", "1", "--output-dir", str(single)]) == 0
