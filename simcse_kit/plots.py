@@ -52,6 +52,10 @@ def training_curves(
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5.5), sharex=True)
     top.plot([s for s, _ in losses], [v for _, v in losses], color="tab:blue", lw=1.0)
     top.set(ylabel="training loss", title=title or "training curves")
+    values = [v for _, v in losses]
+    if values and min(values) > 0 and max(values) > 20 * min(values):
+        # A fine-tuned model's contrastive loss spans decades (1e-4..1e-2): linear hides it.
+        top.set_yscale("log")
     points = [(e["step"], e[metric]) for e in evals if metric in e]
     bottom.plot([s for s, _ in points], [v for _, v in points], color="tab:green", marker="o", ms=3, lw=1.0)
     bottom.set(xlabel="step", ylabel=metric)

@@ -118,7 +118,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
             out / "training_curves.png",
             evaluator.primary_metric,
             state.best_step,
-            f"{out.name} ({cfg.data.mode})",
+            f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
         )
         write_json_atomic(out / "metrics.json", metrics)
         best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
