@@ -21,19 +21,18 @@ from simcse_kit.evaluation.tables import TRANSFER_COLUMNS, format_table, suite_c
 from simcse_kit.evaluation.transfer import TransferEvaluator
 from simcse_kit.fileio import write_json_atomic
 from simcse_kit.inference import load_encoder
+from simcse_kit.recipes import senteval_dir
 
 __all__ = ["align_uniform_model", "evaluate_model", "evaluate_transfer"]
 
 logger = logging.getLogger(__name__)
-
-DATA_DIR = "../shared/data/senteval"
 
 
 def evaluate_model(
     model: str | Path,
     *,
     pooler: str | None = None,
-    data_dir: str | Path = DATA_DIR,
+    data_dir: str | Path | None = None,
     tasks: Sequence[str] | None = None,
     suite: Mapping[str, TaskSpec] | str | Path | None = None,
     json_out: str | Path | None = None,
@@ -48,7 +47,8 @@ def evaluate_model(
     Args:
         model: Anything :func:`simcse_kit.inference.load_encoder` takes.
         pooler: Pooler for a plain HF model.
-        data_dir: The SentEval-layout data folder.
+        data_dir: The SentEval-layout data folder; default ``senteval`` under the data root
+            (``SIMCSE_KIT_DATA``, else ``../shared/data`` beside a source checkout).
         tasks: Task names of the suite to run (default all).
         suite: A task table or a YAML suite file (e.g. ``evaluate/sts.yaml``);
             default :data:`~simcse_kit.evaluation.readers.DEFAULT_SUITE`.
@@ -83,7 +83,7 @@ def evaluate_model(
     evaluator = (
         HubSTSEvaluator(tasks, batch_size, hub_root)
         if source == "hub"
-        else STSEvaluator(data_dir, tasks=tasks, batch_size=batch_size, suite=suite)
+        else STSEvaluator(senteval_dir(data_dir, None), tasks=tasks, batch_size=batch_size, suite=suite)
     )
     columns = suite_columns(list(evaluator.specs))
     results = _run(evaluator, model, pooler, precision, columns, json_out)
@@ -115,7 +115,7 @@ def evaluate_transfer(
     model: str | Path,
     *,
     pooler: str | None = None,
-    data_dir: str | Path = DATA_DIR,
+    data_dir: str | Path | None = None,
     tasks: Sequence[str] | None = None,
     kfold: int = 10,
     max_train_samples: int | None = None,
@@ -126,7 +126,7 @@ def evaluate_transfer(
     """SentEval transfer accuracies of MODEL (see
     :class:`~simcse_kit.evaluation.transfer.TransferEvaluator`); prints the table,
     optionally saves JSON."""
-    evaluator = TransferEvaluator(data_dir, tasks, kfold, batch_size, max_train_samples, mrpc_features)
+    evaluator = TransferEvaluator(senteval_dir(data_dir, None), tasks, kfold, batch_size, max_train_samples, mrpc_features)
     return _run(evaluator, model, pooler, "no", TRANSFER_COLUMNS, json_out)
 
 
@@ -134,7 +134,7 @@ def align_uniform_model(
     model: str | Path,
     *,
     pooler: str | None = None,
-    data_dir: str | Path = DATA_DIR,
+    data_dir: str | Path | None = None,
     split: str = "dev",
     threshold: float = 4.0,
     json_out: str | Path | None = None,
@@ -148,7 +148,7 @@ def align_uniform_model(
     """
     if split not in ("dev", "test", "train"):
         raise ConfigError(f"--split must be dev, test or train, got {split!r}")
-    pairs = read_stsb(stsb_split_path(data_dir, split))
+    pairs = read_stsb(stsb_split_path(senteval_dir(data_dir, None), split))
     encoder = load_encoder(model, pooler=pooler)
     result = sts_alignment_uniformity(encoder.encode, pairs, threshold, batch_size)
     print(f"STS-B {split}: {len(pairs)} pairs, {int(result['positive_pairs'])} with gold >= {threshold:g}")
