@@ -27,6 +27,17 @@ def setup_threads(threads: int) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def setup_run(threads: int) -> None:
+    """A long multi-run script's set-up: INFO logs with time stamps, the libraries'
+    chatter at WARNING, and :func:`setup_threads`."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "sentence_transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_threads(threads)
+
+
 def peak_rss_mib() -> float:
     """This process's peak resident set size so far, MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, WIKI, machine, setup_threads  # noqa: E402
+from _common import REPO, WIKI, machine, setup_run  # noqa: E402
 from results import run_base  # noqa: E402
 
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark"}  # the domain's test column of the STS table
@@ -84,10 +84,7 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "domain")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "sentence_transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    setup_threads(args.threads)
+    setup_run(args.threads)
 
     from simcse_kit.experiments import parse_seeds
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, setup_threads  # noqa: E402
+from _common import REPO, machine, setup_run  # noqa: E402
 
 RECIPES = {"unsup": REPO / "train" / "unsup.yaml", "sup": REPO / "train" / "sup.yaml", "hardneg": REPO / "train" / "hardneg.yaml"}
 OPTIONS = {
@@ -275,10 +275,7 @@ def main() -> None:
         help="sentence-transformers' training precision (bf16: its own bf16=True, as the kit recipes train in bf16)",
     )
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("httpx", "urllib3", "filelock", "datasets", "transformers", "sentence_transformers"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    setup_threads(args.threads)
+    setup_run(args.threads)
 
     from simcse_kit.experiments import parse_seeds
 
