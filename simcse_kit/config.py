@@ -96,6 +96,7 @@ class LossConfig:
     unsup_loss: str = "views"  # "views": 2N-view InfoNCE; "paper": z1 . z2^T as in SimCSE's code
     gather: bool = True  # use other processes' embeddings as negatives (multi-process runs)
     mask_false_negatives: bool = False  # drop in-batch candidates whose text equals the anchor's positive
+    false_negative_threshold: float | None = None  # drop candidates whose cosine with the anchor exceeds this (None: off)
     queue_size: int = 0  # MoCo-style queue of past embeddings as extra negatives (0: off)
     momentum: float = 0.999  # momentum encoder update rate when queue_size > 0
 
@@ -192,6 +193,8 @@ class RunConfig:
         if self.data.max_train_samples is not None:
             # One example would make batches without a single negative: a zero loss.
             checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
+        if self.loss.false_negative_threshold is not None:
+            checks.append(("loss.false_negative_threshold", -1 < self.loss.false_negative_threshold <= 1, "in (-1, 1] or null"))
         if self.loss.queue_size > 0:
             checks.append(("loss.momentum", 0 <= self.loss.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
             checks.append(

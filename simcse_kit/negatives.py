@@ -39,7 +39,7 @@ from simcse_kit.modeling import compute_dtype
 if TYPE_CHECKING:  # objectives imports this module (false_negative_mask)
     from simcse_kit.objectives import SimCSEObjective
 
-__all__ = ["MomentumQueue", "MomentumQueueStep", "false_negative_mask"]
+__all__ = ["MomentumQueue", "MomentumQueueStep", "false_negative_mask", "similar_candidate_mask"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,43 @@ def false_negative_mask(
     mask[rows, positive] = False
     if self_index is not None:
         mask[rows, self_index] = False
+    return mask
+
+
+def similar_candidate_mask(
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    threshold: float,
+    positive: torch.Tensor,
+    self_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Candidates whose cosine with the anchor exceeds ``threshold``: likely paraphrases.
+
+    In a narrow domain (SICK: many sentences differ by a word) an in-batch "negative" is
+    often a positive in all but name, and pushing it away teaches the model that related
+    sentences differ. Judged on the current embeddings without gradient (the mask is a
+    selection, not part of the loss), as false-negative cancellation does in DCLR-style
+    debiasing.
+
+    Args:
+        anchors: ``[N, D]`` anchor embeddings.
+        candidates: ``[M, D]`` candidate embeddings (in-batch rows, then any queue rows).
+        threshold: cosine above which a candidate is not used as a negative.
+        positive: ``[N]`` column of each anchor's positive (never masked).
+        self_index: optional ``[N]`` column holding the anchor itself (never marked here;
+            the 2N-view loss masks it on its own).
+
+    Returns:
+        ``[N, M]`` bool, True where candidate ``j`` must not be a negative of anchor ``i``.
+    """
+    with torch.no_grad():
+        a = torch.nn.functional.normalize(anchors.detach().float(), dim=-1)
+        c = torch.nn.functional.normalize(candidates.detach().float(), dim=-1)
+        mask = a @ c.T > threshold
+    rows = torch.arange(anchors.shape[0], device=mask.device)
+    mask[rows, positive.to(mask.device)] = False
+    if self_index is not None:
+        mask[rows, self_index.to(mask.device)] = False
     return mask
 
 

@@ -55,6 +55,8 @@ class SimCSEObjective:
 
     With ``loss.mask_false_negatives`` the batch's ``text_ids`` drop candidates that
     share a text with the anchor or its positive (:func:`negatives.false_negative_mask`);
+    With ``loss.false_negative_threshold`` candidates whose cosine with the anchor exceeds
+    it are dropped too (:func:`negatives.similar_candidate_mask`); the positive never is.
     :attr:`masked_negatives` counts them over all calls, :attr:`last_masked` in the latest.
     """
 
@@ -73,9 +75,14 @@ class SimCSEObjective:
     def metrics(self) -> dict[str, float]:
         """The counters a tracked run logs (:mod:`simcse_kit.tracking`): with false-negative
         masking, the entries masked in the latest batch and in all batches so far."""
-        if not self.loss_cfg.mask_false_negatives:
+        if not self.masking:
             return {}
         return {"masked_negatives": float(self.last_masked), "masked_negatives_total": float(self.masked_negatives)}
+
+    @property
+    def masking(self) -> bool:
+        """True when some negatives may be masked (by text or by similarity)."""
+        return self.loss_cfg.mask_false_negatives or self.loss_cfg.false_negative_threshold is not None
 
     @property
     def symmetric(self) -> bool:
@@ -113,6 +120,13 @@ class SimCSEObjective:
         local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
         positive = losses.view_labels(n, offset, device) if self.symmetric else local
         exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, local if self.symmetric else None)
+        if self.loss_cfg.false_negative_threshold is not None:
+            similar = negatives.similar_candidate_mask(
+                anchors, candidates, self.loss_cfg.false_negative_threshold, positive, local if self.symmetric else None
+            )
+            new = similar if exclude is None else similar & ~exclude
+            self.count_masked(int(new.sum()), add=exclude is not None)
+            exclude = similar if exclude is None else exclude | similar
         if self.symmetric:  # no row is its own negative
             itself = losses.self_mask(n, m, offset, device)
             exclude = itself if exclude is None else itself | exclude
@@ -155,9 +169,14 @@ class SimCSEObjective:
             pair_ids = self.gather_ids(anchor_ids)
             group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
         mask = negatives.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
-        self.last_masked = int(mask.sum())
-        self.masked_negatives += self.last_masked
+        self.count_masked(int(mask.sum()))
         return mask
+
+    def count_masked(self, entries: int, add: bool = False) -> None:
+        """Count masked (anchor, candidate) entries: ``add`` to this batch's count
+        (the second mask of the same batch) or start it."""
+        self.last_masked = self.last_masked + entries if add else entries
+        self.masked_negatives += entries
 
     def row_ids(self, batch: Batch | None, n_rows: int) -> torch.Tensor | None:
         """The batch's ``text_ids`` ``[B]`` when false-negative masking is on, else None."""

@@ -103,7 +103,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
             "reason": "set in the config",
         }
     )
-    if cfg.loss.mask_false_negatives:
+    if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
     if accelerator.is_main_process:
         best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)

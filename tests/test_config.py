@@ -76,6 +76,7 @@ def test_overrides_by_leaf_or_dotted_name(tmp_path: Path) -> None:
         ("", {"warmup_ratio": "1"}, r"'train.warmup_ratio' = 1.0: must be in \[0, 1\)"),
         ("", {"batch_size": "1"}, r"'train.batch_size' = 1: must be >= 2"),
         ("", {"queue_size": "8", "momentum": "1"}, r"'loss.momentum' = 1.0: must be in \[0, 1\)"),
+        ("", {"false_negative_threshold": "1.5"}, r"'loss.false_negative_threshold' = 1.5: must be in \(-1, 1\] or null"),
         ("", {"queue_size": "8", "grad_cache_chunk": "4"}, r"'train.grad_cache_chunk' = 4: must be 0 with loss.queue_size"),
     ],
 )

@@ -17,7 +17,7 @@ from simcse_kit.batch import text_ids
 from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.modeling import SimCSEModel
-from simcse_kit.negatives import MomentumQueue, MomentumQueueStep, false_negative_mask
+from simcse_kit.negatives import MomentumQueue, MomentumQueueStep, false_negative_mask, similar_candidate_mask
 from simcse_kit.objectives import SimCSEObjective
 
 TAU = 0.05
@@ -189,6 +189,59 @@ def test_sup_and_hardneg_masking_by_loop() -> None:
     assert dropped == 3  # the two premise copies, and "g" as anchor 3's hard-block negative
     assert abs(hn.loss(emb, batch).item() - want) < 1e-9
     assert hn.masked_negatives == 3
+
+
+@pytest.mark.parametrize("unsup_loss", ["views", "paper"])
+def test_similarity_threshold_drops_exactly_the_close_candidates(unsup_loss: str) -> None:
+    """Naive loop: for each anchor, softmax over the candidates whose cosine with it is at
+    most the threshold, plus its positive (which may be closer and is never dropped)."""
+    torch.manual_seed(1)
+    n, threshold = 6, 0.3
+    base = torch.randn(n, 8, dtype=torch.float64)
+    base[3] = base[1] + 0.05 * torch.randn(8, dtype=torch.float64)  # a paraphrase of example 1
+    emb = torch.stack([base[i // 2] + 0.2 * torch.randn(8, dtype=torch.float64) for i in range(2 * n)])
+    cfg = LossConfig(temperature=TAU, unsup_loss=unsup_loss, false_negative_threshold=threshold)
+    objective = SimCSEObjective("unsup", cfg)
+    got = objective.loss(emb).item()
+
+    unit = torch.nn.functional.normalize(emb, dim=-1)
+    if unsup_loss == "views":
+        anchors, candidates = range(2 * n), range(2 * n)
+        positive_of = {i: i ^ 1 for i in anchors}
+    else:
+        anchors, candidates = range(0, 2 * n, 2), range(1, 2 * n, 2)
+        positive_of = {i: i + 1 for i in anchors}
+    total, dropped = 0.0, 0
+    for i in anchors:
+        kept = []
+        for j in candidates:
+            cos = float(unit[i] @ unit[j])
+            if j == i:
+                continue
+            if j != positive_of[i] and cos > threshold:
+                dropped += 1
+                continue
+            kept.append(cos / TAU)
+        pos = float(unit[i] @ unit[positive_of[i]]) / TAU
+        total += -pos + math.log(sum(math.exp(v) for v in kept))
+    assert dropped > 0  # the paraphrase pair at least
+    assert abs(got - total / len(anchors)) < 1e-9
+    assert objective.masked_negatives == dropped == objective.last_masked
+    assert objective.metrics()["masked_negatives"] == dropped
+    # Nothing dropped at threshold 1: the plain loss.
+    plain = SimCSEObjective("unsup", LossConfig(temperature=TAU, unsup_loss=unsup_loss))
+    at_one = SimCSEObjective("unsup", LossConfig(temperature=TAU, unsup_loss=unsup_loss, false_negative_threshold=1.0))
+    assert abs(at_one.loss(emb).item() - plain.loss(emb).item()) < 1e-9
+
+
+def test_similar_candidate_mask_never_marks_positive_or_self() -> None:
+    emb = torch.ones(4, 3)  # every cosine is 1
+    positive = torch.tensor([1, 0, 3, 2])
+    mask = similar_candidate_mask(emb, emb, 0.5, positive, torch.arange(4))
+    want = torch.ones(4, 4, dtype=torch.bool)
+    want[torch.arange(4), positive] = False
+    want[torch.arange(4), torch.arange(4)] = False
+    assert torch.equal(mask, want)
 
 
 def test_masking_needs_text_ids() -> None:
