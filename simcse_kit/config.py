@@ -150,6 +150,7 @@ class TrainConfig(LoopConfig):
     batch_size: int = 64  # examples per optimiser micro-step, over all processes
     fast_dropout: bool | str = AUTO  # cheaper dropout RNG, same distribution (simcse_kit.fastpath); "auto": CPU with native bf16
     grad_cache_chunk: int = 0  # GradCache: encode the batch in chunks of this many rows (0: off)
+    final_eval: bool = True  # score the best model on the 7 STS tasks at the end (false: dev-only sweeps)
 
 
 @dataclass

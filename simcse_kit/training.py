@@ -68,7 +68,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     # written: the training data, the dev and final STS files, the model folder.
     dataset = load_training_data(cfg)
     dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
-    final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
+    final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
     tokenizer = load_checked_tokenizer(cfg)
     tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
     # "auto" precision becomes what this machine computes fastest, before the run folder
@@ -106,11 +106,12 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
     if accelerator.is_main_process:
-        best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-        metrics["sts"] = final_sts(best.encode)
-        accelerator.log(
-            {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
-        )
+        if final_sts is not None:
+            best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
+            metrics["sts"] = final_sts(best.encode)
+            accelerator.log(
+                {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
+            )
         plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"STS-B dev, {cfg.data.mode}")
         plot_training_curves(
             state.losses,
@@ -123,7 +124,8 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
         write_json_atomic(out / "metrics.json", metrics)
         best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
         logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
-        print(format_table(metrics["sts"]))
+        if final_sts is not None:
+            print(format_table(metrics["sts"]))
     stop_tracking(accelerator)
     return metrics
 

@@ -4,6 +4,7 @@ tiny run through ``training.train`` leaves the run folder it promises."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -141,3 +142,17 @@ def test_pooler_values_by_hand(tiny_model_dir: Path) -> None:
     assert Pooler("avg")(mask, h[-1], h).tolist() == [[2.0, 3.0]]
     assert Pooler("avg_first_last")(mask, h[-1], h).tolist() == [[1.5, 2.0]]  # (layer1=1 + last)/2
     assert Pooler("avg_top2")(mask, h[-1], h).tolist() == [[2.0, 2.5]]  # (layer2=2 + last)/2
+
+
+def test_final_eval_off_skips_only_the_sts_table(tiny_run: TinyRun, tmp_path: Path) -> None:
+    """A dev-only sweep point: same training, same best model, no 7-task table — and the
+    STS folder is not even read (a sweep on a machine without the test sets works)."""
+    with_table = train(tiny_run.config("with", save_steps=0, eval_steps=3))
+    cfg = tiny_run.config("without", save_steps=0, eval_steps=3, final_eval="false")
+    final_only = list(Path(cfg.data.eval_data_dir).glob("STS/STS12*"))  # read by the final table only
+    assert final_only
+    for task in final_only:
+        shutil.rmtree(task) if task.is_dir() else task.unlink()
+    without = train(cfg)
+    assert "sts" not in without and "sts" in with_table
+    assert without["evals"] == with_table["evals"] and without["best_step"] == with_table["best_step"]
