@@ -2,9 +2,11 @@
 
 Every configuration trains the default model (all-MiniLM-L6-v2) on the same data with
 the same batch (64), training length (32 tokens), epochs, learning rate (3e-5, linear
-decay, no warm-up, no gradient clipping) and STS-B dev selection (every
-``--eval-steps`` steps and at the end, best kept), then is scored on the 7 STS tasks
-by the same ``simcse_kit.evaluation.STSEvaluator`` (Spearman x 100, eval length 256).
+decay, no warm-up, no gradient clipping) and STS-B dev selection (the untouched model
+at step 0, every ``--eval-steps`` steps and at the end, best kept), then is scored on
+the 7 STS tasks by the same ``simcse_kit.evaluation.STSEvaluator`` (Spearman x 100,
+eval length 256). ``--eval-data-dir`` swaps the STS folder (dev and table) for a smoke
+test.
 
 Configurations (``--configs``, default all):
 
@@ -13,7 +15,7 @@ Configurations (``--configs``, default all):
   ``MultipleNegativesRankingLoss(scale=20)`` (= temperature 0.05), on
   ``(anchor, positive)`` = the same wiki sentence twice (dropout makes the views,
   ST's documented unsupervised recipe), or ``(anchor, positive, negative)`` =
-  snli_triplets ``(sent0, sent1, hard_neg)``.
+  snli_triplets ``(sent0, sent1, hard_neg)`` (``st_peers.py`` trains them).
 * ``kit-unsup`` (train/unsup.yaml), ``kit-sup`` (train/sup.yaml), ``kit-hardneg``
   (train/hardneg.yaml), and each with ``-fn`` (false-negative masking), ``-queue``
   (momentum queue of 160 = 2.5 x batch negatives, momentum 0.995, as ESimCSE) or
@@ -39,17 +41,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, setup_run  # noqa: E402
+from _common import DATA, REPO, machine, setup_run  # noqa: E402
+from st_peers import run_st  # noqa: E402
 
 RECIPES = {"unsup": REPO / "train" / "unsup.yaml", "sup": REPO / "train" / "sup.yaml", "hardneg": REPO / "train" / "hardneg.yaml"}
 OPTIONS = {
@@ -77,6 +78,8 @@ def kit_config(mode: str, overrides: dict[str, str], args: argparse.Namespace, o
     from simcse_kit.config import load_config
 
     opts = dict(overrides) | {"output_dir": str(out), "eval_steps": str(args.eval_steps), "progress_bar": "false"}
+    if args.eval_data_dir is not None:
+        opts["eval_data_dir"] = str(args.eval_data_dir)
     if args.steps is not None:
         opts["max_steps"] = str(args.steps)
     if args.max_train_samples is not None:
@@ -91,124 +94,19 @@ def run_kit(mode: str, overrides: dict[str, str], args: argparse.Namespace, out:
     return {int(s): t for s, t in summary["per_seed"].items()}
 
 
-def st_train_one(mode: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """One sentence-transformers run, same budget and dev selection as the kit recipe."""
-    import torch
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
-    from transformers import TrainerCallback
-
-    from simcse_kit.data import load_train_dataset
-    from simcse_kit.evaluation import DevEvaluator, STSEvaluator
-    from simcse_kit.modeling import resolve_model_path
-
-    cfg = kit_config(mode, {}, args, out)  # the kit recipe's data, batch, lengths, lr, epochs
-    data = load_train_dataset(cfg.data.train_file, mode, cfg.data.max_train_samples)
-    if mode == "unsup":
-        data = data.map(lambda ex: {"anchor": ex["sent0"], "positive": ex["sent0"]}, remove_columns=data.column_names)
-    else:
-        data = data.rename_columns({"sent0": "anchor", "sent1": "positive", "hard_neg": "negative"})
-    torch.manual_seed(seed)
-    model = SentenceTransformer(resolve_model_path(cfg.model.name_or_path), device="cpu")
-    train_len, eval_len = cfg.model.max_seq_len, cfg.model.eval_max_seq_len
-    model.max_seq_length = train_len
-    dev = DevEvaluator(cfg.data.eval_data_dir)
-
-    def encode(sentences: list[str]) -> torch.Tensor:
-        model.max_seq_length = eval_len
-        try:
-            return model.encode(sentences, batch_size=128, convert_to_tensor=True, show_progress_bar=False).float().cpu()
-        finally:
-            model.max_seq_length = train_len
-
-    class DevSelection(TrainerCallback):
-        """STS-B dev every eval_steps and at the end, keeping the best weights (as simcse-kit does)."""
-
-        def __init__(self) -> None:
-            self.best, self.best_step = -1e9, -1
-            self.state: dict[str, torch.Tensor] | None = None
-            self.evals: list[tuple[int, float]] = []
-            self.eval_seconds = 0.0  # excluded from train_seconds, as simcse-kit's loop does
-
-        def evaluate(self, step: int) -> None:
-            tick = time.perf_counter()
-            score = dev(encode)[dev.primary_metric]
-            self.eval_seconds += time.perf_counter() - tick
-            self.evals.append((step, score))
-            logger.info("st %s seed %d step %d: stsb_dev %.2f", mode, seed, step, score)
-            if score > self.best:
-                self.best, self.best_step = score, step
-                self.state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-        def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
-            if cfg.train.eval_steps and state.global_step % cfg.train.eval_steps == 0 and state.global_step < state.max_steps:
-                self.evaluate(state.global_step)
-
-        def on_train_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.evaluate(state.global_step)
-
-    selection = DevSelection()
-    train_args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="st-results-"),
-        per_device_train_batch_size=cfg.train.batch_size,
-        num_train_epochs=cfg.train.num_epochs,
-        max_steps=cfg.train.max_steps if cfg.train.max_steps is not None else -1,
-        learning_rate=cfg.train.learning_rate,
-        bf16=args.st_precision == "bf16",
-        weight_decay=cfg.train.weight_decay,
-        warmup_ratio=cfg.train.warmup_ratio,
-        max_grad_norm=0.0,  # simcse-kit recipes do not clip (HF's default would clip at 1.0)
-        use_cpu=True,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10**9,
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-        seed=seed,
-    )
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=data,
-        loss=MultipleNegativesRankingLoss(model, scale=1.0 / cfg.loss.temperature),
-        callbacks=[selection],
-    )
-    start = time.perf_counter()
-    trainer.train()
-    train_seconds = time.perf_counter() - start - selection.eval_seconds
-    model.load_state_dict(selection.state)
-    model.eval()
-    sts = STSEvaluator(cfg.data.eval_data_dir)(encode)
-    return {
-        "best_step": selection.best_step,
-        "best_stsb_dev": selection.best,
-        "evals": selection.evals,
-        "train_seconds": train_seconds,
-        "sts": sts,
+def run_st_config(mode: str, args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
+    """``st_peers.run_st`` with MultipleNegativesRankingLoss on the kit recipe's data, budget and dev selection."""
+    settings: dict[str, Any] = {
+        "mode": mode,
+        "steps": args.steps,
+        "max_train_samples": args.max_train_samples,
+        "eval_steps": args.eval_steps,
+        "precision": args.st_precision,
     }
-
-
-def run_st(mode: str, args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
-    from simcse_kit.fileio import write_json_atomic
-
-    per_seed = {}
-    for seed in args.seeds:
-        folder = out / f"seed-{seed}"
-        done = folder / "metrics.json"
-        settings = {
-            "mode": mode,
-            "steps": args.steps,
-            "max_train_samples": args.max_train_samples,
-            "eval_steps": args.eval_steps,
-            "precision": args.st_precision,
-        }
-        if done.is_file() and json.loads(done.read_text()).get("settings") == settings:
-            metrics = json.loads(done.read_text())
-        else:
-            metrics = st_train_one(mode, seed, args, out) | {"settings": settings}
-            write_json_atomic(done, metrics)
-        per_seed[seed] = {**metrics["sts"], "best_stsb_dev": metrics["best_stsb_dev"]}
-    return per_seed
+    if args.eval_data_dir is not None:  # only when set, so seeds finished before the option existed are reused
+        settings["eval_data_dir"] = str(args.eval_data_dir)
+    per_seed = run_st(kit_config(mode, {}, args, out), args.seeds, "mnrl", args.st_precision, out, settings)
+    return {seed: {k: v for k, v in table.items() if k != "best_step"} for seed, table in per_seed.items()}
 
 
 def run_base(args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
@@ -217,11 +115,13 @@ def run_base(args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]
     from simcse_kit.inference import load_encoder
 
     done = out / "metrics.json"
-    if done.is_file():
-        sts = json.loads(done.read_text())["sts"]
-    else:
-        sts = STSEvaluator(REPO.parent / "shared" / "data" / "senteval")(load_encoder("all-MiniLM-L6-v2").encode)
-        write_json_atomic(done, {"sts": sts})
+    folder = str(args.eval_data_dir or DATA / "senteval")
+    saved = json.loads(done.read_text()) if done.is_file() else {}
+    # A file without "eval_data_dir" predates the option: it was scored on the default folder.
+    if saved.get("eval_data_dir", str(DATA / "senteval")) == folder and "sts" in saved:
+        return {0: saved["sts"]}
+    sts = STSEvaluator(folder)(load_encoder("all-MiniLM-L6-v2").encode)
+    write_json_atomic(done, {"sts": sts, "eval_data_dir": folder})
     return {0: sts}
 
 
@@ -269,6 +169,9 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "results")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
+        "--eval-data-dir", type=Path, default=None, help="STS folder for dev and the table (default: the data's senteval/)"
+    )
+    parser.add_argument(
         "--st-precision",
         choices=("bf16", "fp32"),
         default="bf16",
@@ -289,7 +192,7 @@ def main() -> None:
         if kind == "base":
             rows[name] = run_base(args, out)
         elif kind == "st":
-            rows[name] = run_st(mode, copy.copy(args), out)
+            rows[name] = run_st_config(mode, args, out)
         else:
             rows[name] = run_kit(mode, overrides, args, out)
     table, stats = markdown(rows)

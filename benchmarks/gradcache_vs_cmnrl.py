@@ -1,0 +1,266 @@
+"""GradCache side by side: simcse-kit's GradCache vs sentence-transformers' CachedMNRL.
+
+The job: unsupervised SimCSE on the default model (all-MiniLM-L6-v2), sentences from
+../shared/data/train/wiki1m_head.txt, batch ``--batch-size`` examples (default 1024),
+max length 32, temperature 0.05 (scale 20), lr 3e-5, both toolkits caching gradients so
+that only one mini-batch's activations live at a time:
+
+* simcse-kit: the unsup recipe (train/unsup.yaml) with ``train.grad_cache_chunk`` =
+  ``--chunk`` rows, built as a run builds it (``simcse_kit.training``: ``build_model``,
+  ``make_loader``, ``make_step`` -> ``GradCacheStep``, then ``trainer.fit``);
+* sentence-transformers: ``SentenceTransformerTrainer`` with
+  ``CachedMultipleNegativesRankingLoss(scale=20, mini_batch_size=--chunk)`` on
+  ``(anchor, positive)`` = the same sentence twice (its documented unsupervised-SimCSE
+  recipe), its other defaults kept (fused AdamW, gradient clipping at 1.0).
+
+Same mini-batch, counted in sequences per forward pass: simcse-kit's chunk counts rows of
+the ``[a, a, b, b, ...]`` batch (2 rows per example in unsup), so a chunk of 128 rows is
+64 examples x 2 views; CachedMNRL embeds each column (anchors, then positives) separately
+in mini-batches of ``mini_batch_size`` sequences, so ``mini_batch_size`` 128 is 128
+anchors or 128 positives. Both thus encode 2 x batch sequences a step in forward passes
+of 128 sequences, each twice (once without a graph, once replayed with it). Both trim a
+mini-batch's all-padding columns; simcse-kit also packs its rows (``model.packing``).
+The losses differ as in ``train_throughput.py`` (2N-view InfoNCE vs z1 . z2^T); at this
+batch the loss is still a small part of the step.
+
+Variants, each in a fresh interpreter (clean RSS), alternating over ``--rounds``:
+``st-fp32`` (CachedMNRL, its default precision), ``kit-fp32`` (``mixed_precision no``),
+``st-bf16`` (``bf16=True``), ``kit-auto`` (the recipe's ``mixed_precision auto``: on a
+native-bf16 CPU, bf16 weights with fp32 masters and fast dropout; the resolved choice is
+recorded). Per variant: sentences (rows) per second over ``--steps`` optimiser steps
+after ``--warmup``, timed by the collate calls (``_common.TimedCollator``, as in
+``train_throughput.py``), and the process's peak RSS (start-up, model, optimiser state
+and all). wiki1m_head has 11,914 sentences, fewer than 25 batches of 1024 need, so each
+run reads it in several shuffled passes (duplicates across passes do not change the
+work of a step).
+
+Usage::
+
+    .venv/bin/python benchmarks/gradcache_vs_cmnrl.py            # batch 1024: ~50 min on 2 cores
+    .venv/bin/python benchmarks/gradcache_vs_cmnrl.py --batch-size 64 --steps 2 --warmup 1   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads  # noqa: E402
+
+RECIPE = REPO / "train" / "unsup.yaml"
+VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-auto")
+# (simcse-kit, sentence-transformers) pairs whose speed and memory the summary compares.
+PAIRS = (("kit-auto", "st-fp32"), ("kit-auto", "st-bf16"), ("kit-fp32", "st-fp32"))
+
+
+def sentences_for(args: argparse.Namespace) -> list[str]:
+    """Enough sentences for one epoch of the run: wiki1m_head in shuffled passes, the
+    same list for every variant of a round (``--offset`` picks the round's shuffles)."""
+    from simcse_kit.data import read_sentences
+
+    need = (args.warmup + args.steps + 3) * args.batch_size
+    corpus = read_sentences(WIKI)
+    out: list[str] = []
+    passes = 0
+    while len(out) < need:
+        shuffled = corpus[:]
+        random.Random(1000 * args.offset + passes).shuffle(shuffled)
+        out += shuffled
+        passes += 1
+    return out[:need]
+
+
+def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
+    import datasets
+
+    from simcse_kit.config import load_config
+    from simcse_kit.objectives import SimCSEObjective
+    from simcse_kit.trainer import fit, make_accelerator, with_concrete_precision
+    from simcse_kit.training import build_model, load_checked_tokenizer, make_loader, make_step
+
+    overrides = {
+        "batch_size": args.batch_size,
+        "grad_cache_chunk": args.chunk,
+        "max_seq_len": args.max_seq_len,
+        "mixed_precision": "auto" if args.precision == "auto" else "no",
+        "max_steps": args.warmup + args.steps + 2,
+        "eval_steps": 0,
+        "eval_at_start": False,
+        "log_steps": 10**9,
+        "progress_bar": False,
+        "report_to": "none",
+        "output_dir": tempfile.mkdtemp(),
+    }
+    cfg = load_config(RECIPE, {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in overrides.items()})
+    # As training.train does: "auto" becomes this machine's choice before anything is built.
+    train_cfg, choice = with_concrete_precision(cfg.train, cpu=True)
+    cfg = replace(cfg, train=train_cfg)
+    tokenizer = load_checked_tokenizer(cfg)
+    accelerator = make_accelerator(cfg.train, cpu=True)
+    model = build_model(cfg)
+    objective = SimCSEObjective(cfg.data.mode, cfg.loss)
+    loader = make_loader(cfg, datasets.Dataset.from_dict({"sent0": sents}), tokenizer, accelerator.num_processes)
+    collator = TimedCollator(loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
+    loader.collate_fn = collator  # before fit: accelerator.prepare copies the loader's collate_fn
+    fit(model, make_step(cfg, model, objective, accelerator), loader, cfg.train, accelerator=accelerator)
+    precision = {
+        "mixed_precision": cfg.train.mixed_precision,
+        "bf16_weights": cfg.train.bf16_weights,
+        "fast_dropout": cfg.train.fast_dropout,
+        "reason": choice.reason if choice is not None else "set in the config",
+    }
+    return collator.rate(args.warmup, args.steps) | {"precision": precision}
+
+
+def worker_st(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
+    import datasets
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
+
+    from simcse_kit.modeling import resolve_model_path
+
+    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
+    model.max_seq_length = args.max_seq_len
+    train_args = SentenceTransformerTrainingArguments(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=args.batch_size,
+        max_steps=args.warmup + args.steps + 2,
+        learning_rate=3e-5,
+        bf16=args.precision == "bf16",
+        use_cpu=True,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10**9,
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+        seed=42,
+    )
+    # scale = 1 / temperature 0.05; mini_batch_size in sequences of one column (see the docstring).
+    loss = CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=args.chunk)
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=train_args,
+        train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
+        loss=loss,
+    )
+    collator = TimedCollator(
+        trainer.data_collator,
+        lambda b: (
+            b["anchor_input_ids"].shape[0] + b["positive_input_ids"].shape[0],
+            b["anchor_input_ids"].numel() + b["positive_input_ids"].numel(),
+        ),
+    )
+    trainer.data_collator = collator
+    trainer.train()
+    precision = {
+        "mixed_precision": "bf16" if args.precision == "bf16" else "no",
+        "reason": "bf16=True" if args.precision == "bf16" else "its default (fp32)",
+    }
+    return collator.rate(args.warmup, args.steps) | {"precision": precision}
+
+
+def worker(args: argparse.Namespace) -> None:
+    setup_threads(args.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    framework, args.precision = args.worker.split("-")
+    result = (worker_kit if framework == "kit" else worker_st)(args, sentences_for(args))
+    emit(result | {"variant": args.worker, "peak_rss_mib": peak_rss_mib()})
+
+
+def summarise(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[str, Any]]:
+    """Per variant: sentences/s over all its measured seconds, the largest peak RSS."""
+    out = {}
+    for v in variants:
+        mine = [x for x in runs if x["variant"] == v]
+        seconds = sum(x["seconds"] for x in mine)
+        out[v] = {
+            "sentences_per_s": sum(x["sentences"] for x in mine) / seconds,
+            "peak_rss_mib": max(x["peak_rss_mib"] for x in mine),
+            "precision": mine[-1]["precision"]["reason"],
+        }
+    return out
+
+
+def print_tables(args: argparse.Namespace, summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The markdown tables; returns the kit/ST comparisons."""
+    print(
+        f"\nbatch {args.batch_size} examples, max len {args.max_seq_len}, mini-batch {args.chunk} sequences, "
+        f"{args.threads} threads, {args.rounds} x {args.steps} measured steps\n"
+    )
+    print("| variant | precision | sentences/s | peak RSS MiB |")
+    print("|---|---|---:|---:|")
+    for v, s in summary.items():
+        print(f"| {v} | {s['precision']} | {s['sentences_per_s']:.1f} | {s['peak_rss_mib']:.0f} |")
+    comparisons: dict[str, dict[str, float]] = {}
+    rows = []
+    for kit, st in PAIRS:
+        if kit in summary and st in summary:
+            a, b = summary[kit], summary[st]
+            comparisons[f"{kit}/{st}"] = {
+                "speed_ratio": a["sentences_per_s"] / b["sentences_per_s"],
+                "rss_ratio": a["peak_rss_mib"] / b["peak_rss_mib"],
+                "rss_difference_mib": a["peak_rss_mib"] - b["peak_rss_mib"],
+            }
+            rows.append((kit, st, comparisons[f"{kit}/{st}"]))
+    if rows:
+        print("\n| simcse-kit / CachedMNRL | speed | peak RSS | RSS difference MiB |")
+        print("|---|---:|---:|---:|")
+        for kit, st, c in rows:
+            print(f"| {kit} / {st} | {c['speed_ratio']:.2f}x | {c['rss_ratio']:.2f}x | {c['rss_difference_mib']:+.0f} |")
+    return comparisons
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per variant per round")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
+    parser.add_argument("--rounds", type=int, default=1, help="A/B alternations")
+    parser.add_argument("--batch-size", type=int, default=1024, help="examples per step")
+    parser.add_argument("--chunk", type=int, default=128, help="sequences per forward pass, both toolkits")
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--json", type=Path, default=None, help="write all results here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+    if args.chunk % 2:
+        parser.error("--chunk must be even: simcse-kit's chunks hold whole examples (2 rows each)")
+    common = [
+        f"--{k}={getattr(args, k.replace('-', '_'))}"
+        for k in ("steps", "warmup", "batch-size", "chunk", "max-seq-len", "threads")
+    ]
+    runs: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        for v in variants:
+            res = run_worker(Path(__file__), [*common, f"--worker={v}", f"--offset={r}"], args.threads)
+            res["round"] = r
+            runs.append(res)
+            print(f"round {r} {v:9s} {res['sentences_per_s']:8.1f} sent/s  peak RSS {res['peak_rss_mib']:.0f} MiB", flush=True)
+
+    summary = summarise(runs, variants)
+    comparisons = print_tables(args, summary)
+    if args.json:
+        result = {"machine": machine(), "args": vars(args), "runs": runs, "summary": summary, "comparisons": comparisons}
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
