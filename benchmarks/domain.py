@@ -183,7 +183,9 @@ def selection(domain: str, stats: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domains", nargs="+", default=list(TARGET), choices=list(TARGET))
-    parser.add_argument("--variants", nargs="+", default=["domain"], choices=list(VARIANTS), help="simcse-kit rows")
+    parser.add_argument(
+        "--variants", nargs="+", default=["domain"], choices=[*VARIANTS, "none"], help="simcse-kit rows (none: peers only)"
+    )
     parser.add_argument(
         "--peers", nargs="+", default=list(LOSSES), choices=[*LOSSES, "none"], help="sentence-transformers rows (none: skip)"
     )
@@ -213,7 +215,7 @@ def main() -> None:
     base = run_base(args, args.output_dir / "base")
     for domain in args.domains:
         rows[f"{domain}-base"] = (domain, "base", base)
-        for variant in args.variants:
+        for variant in (v for v in args.variants if v != "none"):
             name = f"{domain}-{variant}"
             logger.info("=== %s", name)
             rows[name] = (domain, "kit", run_variant(domain, VARIANTS[variant], args, args.output_dir / name))

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import random
@@ -235,10 +236,13 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
     # With bf16=True the trainer leaves its autocast wrapped around the model's forward, so
     # the table is scored on a fresh fp32 copy holding the best weights, as simcse-kit
     # scores its best_model/ (fp32, loaded afresh).
-    best = SentenceTransformer(path, device="cpu")
-    best.load_state_dict(selection.state)
     if selection.best_step == 0:
         logger.warning("%s: no checkpoint beat the untouched model on dev: the best model IS the base model", label)
+        sts = base_table(str(path), str(cfg.data.eval_data_dir), eval_len)  # the same weights: the same table
+    else:
+        best = SentenceTransformer(path, device="cpu")
+        best.load_state_dict(selection.state)
+        sts = final_sts(encoder(best, eval_len, eval_len))
     return {
         "loss": loss,
         "best_step": selection.best_step,
@@ -246,8 +250,20 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
         "dev_file": str(dev.path),
         "evals": selection.evals,
         "train_seconds": train_seconds,
-        "sts": final_sts(encoder(best, eval_len, eval_len)),
+        "sts": sts,
     }
+
+
+@functools.lru_cache(maxsize=4)
+def base_table(path: str, eval_data_dir: str, eval_len: int) -> dict[str, float]:
+    """The untouched model's STS table, scored once per process: every run that keeps
+    step 0 reports it (1-2 minutes of encoding saved per such run)."""
+    from sentence_transformers import SentenceTransformer
+
+    from simcse_kit.evaluation import STSEvaluator
+
+    model = SentenceTransformer(path, device="cpu")
+    return STSEvaluator(eval_data_dir, batch_size=EVAL_BATCH_SIZE)(encoder(model, eval_len, eval_len))
 
 
 def run_settings(cfg: Any, loss: str, precision: str) -> dict[str, Any]:
