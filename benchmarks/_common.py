@@ -129,3 +129,51 @@ def run_worker(script: Path, args: list[str], threads: int) -> dict[str, Any]:
 def emit(result: dict[str, Any]) -> None:
     """A worker's one machine-readable output line."""
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], Any]) -> dict[str, float]:
+    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it.
+
+    ``args`` needs ``batch_size``, ``max_seq_len``, ``precision`` (``bf16`` or ``fp32``),
+    ``warmup`` and ``steps``; its own defaults otherwise (fused AdamW, clipping at 1.0).
+    Returns :meth:`TimedCollator.rate` over ``steps`` steps after ``warmup``.
+    """
+    import tempfile
+
+    import datasets
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from simcse_kit.modeling import resolve_model_path
+
+    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
+    model.max_seq_length = args.max_seq_len
+    train_args = SentenceTransformerTrainingArguments(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=args.batch_size,
+        max_steps=args.warmup + args.steps + 2,
+        learning_rate=3e-5,
+        bf16=args.precision == "bf16",
+        use_cpu=True,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10**9,
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+        seed=42,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=train_args,
+        train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
+        loss=make_loss(model),
+    )
+    collator = TimedCollator(
+        trainer.data_collator,
+        lambda b: (
+            b["anchor_input_ids"].shape[0] + b["positive_input_ids"].shape[0],
+            b["anchor_input_ids"].numel() + b["positive_input_ids"].numel(),
+        ),
+    )
+    trainer.data_collator = collator
+    trainer.train()
+    return collator.rate(args.warmup, args.steps)

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads  # noqa: E402
+from _common import REPO, WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads, st_pair_throughput  # noqa: E402
 
 RECIPE = REPO / "train" / "unsup.yaml"
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-auto")
@@ -120,50 +120,17 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
 
 
 def worker_st(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
-    import datasets
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
-    from simcse_kit.modeling import resolve_model_path
-
-    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
-    model.max_seq_length = args.max_seq_len
-    train_args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=args.batch_size,
-        max_steps=args.warmup + args.steps + 2,
-        learning_rate=3e-5,
-        bf16=args.precision == "bf16",
-        use_cpu=True,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10**9,
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-        seed=42,
-    )
     # scale = 1 / temperature 0.05; mini_batch_size in sequences of one column (see the docstring).
-    loss = CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=args.chunk)
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
-        loss=loss,
+    rate = st_pair_throughput(
+        args, sents, lambda model: CachedMultipleNegativesRankingLoss(model, scale=20.0, mini_batch_size=args.chunk)
     )
-    collator = TimedCollator(
-        trainer.data_collator,
-        lambda b: (
-            b["anchor_input_ids"].shape[0] + b["positive_input_ids"].shape[0],
-            b["anchor_input_ids"].numel() + b["positive_input_ids"].numel(),
-        ),
-    )
-    trainer.data_collator = collator
-    trainer.train()
     precision = {
         "mixed_precision": "bf16" if args.precision == "bf16" else "no",
         "reason": "bf16=True" if args.precision == "bf16" else "its default (fp32)",
     }
-    return collator.rate(args.warmup, args.steps) | {"precision": precision}
+    return rate | {"precision": precision}
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads  # noqa: E402
+from _common import WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads, st_pair_throughput  # noqa: E402
 
 # kit-bf16: autocast, like ST's bf16=True; kit-fast: the recipes' setting (bf16 weights
 # with fp32 master weights + fast dropout, simcse_kit.fastpath.bf16 / simcse_kit.fastpath).
@@ -104,44 +104,10 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
 
 
 def worker_st(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
-    import datasets
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    from simcse_kit.modeling import resolve_model_path
-
-    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
-    model.max_seq_length = args.max_seq_len
-    train_args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=args.batch_size,
-        max_steps=args.warmup + args.steps + 2,
-        learning_rate=3e-5,
-        bf16=args.precision == "bf16",
-        use_cpu=True,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10**9,
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-        seed=42,
-    )
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
-        loss=MultipleNegativesRankingLoss(model, scale=20.0),  # scale = 1 / temperature 0.05
-    )
-    collator = TimedCollator(
-        trainer.data_collator,
-        lambda b: (
-            b["anchor_input_ids"].shape[0] + b["positive_input_ids"].shape[0],
-            b["anchor_input_ids"].numel() + b["positive_input_ids"].numel(),
-        ),
-    )
-    trainer.data_collator = collator
-    trainer.train()
-    return collator.rate(args.warmup, args.steps)
+    # scale = 1 / temperature 0.05
+    return st_pair_throughput(args, sents, lambda model: MultipleNegativesRankingLoss(model, scale=20.0))
 
 
 def worker(args: argparse.Namespace) -> None:
