@@ -38,6 +38,8 @@ Usage::
     .venv/bin/python benchmarks/domain.py                      # 3 seeds, both domains: hours on 2 cores
     .venv/bin/python benchmarks/domain.py --variants domain tau0.1 lr1e-5 fnt0.8 --peers none
     .venv/bin/python benchmarks/domain.py --domains sick --seeds 1 --steps 20 --peers mnrl   # smoke run
+    # the one-seed dev-only sweep of SWEEP's variants (~30 min on 2 cores)
+    .venv/bin/python benchmarks/domain.py --dev-only --seeds 1
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, WIKI, machine, setup_run  # noqa: E402
 from results import run_base  # noqa: E402
-from st_peers import LOSSES, run_st  # noqa: E402
+from st_peers import LOSSES, dev_curve, run_st  # noqa: E402
 
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark"}  # the domain's test column of the STS table
 VARIANTS: dict[str, dict[str, str]] = {
@@ -63,8 +65,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "mix50": {"mix_file": str(WIKI), "mix_ratio": "0.5"},
     "tau0.1": {"temperature": "0.1"},
     "lr1e-5": {"learning_rate": "1e-5"},
-    "fnt0.8": {"false_negative_threshold": "0.8"},
+    **{f"fnt{t}": {"false_negative_threshold": t} for t in ("0.9", "0.8", "0.7", "0.6", "0.5")},
+    "tau0.2": {"temperature": "0.2"},
 }
+# The one-seed dev-only sweep (--dev-only) behind the choice of rows; see BENCHMARKS.md.
+SWEEP = ("fnt0.9", "fnt0.8", "fnt0.7", "fnt0.6", "fnt0.5", "tau0.1", "tau0.2", "lr1e-5", "domain-rep", "mix50")
 GOAL_OVER_BASE, GOAL_OVER_PEER = 1.0, 0.5  # issue 16: domain-test gains of the dev-selected kit row
 
 logger = logging.getLogger("domain")
@@ -92,6 +97,7 @@ def run_variant(domain: str, overrides: dict[str, str], args: argparse.Namespace
     for seed, table in per_seed.items():  # run_seeds' tables leave the best step out; metrics.json has it
         metrics = json.loads((out / f"seed-{seed}" / "metrics.json").read_text(encoding="utf-8"))
         table["best_step"] = float(metrics["best_step"])
+        table |= dev_curve(metrics)
     return per_seed
 
 
@@ -115,12 +121,36 @@ def best_step_cell(per_seed: dict[int, dict[str, float]]) -> str:
     return mean if len(steps) == 1 else f"{mean} ({', '.join(f'{s:.0f}' for s in steps)})"
 
 
+def dev_only(args: argparse.Namespace) -> str:
+    """Each variant on each domain with ``train.final_eval`` off (training and dev
+    evaluations only) into ``OUTPUT_DIR/sweep/<d>-<variant>/seed-N``; the dev table."""
+    from simcse_kit.experiments import run_seeds
+
+    lines = [
+        "| domain | variant | seed | dev at step 0 | dev: best trained | dev: end | best step | masked negatives |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for domain in args.domains:
+        for variant in (v for v in args.variants if v != "none"):
+            out = args.output_dir / "sweep" / f"{domain}-{variant}"
+            logger.info("=== dev only: %s-%s", domain, variant)
+            run_seeds(domain_config(domain, VARIANTS[variant] | {"final_eval": "false"}, args, out), args.seeds, quiet=True)
+            for seed in args.seeds:
+                metrics = json.loads((out / f"seed-{seed}" / "metrics.json").read_text(encoding="utf-8"))
+                curve = dev_curve(metrics)
+                lines.append(
+                    f"| {domain} | {variant} | {seed} | {metrics['evals'][0]['stsb_dev']:.2f} | {curve['dev_trained']:.2f} | "
+                    f"{curve['dev_end']:.2f} | {metrics['best_step']} | {metrics['masked_negatives']} |"
+                )
+    return "\n".join(lines)
+
+
 def markdown(rows: Rows) -> tuple[str, dict[str, Any]]:
     from simcse_kit.experiments import aggregate
 
     lines = [
-        "| config | seeds | domain test | 7-task avg | dev (selection) | best step |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| config | seeds | domain test | 7-task avg | dev (selection) | best step | dev: best trained | dev: end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     stats: dict[str, Any] = {}
     for name, (domain, kind, per_seed) in rows.items():
@@ -135,7 +165,14 @@ def markdown(rows: Rows) -> tuple[str, dict[str, Any]]:
             "per_seed": {str(k): v for k, v in per_seed.items()},
         }
         cells = [cell(mean, std, k, len(per_seed)) for k in (target, "avg", "best_stsb_dev")]
-        lines.append(f"| {name} ({target}) | {len(per_seed)} | " + " | ".join(cells) + f" | {best_step_cell(per_seed)} |")
+        curve = [cell(mean, std, k, len(per_seed)) for k in ("dev_trained", "dev_end")]
+        lines.append(
+            f"| {name} ({target}) | {len(per_seed)} | "
+            + " | ".join(cells)
+            + f" | {best_step_cell(per_seed)} | "
+            + " | ".join(curve)
+            + " |"
+        )
     for domain in dict.fromkeys(domain for domain, _, _ in rows.values()):
         line, summary = selection(domain, stats)
         if line:
@@ -184,7 +221,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domains", nargs="+", default=list(TARGET), choices=list(TARGET))
     parser.add_argument(
-        "--variants", nargs="+", default=["domain"], choices=[*VARIANTS, "none"], help="simcse-kit rows (none: peers only)"
+        "--variants",
+        nargs="+",
+        default=None,
+        choices=[*VARIANTS, "none"],
+        help="simcse-kit rows (none: peers only); default: domain, or with --dev-only the sweep's",
     )
     parser.add_argument(
         "--peers", nargs="+", default=list(LOSSES), choices=[*LOSSES, "none"], help="sentence-transformers rows (none: skip)"
@@ -202,8 +243,13 @@ def main() -> None:
         help="sentence-transformers' training precision (fp32: its default; bf16: its bf16=True autocast)",
     )
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "domain")
+    parser.add_argument(
+        "--dev-only", action="store_true", help="the variants without the final table: dev curves only (a cheap sweep)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    if args.variants is None:
+        args.variants = list(SWEEP) if args.dev_only else ["domain"]
     peers = [] if "none" in args.peers else list(dict.fromkeys(args.peers))
     setup_run(args.threads)
 
@@ -211,6 +257,12 @@ def main() -> None:
 
     args.seeds = parse_seeds(args.seeds)
     start = time.perf_counter()
+    if args.dev_only:
+        table = dev_only(args)
+        print(f"dev only, seeds {args.seeds}; {time.perf_counter() - start:.0f} s\n\n{table}")
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        (args.output_dir / "sweep.md").write_text(table + "\n", encoding="utf-8")
+        return
     rows: Rows = {}
     base = run_base(args, args.output_dir / "base")
     for domain in args.domains:

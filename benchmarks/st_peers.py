@@ -301,8 +301,24 @@ def run_st(
         else:
             metrics = st_train(cfg, seed, loss, precision) | {"settings": settings}
             write_json_atomic(done, metrics)
-        per_seed[seed] = {**metrics["sts"], "best_stsb_dev": metrics["best_stsb_dev"], "best_step": metrics["best_step"]}
+        curve = {"evals": [{"step": step, "stsb_dev": score} for step, score in metrics["evals"]]}
+        per_seed[seed] = {
+            **metrics["sts"],
+            "best_stsb_dev": metrics["best_stsb_dev"],
+            "best_step": metrics["best_step"],
+            **dev_curve(curve),
+        }
     return per_seed
+
+
+def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
+    """From a run's dev evaluations (``metrics["evals"]``, simcse-kit's form): the best
+    score of a trained checkpoint (step > 0: what training did, whether or not selection
+    kept the base model) and the score at the end of training."""
+    trained = [e for e in metrics["evals"] if e["step"] > 0]
+    if not trained:
+        return {}
+    return {"dev_trained": max(e["stsb_dev"] for e in trained), "dev_end": trained[-1]["stsb_dev"]}
 
 
 def main() -> None:
