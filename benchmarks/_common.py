@@ -115,9 +115,10 @@ class TimedCollator:
         }
 
 
-def run_worker(script: Path, args: list[str], threads: int) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter (clean RSS, clean Accelerate state)."""
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter (clean RSS, clean Accelerate state);
+    ``env``: extra environment variables (read at the process's start)."""
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
     proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
