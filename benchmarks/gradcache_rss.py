@@ -133,7 +133,7 @@ def main() -> None:
         per_step = ", ".join(f"{s['peak']:.0f} / {s['after']:.0f}" for s in r["steps"])
         print(f"| {name} | {r['start']:.0f} | {per_step} | {r['ru_maxrss']:.0f} |")
     if args.json is not None:
-        args.json.write_text(json.dumps({"machine": machine(), "args": vars(args), "results": results}, indent=2))
+        args.json.write_text(json.dumps({"machine": machine(), "args": vars(args), "results": results}, indent=2, default=str))
 
 
 if __name__ == "__main__":
