@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA, REPO, machine, setup_run  # noqa: E402
+from st_peers import dev_curve  # noqa: E402
 
 TRIPLETS = DATA / "train" / "snli_triplets.csv"
 CONFIGS = ("sup", "sup+mined", "hardneg")
@@ -75,19 +76,32 @@ def run_config(name: str, args: argparse.Namespace, out: Path) -> dict[int, dict
         opts["max_steps"] = str(args.steps)
     cfg = load_config(REPO / "train" / f"{recipe}.yaml", opts)
     summary = run_seeds(cfg, args.seeds, quiet=True)
-    return {int(s): t for s, t in summary["per_seed"].items()}
+    per_seed = {int(s): t for s, t in summary["per_seed"].items()}
+    for seed, table in per_seed.items():  # what training did, whether or not selection kept the base model
+        metrics = json.loads((out / name / f"seed-{seed}" / "metrics.json").read_text(encoding="utf-8"))
+        table |= {"best_step": float(metrics["best_step"])} | dev_curve(metrics)
+    return per_seed
 
 
 def markdown(rows: dict[str, dict[int, dict[str, float]]]) -> tuple[str, dict[str, Any]]:
     from simcse_kit.experiments import aggregate
 
-    keys = ("avg", "STSBenchmark", "best_stsb_dev")
-    lines = ["| config | seeds | 7-task avg | STS-B test | STS-B dev (selection) |", "|---|---:|---:|---:|---:|"]
+    keys = ("avg", "STSBenchmark", "best_stsb_dev", "best_step", "dev_trained", "dev_end")
+    lines = [
+        "| config | seeds | 7-task avg | STS-B test | STS-B dev (selection) | best step | dev: best trained | dev: end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     stats: dict[str, Any] = {}
     for name, per_seed in rows.items():
         mean, std = aggregate(list(per_seed.values()))
         stats[name] = {"mean": mean, "std": std, "per_seed": {str(k): v for k, v in per_seed.items()}}
-        cells = [f"{mean[k]:.2f} ± {std[k]:.2f}" if len(per_seed) > 1 else f"{mean[k]:.2f}" for k in keys]
+        digits = {"best_step": 0}
+        cells = [
+            f"{mean[k]:.{digits.get(k, 2)}f} ± {std[k]:.{digits.get(k, 2)}f}"
+            if len(per_seed) > 1
+            else f"{mean[k]:.{digits.get(k, 2)}f}"
+            for k in keys
+        ]
         lines.append(f"| {name} | {len(per_seed)} | " + " | ".join(cells) + " |")
     if {"sup", "sup+mined"} <= set(stats):
         gain = stats["sup+mined"]["mean"]["avg"] - stats["sup"]["mean"]["avg"]
