@@ -24,7 +24,13 @@ def test_train_section_is_the_loop_plus_the_run() -> None:
     """``fit`` takes a LoopConfig; the YAML ``train:`` section is a TrainConfig, i.e. the
     loop's settings plus the run's own (where it writes, batch size, model speed-ups)."""
     assert issubclass(TrainConfig, LoopConfig)
-    assert names(TrainConfig) - names(LoopConfig) == {"output_dir", "batch_size", "fast_dropout", "grad_cache_chunk"}
+    assert names(TrainConfig) - names(LoopConfig) == {
+        "output_dir",
+        "batch_size",
+        "fast_dropout",
+        "grad_cache_chunk",
+        "final_eval",
+    }
     assert "output_dir" not in names(LoopConfig)
     assert LoopConfig(mixed_precision="bf16", bf16_weights=True).bf16_model
     assert not LoopConfig(mixed_precision="no", bf16_weights=True).bf16_model  # ignored off bf16
