@@ -9,8 +9,10 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,61 @@ def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] 
     return json.loads(last[len("RESULT ") :])
 
 
+def run_rounds(script: Path, variants: list[str], common: list[str], rounds: int, threads: int) -> list[dict[str, Any]]:
+    """Each variant in a fresh interpreter (:func:`run_worker` with ``--worker=VARIANT``),
+    alternating over ``rounds`` so a load change on the machine hits all of them; each
+    result gets its ``round``, and a progress line is printed."""
+    runs = []
+    for r in range(rounds):
+        for v in variants:
+            res = run_worker(script, [*common, f"--worker={v}", f"--offset={r}"], threads)
+            runs.append(res | {"round": r})
+            print(f"round {r} {v:18s} {res['sentences_per_s']:8.1f} sent/s  peak RSS {res['peak_rss_mib']:.0f} MiB", flush=True)
+    return runs
+
+
+@dataclass
+class KitRun:
+    """One simcse-kit text run, built as ``simcse_kit.training.train`` builds it (without
+    the run folder); ``fit(run.model, run.step, run.loader, run.cfg.train,
+    accelerator=run.accelerator)`` trains it."""
+
+    cfg: Any
+    precision: Any  # PrecisionChoice, or None where the config decided
+    heap: Any  # HeapChoice
+    accelerator: Any
+    model: Any
+    loader: Any
+    step: Any
+
+
+def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str]) -> KitRun:
+    """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
+    ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
+    line), on the CPU: "auto" precision and ``release_memory`` decided as a run decides them."""
+    import datasets
+
+    from simcse_kit.config import load_config
+    from simcse_kit.heap import resolve_release_memory
+    from simcse_kit.objectives import SimCSEObjective
+    from simcse_kit.recipes import find_recipe
+    from simcse_kit.trainer import make_accelerator, with_concrete_precision
+    from simcse_kit.training import build_model, load_checked_tokenizer, make_loader, make_step
+
+    opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
+    opts |= {"output_dir": tempfile.mkdtemp()} | overrides
+    cfg = load_config(find_recipe(recipe), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in opts.items()})
+    train_cfg, precision = with_concrete_precision(cfg.train, cpu=True)
+    cfg = replace(cfg, train=train_cfg)
+    heap = resolve_release_memory(cfg.train.release_memory, "cpu")
+    tokenizer = load_checked_tokenizer(cfg)
+    accelerator = make_accelerator(cfg.train, cpu=True)
+    model = build_model(cfg)
+    loader = make_loader(cfg, datasets.Dataset.from_dict({"sent0": sentences}), tokenizer, accelerator.num_processes)
+    step = make_step(cfg, model, SimCSEObjective(cfg.data.mode, cfg.loss), accelerator)
+    return KitRun(cfg, precision, heap, accelerator, model, loader, step)
+
+
 def emit(result: dict[str, Any]) -> None:
     """A worker's one machine-readable output line."""
     print("RESULT " + json.dumps(result), flush=True)
@@ -139,8 +196,6 @@ def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], A
     ``warmup`` and ``steps``; its own defaults otherwise (fused AdamW, clipping at 1.0).
     Returns :meth:`TimedCollator.rate` over ``steps`` steps after ``warmup``.
     """
-    import tempfile
-
     import datasets
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 

@@ -2,16 +2,19 @@
 
 simcse-kit's unsup recipe at batch 1024 with ``--grad-cache-chunk 128`` (the setting of
 ``gradcache_vs_cmnrl.py``), in a fresh process per variant; a thread samples the RSS
-every 5 ms, so each step's peak is seen, not only its end. Variants are environment
-settings read when the process starts:
+every 5 ms, so each step's peak is seen, not only its end. Variants:
 
-* ``default``: glibc malloc and oneDNN as they come;
-* ``mmap1m``: ``MALLOC_MMAP_THRESHOLD_=1048576``: every allocation of 1 MiB or more is its
+* ``keepheap``: ``train.release_memory: false``, glibc malloc and oneDNN as they come;
+* ``release``: the recipe's ``release_memory: auto``, which on Linux CPU fixes glibc's
+  mmap threshold at 1 MiB (``simcse_kit.heap``): every allocation of 1 MiB or more is its
   own mapping, returned to the OS when freed. By default glibc raises this threshold as
   large blocks are freed (up to 32 MiB), so the step's many transient tensors, whose
   sizes change with every packed batch, are served from a heap that never shrinks;
-* ``mmap1m-nocache``: the same plus ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` (oneDNN keeps no
-  compiled kernels, with their scratch buffers, per matmul shape).
+* ``release-nocache``: the same plus ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` (oneDNN keeps
+  no compiled kernels, with their scratch buffers, per matmul shape).
+
+Each step's wall time is recorded too (the price of fresh mappings). ``--chunk 0`` measures
+a plain (non-GradCache) run the same way.
 
 Usage::
 
@@ -25,20 +28,19 @@ import argparse
 import json
 import resource
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, emit, machine, run_worker, setup_threads  # noqa: E402
+from _common import WIKI, emit, kit_recipe_run, machine, run_worker, setup_threads  # noqa: E402
 
-VARIANTS: dict[str, dict[str, str]] = {
-    "default": {},
-    "mmap1m": {"MALLOC_MMAP_THRESHOLD_": "1048576"},
-    "mmap1m-nocache": {"MALLOC_MMAP_THRESHOLD_": "1048576", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"},
+# name -> (train.release_memory, extra environment variables)
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "keepheap": ("false", {}),
+    "release": ("auto", {}),
+    "release-nocache": ("auto", {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}),
 }
 
 
@@ -66,47 +68,30 @@ class PeakSampler:
 
 def worker(args: argparse.Namespace) -> None:
     setup_threads(args.threads)
-    import datasets
-
-    from simcse_kit.config import load_config
-    from simcse_kit.objectives import SimCSEObjective
-    from simcse_kit.recipes import find_recipe
-    from simcse_kit.trainer import fit, make_accelerator, with_concrete_precision
-    from simcse_kit.training import build_model, load_checked_tokenizer, make_loader, make_step
+    from simcse_kit.trainer import fit
 
     sampler = PeakSampler()
     overrides = {
         "batch_size": args.batch_size,
         "grad_cache_chunk": args.chunk,
         "max_steps": args.steps,
-        "eval_steps": 0,
-        "eval_at_start": False,
-        "log_steps": 10**9,
-        "progress_bar": False,
-        "report_to": "none",
-        "output_dir": tempfile.mkdtemp(),
+        "release_memory": VARIANTS[args.worker][0],
     }
-    cfg = load_config(find_recipe("unsup"), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in overrides.items()})
-    train_cfg, _ = with_concrete_precision(cfg.train, cpu=True)  # as training.train does
-    cfg = replace(cfg, train=train_cfg)
-    accelerator = make_accelerator(cfg.train, cpu=True)
-    model = build_model(cfg)
     sentences = WIKI.read_text(encoding="utf-8").splitlines()[: args.batch_size * args.steps]
-    tokenizer = load_checked_tokenizer(cfg)
-    loader = make_loader(cfg, datasets.Dataset.from_dict({"sent0": sentences}), tokenizer, accelerator.num_processes)
-    step = make_step(cfg, model, SimCSEObjective(cfg.data.mode, cfg.loss), accelerator)
+    run = kit_recipe_run("unsup", overrides, sentences)
     steps: list[dict[str, float]] = []
 
     def measured(model: Any, batch: Any, backward: Any = None) -> Any:
-        before = rss_mib()
+        before, tick = rss_mib(), time.perf_counter()
         sampler.reset()
-        loss = step(model, batch, backward)
-        steps.append({"before": before, "peak": sampler.peak, "after": rss_mib()})
+        loss = run.step(model, batch, backward)
+        steps.append({"before": before, "peak": sampler.peak, "after": rss_mib(), "seconds": time.perf_counter() - tick})
         return loss
 
     start = rss_mib()
-    fit(model, measured, loader, cfg.train, accelerator=accelerator)
-    emit({"start": start, "steps": steps, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+    fit(run.model, measured, run.loader, run.cfg.train, accelerator=run.accelerator)
+    heap = {"release_memory": run.heap.release_memory, "reason": run.heap.reason}
+    emit({"start": start, "steps": steps, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "heap": heap})
 
 
 def main() -> None:
@@ -117,21 +102,25 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
     results = {}
-    shared = ["--worker", f"--batch-size={args.batch_size}", f"--chunk={args.chunk}", f"--steps={args.steps}"]
+    shared = [f"--batch-size={args.batch_size}", f"--chunk={args.chunk}", f"--steps={args.steps}", f"--threads={args.threads}"]
     for name in args.variants.split(","):
-        results[name] = run_worker(Path(__file__), [*shared, f"--threads={args.threads}"], args.threads, env=VARIANTS[name])
-    print(f"batch {args.batch_size}, GradCache chunks of {args.chunk} rows, {args.steps} steps, {args.threads} threads\n")
-    print("| variant | RSS after model MiB | each step: peak / after MiB | peak RSS MiB |")
-    print("|---|---:|---|---:|")
+        if name not in VARIANTS:
+            parser.error(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
+        results[name] = run_worker(Path(__file__), [*shared, f"--worker={name}"], args.threads, env=VARIANTS[name][1])
+    chunks = f"GradCache chunks of {args.chunk} rows" if args.chunk else "no GradCache"
+    print(f"batch {args.batch_size}, {chunks}, {args.steps} steps, {args.threads} threads\n")
+    print("| variant | RSS after model MiB | each step: peak / after MiB | peak RSS MiB | s/step after the first |")
+    print("|---|---:|---|---:|---:|")
     for name, r in results.items():
         per_step = ", ".join(f"{s['peak']:.0f} / {s['after']:.0f}" for s in r["steps"])
-        print(f"| {name} | {r['start']:.0f} | {per_step} | {r['ru_maxrss']:.0f} |")
+        later = [s["seconds"] for s in r["steps"][1:]] or [r["steps"][0]["seconds"]]
+        print(f"| {name} | {r['start']:.0f} | {per_step} | {r['ru_maxrss']:.0f} | {sum(later) / len(later):.3f} |")
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": machine(), "args": vars(args), "results": results}, indent=2, default=str))
 

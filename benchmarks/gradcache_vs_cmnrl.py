@@ -46,18 +46,33 @@ import argparse
 import json
 import random
 import sys
-import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads, st_pair_throughput  # noqa: E402
+from _common import (  # noqa: E402
+    WIKI,
+    TimedCollator,
+    emit,
+    kit_recipe_run,
+    machine,
+    peak_rss_mib,
+    run_rounds,
+    setup_threads,
+    st_pair_throughput,
+)
 
-RECIPE = REPO / "train" / "unsup.yaml"
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-auto")
+# kit-auto with glibc's heap left to grow (release_memory: false): what the setting costs.
+ABLATIONS = ("kit-auto-keepheap",)
 # (simcse-kit, sentence-transformers) pairs whose speed and memory the summary compares.
-PAIRS = (("kit-auto", "st-fp32"), ("kit-auto", "st-bf16"), ("kit-fp32", "st-fp32"))
+PAIRS = (
+    ("kit-auto", "st-fp32"),
+    ("kit-auto", "st-bf16"),
+    ("kit-fp32", "st-fp32"),
+    ("kit-auto-keepheap", "st-bf16"),
+    ("kit-auto", "kit-auto-keepheap"),
+)
 
 
 def sentences_for(args: argparse.Namespace) -> list[str]:
@@ -78,43 +93,27 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
 
 
 def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
-    import datasets
-
-    from simcse_kit.config import load_config
-    from simcse_kit.objectives import SimCSEObjective
-    from simcse_kit.trainer import fit, make_accelerator, with_concrete_precision
-    from simcse_kit.training import build_model, load_checked_tokenizer, make_loader, make_step
+    from simcse_kit.trainer import fit
 
     overrides = {
         "batch_size": args.batch_size,
         "grad_cache_chunk": args.chunk,
         "max_seq_len": args.max_seq_len,
         "mixed_precision": "auto" if args.precision == "auto" else "no",
+        "release_memory": args.release_memory,
         "max_steps": args.warmup + args.steps + 2,
-        "eval_steps": 0,
-        "eval_at_start": False,
-        "log_steps": 10**9,
-        "progress_bar": False,
-        "report_to": "none",
-        "output_dir": tempfile.mkdtemp(),
     }
-    cfg = load_config(RECIPE, {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in overrides.items()})
-    # As training.train does: "auto" becomes this machine's choice before anything is built.
-    train_cfg, choice = with_concrete_precision(cfg.train, cpu=True)
-    cfg = replace(cfg, train=train_cfg)
-    tokenizer = load_checked_tokenizer(cfg)
-    accelerator = make_accelerator(cfg.train, cpu=True)
-    model = build_model(cfg)
-    objective = SimCSEObjective(cfg.data.mode, cfg.loss)
-    loader = make_loader(cfg, datasets.Dataset.from_dict({"sent0": sents}), tokenizer, accelerator.num_processes)
-    collator = TimedCollator(loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
-    loader.collate_fn = collator  # before fit: accelerator.prepare copies the loader's collate_fn
-    fit(model, make_step(cfg, model, objective, accelerator), loader, cfg.train, accelerator=accelerator)
+    run = kit_recipe_run("unsup", overrides, sents)
+    collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
+    run.loader.collate_fn = collator  # before fit: accelerator.prepare copies the loader's collate_fn
+    fit(run.model, run.step, run.loader, run.cfg.train, accelerator=run.accelerator)
+    train = run.cfg.train
     precision = {
-        "mixed_precision": cfg.train.mixed_precision,
-        "bf16_weights": cfg.train.bf16_weights,
-        "fast_dropout": cfg.train.fast_dropout,
-        "reason": choice.reason if choice is not None else "set in the config",
+        "mixed_precision": train.mixed_precision,
+        "bf16_weights": train.bf16_weights,
+        "fast_dropout": train.fast_dropout,
+        "reason": run.precision.reason if run.precision is not None else "set in the config",
+        "release_memory": run.heap.release_memory,
     }
     return collator.rate(args.warmup, args.steps) | {"precision": precision}
 
@@ -138,7 +137,8 @@ def worker(args: argparse.Namespace) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    framework, args.precision = args.worker.split("-")
+    framework, args.precision, *rest = args.worker.split("-")
+    args.release_memory = "false" if rest == ["keepheap"] else "auto"
     result = (worker_kit if framework == "kit" else worker_st)(args, sentences_for(args))
     emit(result | {"variant": args.worker, "peak_rss_mib": peak_rss_mib()})
 
@@ -205,22 +205,16 @@ def main() -> None:
         return
 
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
+    unknown = set(variants) - set(VARIANTS) - set(ABLATIONS)
     if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS + ABLATIONS}")
     if args.chunk % 2:
         parser.error("--chunk must be even: simcse-kit's chunks hold whole examples (2 rows each)")
     common = [
         f"--{k}={getattr(args, k.replace('-', '_'))}"
         for k in ("steps", "warmup", "batch-size", "chunk", "max-seq-len", "threads")
     ]
-    runs: list[dict[str, Any]] = []
-    for r in range(args.rounds):
-        for v in variants:
-            res = run_worker(Path(__file__), [*common, f"--worker={v}", f"--offset={r}"], args.threads)
-            res["round"] = r
-            runs.append(res)
-            print(f"round {r} {v:9s} {res['sentences_per_s']:8.1f} sent/s  peak RSS {res['peak_rss_mib']:.0f} MiB", flush=True)
+    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads)
 
     summary = summarise(runs, variants)
     comparisons = print_tables(args, summary)

@@ -19,6 +19,7 @@ Usage::
     .venv/bin/python benchmarks/train_throughput.py --rounds 1 --steps 5 --variants kit-bf16
     .venv/bin/python benchmarks/train_throughput.py --variants kit-bf16 --batch-size 1024 --grad-cache-chunk 128
     .venv/bin/python benchmarks/train_throughput.py --variants kit-fast,kit-fast-padded   # what packing buys
+    .venv/bin/python benchmarks/train_throughput.py --variants kit-fast,kit-fast-keepheap # what release_memory costs
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, TimedCollator, emit, machine, peak_rss_mib, run_worker, setup_threads, st_pair_throughput  # noqa: E402
+from _common import WIKI, TimedCollator, emit, machine, peak_rss_mib, run_rounds, setup_threads, st_pair_throughput  # noqa: E402
 
 # kit-bf16: autocast, like ST's bf16=True; kit-fast: the recipes' setting (bf16 weights
 # with fp32 master weights + fast dropout, simcse_kit.fastpath.bf16 / simcse_kit.fastpath).
-# Every kit variant packs sequences (simcse_kit.packing); kit-fast-padded does not (an
-# ablation, not in the default run).
+# Every kit variant packs sequences (simcse_kit.packing) and gives freed large blocks back
+# to the OS (train.release_memory: auto, simcse_kit.heap). The ablations, not in the
+# default run: kit-fast-padded does not pack, kit-fast-keepheap leaves glibc's heap to grow.
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-fast")
-ABLATIONS = ("kit-fast-padded",)
+ABLATIONS = ("kit-fast-padded", "kit-fast-keepheap")
 
 
 def sentences_for(args: argparse.Namespace) -> list[str]:
@@ -63,6 +65,7 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
     from simcse_kit.data import ContrastiveCollator
     from simcse_kit.fastpath import enable_fast_dropout
     from simcse_kit.gradcache import GradCacheStep
+    from simcse_kit.heap import resolve_release_memory
     from simcse_kit.modeling import SimCSEModel, resolve_model_path
     from simcse_kit.objectives import SimCSEObjective
     from simcse_kit.trainer import fit, make_accelerator
@@ -97,6 +100,7 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
         collate_fn=collator,
         generator=torch.Generator().manual_seed(42),
     )
+    resolve_release_memory(args.release_memory, "cpu")  # as a run does (train.release_memory)
     accelerator = make_accelerator(cfg, cpu=True)
     step = GradCacheStep(objective, args.grad_cache_chunk, accelerator) if args.grad_cache_chunk > 0 else objective.step
     fit(model, step, loader, cfg, accelerator=accelerator)
@@ -118,7 +122,8 @@ def worker(args: argparse.Namespace) -> None:
     sents = sentences_for(args)
     framework, precision, *rest = args.worker.split("-")
     args.precision = precision
-    args.packing = rest != ["padded"]
+    args.packing = "padded" not in rest
+    args.release_memory = "false" if "keepheap" in rest else "auto"
     result = (worker_kit if framework == "kit" else worker_st)(args, sents)
     emit(result | {"variant": args.worker, "peak_rss_mib": peak_rss_mib()})
 
@@ -149,13 +154,7 @@ def main() -> None:
         f"--{k}={getattr(args, k.replace('-', '_'))}"
         for k in ("steps", "warmup", "batch-size", "max-seq-len", "threads", "grad-cache-chunk")
     ]
-    runs: list[dict[str, Any]] = []
-    for r in range(args.rounds):
-        for v in variants:
-            res = run_worker(Path(__file__), [*common, f"--worker={v}", f"--offset={r}"], args.threads)
-            res["round"] = r
-            runs.append(res)
-            print(f"round {r} {v:15s} {res['sentences_per_s']:8.1f} sent/s  peak RSS {res['peak_rss_mib']:.0f} MiB", flush=True)
+    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads)
 
     summary: dict[str, dict[str, float]] = {}
     for v in variants:
@@ -176,6 +175,7 @@ def main() -> None:
     ratios = {}
     pairs = [("kit-fast", "st-fp32"), ("kit-fast", "st-bf16"), ("kit-bf16", "st-bf16"), ("kit-fp32", "st-fp32")]
     pairs += [("kit-bf16", "st-fp32"), ("kit-fast", "kit-bf16"), ("kit-fast", "kit-fp32"), ("kit-fast", "kit-fast-padded")]
+    pairs += [("kit-fast", "kit-fast-keepheap")]
     for ours, theirs in pairs:
         if ours in summary and theirs in summary:
             ratios[f"{ours}/{theirs}"] = summary[ours]["sentences_per_s"] / summary[theirs]["sentences_per_s"]

@@ -150,6 +150,9 @@ class TrainConfig(LoopConfig):
     batch_size: int = 64  # examples per optimiser micro-step, over all processes
     fast_dropout: bool | str = AUTO  # cheaper dropout RNG, same distribution (simcse_kit.fastpath); "auto": CPU with native bf16
     grad_cache_chunk: int = 0  # GradCache: encode the batch in chunks of this many rows (0: off)
+    # Give freed large blocks back to the OS (glibc: a fixed 1 MiB mmap threshold, simcse_kit.heap)
+    # instead of letting the heap grow step after step; "auto": on for CPU runs.
+    release_memory: bool | str = AUTO
     final_eval: bool = True  # score the best model on the 7 STS tasks at the end (false: dev-only sweeps)
 
 

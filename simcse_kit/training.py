@@ -35,6 +35,7 @@ from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
+from simcse_kit.heap import resolve_release_memory
 from simcse_kit.inference import Encoder
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
@@ -51,7 +52,15 @@ EVAL_BATCH_SIZE = 128
 
 # Settings that may change between a run and its --resume: they do not change what is
 # computed (where files go, progress display, loader workers, checkpoint frequency, trackers).
-RESUME_MAY_DIFFER = ("train.output_dir", "train.progress_bar", "data.num_workers", "train.save_steps", "train.report_to")
+# Settings that change how a run is watched or how fast it goes, never what it computes.
+RESUME_MAY_DIFFER = (
+    "train.output_dir",
+    "train.progress_bar",
+    "data.num_workers",
+    "train.save_steps",
+    "train.report_to",
+    "train.release_memory",
+)
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"  # the experiment trackers' folder in the run folder
 BEST_MODEL = "best_model"
@@ -77,6 +86,8 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     train_cfg, precision = with_concrete_precision(cfg.train)
     cfg = replace(cfg, train=train_cfg)
     out = prepare_run_dir(cfg, overwrite, resume)
+    heap = resolve_release_memory(cfg.train.release_memory, "cuda" if torch.cuda.is_available() else "cpu")
+    logger.info("memory: %s", heap.reason)
 
     accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)
     start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
@@ -103,6 +114,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
             "reason": "set in the config",
         }
     )
+    metrics["memory"] = asdict(heap)
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
     if accelerator.is_main_process:
