@@ -118,6 +118,11 @@ class LoopConfig:
     # weights in AdamW, instead of autocast (simcse_kit.fastpath.bf16). Ignored at other
     # precisions, so `--mixed-precision no` on a bf16 recipe simply trains in fp32.
     bf16_weights: bool | str = False  # True, False or "auto" (on where bf16 is native on CPU)
+    # With bf16 weights: embedding tables get their gradient as the looked-up rows, added
+    # into a dense buffer kept across steps, instead of a freshly allocated table-sized
+    # gradient every backward (simcse_kit.fastpath.bf16). "auto": in a single process
+    # (DistributedDataParallel expects a sparse module's gradient to be sparse).
+    sparse_embedding_grad: bool | str = AUTO
     seed: int = 42  # model head init, shuffling and dropout
     eval_steps: int = 125  # evaluate every N optimiser steps (0: only at the end)
     # Evaluate the untouched model too (step 0), so best-checkpoint selection can keep it:

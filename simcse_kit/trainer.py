@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from simcse_kit.config import AUTO, LoopConfig
+from simcse_kit.errors import ConfigError
 from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
 from simcse_kit.fastpath.internals import reset_accelerate_state
 from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir
@@ -145,13 +146,21 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
 
 def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
     """AdamW, fused into one kernel where the parameters' device allows (on CPU it takes
-    a bf16 step's AdamW from ~170 to ~26 ms on the default model); with
+    the default model's AdamW step from ~59 to ~8 ms, benchmarks/adamw_step.py); with
     ``cfg.bf16_model`` the model is cast to bf16 (embedding tables excepted) and AdamW
-    keeps fp32 masters (:func:`simcse_kit.fastpath.bf16.bf16_training`)."""
+    keeps fp32 masters (:func:`simcse_kit.fastpath.bf16.bf16_training`), its embedding
+    tables' gradients in kept dense buffers as ``cfg.sparse_embedding_grad`` says."""
     groups = param_groups(model, cfg.weight_decay)
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
     if cfg.bf16_model:
-        return bf16_training(model, groups, lr=cfg.learning_rate, fused=fused)
+        processes = accelerate_state.PartialState().num_processes
+        if cfg.sparse_embedding_grad is True and processes > 1:
+            raise ConfigError(
+                f"config key 'train.sparse_embedding_grad' = true: not with {processes} processes "
+                "(DistributedDataParallel expects a sparse table's gradient to be sparse); use auto or false"
+            )
+        sparse = cfg.sparse_embedding_grad is True or (cfg.sparse_embedding_grad == AUTO and processes == 1)
+        return bf16_training(model, groups, sparse_tables=sparse, lr=cfg.learning_rate, fused=fused)
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=fused)
 
 

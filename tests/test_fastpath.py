@@ -254,6 +254,65 @@ def test_bf16_training_keeps_embedding_tables_fp32(tiny_model_dir: Path) -> None
     assert all(p.dtype == torch.bfloat16 for p in others)
 
 
+def test_sparse_tables_train_like_dense_ones_in_kept_buffers(tiny_model_dir: Path) -> None:
+    """sparse_tables: the tables' rows' gradients are added into one dense buffer per table,
+    kept across steps; two backward passes a step (GradCache, accumulation) add up; the
+    weights follow the dense path's up to the order of additions."""
+    from simcse_kit.fastpath.bf16 import bf16_training
+    from simcse_kit.trainer import param_groups
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    collate = ContrastiveCollator(tokenizer, "unsup", 16)
+    batches = [collate([{"sent0": s} for s in toy_sentences(12)[i : i + 4]]) for i in range(0, 12, 4)]
+    runs = {}
+    for sparse in (False, True):
+        torch.manual_seed(0)
+        model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", dropout=0.0)).train()
+        opt = bf16_training(model, param_groups(model, 0.01), sparse_tables=sparse, lr=1e-2)
+        word = model.encoder.embeddings.word_embeddings
+        assert word.sparse is sparse
+        buffers = set()
+        for step in range(3):
+            for half in (slice(0, 4), slice(4, 8)):  # two backward passes, one optimiser step
+                part = {k: v[half] for k, v in batches[step].items()}
+                model(**part).float().pow(2).sum().backward()
+            assert word.weight.grad is not None and not word.weight.grad.is_sparse
+            buffers.add(word.weight.grad.data_ptr())
+            opt.step()
+            opt.zero_grad()
+            if sparse:
+                assert torch.count_nonzero(word.weight.grad) == 0  # zeroed in place, not dropped
+        if sparse:
+            with opt.fp32_model(model):  # saving the best model (fp32) must not round the buffer
+                pass
+            assert word.weight.grad.dtype == torch.float32 and {word.weight.grad.data_ptr()} == buffers
+            assert len(buffers) == 1  # one buffer for all steps
+        runs[sparse] = {n: p.detach().float().clone() for n, p in model.named_parameters()}
+    for name, dense in runs[False].items():
+        torch.testing.assert_close(runs[True][name], dense, atol=2e-2 if "encoder.layer" in name else 1e-5, rtol=0)
+
+
+def test_sparse_embedding_grad_is_refused_with_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from accelerate import state as accelerate_state
+
+    from simcse_kit.config import LoopConfig
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.trainer import make_optimizer
+
+    class TwoProcesses:
+        num_processes = 2
+
+    monkeypatch.setattr(accelerate_state, "PartialState", TwoProcesses)
+    cfg = LoopConfig(mixed_precision="bf16", bf16_weights=True, sparse_embedding_grad=True)
+    with pytest.raises(ConfigError, match="sparse_embedding_grad"):
+        make_optimizer(torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2)), cfg)
+    table = torch.nn.Embedding(10, 4)
+    make_optimizer(
+        torch.nn.Sequential(table, torch.nn.Linear(4, 2)), LoopConfig(**{**cfg.__dict__, "sparse_embedding_grad": "auto"})
+    )
+    assert not table.sparse  # auto: dense under DistributedDataParallel
+
+
 # --------------------------------------------------------------------------- a whole run
 
 

@@ -11,6 +11,14 @@ Embedding tables stay fp32 (:func:`bf16_training`): a lookup gains nothing from 
 and the word embedding's dense gradient is half the model's parameters, so converting
 it to fp32 for the update and the table back to bf16 after it cost ~70 ms a step on
 the default model, more than the lookups themselves.
+
+Gradients that stay put. A dense embedding backward allocates a zeroed table-sized
+gradient every time (47 MB on the default model): on CPU a block that large is a fresh
+mapping whose every page faults in when zeroed, ~30 ms per backward, and GradCache runs
+a backward per chunk. With ``sparse_tables`` the tables look up with ``sparse=True``
+(their backward yields only the rows used) and keep one dense ``.grad`` across steps,
+zeroed in place, into which autograd adds those rows in place. Likewise each master's
+fp32 gradient buffer is kept and overwritten, not re-allocated every step.
 """
 
 from __future__ import annotations
@@ -53,11 +61,17 @@ class MasterWeightAdamW(torch.optim.AdamW):
         params: list[dict[str, Any]],
         dtype: torch.dtype = torch.bfloat16,
         keep_fp32: Sequence[nn.Parameter] = (),
+        kept_grads: Sequence[nn.Parameter] = (),
         **kwargs: Any,
     ) -> None:
         self.model_params: list[nn.Parameter] = []
         self.masters: list[torch.Tensor] = []
         self.kept = list(keep_fp32)
+        # These (of the kept) have a dense .grad zeroed in place, never None: autograd then
+        # adds a sparse gradient into it instead of storing the sparse tensor itself.
+        self.kept_grads = list(kept_grads)
+        for p in self.kept_grads:
+            p.grad = torch.zeros_like(p)
         kept = {id(p) for p in self.kept}
         groups = []
         for group in params:
@@ -77,15 +91,32 @@ class MasterWeightAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
         for p, master in zip(self.model_params, self.masters, strict=True):
-            master.grad = None if p.grad is None else p.grad.float()
+            if p.grad is None:
+                master.grad = None
+            elif master.grad is None:
+                master.grad = p.grad.float()
+            else:
+                master.grad.copy_(p.grad)  # the buffer of the last step, overwritten
         loss = super().step(closure)
         copy_tensors_(self.model_params, self.masters)
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        super().zero_grad(set_to_none)
+        # Masters' gradients are overwritten by the next step (or dropped there when the
+        # model's gradient is None), so they are left alone here.
         for p in self.model_params:
             p.grad = None
+        buffers = {id(p) for p in self.kept_grads}
+        for p in self.kept:
+            if id(p) in buffers:
+                if p.grad is None or p.grad.is_sparse:  # e.g. after a user's model.zero_grad()
+                    p.grad = torch.zeros_like(p)
+                else:
+                    p.grad.zero_()
+            elif set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -108,19 +139,25 @@ class MasterWeightAdamW(torch.optim.AdamW):
         """``model`` with its trained weights in fp32 (the masters), e.g. to save it;
         afterwards back to the low-precision weights rounded from the masters."""
         dtype = self.model_params[0].dtype if self.model_params else torch.bfloat16
-        kept = [p.data for p in self.kept]  # model.to(dtype) below would round them
+        # model.to(dtype) below would round the kept weights and, in place, their .grad
+        # (the kept buffers of sparse tables), so both are set aside around it.
+        kept = [p.data for p in self.kept]
+        grads = [p.grad for p in self.kept]
         model.float()
         with torch.no_grad():
             copy_tensors_(self.model_params, self.masters)
         try:
             yield model
         finally:
+            for p in self.kept:
+                p.grad = None
             model.to(dtype)
-            for p, data in zip(self.kept, kept, strict=True):
+            for p, data, grad in zip(self.kept, kept, grads, strict=True):
                 p.data = data
+                p.grad = grad
 
 
-def bf16_training(model: nn.Module, groups: list[dict[str, Any]], **adamw: Any) -> MasterWeightAdamW:
+def bf16_training(model: nn.Module, groups: list[dict[str, Any]], sparse_tables: bool = False, **adamw: Any) -> MasterWeightAdamW:
     """Cast ``model`` to bf16 for training and return AdamW with fp32 master weights.
 
     Embedding tables stay fp32 and their outputs are cast to the dtype of the layers
@@ -131,11 +168,20 @@ def bf16_training(model: nn.Module, groups: list[dict[str, Any]], **adamw: Any) 
     Args:
         model: an fp32 model, not yet cast.
         groups: AdamW parameter groups over ``model``'s trainable parameters.
+        sparse_tables: trainable tables look up with ``sparse=True`` and add their rows'
+            gradient into a dense ``.grad`` kept across steps (the module docstring).
+            Not under DistributedDataParallel, which expects such a table's ``.grad``
+            to be sparse.
         adamw: keyword arguments of ``torch.optim.AdamW`` (lr, fused, ...).
     """
     tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
     kept = [m.weight for m in tables]
-    optimizer = MasterWeightAdamW(groups, dtype=torch.bfloat16, keep_fp32=kept, **adamw)
+    trainable = {id(p) for g in groups for p in g["params"]}
+    sparse = [m for m in tables if sparse_tables and id(m.weight) in trainable]
+    for table in sparse:
+        table.sparse = True
+    grads = [m.weight for m in sparse]
+    optimizer = MasterWeightAdamW(groups, dtype=torch.bfloat16, keep_fp32=kept, kept_grads=grads, **adamw)
     skip = {id(p) for p in kept}
     for tensor in [*model.parameters(), *model.buffers()]:
         if tensor.is_floating_point() and id(tensor) not in skip and tensor.dtype != torch.bfloat16:
