@@ -160,11 +160,11 @@ class KitRun:
 def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str]) -> KitRun:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
-    line), on the CPU: "auto" precision and ``release_memory`` decided as a run decides them."""
+    line), on the CPU: "auto" precision decided and ``mmap_threshold_mib`` applied as a run does."""
     import datasets
 
     from simcse_kit.config import load_config
-    from simcse_kit.heap import resolve_release_memory
+    from simcse_kit.heap import apply_mmap_threshold
     from simcse_kit.objectives import SimCSEObjective
     from simcse_kit.recipes import find_recipe
     from simcse_kit.trainer import make_accelerator, with_concrete_precision
@@ -175,7 +175,7 @@ def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str])
     cfg = load_config(find_recipe(recipe), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in opts.items()})
     train_cfg, precision = with_concrete_precision(cfg.train, cpu=True)
     cfg = replace(cfg, train=train_cfg)
-    heap = resolve_release_memory(cfg.train.release_memory, "cpu")
+    heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     tokenizer = load_checked_tokenizer(cfg)
     accelerator = make_accelerator(cfg.train, cpu=True)
     model = build_model(cfg)

@@ -4,13 +4,13 @@ simcse-kit's unsup recipe at batch 1024 with ``--grad-cache-chunk 128`` (the set
 ``gradcache_vs_cmnrl.py``), in a fresh process per variant; a thread samples the RSS
 every 5 ms, so each step's peak is seen, not only its end. Variants:
 
-* ``keepheap``: ``train.release_memory: false``, glibc malloc and oneDNN as they come;
-* ``release``: the recipe's ``release_memory: auto``, which on Linux CPU fixes glibc's
-  mmap threshold at 1 MiB (``simcse_kit.heap``): every allocation of 1 MiB or more is its
-  own mapping, returned to the OS when freed. By default glibc raises this threshold as
-  large blocks are freed (up to 32 MiB), so the step's many transient tensors, whose
+* ``default``: glibc malloc and oneDNN as they come (``train.mmap_threshold_mib: null``);
+* ``mmap1``, ``mmap2``, ``mmap4``: ``train.mmap_threshold_mib`` 1, 2, 4, which fixes
+  glibc's mmap threshold (``simcse_kit.heap``): every allocation of that size or more is
+  its own mapping, returned to the OS when freed. By default glibc raises this threshold
+  as large blocks are freed (up to 32 MiB), so the step's many transient tensors, whose
   sizes change with every packed batch, are served from a heap that never shrinks;
-* ``release-nocache``: the same plus ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` (oneDNN keeps
+* ``mmap1-nocache``: ``mmap1`` plus ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` (oneDNN keeps
   no compiled kernels, with their scratch buffers, per matmul shape).
 
 Each step's wall time is recorded too (the price of fresh mappings). ``--chunk 0`` measures
@@ -36,12 +36,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import WIKI, emit, kit_recipe_run, machine, run_worker, setup_threads  # noqa: E402
 
-# name -> (train.release_memory, extra environment variables)
-VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
-    "keepheap": ("false", {}),
-    "release": ("auto", {}),
-    "release-nocache": ("auto", {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}),
+# name -> (train.mmap_threshold_mib, extra environment variables)
+VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {
+    "default": (None, {}),
+    "mmap1": (1, {}),
+    "mmap2": (2, {}),
+    "mmap4": (4, {}),
+    "mmap1-nocache": (1, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}),
 }
+DEFAULT_VARIANTS = "default,mmap1,mmap2,mmap4"
 
 
 def rss_mib() -> float:
@@ -75,7 +78,7 @@ def worker(args: argparse.Namespace) -> None:
         "batch_size": args.batch_size,
         "grad_cache_chunk": args.chunk,
         "max_steps": args.steps,
-        "release_memory": VARIANTS[args.worker][0],
+        "mmap_threshold_mib": VARIANTS[args.worker][0],
     }
     sentences = WIKI.read_text(encoding="utf-8").splitlines()[: args.batch_size * args.steps]
     run = kit_recipe_run("unsup", overrides, sentences)
@@ -90,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
 
     start = rss_mib()
     fit(run.model, measured, run.loader, run.cfg.train, accelerator=run.accelerator)
-    heap = {"release_memory": run.heap.release_memory, "reason": run.heap.reason}
+    heap = {"mmap_threshold_mib": run.heap.mmap_threshold_mib, "reason": run.heap.reason}
     emit({"start": start, "steps": steps, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "heap": heap})
 
 
@@ -100,7 +103,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=128, help="GradCache rows per forward pass")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of {list(VARIANTS)}")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -5,17 +5,21 @@ a fresh mapping and unmaps it when freed. But every time such a block is freed, 
 raises the threshold to that block's size (up to 32 MiB), so a training step's large
 transient tensors soon come from the heap instead, and the heap only shrinks from its
 top. With tensor sizes that change every packed batch, freed fragments pile up: on the
-unsup recipe the RSS climbs by ~1.2 GiB over 30 steps at batch 64, and by ~1.6 GiB in 4
-GradCache steps at batch 1024, none of it live tensors (``benchmarks/gradcache_rss.py``).
+unsup recipe the peak RSS keeps climbing for tens of steps, and a GradCache step at batch
+1024 peaks ~700 MiB above what it needs with its blocks unmapped when freed
+(``benchmarks/gradcache_rss.py``).
 
-Fixing the threshold (``mallopt(M_MMAP_THRESHOLD, 1 MiB)``, the same as starting the
-process with ``MALLOC_MMAP_THRESHOLD_=1048576``) stops the raising: every block of 1 MiB
-or more is its own mapping again and goes back to the system when freed. The price is a
-system call and fresh zeroed pages per large tensor; ``BENCHMARKS.md`` has both sides.
+Fixing the threshold (``mallopt(M_MMAP_THRESHOLD, n)``, the same as starting the process
+with ``MALLOC_MMAP_THRESHOLD_=n``) stops the raising: every block of ``n`` bytes or more is
+its own mapping again and goes back to the system when freed. The price is a system call
+and freshly zeroed pages for each such block, and a step allocates many: measured on the
+unsup recipe (``BENCHMARKS.md``), 1 MiB cuts a GradCache step's peak RSS by a third but
+makes the step ~1.7x slower; 2 MiB cuts a fifth for ~10%; 4 MiB changes neither. So
+nothing is set unless ``train.mmap_threshold_mib`` asks; it is a knob for runs whose
+memory matters more than their speed (GradCache at large batches).
 
-``release_memory: auto`` fixes it for CPU runs on Linux with glibc, and leaves the process
-alone where the user already chose (the variable is set) or where there is no glibc (macOS,
-Windows, musl, a preloaded jemalloc/tcmalloc). On CUDA the big tensors live on the GPU.
+Only glibc's malloc has this knob: elsewhere (macOS, Windows, musl, a preloaded
+jemalloc/tcmalloc) the setting is reported as not applied and changes nothing.
 """
 
 from __future__ import annotations
@@ -27,20 +31,20 @@ import platform
 import sys
 from dataclasses import dataclass
 
-__all__ = ["ENV_VAR", "MMAP_THRESHOLD", "HeapChoice", "resolve_release_memory", "set_mmap_threshold"]
+__all__ = ["ENV_VAR", "HeapChoice", "MAX_THRESHOLD_MIB", "apply_mmap_threshold", "set_mmap_threshold"]
 
 logger = logging.getLogger(__name__)
 
-MMAP_THRESHOLD = 1 << 20  # bytes; a block this large is worth its own mapping
 ENV_VAR = "MALLOC_MMAP_THRESHOLD_"  # glibc reads it at start-up (note the trailing underscore)
+MAX_THRESHOLD_MIB = 32  # glibc's largest mmap threshold on 64-bit systems
 _M_MMAP_THRESHOLD = -3  # from glibc's <malloc.h>
 
 
 @dataclass(frozen=True)
 class HeapChoice:
-    """Whether this run fixed glibc's mmap threshold, and why (one line for the log)."""
+    """The mmap threshold this run fixed (None: glibc's default behaviour), and why."""
 
-    release_memory: bool
+    mmap_threshold_mib: int | None
     reason: str
 
 
@@ -54,25 +58,20 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-def set_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
+def set_mmap_threshold(nbytes: int) -> bool:
     """Fix glibc's mmap threshold at ``nbytes`` for this process; False where that is not
     possible (no glibc, or ``mallopt`` refused the value)."""
     libc = _glibc()
     return libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(nbytes)) == 1
 
 
-def resolve_release_memory(setting: bool | str, device: str) -> HeapChoice:
-    """Decide and apply ``train.release_memory`` (True, False or ``"auto"``) for a run on
-    ``device`` (``"cpu"`` or ``"cuda"``)."""
-    if setting is False:
-        return HeapChoice(False, "release_memory: false in the config")
-    if setting == "auto":
-        if device != "cpu":
-            return HeapChoice(False, f"{device}: host memory is not where the tensors live; malloc left as it is")
-        if ENV_VAR in os.environ:
-            return HeapChoice(False, f"{ENV_VAR}={os.environ[ENV_VAR]} set in the environment; malloc left as it is")
+def apply_mmap_threshold(mib: int | None) -> HeapChoice:
+    """Apply ``train.mmap_threshold_mib`` (None: leave malloc as it is) to this process."""
+    if mib is None:
+        where = f"{ENV_VAR}={os.environ[ENV_VAR]} from the environment" if ENV_VAR in os.environ else "glibc's default"
+        return HeapChoice(None, f"malloc as it is ({where})")
     if _glibc() is None:
-        return HeapChoice(False, f"no glibc malloc here ({sys.platform}); the allocator is left as it is")
-    if not set_mmap_threshold():
-        return HeapChoice(False, "glibc's mallopt refused M_MMAP_THRESHOLD; malloc left as it is")
-    return HeapChoice(True, f"glibc mmap threshold fixed at {MMAP_THRESHOLD >> 20} MiB: freed large blocks go back to the OS")
+        return HeapChoice(None, f"mmap_threshold_mib {mib} not applied: no glibc malloc here ({sys.platform})")
+    if not set_mmap_threshold(mib << 20):
+        return HeapChoice(None, f"mmap_threshold_mib {mib} not applied: glibc's mallopt refused it")
+    return HeapChoice(mib, f"glibc mmap threshold fixed at {mib} MiB: freed blocks of that size or more go back to the OS")

@@ -35,7 +35,7 @@ from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
-from simcse_kit.heap import resolve_release_memory
+from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
@@ -59,7 +59,7 @@ RESUME_MAY_DIFFER = (
     "data.num_workers",
     "train.save_steps",
     "train.report_to",
-    "train.release_memory",
+    "train.mmap_threshold_mib",
 )
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"  # the experiment trackers' folder in the run folder
@@ -86,7 +86,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     train_cfg, precision = with_concrete_precision(cfg.train)
     cfg = replace(cfg, train=train_cfg)
     out = prepare_run_dir(cfg, overwrite, resume)
-    heap = resolve_release_memory(cfg.train.release_memory, "cuda" if torch.cuda.is_available() else "cpu")
+    heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
 
     accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)

@@ -1,4 +1,4 @@
-"""train.release_memory: glibc's mmap threshold, fixed, and when auto fixes it."""
+"""train.mmap_threshold_mib: glibc's mmap threshold, fixed on request."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from simcse_kit import heap
-from simcse_kit.heap import ENV_VAR, resolve_release_memory
+from simcse_kit.config import load_config
+from simcse_kit.errors import ConfigError
+from simcse_kit.heap import ENV_VAR, apply_mmap_threshold
 
 needs_glibc = pytest.mark.skipif(heap._glibc() is None, reason="glibc's malloc only (Linux)")
 
@@ -31,7 +34,7 @@ PROBE = textwrap.dedent(
     libc.malloc.restype = ctypes.c_void_p
     libc.malloc.argtypes = [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
-    fixed = set_mmap_threshold() if sys.argv[1] == "fix" else None
+    fixed = set_mmap_threshold(1 << 20) if sys.argv[1] == "fix" else None
     libc.free(libc.malloc(8 << 20))
     before = libc.mallinfo2().hblkhd
     block = libc.malloc(2 << 20)
@@ -62,7 +65,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record set_mmap_threshold calls instead of changing the test process's malloc."""
     seen: list[int] = []
 
-    def fake(nbytes: int = heap.MMAP_THRESHOLD) -> bool:
+    def fake(nbytes: int) -> bool:
         seen.append(nbytes)
         return True
 
@@ -72,29 +75,30 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @needs_glibc
-def test_auto_fixes_the_threshold_on_cpu(calls: list[int]) -> None:
-    choice = resolve_release_memory("auto", "cpu")
-    assert choice.release_memory and calls == [1 << 20]
-    assert "1 MiB" in choice.reason
+def test_a_threshold_in_mib_is_applied_in_bytes(calls: list[int]) -> None:
+    choice = apply_mmap_threshold(2)
+    assert choice.mmap_threshold_mib == 2 and calls == [2 << 20]
+    assert "2 MiB" in choice.reason
 
 
-def test_auto_leaves_malloc_alone_on_cuda_and_when_the_user_chose(calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not resolve_release_memory("auto", "cuda").release_memory
+def test_unset_leaves_malloc_alone_and_names_the_environment(calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert apply_mmap_threshold(None).mmap_threshold_mib is None
     monkeypatch.setenv(ENV_VAR, "65536")
-    choice = resolve_release_memory("auto", "cpu")
-    assert not choice.release_memory and ENV_VAR in choice.reason
-    assert not resolve_release_memory(False, "cpu").release_memory
+    choice = apply_mmap_threshold(None)
+    assert choice.mmap_threshold_mib is None and f"{ENV_VAR}=65536" in choice.reason
     assert calls == []
-
-
-@needs_glibc
-def test_true_forces_it_even_over_the_environment(calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_VAR, "65536")
-    assert resolve_release_memory(True, "cpu").release_memory and calls == [1 << 20]
 
 
 def test_without_glibc_nothing_is_touched(calls: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(heap, "_glibc", lambda: None)
-    choice = resolve_release_memory(True, "cpu")
-    assert not choice.release_memory and "no glibc" in choice.reason
+    choice = apply_mmap_threshold(1)
+    assert choice.mmap_threshold_mib is None and "no glibc" in choice.reason
     assert calls == []
+
+
+@pytest.mark.parametrize("value", ["0", "33", "-1"])
+def test_the_config_checks_the_range(value: str, tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data:\n  train_file: x.txt\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="mmap_threshold_mib"):
+        load_config(recipe, {"mmap_threshold_mib": value})
