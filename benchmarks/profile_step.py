@@ -9,7 +9,9 @@ What it measures, per precision setting (``--settings``, default all three):
   start-up probe cannot switch it to fp32 (the line ``auto here:`` says what ``auto``
   would pick now);
 * ``autocast``: the same recipe under bf16 autocast (fp32 weights, PyTorch's dropout);
-* ``fp32``: the same recipe in fp32.
+* ``fp32``: the same recipe in fp32;
+* ``recipe-densegrad`` (only when asked): ``recipe`` with ``train.sparse_embedding_grad``
+  off, the embedding tables' gradient a fresh dense table every backward.
 
 The step is the trainer's: the recipe's config goes through the functions ``simcse-kit
 train`` uses (``make_accelerator``, ``build_model``, ``make_step``) and
@@ -86,11 +88,16 @@ if TYPE_CHECKING:
     from simcse_kit.objectives import SimCSEObjective
 
 # Config overrides per setting ("recipe": what the recipes' "auto" resolves to on a native-bf16 CPU).
+RECIPE = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"}
 SETTINGS: dict[str, dict[str, str]] = {
-    "recipe": {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"},
+    "recipe": RECIPE,
     "autocast": {"mixed_precision": "bf16", "bf16_weights": "false", "fast_dropout": "false"},
     "fp32": {"mixed_precision": "no", "bf16_weights": "false", "fast_dropout": "false"},
+    # An ablation, not in the default run: the recipe with a fresh dense embedding gradient
+    # every backward (train.sparse_embedding_grad false).
+    "recipe-densegrad": RECIPE | {"sparse_embedding_grad": "false"},
 }
+DEFAULT_SETTINGS = "recipe,autocast,fp32"
 
 MATMUL = "matmul/linear"
 PRODUCTS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"})
@@ -338,7 +345,9 @@ def worker(args: argparse.Namespace) -> None:
     emit(
         {
             "setting": args.worker,
-            "precision": {k: getattr(cfg.train, k) for k in ("mixed_precision", "bf16_weights", "fast_dropout")},
+            "precision": {
+                k: getattr(cfg.train, k) for k in ("mixed_precision", "bf16_weights", "fast_dropout", "sparse_embedding_grad")
+            },
             "packing": cfg.model.packing,
             "wall_ms": walls,
             "profiled_steps": profiled,
@@ -369,6 +378,7 @@ def report(res: dict[str, Any], peak: float) -> dict[str, float]:
     p = res["precision"]
     what = "fp32" if p["mixed_precision"] == "no" else "bf16" + (" weights" if p["bf16_weights"] else " autocast")
     what += ", fast dropout" if p["fast_dropout"] else ""
+    what += ", dense embedding gradient" if p.get("sparse_embedding_grad") is False else ""
     print(
         f"\n{res['setting']} ({what}): median {wall:.0f} ms a step ({len(res['wall_ms'])} steps), "
         f"{profiled:.0f} ms profiled (mean of {res['profiled_steps']})"
@@ -402,7 +412,7 @@ def report(res: dict[str, Any], peak: float) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated subset of {tuple(SETTINGS)}")
+    parser.add_argument("--settings", default=DEFAULT_SETTINGS, help=f"comma-separated subset of {tuple(SETTINGS)}")
     parser.add_argument("--recipe", default="unsup", help="built-in recipe name or file")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
