@@ -51,8 +51,8 @@ logger = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 128
 
 # Settings that may change between a run and its --resume: they do not change what is
-# computed (where files go, progress display, loader workers, checkpoint frequency, trackers).
-# Settings that change how a run is watched or how fast it goes, never what it computes.
+# computed (where files go, progress display, loader workers, checkpoint frequency,
+# trackers, the allocator's mmap threshold).
 RESUME_MAY_DIFFER = (
     "train.output_dir",
     "train.progress_bar",
