@@ -63,27 +63,18 @@ def test_fast_dropout_gradient_is_the_mask_times_scale() -> None:
     assert torch.all(x.grad[~kept] == 0)
 
 
-def where_form(x: torch.Tensor, p: float) -> torch.Tensor:
-    """fast_dropout's definition written plainly: the same 16-bit uniforms, a bool mask."""
-    dropped = round(p * LEVELS)
-    n = x.numel()
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-    keep = bits.view(torch.int16)[:n].view(x.shape) >= dropped - LEVELS // 2
-    return torch.where(keep, x * (LEVELS / (LEVELS - dropped)), 0.0)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("p", [0.1, 0.5, 1 / LEVELS, 1 - 1 / LEVELS])
 def test_the_16_bit_mask_path_equals_the_where_form_bit_for_bit(dtype: torch.dtype, p: float) -> None:
     """bf16/fp16 build the mask in the integers (1.0's bit pattern where kept): output and
-    gradient equal the plain torch.where form on the same draw, including at the extremes."""
+    gradient equal the torch.where form on the same draw, including at the extremes."""
     x = torch.randn(3, 1001, dtype=dtype, requires_grad=True)
     ref_x = x.detach().clone().requires_grad_(True)
     g = torch.randn(3, 1001, dtype=dtype)
     torch.manual_seed(11)
     y = fast_dropout(x, p)
     torch.manual_seed(11)
-    ref = where_form(ref_x, p)
+    ref = fast_dropout(ref_x, p, integer_mask=False)
     assert y.dtype == dtype and torch.equal(y, ref)
     y.backward(g)
     ref.backward(g)
@@ -91,6 +82,8 @@ def test_the_16_bit_mask_path_equals_the_where_form_bit_for_bit(dtype: torch.dty
     torch.manual_seed(11)
     with torch.no_grad():  # the in-place path (GradCache's first pass, evaluation-free dropout)
         assert torch.equal(fast_dropout(x.detach(), p), ref.detach())
+    with pytest.raises(ValueError, match="16-bit"):
+        fast_dropout(torch.ones(4), 0.5, integer_mask=True)
 
 
 def tiny_bert(dropout: float) -> BertModel:

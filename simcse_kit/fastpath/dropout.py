@@ -42,12 +42,15 @@ def quantized_drop_rate(p: float) -> float:
     return round(p * LEVELS) / LEVELS
 
 
-def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+def fast_dropout(x: torch.Tensor, p: float, integer_mask: bool | None = None) -> torch.Tensor:
     """Inverted dropout of ``x`` with drop rate ``quantized_drop_rate(p)`` (always on).
 
     Args:
         x: any shape and floating dtype.
         p: the drop probability.
+        integer_mask: build the mask in the integers (16-bit floats only; the default
+            there) rather than as a bool mask applied with ``torch.where`` (the default for
+            other dtypes). The two give equal results; ``benchmarks/dropout_cost.py`` times them.
 
     Returns:
         A tensor of ``x``'s shape and dtype.
@@ -63,7 +66,9 @@ def fast_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     threshold = dropped - LEVELS // 2  # keep where uniform >= threshold
     scale = LEVELS / (LEVELS - dropped)
     one = _ONE_BITS.get(x.dtype)
-    if one is None:
+    if integer_mask and one is None:
+        raise ValueError(f"fast_dropout: integer_mask needs a 16-bit float input, not {x.dtype}")
+    if one is None or integer_mask is False:
         return torch.where(uniforms >= threshold, x * scale, 0.0)
     # 16-bit floats: the mask is made in the integers and read as floats, 1.0 where kept and
     # 0.0 where dropped, because a bool mask's conversion (torch.where, x * keep) costs ~10x
