@@ -110,11 +110,13 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    names = args.variants.split(",")
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:  # before any variant runs: each costs minutes
+        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
     results = {}
     shared = [f"--batch-size={args.batch_size}", f"--chunk={args.chunk}", f"--steps={args.steps}", f"--threads={args.threads}"]
-    for name in args.variants.split(","):
-        if name not in VARIANTS:
-            parser.error(f"unknown variant {name!r}; choose from {list(VARIANTS)}")
+    for name in names:
         results[name] = run_worker(Path(__file__), [*shared, f"--worker={name}"], args.threads, env=VARIANTS[name][1])
     chunks = f"GradCache chunks of {args.chunk} rows" if args.chunk else "no GradCache"
     print(f"batch {args.batch_size}, {chunks}, {args.steps} steps, {args.threads} threads\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -330,9 +331,7 @@ def test_sparse_embedding_grad_is_refused_with_several_processes(monkeypatch: py
     with pytest.raises(ConfigError, match="sparse_embedding_grad"):
         make_optimizer(torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2)), cfg)
     table = torch.nn.Embedding(10, 4)
-    make_optimizer(
-        torch.nn.Sequential(table, torch.nn.Linear(4, 2)), LoopConfig(**{**cfg.__dict__, "sparse_embedding_grad": "auto"})
-    )
+    make_optimizer(torch.nn.Sequential(table, torch.nn.Linear(4, 2)), dataclasses.replace(cfg, sparse_embedding_grad="auto"))
     assert not table.sparse  # auto: dense under DistributedDataParallel
 
 

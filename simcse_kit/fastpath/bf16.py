@@ -70,8 +70,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
         self.kept = list(keep_fp32)
         # These (of the kept) have a dense .grad zeroed in place, never None: autograd then
         # adds a sparse gradient into it instead of storing the sparse tensor itself.
-        self.kept_grads = list(kept_grads)
-        for p in self.kept_grads:
+        self.kept_grad_ids = {id(p) for p in kept_grads}
+        for p in kept_grads:
             p.grad = torch.zeros_like(p)
         kept = {id(p) for p in self.kept}
         groups = []
@@ -107,9 +107,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
         # model's gradient is None), so they are left alone here.
         for p in self.model_params:
             p.grad = None
-        buffers = {id(p) for p in self.kept_grads}
         for p in self.kept:
-            if id(p) in buffers:
+            if id(p) in self.kept_grad_ids:
                 if p.grad is None or p.grad.is_sparse:  # e.g. after a user's model.zero_grad()
                     p.grad = torch.zeros_like(p)
                 else:
