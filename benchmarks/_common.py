@@ -45,12 +45,13 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    import torch
+ISA_LIMITS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""Kernel limits that make a newer CPU run the kernels an AVX2-only CPU would (``--isa avx2``)."""
 
-    cpu = platform.processor() or "?"
-    flags: set[str] = set()
+
+def cpu_flags() -> tuple[str, set[str]]:
+    """The CPU's model name and ISA flags (``/proc/cpuinfo``; empty where unreadable)."""
+    cpu, flags = platform.processor() or "?", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -60,17 +61,109 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return cpu, flags
+
+
+def cpu_class(flags: set[str]) -> str:
+    """The CPU classes the speed tables are kept per: ``amx``, ``avx512_bf16``, ``avx2``
+    (no native bf16), or ``avx2-limited`` (a newer CPU run with :data:`ISA_LIMITS` set in
+    the environment)."""
+    if all(os.environ.get(k) == v for k, v in ISA_LIMITS.items()):
+        return "avx2-limited"
+    if any(f.startswith("amx") for f in flags):
+        return "amx"
+    return "avx512_bf16" if "avx512_bf16" in flags else "avx2"
+
+
+def _version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "-"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: CPU model, ISA flags, the kernel limits in
+    force, threads, library versions, the commit, the date and the load average."""
+    import torch
+
+    cpu, flags = cpu_flags()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "?"
     return {
         "cpu": cpu,
+        "cpu_class": cpu_class(flags),
         "cores": os.cpu_count(),
+        "isa_flags": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"} or f.startswith("amx")),
         "amx": any(f.startswith("amx") for f in flags),
         "avx512_bf16": "avx512_bf16" in flags,
+        "kernel_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
+        "torch_threads": torch.get_num_threads(),
+        "versions": {n: _version(n) for n in ("torch", "transformers", "sentence-transformers", "accelerate", "simcse-kit")},
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "commit": commit,
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_avg_1min": round(load, 2),
+        "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
+
+
+def _busy_jiffies() -> tuple[int, int]:
+    """(busy, steal) clock ticks of the whole machine so far (``/proc/stat``'s cpu line)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return user + nice + system + irq + softirq, steal
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class CpuActivity:
+    """How much CPU *other* processes used while a measurement ran: the machine's busy
+    time (``/proc/stat``) minus this process's and its finished children's, as a share
+    of all cores over the wall time. Also the load averages before and after."""
+
+    # Another process using more than this share of the machine makes a round "busy".
+    BUSY_SHARE = 0.05
+
+    def __enter__(self) -> CpuActivity:
+        self.load_before = os.getloadavg()[0]
+        self.wall = time.perf_counter()
+        self.busy, self.steal = _busy_jiffies()
+        self.own = _own_cpu_seconds()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        busy, steal = _busy_jiffies()
+        wall = time.perf_counter() - self.wall
+        others = (busy - self.busy) / tick - (_own_cpu_seconds() - self.own)
+        cores = os.cpu_count() or 1
+        self.record = {
+            "load_avg_before": round(self.load_before, 2),
+            "load_avg_after": round(os.getloadavg()[0], 2),
+            "wall_s": round(wall, 2),
+            "other_cpu_share": round(max(0.0, others) / (wall * cores), 4),
+            "steal_share": round((steal - self.steal) / tick / (wall * cores), 4),
+        }
+        self.record["busy"] = self.record["other_cpu_share"] > self.BUSY_SHARE
+
+
+def check_quiet(allow_busy: bool, threshold: float = 0.5) -> None:
+    """Refuse to start while other processes keep the CPU busy (1-minute load average
+    above ``threshold``), unless ``allow_busy``: then the rounds are kept, flagged."""
+    load = os.getloadavg()[0]
+    if load > threshold and not allow_busy:
+        raise SystemExit(
+            f"the machine is busy (1-minute load average {load:.2f} > {threshold}): speed numbers would be "
+            "wrong. Stop the other jobs, or pass --allow-busy to record the rounds flagged as busy."
+        )
 
 
 class TimedCollator:
@@ -129,17 +222,60 @@ def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] 
     return json.loads(last[len("RESULT ") :])
 
 
-def run_rounds(script: Path, variants: list[str], common: list[str], rounds: int, threads: int) -> list[dict[str, Any]]:
+def run_rounds(
+    script: Path,
+    variants: list[str],
+    common: list[str],
+    rounds: int,
+    threads: int,
+    env: dict[str, str] | None = None,
+    metric: str = "sentences_per_s",
+) -> list[dict[str, Any]]:
     """Each variant in a fresh interpreter (:func:`run_worker` with ``--worker=VARIANT``),
     alternating over ``rounds`` so a load change on the machine hits all of them; each
-    result gets its ``round``, and a progress line is printed."""
+    result gets its ``round`` and the :class:`CpuActivity` around it, and a progress
+    line is printed."""
     runs = []
     for r in range(rounds):
         for v in variants:
-            res = run_worker(script, [*common, f"--worker={v}", f"--offset={r}"], threads)
-            runs.append(res | {"round": r})
-            print(f"round {r} {v:18s} {res['sentences_per_s']:8.1f} sent/s  peak RSS {res['peak_rss_mib']:.0f} MiB", flush=True)
+            with CpuActivity() as activity:
+                res = run_worker(script, [*common, f"--worker={v}", f"--offset={r}"], threads, env)
+            runs.append(res | {"round": r, "activity": activity.record})
+            flag = "  BUSY: other processes used the CPU" if activity.record["busy"] else ""
+            rss = f"  peak RSS {res['peak_rss_mib']:.0f} MiB" if "peak_rss_mib" in res else ""
+            print(f"round {r} {v:18s} {res[metric]:10.2f} {metric}{rss}{flag}", flush=True)
     return runs
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min, max and the relative half-range ((max - min) / 2 / median)."""
+    import statistics
+
+    med = statistics.median(values)
+    return {
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "half_range_pct": 100 * (max(values) - min(values)) / 2 / med if med else float("nan"),
+        "n": len(values),
+    }
+
+
+def paired_ratios(runs: list[dict[str, Any]], ours: str, theirs: str, metric: str = "sentences_per_s") -> dict[str, float] | None:
+    """``ours / theirs`` within each round (the two ran minutes apart), summarised by
+    :func:`spread`; None when either variant is missing."""
+    by_round: dict[int, dict[str, float]] = {}
+    for x in runs:
+        by_round.setdefault(x["round"], {})[x["variant"]] = x[metric]
+    ratios = [r[ours] / r[theirs] for r in by_round.values() if ours in r and theirs in r]
+    return spread(ratios) if ratios else None
+
+
+def save_results(path: Path, record: dict[str, Any]) -> None:
+    """Write a benchmark's record (machine, arguments, every round, summary) as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
 
 
 @dataclass

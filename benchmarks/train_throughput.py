@@ -2,45 +2,73 @@
 
 The job: unsupervised SimCSE on the default model (all-MiniLM-L6-v2), sentences
 from ../shared/data/train/wiki1m_head.txt, batch 64, max length 32, temperature
-0.05, AdamW lr 3e-5. simcse-kit runs its own loop (``simcse_kit.trainer.fit`` with
-``SimCSEObjective``); sentence-transformers runs ``SentenceTransformerTrainer`` with
-``MultipleNegativesRankingLoss(scale=20)`` on ``(anchor, positive)`` = the same
-sentence twice, its documented unsupervised-SimCSE recipe. Both encode 2 x 64
-sentences per step.
+0.05, AdamW lr 3e-5, gradient norm clipped at 1.0 on both sides (sentence-transformers'
+default; the kit's recipe does not clip, so here it is set to match). simcse-kit runs its
+``unsup`` recipe through the library's own seam (``_common.kit_recipe_run``: the recipe's
+config, model, loader and step, as ``simcse-kit train`` builds them); sentence-transformers
+runs ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss(scale=20)`` on
+``(anchor, positive)`` = the same sentence twice, its documented unsupervised-SimCSE recipe.
+Both encode 2 x 64 sentences per step.
 
-Each measurement runs in a fresh interpreter; the variants alternate
-(ST fp32, kit fp32, ST bf16, kit bf16, then again) so a load change on the machine
-hits all of them. Throughput is sentences encoded per second over the measured
-steps, timed by the collate calls (start-up and warm-up excluded).
+Variants:
+  st-fp32, st-bf16      sentence-transformers in fp32 / with ``bf16=True`` (autocast)
+  kit-fp32, kit-bf16    simcse-kit forced to fp32 / to bf16 autocast (like for like)
+  kit-auto              the recipe as shipped: ``mixed_precision: auto`` decides on this CPU
+                        (bf16 weights + fast dropout where bf16 is native, fp32 elsewhere)
+  ablations             kit-auto-padded (no packing), kit-auto-densegrad (no sparse embedding gradient)
+
+Each measurement runs in a fresh interpreter; the variants alternate over ``--rounds``
+(default 3) so a load change hits all of them; every round is kept in the JSON with the
+machine and the CPU used by other processes around it (``_common.CpuActivity``), and the
+run refuses to start on a busy machine unless ``--allow-busy``. Ratios are taken within
+each round and summarised by their median and range. ``--isa avx2`` runs every worker with
+the kernels limited to AVX2 (``_common.ISA_LIMITS``): an AVX2-only CPU approximated on a
+newer one. ``benchmarks/report.py`` turns the JSON into the tables of BENCHMARKS.md/README.
 
 Usage::
 
-    .venv/bin/python benchmarks/train_throughput.py              # ~5 min on 2 cores
-    .venv/bin/python benchmarks/train_throughput.py --rounds 1 --steps 5 --variants kit-bf16
-    .venv/bin/python benchmarks/train_throughput.py --variants kit-bf16 --batch-size 1024 --grad-cache-chunk 128
-    .venv/bin/python benchmarks/train_throughput.py --variants kit-fast,kit-fast-padded   # what packing buys
-    .venv/bin/python benchmarks/train_throughput.py --variants kit-fast,kit-fast-densegrad   # what sparse_embedding_grad buys
+    .venv/bin/python benchmarks/train_throughput.py                  # this CPU, ~10 min on 2 cores
+    .venv/bin/python benchmarks/train_throughput.py --isa avx2 --variants st-fp32,kit-auto
+    .venv/bin/python benchmarks/train_throughput.py --rounds 1 --steps 3 --warmup 1 --variants kit-auto --json /tmp/x.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, TimedCollator, emit, machine, peak_rss_mib, run_rounds, setup_threads, st_pair_throughput  # noqa: E402
+from _common import (  # noqa: E402
+    ISA_LIMITS,
+    REPO,
+    WIKI,
+    TimedCollator,
+    check_quiet,
+    cpu_class,
+    cpu_flags,
+    emit,
+    kit_recipe_run,
+    machine,
+    paired_ratios,
+    peak_rss_mib,
+    run_rounds,
+    save_results,
+    setup_threads,
+    spread,
+    st_pair_throughput,
+)
 
-# kit-bf16: autocast, like ST's bf16=True; kit-fast: the recipes' setting (bf16 weights
-# with fp32 master weights + fast dropout, simcse_kit.fastpath.bf16 / simcse_kit.fastpath).
-# Every kit variant packs sequences (simcse_kit.packing). The ablations, not in the default
-# run: kit-fast-padded does not pack; kit-fast-densegrad gives the embedding tables a fresh
-# dense gradient every backward (sparse_embedding_grad: false).
-VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-fast")
-ABLATIONS = ("kit-fast-padded", "kit-fast-densegrad")
+VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-auto")
+ABLATIONS = ("kit-auto-padded", "kit-auto-densegrad")
+# Precision overrides of the recipe per kit variant ("auto" keeps the recipe's own).
+KIT_PRECISION = {
+    "fp32": {"mixed_precision": "no", "bf16_weights": False, "fast_dropout": False},
+    "bf16": {"mixed_precision": "bf16", "bf16_weights": False, "fast_dropout": False},
+    "auto": {},
+}
+MAX_GRAD_NORM = 1.0  # sentence-transformers' default, applied to both
 
 
 def sentences_for(args: argparse.Namespace) -> list[str]:
@@ -55,61 +83,37 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
-    import datasets
-    import torch
-    from torch.utils.data import DataLoader
-    from transformers import AutoTokenizer
+def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest: list[str]) -> dict[str, Any]:
+    from simcse_kit.trainer import fit
 
-    from simcse_kit.config import LossConfig, ModelConfig, TrainConfig
-    from simcse_kit.data import ContrastiveCollator
-    from simcse_kit.fastpath import enable_fast_dropout
-    from simcse_kit.gradcache import GradCacheStep
-    from simcse_kit.modeling import SimCSEModel, resolve_model_path
-    from simcse_kit.objectives import SimCSEObjective
-    from simcse_kit.trainer import fit, make_accelerator
-
-    steps = args.warmup + args.steps + 2
-    cfg = TrainConfig(
-        output_dir=tempfile.mkdtemp(),
-        batch_size=args.batch_size,
-        learning_rate=3e-5,
-        max_steps=steps,
-        mixed_precision="bf16" if args.precision in ("bf16", "fast") else "no",
-        bf16_weights=args.precision == "fast",
-        eval_steps=0,
-        log_steps=10**9,
-        progress_bar=False,
-        grad_cache_chunk=args.grad_cache_chunk,
-        sparse_embedding_grad=args.sparse_embedding_grad,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))
-    model = SimCSEModel.from_config(ModelConfig(max_seq_len=args.max_seq_len, packing=args.packing))
-    if args.precision == "fast":
-        enable_fast_dropout(model)
-    objective = SimCSEObjective("unsup", LossConfig(temperature=0.05))
-    collator = TimedCollator(
-        ContrastiveCollator(tokenizer, "unsup", args.max_seq_len),
-        lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()),
-    )
-    loader = DataLoader(
-        datasets.Dataset.from_dict({"sent0": sents}),
-        batch_size=args.batch_size,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=collator,
-        generator=torch.Generator().manual_seed(42),
-    )
-    accelerator = make_accelerator(cfg, cpu=True)
-    step = GradCacheStep(objective, args.grad_cache_chunk, accelerator) if args.grad_cache_chunk > 0 else objective.step
-    fit(model, step, loader, cfg, accelerator=accelerator)
-    return collator.rate(args.warmup, args.steps)
+    overrides: dict[str, Any] = {
+        "batch_size": args.batch_size,
+        "max_seq_len": args.max_seq_len,
+        "max_steps": args.warmup + args.steps + 2,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "grad_cache_chunk": args.grad_cache_chunk,
+        "packing": "padded" not in rest,
+        **({"sparse_embedding_grad": False} if "densegrad" in rest else {}),
+        **KIT_PRECISION[precision],
+    }
+    run = kit_recipe_run("unsup", overrides, sents)
+    collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
+    run.loader.collate_fn = collator
+    fit(run.model, run.step, run.loader, run.cfg.train, accelerator=run.accelerator)
+    decided = {
+        "mixed_precision": run.cfg.train.mixed_precision,
+        "bf16_weights": run.cfg.train.bf16_weights,
+        "fast_dropout": run.cfg.train.fast_dropout,
+        "reason": getattr(run.precision, "reason", None),
+    }
+    return collator.rate(args.warmup, args.steps) | {"precision": decided}
 
 
-def worker_st(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
+def worker_st(args: argparse.Namespace, sents: list[str], precision: str) -> dict[str, Any]:
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    # scale = 1 / temperature 0.05
+    args.precision = precision
+    # scale = 1 / temperature 0.05; clipping at 1.0 is the trainer's default (max_grad_norm)
     return st_pair_throughput(args, sents, lambda model: MultipleNegativesRankingLoss(model, scale=20.0))
 
 
@@ -120,24 +124,50 @@ def worker(args: argparse.Namespace) -> None:
     transformers.logging.set_verbosity_error()
     sents = sentences_for(args)
     framework, precision, *rest = args.worker.split("-")
-    args.precision = precision
-    args.packing = "padded" not in rest
-    args.sparse_embedding_grad = "densegrad" not in rest
-    result = (worker_kit if framework == "kit" else worker_st)(args, sents)
+    if framework == "kit":
+        result = worker_kit(args, sents, precision, rest)
+    else:
+        result = worker_st(args, sents, precision)
     emit(result | {"variant": args.worker, "peak_rss_mib": peak_rss_mib()})
+
+
+def summarise(variants: list[str], runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Median and range per variant; ratios within rounds of each kit variant to each
+    sentence-transformers one, plus ``kit-auto / st-best`` (the faster ST setting here)."""
+    summary = {
+        v: {
+            "sentences_per_s": spread([x["sentences_per_s"] for x in runs if x["variant"] == v]),
+            "peak_rss_mib": spread([x["peak_rss_mib"] for x in runs if x["variant"] == v]),
+        }
+        for v in variants
+    }
+    ratios: dict[str, Any] = {}
+    st = [v for v in variants if v.startswith("st-")]
+    for ours in (v for v in variants if v.startswith("kit-")):
+        for theirs in st:
+            ratios[f"{ours}/{theirs}"] = paired_ratios(runs, ours, theirs)
+    if st:
+        best = max(st, key=lambda v: summary[v]["sentences_per_s"]["median"])
+        ratios["st-best"] = best
+        for ours in ("kit-auto", "kit-fp32"):
+            if ours in variants:
+                ratios[f"{ours}/st-best"] = paired_ratios(runs, ours, best)
+    return summary, ratios
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="measured steps per variant per round")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
-    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of all variants (>= 3 for a kept result)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grad-cache-chunk", type=int, default=0, help="kit only: GradCache chunk rows (0: off)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
-    parser.add_argument("--json", type=Path, default=None, help="write all results here")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS + ABLATIONS}")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native", help="avx2: limit the kernels to AVX2")
+    parser.add_argument("--allow-busy", action="store_true", help="run on a busy machine; rounds are flagged")
+    parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/train_throughput-<cpu class>.json")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,44 +179,28 @@ def main() -> None:
     unknown = set(variants) - set(VARIANTS) - set(ABLATIONS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS + ABLATIONS}")
+    check_quiet(args.allow_busy)
+    env = ISA_LIMITS if args.isa == "avx2" else {}
     common = [
         f"--{k}={getattr(args, k.replace('-', '_'))}"
         for k in ("steps", "warmup", "batch-size", "max-seq-len", "threads", "grad-cache-chunk")
     ]
-    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads)
-
-    summary: dict[str, dict[str, float]] = {}
-    for v in variants:
-        mine = [x for x in runs if x["variant"] == v]
-        seconds = sum(x["seconds"] for x in mine)
-        summary[v] = {
-            "sentences_per_s": sum(x["sentences"] for x in mine) / seconds,
-            "padded_tokens_per_s": sum(x["padded_tokens_per_s"] * x["seconds"] for x in mine) / seconds,
-            "peak_rss_mib": max(x["peak_rss_mib"] for x in mine),
-        }
-    print(
-        f"\nbatch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads, "
-        f"{args.rounds} x {args.steps} measured steps"
-    )
-    print(f"{'variant':15s} {'sent/s':>9s} {'tok/s':>9s} {'RSS MiB':>8s}")
+    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
+    summary, ratios = summarise(variants, runs)
+    shape = f"batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads"
+    print(f"\n{shape}, {args.rounds} rounds x {args.steps} steps")
     for v, s in summary.items():
-        print(f"{v:15s} {s['sentences_per_s']:9.1f} {s['padded_tokens_per_s']:9.0f} {s['peak_rss_mib']:8.0f}")
-    ratios = {}
-    pairs = [("kit-fast", "st-fp32"), ("kit-fast", "st-bf16"), ("kit-bf16", "st-bf16"), ("kit-fp32", "st-fp32")]
-    pairs += [("kit-bf16", "st-fp32"), ("kit-fast", "kit-bf16"), ("kit-fast", "kit-fp32"), ("kit-fast", "kit-fast-padded")]
-    pairs += [("kit-fast", "kit-fast-densegrad")]
-    for ours, theirs in pairs:
-        if ours in summary and theirs in summary:
-            ratios[f"{ours}/{theirs}"] = summary[ours]["sentences_per_s"] / summary[theirs]["sentences_per_s"]
-            print(f"{ours} / {theirs} = {ratios[f'{ours}/{theirs}']:.2f}x")
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {"machine": machine(), "args": vars(args), "runs": runs, "summary": summary, "ratios": ratios},
-                indent=2,
-                default=str,
-            )
-        )
+        sps = s["sentences_per_s"]
+        rss = s["peak_rss_mib"]["median"]
+        print(f"{v:20s} {sps['median']:8.1f} sent/s (range {sps['min']:.1f}-{sps['max']:.1f})  RSS {rss:.0f} MiB")
+    for name, r in ratios.items():
+        if isinstance(r, dict):
+            print(f"{name:28s} {r['median']:.2f}x (range {r['min']:.2f}-{r['max']:.2f})")
+    _, flags = cpu_flags()
+    klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
+    out = args.json or REPO / "benchmarks" / "results" / f"train_throughput-{klass}.json"
+    info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})
+    save_results(out, {"machine": info, "args": vars(args), "runs": runs, "summary": summary, "ratios": ratios})
 
 
 if __name__ == "__main__":
