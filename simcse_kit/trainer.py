@@ -180,6 +180,20 @@ def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
     return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
 
 
+def scheduler_ticks_per_step(accelerator: Accelerator, cfg: LoopConfig) -> int:
+    """How many times the prepared scheduler moves per optimiser step of :func:`fit`.
+
+    Accelerate's scheduler wrapper steps the schedule once per process at each optimiser
+    step (``num_processes`` times; once with ``split_batches``), since it expects a
+    schedule sized by the unsharded loader; without ``step_scheduler_with_optimizer`` it
+    moves at every call, i.e. every micro-batch. A schedule built for ``n`` optimiser steps
+    is made ``n`` times this long, so every process count follows the same rate per step.
+    """
+    if not accelerator.step_scheduler_with_optimizer:
+        return cfg.grad_accum
+    return 1 if accelerator.split_batches else accelerator.num_processes
+
+
 def is_log_step(cfg: LoopConfig, step: int) -> bool:
     """Whether optimiser step ``step`` records its loss (and reports to trackers): the
     first step, then every ``cfg.log_steps``."""
@@ -391,12 +405,20 @@ def fit(
     # The shuffling generator: each epoch's order is drawn from it, so its state at the
     # epoch's start is part of the checkpoint.
     generator: torch.Generator | None = getattr(loader, "generator", None)
+    # The loader first: the schedule's length is the optimiser steps of the loader each
+    # process iterates (a share of the batches on several processes).
+    loader = accelerator.prepare(loader)
+    n_steps = total_steps(cfg, len(loader))
+    # The model on its device before AdamW is built: bf16 weights' fp32 masters are made
+    # from it where it trains (prepare would move the model, not the masters).
+    if accelerator.device_placement:
+        model = model.to(accelerator.device)
     optimizer = make_optimizer(model, cfg)
     # With bf16 weights the best model is saved from the fp32 masters, not their bf16 rounding.
     fp32_weights = optimizer.fp32_model if isinstance(optimizer, MasterWeightAdamW) else nullcontext
-    n_steps = total_steps(cfg, len(loader))
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps), n_steps)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    ticks = scheduler_ticks_per_step(accelerator, cfg)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps) * ticks, n_steps * ticks)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     state = LoopState()
     if resume and checkpoints is not None:
         checkpoints.restore(accelerator, state, generator)
@@ -462,7 +484,8 @@ def fit(
             state.global_step += 1
             bar.update(1)
             if is_log_step(cfg, state.global_step):
-                value = loss.detach().float().item()
+                # The mean over processes: each computed the loss of its own anchors.
+                value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
                 state.losses.append((state.global_step, value))
                 clock.lap()  # the throughput so far
                 log.train(state.global_step, value, lr, grad_norm, state.rows_seen, state.train_seconds)
