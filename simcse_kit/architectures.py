@@ -225,7 +225,10 @@ def load_pretrained_encoder(
         prefer: under ``"auto"``, an implementation to try first (the one a saved model
             records it was trained with); one that cannot load here (flash attention
             recorded on a GPU, loaded on a CPU) falls back to the usual order.
-        **kwargs: passed to ``from_pretrained`` (e.g. ``config=``).
+        **kwargs: passed to ``from_pretrained`` (e.g. ``config=``). ``dtype`` defaults to
+            fp32: transformers 5 loads in the dtype a checkpoint was stored in, and a
+            model stored in fp16 or bf16 must still train fp32 master weights (AdamW's
+            small updates round away in 16 bits) and be saved in fp32.
 
     Returns:
         The model and the implementation it was loaded with.
@@ -235,6 +238,7 @@ def load_pretrained_encoder(
             architecture (or its package is missing).
         OSError: nothing loadable at ``path``.
     """
+    kwargs.setdefault("dtype", torch.float32)
     if attn_implementation != AUTO:
         try:
             return AutoModel.from_pretrained(str(path), attn_implementation=attn_implementation, **kwargs), attn_implementation
