@@ -54,3 +54,58 @@ def test_half_precision_checkpoints_train_fp32_masters(tmp_path: Path, tiny_mode
     moved = [not torch.equal(saved[k], stored[k].float()) for k in trained]
     assert sum(moved) == len(moved)
     assert {p.dtype for p in SimCSEModel.load(tmp_path / "run" / "best_model").parameters()} == {torch.float32}
+
+
+# --------------------------------------------------------------------------- auto precision on CUDA
+
+
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int]) -> None:
+    """A CUDA machine whose card has ``capability``; ``is_bf16_supported`` says True, as
+    torch does on a T4 or V100, where bf16 is only emulated."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+
+
+@pytest.mark.parametrize(
+    ("card", "capability", "train", "inference"),
+    [
+        ("P100", (6, 0), "fp16", "no"),
+        ("V100", (7, 0), "fp16", "no"),
+        ("T4", (7, 5), "fp16", "no"),
+        ("A100", (8, 0), "bf16", "bf16"),
+        ("RTX 4090", (8, 9), "bf16", "bf16"),
+        ("H100", (9, 0), "bf16", "bf16"),
+    ],
+)
+def test_auto_precision_on_cuda_follows_the_compute_capability(
+    monkeypatch: pytest.MonkeyPatch, card: str, capability: tuple[int, int], train: str, inference: str
+) -> None:
+    from simcse_kit.config import TrainConfig
+    from simcse_kit.precision import resolve_eval_precision, resolve_precision
+    from simcse_kit.trainer import with_concrete_precision
+
+    fake_gpu(monkeypatch, capability)
+    choice = resolve_precision("auto", "cuda")
+    assert (choice.mixed_precision, choice.bf16_weights, choice.fast_dropout) == (train, False, False), card
+    assert f"compute capability {capability[0]}.{capability[1]}" in choice.reason
+    assert resolve_eval_precision("auto", "cuda:0").mixed_precision == inference
+    # The run's config: what Accelerate is given (fp16 there means its GradScaler).
+    cfg, _ = with_concrete_precision(TrainConfig(), cpu=False)
+    assert (cfg.mixed_precision, cfg.bf16_weights, cfg.fast_dropout) == (train, False, False)
+
+
+def test_bf16_asked_for_on_a_card_before_ampere_warns(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from simcse_kit.precision import resolve_precision
+
+    fake_gpu(monkeypatch, (7, 5))
+    assert resolve_precision("bf16", "cuda").mixed_precision == "bf16"  # honoured, with a warning
+    assert "no native bf16" in caplog.text or "without native bf16" in caplog.text
+
+
+def test_auto_precision_on_mps_is_fp32() -> None:
+    from simcse_kit.precision import resolve_eval_precision, resolve_precision
+
+    assert resolve_precision("auto", "mps").mixed_precision == "no"
+    assert resolve_eval_precision("auto", "mps").mixed_precision == "no"
