@@ -96,14 +96,6 @@ def test_auto_precision_on_cuda_follows_the_compute_capability(
     assert (cfg.mixed_precision, cfg.bf16_weights, cfg.fast_dropout) == (train, False, False)
 
 
-def test_bf16_asked_for_on_a_card_before_ampere_warns(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from simcse_kit.precision import resolve_precision
-
-    fake_gpu(monkeypatch, (7, 5))
-    assert resolve_precision("bf16", "cuda").mixed_precision == "bf16"  # honoured, with a warning
-    assert "no native bf16" in caplog.text or "without native bf16" in caplog.text
-
-
 def test_auto_precision_on_mps_is_fp32() -> None:
     from simcse_kit.precision import resolve_eval_precision, resolve_precision
 
