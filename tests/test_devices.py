@@ -101,3 +101,37 @@ def test_auto_precision_on_mps_is_fp32() -> None:
 
     assert resolve_precision("auto", "mps").mixed_precision == "no"
     assert resolve_eval_precision("auto", "mps").mixed_precision == "no"
+
+
+# --------------------------------------------------------------------------- bf16 weights
+
+
+def test_bf16_masters_are_built_where_the_model_trains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA, masters built before the model moves stay on the CPU and the first
+    optimiser step fails. On the CPU nothing moves, so the test records the order: the
+    model goes to the accelerator's device, then the masters are built from it."""
+    from test_trainer import Toy, mse_step, toy_loader
+
+    from simcse_kit import trainer
+    from simcse_kit.config import LoopConfig
+    from simcse_kit.fastpath.bf16 import MasterWeightAdamW
+
+    events: list[str] = []
+    model = Toy(dropout=0.0)
+    real_to, real_bf16 = model.to, trainer.bf16_training
+
+    def to(*args: object, **kwargs: object) -> torch.nn.Module:
+        events.append(f"to {args[0] if args else kwargs}")
+        return real_to(*args, **kwargs)
+
+    def bf16_training(m: torch.nn.Module, *args: object, **kwargs: object) -> MasterWeightAdamW:
+        events.append("masters")
+        return real_bf16(m, *args, **kwargs)
+
+    monkeypatch.setattr(model, "to", to)
+    monkeypatch.setattr(trainer, "bf16_training", bf16_training)
+    cfg = LoopConfig(mixed_precision="bf16", bf16_weights=True, max_steps=2, eval_steps=0, progress_bar=False)
+    accelerator = trainer.make_accelerator(cfg)
+    trainer.fit(model, mse_step, toy_loader(), cfg, accelerator=accelerator)
+    assert "masters" in events
+    assert events.index(f"to {accelerator.device}") < events.index("masters"), events
