@@ -50,6 +50,9 @@ AUTO = "auto"
 # ask for it explicitly ("flash_attention_2") where it fits.
 AUTO_ORDER = ("sdpa", "eager")
 
+# Implementations that take only fp16/bf16 inputs: an fp32 forward through them fails.
+HALF_PRECISION_ONLY = frozenset({"flash_attention_2", "flash_attention_3"})
+
 _BERT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 DROPOUT_KEYS: Mapping[str, tuple[str, ...]] = {
     "bert": _BERT_KEYS,
@@ -211,6 +214,20 @@ def probe_batch(model: nn.Module, seed: int = 0, vocab_size: int | None = None) 
     ids = torch.where(mask.bool(), ids, pad)
     device = next(model.parameters()).device
     return ids.to(device), mask.to(device)
+
+
+def inference_attention(recorded: str | None, precision: str) -> str | None:
+    """The attention a saved model should be reloaded with for inference at ``precision``.
+
+    A model trained with flash attention records it; flash attention runs only in fp16
+    or bf16, so an fp32 reload (``precision="no"``: evaluation tables, export, the final
+    STS of a run) takes SDPA instead (None: the usual order), which computes the same
+    attention. Under ``"fp16"``/``"bf16"`` autocast the recorded one is kept.
+    """
+    if recorded in HALF_PRECISION_ONLY and precision not in ("fp16", "bf16"):
+        logger.info("the model records %s attention, which runs only in fp16/bf16: SDPA for %s inference", recorded, precision)
+        return None
+    return recorded
 
 
 def load_pretrained_encoder(

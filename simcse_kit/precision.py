@@ -84,6 +84,8 @@ def cuda_capability(device: torch.device | str = "cuda") -> tuple[int, int] | No
         return None
     major, minor = torch.cuda.get_device_capability(torch.device(device))
     return int(major), int(minor)
+
+
 _cache: dict[tuple[torch.dtype, tuple[int, int, int]], MatmulSpeeds] = {}
 
 

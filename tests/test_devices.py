@@ -135,3 +135,152 @@ def test_bf16_masters_are_built_where_the_model_trains(monkeypatch: pytest.Monke
     trainer.fit(model, mse_step, toy_loader(), cfg, accelerator=accelerator)
     assert "masters" in events
     assert events.index(f"to {accelerator.device}") < events.index("masters"), events
+
+
+# --------------------------------------------------------------------------- flash attention
+
+
+def saved_simcse_model(model_dir: Path, folder: Path, attn: str | None = None) -> Path:
+    """A saved simcse-kit model of the tiny BERT, recording ``attn`` as its attention."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(model_dir), pooler="cls", mlp="none", eval_max_seq_len=32))
+    model.save(folder, AutoTokenizer.from_pretrained(str(model_dir)))
+    if attn is not None:
+        meta = json.loads((folder / "simcse_config.json").read_text())
+        (folder / "simcse_config.json").write_text(json.dumps(meta | {"attn_implementation": attn}))
+    return folder
+
+
+def test_a_flash_attention_model_reloads_with_sdpa_for_fp32(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flash attention runs only in fp16/bf16: the final STS of a run, ``evaluate``,
+    ``export`` and ``mine`` reload the model in fp32 and must not ask for it then."""
+    from simcse_kit import architectures
+    from simcse_kit.inference import load_encoder
+
+    folder = saved_simcse_model(tiny_model_dir, tmp_path / "flash", "flash_attention_2")
+    asked: list[str | None] = []
+    real = architectures.load_pretrained_encoder
+
+    def spy(path: object, attn_implementation: str = "auto", prefer: str | None = None, **kwargs: object) -> object:
+        asked.append(prefer)
+        return real(path, attn_implementation, prefer=None, **kwargs)  # no flash-attn on a CPU machine
+
+    monkeypatch.setattr(architectures, "load_pretrained_encoder", spy)
+    SimCSEModel.load(folder)  # fp32, as the run's final STS and export load it
+    load_encoder(folder, device="cpu")  # evaluate's default precision: fp32
+    SimCSEModel.load(folder, precision="bf16")
+    load_encoder(folder, device="cpu", precision="fp16")
+    assert asked == [None, None, "flash_attention_2", "flash_attention_2"]
+
+
+# --------------------------------------------------------------------------- --device
+
+
+def test_resolve_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from simcse_kit.devices import resolve_device
+    from simcse_kit.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
+    for bad in ("gpu", "cuda:x", "tpu"):
+        with pytest.raises(ConfigError, match="not one of"):
+            resolve_device(bad)
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match="MPS is not available"):
+        resolve_device("mps")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("mps")  # a Mac: its GPU
+    fake_gpu(monkeypatch, (8, 0))
+    assert resolve_device("auto") == torch.device("cuda")  # CUDA before MPS
+    assert resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ConfigError, match="1 CUDA device"):
+        resolve_device("cuda:1")
+
+
+class RecordingEncoder:
+    """Stands in for :class:`simcse_kit.inference.Encoder`: records where it would run."""
+
+    devices: list[torch.device] = []
+
+    def __init__(self, model: object, tokenizer: object, max_seq_len: int, device: object = None, precision: str = "no") -> None:
+        RecordingEncoder.devices.append(torch.device(device))
+
+
+def test_auto_device_finds_the_gpu(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing falls back to the CPU on a GPU machine: load_encoder's default is ``auto``."""
+    from simcse_kit import inference
+
+    folder = saved_simcse_model(tiny_model_dir, tmp_path / "model")
+    fake_gpu(monkeypatch, (7, 5))
+    monkeypatch.setattr(inference, "Encoder", RecordingEncoder)
+    RecordingEncoder.devices = []
+    inference.load_encoder(folder)
+    inference.load_encoder(folder, device="cpu")
+    assert RecordingEncoder.devices == [torch.device("cuda"), torch.device("cpu")]
+
+
+class Stop(Exception):
+    """Raised by the spies once the command has handed over its device."""
+
+
+@pytest.mark.parametrize("command", ["evaluate", "transfer", "align-uniform", "mine"])
+@pytest.mark.parametrize("device", [None, "cpu", "cuda:0"])
+def test_every_encoding_command_takes_a_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, device: str | None
+) -> None:
+    from conftest import write_tiny_senteval
+    from test_evaluation_transfer import write_tiny_senteval as write_tiny_transfer
+
+    from simcse_kit import mining
+    from simcse_kit.cli import main
+    from simcse_kit.evaluation import api
+
+    seen: list[object] = []
+
+    def spy(model: object, *args: object, device: object = "missing", **kwargs: object) -> object:
+        seen.append(device)
+        raise Stop
+
+    monkeypatch.setattr(api, "load_encoder", spy)
+    monkeypatch.setattr(mining, "load_encoder", spy)
+    data = write_tiny_senteval(tmp_path / "senteval")
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("sent0,sent1\na man plays,a man plays guitar\na dog runs,a dog runs outside\n", encoding="utf-8")
+    argv = {
+        "evaluate": ["evaluate", "model", "--data-dir", str(data)],
+        "transfer": ["transfer", "model", "--data-dir", str(write_tiny_transfer(tmp_path / "transfer")), "--tasks", "MR"],
+        "align-uniform": ["align-uniform", "model", "--data-dir", str(data)],
+        "mine": ["mine", str(pairs), str(tmp_path / "out.csv"), "--model", "model"],
+    }[command]
+    with pytest.raises(Stop):
+        main([*argv, *(["--device", device] if device else [])])
+    assert seen == [device or "auto"]
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_export_checks_parity_on_the_device(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, device: str | None
+) -> None:
+    from simcse_kit import export
+    from simcse_kit.cli import main
+
+    folder = saved_simcse_model(tiny_model_dir, tmp_path / "model")
+    fake_gpu(monkeypatch, (8, 0))  # `auto` must pick the GPU; `cpu` must stay on the CPU
+    RecordingEncoder.devices = []
+
+    class StopAfterRecording(RecordingEncoder):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            raise Stop
+
+    monkeypatch.setattr(export, "Encoder", StopAfterRecording)
+    with pytest.raises(Stop):
+        main(["export", str(folder), str(tmp_path / "st"), *(["--device", device] if device else [])])
+    assert RecordingEncoder.devices == [torch.device(device or "cuda")]
