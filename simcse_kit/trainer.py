@@ -127,6 +127,8 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
     trackers = tracker_names(cfg.report_to)
     if cpu is None:
         cpu = not torch.cuda.is_available()
+        if cpu and torch.backends.mps.is_available():
+            logger.info("training on the CPU: an MPS device is present, but training is not verified on MPS")
     cfg, _ = with_concrete_precision(cfg, cpu)
     # bf16 weights run the model in bf16 outright: autocast on top would only add casts.
     precision = "no" if cfg.bf16_model else cfg.mixed_precision

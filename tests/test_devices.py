@@ -284,3 +284,11 @@ def test_export_checks_parity_on_the_device(
     with pytest.raises(Stop):
         main(["export", str(folder), str(tmp_path / "st"), *(["--device", device] if device else [])])
     assert RecordingEncoder.devices == [torch.device(device or "cuda")]
+
+
+def test_a_device_this_machine_lacks_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from simcse_kit.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["evaluate", "all-MiniLM-L6-v2", "--tasks", "STSBenchmark", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--device cuda: CUDA is not available here (use cpu or auto)")

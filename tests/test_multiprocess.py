@@ -16,6 +16,7 @@ own gather is checked at the loss level in tests/test_distributed.py.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -45,14 +46,14 @@ CASES = {
 }  # fmt: skip
 
 
-def overrides(tiny_run: TinyRun, mode: str, name: str) -> dict[str, object]:
+def overrides(runs: TinyRun, mode: str, name: str) -> dict[str, object]:
     """The run's config keys: ``CASES[mode]`` plus what makes it comparable and cheap."""
-    train_file = tiny_run.folder / mode
+    train_file = runs.folder / mode
     train_file.mkdir(exist_ok=True)
     return {
         "mode": mode,
         "train_file": write_train_data(train_file, mode, n=32),
-        "output_dir": tiny_run.folder / name,
+        "output_dir": runs.folder / name,
         "dropout": 0.0,  # the same network on every process and in the reference
         "pooler": "avg",
         "batch_size": 8,
@@ -86,7 +87,6 @@ def torchrun(nnodes: int, nproc: int, recipe: Path, options: dict[str, object]) 
 
 def launch(commands: list[list[str]], timeout: float = 300) -> None:
     """Run the commands side by side (the "machines"); fail with the first one's log."""
-    import os
 
     env = os.environ | ENV_EXTRA
     procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
@@ -127,25 +127,33 @@ def assert_same_training(got: Path, want: Path, steps: int, base_model: Path) ->
     assert any(not torch.equal(base[k], want_w[k]) for k in base), "no weight moved: the comparison would prove nothing"
 
 
-def reference(tiny_run: TinyRun, mode: str) -> Path:
-    """The one-process run, in a subprocess like the launches (same environment)."""
-    options = overrides(tiny_run, mode, f"{mode}-1proc")
-    recipe = tiny_run.recipe(f"{mode}-recipe")
-    launch([[sys.executable, "-m", "simcse_kit.cli", "train", str(recipe), *cli_args(options)]])
-    return Path(options["output_dir"])
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> TinyRun:
+    """One folder for the module's runs, so a one-process reference is trained once."""
+    return TinyRun(tmp_path_factory.mktemp("multiprocess"), tiny_model_dir)
+
+
+def reference(runs: TinyRun, mode: str) -> Path:
+    """The one-process run of ``mode``, in a subprocess like the launches (same
+    environment), trained once per module."""
+    options = overrides(runs, mode, f"{mode}-1proc")
+    out = Path(options["output_dir"])
+    if not (out / "metrics.json").exists():
+        launch([[sys.executable, "-m", "simcse_kit.cli", "train", str(runs.recipe(f"{mode}-recipe")), *cli_args(options)]])
+    return out
 
 
 @pytest.mark.parametrize("mode", list(CASES))
-def test_two_processes_train_as_one(tiny_run: TinyRun, mode: str) -> None:
-    want = reference(tiny_run, mode)
-    options = overrides(tiny_run, mode, f"{mode}-2proc")
-    launch(torchrun(1, 2, tiny_run.recipe(f"{mode}-recipe"), options))
-    assert_same_training(Path(options["output_dir"]), want, CASES[mode]["max_steps"], tiny_run.model_dir)
+def test_two_processes_train_as_one(runs: TinyRun, mode: str) -> None:
+    want = reference(runs, mode)
+    options = overrides(runs, mode, f"{mode}-2proc")
+    launch(torchrun(1, 2, runs.recipe(f"{mode}-recipe"), options))
+    assert_same_training(Path(options["output_dir"]), want, CASES[mode]["max_steps"], runs.model_dir)
 
 
-def test_two_machines_train_as_one(tiny_run: TinyRun) -> None:
+def test_two_machines_train_as_one(runs: TinyRun) -> None:
     """``torchrun --nnodes 2 --nproc_per_node 1`` twice, as two machines would run it."""
-    want = reference(tiny_run, "unsup")
-    options = overrides(tiny_run, "unsup", "unsup-2nodes")
-    launch(torchrun(2, 1, tiny_run.recipe("unsup-recipe"), options))
-    assert_same_training(Path(options["output_dir"]), want, CASES["unsup"]["max_steps"], tiny_run.model_dir)
+    want = reference(runs, "unsup")
+    options = overrides(runs, "unsup", "unsup-2nodes")
+    launch(torchrun(2, 1, runs.recipe("unsup-recipe"), options))
+    assert_same_training(Path(options["output_dir"]), want, CASES["unsup"]["max_steps"], runs.model_dir)
