@@ -411,6 +411,8 @@ def fit(
     # process iterates (a share of the batches on several processes).
     loader = accelerator.prepare(loader)
     n_steps = total_steps(cfg, len(loader))
+    if accelerator.is_main_process:
+        logger.info("%d optimiser steps on %d process(es), %s", n_steps, accelerator.num_processes, accelerator.device)
     # The model on its device before AdamW is built: bf16 weights' fp32 masters are made
     # from it where it trains (prepare would move the model, not the masters).
     if accelerator.device_placement:

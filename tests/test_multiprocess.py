@@ -85,14 +85,16 @@ def torchrun(nnodes: int, nproc: int, recipe: Path, options: dict[str, object]) 
     return [[*launcher, *rendezvous, *train] for _ in range(nnodes)]
 
 
-def launch(commands: list[list[str]], timeout: float = 300) -> None:
-    """Run the commands side by side (the "machines"); fail with the first one's log."""
-
+def launch(commands: list[list[str]], processes: int, timeout: float = 300) -> None:
+    """Run the commands side by side (the "machines"); fail with the first one's log,
+    or unless the run says it trained on ``processes`` processes."""
     env = os.environ | ENV_EXTRA
     procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-4000:]
+    # Two agents that failed to meet would each train alone, and like the reference.
+    assert f"optimiser steps on {processes} process(es)" in "".join(outputs), outputs[0][-4000:]
 
 
 def results(out: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]], dict[str, torch.Tensor]]:
@@ -139,7 +141,7 @@ def reference(runs: TinyRun, mode: str) -> Path:
     options = overrides(runs, mode, f"{mode}-1proc")
     out = Path(options["output_dir"])
     if not (out / "metrics.json").exists():
-        launch([[sys.executable, "-m", "simcse_kit.cli", "train", str(runs.recipe(f"{mode}-recipe")), *cli_args(options)]])
+        launch([[sys.executable, "-m", "simcse_kit.cli", "train", str(runs.recipe(f"{mode}-recipe")), *cli_args(options)]], 1)
     return out
 
 
@@ -147,7 +149,7 @@ def reference(runs: TinyRun, mode: str) -> Path:
 def test_two_processes_train_as_one(runs: TinyRun, mode: str) -> None:
     want = reference(runs, mode)
     options = overrides(runs, mode, f"{mode}-2proc")
-    launch(torchrun(1, 2, runs.recipe(f"{mode}-recipe"), options))
+    launch(torchrun(1, 2, runs.recipe(f"{mode}-recipe"), options), 2)
     assert_same_training(Path(options["output_dir"]), want, CASES[mode]["max_steps"], runs.model_dir)
 
 
@@ -155,5 +157,5 @@ def test_two_machines_train_as_one(runs: TinyRun) -> None:
     """``torchrun --nnodes 2 --nproc_per_node 1`` twice, as two machines would run it."""
     want = reference(runs, "unsup")
     options = overrides(runs, "unsup", "unsup-2nodes")
-    launch(torchrun(2, 1, runs.recipe("unsup-recipe"), options))
+    launch(torchrun(2, 1, runs.recipe("unsup-recipe"), options), 2)
     assert_same_training(Path(options["output_dir"]), want, CASES["unsup"]["max_steps"], runs.model_dir)
