@@ -50,6 +50,9 @@ AUTO = "auto"
 # ask for it explicitly ("flash_attention_2") where it fits.
 AUTO_ORDER = ("sdpa", "eager")
 
+# Implementations that take only fp16/bf16 inputs: an fp32 forward through them fails.
+HALF_PRECISION_ONLY = frozenset({"flash_attention_2", "flash_attention_3"})
+
 _BERT_KEYS = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 DROPOUT_KEYS: Mapping[str, tuple[str, ...]] = {
     "bert": _BERT_KEYS,
@@ -213,6 +216,20 @@ def probe_batch(model: nn.Module, seed: int = 0, vocab_size: int | None = None) 
     return ids.to(device), mask.to(device)
 
 
+def inference_attention(recorded: str | None, precision: str) -> str | None:
+    """The attention a saved model should be reloaded with for inference at ``precision``.
+
+    A model trained with flash attention records it; flash attention runs only in fp16
+    or bf16, so an fp32 reload (``precision="no"``: evaluation tables, export, the final
+    STS of a run) takes SDPA instead (None: the usual order), which computes the same
+    attention. Under ``"fp16"``/``"bf16"`` autocast the recorded one is kept.
+    """
+    if recorded in HALF_PRECISION_ONLY and precision not in ("fp16", "bf16"):
+        logger.info("the model records %s attention, which runs only in fp16/bf16: SDPA for %s inference", recorded, precision)
+        return None
+    return recorded
+
+
 def load_pretrained_encoder(
     path: str | Path, attn_implementation: str = AUTO, prefer: str | None = None, **kwargs: Any
 ) -> tuple[PreTrainedModel, str]:
@@ -225,7 +242,10 @@ def load_pretrained_encoder(
         prefer: under ``"auto"``, an implementation to try first (the one a saved model
             records it was trained with); one that cannot load here (flash attention
             recorded on a GPU, loaded on a CPU) falls back to the usual order.
-        **kwargs: passed to ``from_pretrained`` (e.g. ``config=``).
+        **kwargs: passed to ``from_pretrained`` (e.g. ``config=``). ``dtype`` defaults to
+            fp32: transformers 5 loads in the dtype a checkpoint was stored in, and a
+            model stored in fp16 or bf16 must still train fp32 master weights (AdamW's
+            small updates round away in 16 bits) and be saved in fp32.
 
     Returns:
         The model and the implementation it was loaded with.
@@ -235,6 +255,7 @@ def load_pretrained_encoder(
             architecture (or its package is missing).
         OSError: nothing loadable at ``path``.
     """
+    kwargs.setdefault("dtype", torch.float32)
     if attn_implementation != AUTO:
         try:
             return AutoModel.from_pretrained(str(path), attn_implementation=attn_implementation, **kwargs), attn_implementation

@@ -91,6 +91,7 @@ def model_options(args: argparse.Namespace) -> dict[str, object]:
         "pooler": args.pooler,
         "json_out": args.json,
         "batch_size": args.batch_size,
+        "device": args.device,
     }
     if getattr(args, "source", "senteval") == "senteval":  # hub tasks read no SentEval folder
         options["data_dir"] = senteval_dir(args.data_dir, args.data_root)
@@ -115,6 +116,13 @@ def cmd_recipes(args: argparse.Namespace, extra: list[str]) -> int:
     print("'simcse-kit recipes show NAME > my.yaml' starts your own; in a recipe, {data_root} is the data root")
     print("(--data-root DIR or SIMCSE_KIT_DATA; default ../shared/data beside a source checkout)")
     return 0
+
+
+def add_device_option(p: argparse.ArgumentParser) -> None:
+    """``--device`` of every command that encodes (:mod:`simcse_kit.devices`)."""
+    from simcse_kit.devices import AUTO_DEVICE, DEVICE_HELP
+
+    p.add_argument("--device", default=AUTO_DEVICE, help=f"{DEVICE_HELP} (default: auto)")
 
 
 def add_data_options(p: argparse.ArgumentParser, data_dir_help: str) -> None:
@@ -161,6 +169,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             onnx=args.onnx,
             quantize=args.quantize,
             push_to_hub=args.push_to_hub,
+            device=args.device,
             # STS data is read only for the int8 check: exporting needs no data root otherwise.
             **({"data_dir": senteval_dir(args.data_dir, args.data_root)} if args.quantize else {}),
         )
@@ -228,6 +237,7 @@ def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
         sampling_strategy=args.sampling_strategy,
         seed=args.seed,
         batch_size=args.batch_size,
+        device=args.device,
     )
     return 0
 
@@ -288,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mrpc-features", choices=("senteval", "full"), default="senteval", help="[|u-v|, u*v] or [u, v, |u-v|, u*v]")
     p.add_argument("--json", type=Path, default=None, help="write results here")
     p.add_argument("--batch-size", type=int, default=128)
+    add_device_option(p)
     p.set_defaults(func=cmd_transfer, extra_ok=False)
 
     p = sub.add_parser("evaluate", help="STS12-16, STS-B, SICK-R Spearman x 100 (SimCSE protocol)")
@@ -318,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="inference precision: no = fp32 (the default, so reported numbers do not depend on the CPU); "
         "auto = bf16 where this device computes it natively, else fp32",
     )
+    add_device_option(p)
     p.set_defaults(func=cmd_evaluate, extra_ok=False)
 
     p = sub.add_parser("export", help="write a verified sentence-transformers folder (with model card) from a run or model")
@@ -331,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic-int8 ONNX model (implies --onnx)")
     add_data_options(p, "STS data for the int8 check")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
+    add_device_option(p)
     p.set_defaults(func=cmd_export, extra_ok=False)
 
     p = sub.add_parser("demo", help="the loss core off text: 'digits' (SupCon on 8x8 images), 'toy' (2-D temperature toy)")
@@ -359,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=4.0, help="minimum gold score of a positive pair")
     p.add_argument("--json", type=Path, default=None, help="write results here")
     p.add_argument("--batch-size", type=int, default=128)
+    add_device_option(p)
     p.set_defaults(func=cmd_align_uniform, extra_ok=False)
 
     p = sub.add_parser("mine", help="add a hard_neg column to sent0,sent1 pairs, mined with a model over the file's sentences")
@@ -371,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-strategy", choices=("top", "random"), default="top", help="best candidate, or one of the top-k")
     p.add_argument("--seed", type=int, default=0, help="for --sampling-strategy random")
     p.add_argument("--batch-size", type=int, default=128)
+    add_device_option(p)
     p.set_defaults(func=cmd_mine, extra_ok=False)
 
     p = sub.add_parser("recipes", help="list the built-in recipes, or print one: recipes show NAME > my.yaml")

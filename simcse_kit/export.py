@@ -67,6 +67,7 @@ import yaml
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
+from simcse_kit.devices import resolve_device
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import atomic_dir
 from simcse_kit.inference import Encoder
@@ -404,14 +405,14 @@ def check_parity(what: str, result: Parity, min_cosine: float, probes: Sequence[
         )
 
 
-def load_backend(folder: Path, backend: str = "torch", file_name: str | None = None) -> Any:
-    """``SentenceTransformer`` reading ``folder`` from disk, as a user would (CPU)."""
+def load_backend(folder: Path, backend: str = "torch", file_name: str | None = None, device: str = "cpu") -> Any:
+    """``SentenceTransformer`` reading ``folder`` from disk, as a user would (on ``device``)."""
     from sentence_transformers import SentenceTransformer
 
     kwargs: dict[str, Any] = {}
     if file_name is not None:
         kwargs["model_kwargs"] = {"file_name": file_name}
-    return SentenceTransformer(str(folder), device="cpu", backend=backend, **kwargs)
+    return SentenceTransformer(str(folder), device=device, backend=backend, **kwargs)
 
 
 def st_encode(st_model: Any) -> Encode:
@@ -732,6 +733,7 @@ def export_model(
     push_to_hub: str | None = None,
     probes: Sequence[str] = PROBE_SENTENCES,
     min_cosine: float = MIN_COSINE,
+    device: str = "auto",
 ) -> ExportResult:
     """Write a sentence-transformers folder for a simcse-kit run or model, verified.
 
@@ -749,6 +751,8 @@ def export_model(
         push_to_hub: Upload the finished folder to this hub repo id.
         probes: Sentences encoded by both sides for the parity checks.
         min_cosine: Every probe's cosine (torch backend) must be at least this.
+        device: Where the torch parity check encodes, both sides (``auto``: CUDA, else
+            MPS, else CPU; :func:`simcse_kit.devices.resolve_device`); ONNX runs on the CPU.
 
     Raises:
         ConfigError: Bad source, target or option (nothing is written).
@@ -781,9 +785,10 @@ def export_model(
         evaluator = STSEvaluator(data_dir)  # read (and checked) before any model work
 
     use_norm, why = decide_normalize(source, normalize)
+    where = resolve_device(device)
     model = SimCSEModel.load(source.model_dir).float().eval()
     tokenizer = AutoTokenizer.from_pretrained(source.model_dir)
-    ours = Encoder(model, tokenizer, model.max_seq_len, "cpu")
+    ours = Encoder(model, tokenizer, model.max_seq_len, where)
     reference = ours.encode(list(probes))
     if use_norm:
         reference = torch.nn.functional.normalize(reference, dim=-1)
@@ -794,7 +799,7 @@ def export_model(
     with atomic_dir(out) as tmp:
         write_folder(model, AutoTokenizer.from_pretrained(source.model_dir), modules, tmp)
         # Reload from disk: this checks the files users get, not an object we built.
-        reloaded = load_backend(tmp)
+        reloaded = load_backend(tmp, device=str(where))
         if reloaded.max_seq_length != model.max_seq_len:
             raise ExportError(f"exported max_seq_length {reloaded.max_seq_length} != model's {model.max_seq_len}")
         encode = st_encode(reloaded)

@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 from simcse_kit.architectures import load_pretrained_encoder
 from simcse_kit.config import POOLERS
+from simcse_kit.devices import AUTO_DEVICE, resolve_device
 from simcse_kit.errors import ConfigError
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 from simcse_kit.precision import resolve_eval_precision
@@ -48,12 +49,19 @@ class Encoder:
     BLOCK_BATCHES = 64
 
     def __init__(
-        self, model: nn.Module, tokenizer: object, max_seq_len: int, device: str | torch.device = "cpu", precision: str = "no"
+        self,
+        model: nn.Module,
+        tokenizer: object,
+        max_seq_len: int,
+        device: str | torch.device | None = None,
+        precision: str = "no",
     ) -> None:
+        # None: where the model already is (a model on the GPU stays there).
+        device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
-        self.device = torch.device(device)
+        self.device = device
         self.precision = precision
 
     @torch.inference_mode()
@@ -86,10 +94,12 @@ class Encoder:
 class SentenceTransformerEncoder:
     """A sentence-transformers folder (its own modules decide pooling and normalisation)."""
 
-    def __init__(self, path: str, device: str = "cpu", max_seq_len: int | None = None, precision: str = "no") -> None:
+    def __init__(
+        self, path: str, device: str | torch.device = "cpu", max_seq_len: int | None = None, precision: str = "no"
+    ) -> None:
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(path, device=device)
+        self.model = SentenceTransformer(path, device=str(device))
         if max_seq_len is not None:
             self.model.max_seq_length = max_seq_len
         self.device = torch.device(device)
@@ -108,7 +118,7 @@ def load_encoder(
     path: str | Path,
     pooler: str | None = None,
     max_seq_len: int | None = None,
-    device: str = "cpu",
+    device: str | torch.device = AUTO_DEVICE,
     precision: str = "no",
 ) -> Encoder | SentenceTransformerEncoder:
     """Load whatever MODEL names: a simcse-kit run folder (its ``best_model``), a
@@ -118,7 +128,13 @@ def load_encoder(
     ``precision`` is ``no`` (fp32), ``bf16``, ``fp16`` or ``auto`` (bf16 where this device
     computes it natively, else fp32: :func:`simcse_kit.precision.resolve_eval_precision`),
     applied to every kind of model, sentence-transformers folders included.
+
+    ``device`` is ``auto`` (CUDA, else MPS, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``
+    (:func:`simcse_kit.devices.resolve_device`). A model recorded with flash attention
+    reloads with SDPA unless ``precision`` is fp16 or bf16 (flash runs only in those).
     """
+    device = resolve_device(device)
+    logger.info("encoding on %s", device)
     if precision == "auto":
         precision = resolve_eval_precision("auto", device).mixed_precision
     resolved = Path(resolve_model_path(str(path)))
@@ -127,7 +143,7 @@ def load_encoder(
     if (resolved / SIMCSE_CONFIG).is_file():
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s records its own pooler", pooler, resolved)
-        model = SimCSEModel.load(resolved)
+        model = SimCSEModel.load(resolved, precision=precision)
         tokenizer = AutoTokenizer.from_pretrained(resolved)
         return Encoder(model, tokenizer, max_seq_len or model.max_seq_len, device, precision)
     if (resolved / "modules.json").is_file():

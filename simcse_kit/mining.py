@@ -115,6 +115,7 @@ def mine_file(
     sampling_strategy: str = "top",
     seed: int = 0,
     batch_size: int = 128,
+    device: str = "auto",
 ) -> dict[str, int]:
     """``simcse-kit mine``: read ``sent0, sent1`` pairs, write ``sent0, sent1, hard_neg``.
 
@@ -125,7 +126,7 @@ def mine_file(
         ``{"rows": written, "skipped": rows without a negative}``.
     """
     rows = read_rows(pairs_path, ("sent0", "sent1"))
-    encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler)
+    encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
     pairs = [(r["sent0"], r["sent1"]) for r in rows]
     negatives = mine_negatives(pairs, lambda s: encoder.encode(s, batch_size=batch_size), top_k, margin, sampling_strategy, seed)
     buffer = io.StringIO()

@@ -235,19 +235,22 @@ class SimCSEModel(nn.Module):
         return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=cfg.packing, attn_implementation=attn)
 
     @classmethod
-    def load(cls, path: str | Path, attn_implementation: str = architectures.AUTO) -> SimCSEModel:
+    def load(cls, path: str | Path, attn_implementation: str = architectures.AUTO, precision: str = "no") -> SimCSEModel:
         """Load a folder written by :meth:`save` (pooler and MLP from its own metadata).
 
         ``attn_implementation="auto"`` tries the implementation the model records it was
         trained with, then SDPA, then eager (:func:`architectures.load_pretrained_encoder`);
-        any other value is required.
+        any other value is required. ``precision`` is the inference precision the model
+        will run at: a recorded flash attention is kept only for fp16/bf16
+        (:func:`architectures.inference_attention`). Weights load in fp32.
         """
         path = Path(path)
         meta_file = path / SIMCSE_CONFIG
         if not meta_file.is_file():
             raise ConfigError(f"{path}: not a simcse-kit model (no {SIMCSE_CONFIG})")
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        encoder, attn = architectures.load_pretrained_encoder(path, attn_implementation, prefer=meta.get("attn_implementation"))
+        prefer = architectures.inference_attention(meta.get("attn_implementation"), precision)
+        encoder, attn = architectures.load_pretrained_encoder(path, attn_implementation, prefer=prefer)
         model = cls(encoder, meta["pooler"], meta["mlp"], int(meta["max_seq_len"]), attn_implementation=attn)
         if model.mlp is not None:
             model.mlp.load_state_dict(load_file(str(path / HEAD_WEIGHTS)))

@@ -9,9 +9,13 @@ emulated: ~2.5 GFLOP/s against ~100 for fp32, and a bf16 step is ~17x slower tha
 built without a kernel), so on CPU ``auto`` *measures*: one few-millisecond bf16 and fp32
 matmul of a model-like shape, cached per process.
 
-On CUDA ``torch.cuda.is_bf16_supported()`` is cheap and reliable, so nothing is timed:
-``auto`` is bf16 where supported, else fp16. The CPU-only tricks stay off there: the
-model keeps SDPA/flash attention and PyTorch's dropout.
+On CUDA nothing is timed: bf16 is native from compute capability 8.0 (Ampere: A100,
+RTX 30xx, and later), so ``auto`` is bf16 there and fp16 with loss scaling before it
+(T4, V100, P100). Not ``torch.cuda.is_bf16_supported()``: it counts bf16 that those
+older cards only emulate, several times slower than their fp16. The CPU-only tricks
+stay off on CUDA: the model keeps SDPA/flash attention and PyTorch's dropout. On MPS
+(and other devices) ``auto`` keeps fp32: there is no cheap reliable check of what is
+native. The table per device is in docs/distributed.md.
 
 The measuring function is :func:`cpu_matmul_speeds`; :func:`resolve_precision` and
 :func:`resolve_eval_precision` take any callable of the same signature as ``probe=``
@@ -30,6 +34,7 @@ import torch
 
 __all__ = [
     "BF16_SPEEDUP_THRESHOLD",
+    "NATIVE_BF16_CAPABILITY",
     "PRECISIONS",
     "PROBE_SHAPE",
     "PrecisionChoice",
@@ -37,6 +42,7 @@ __all__ = [
     "MatmulSpeeds",
     "clear_probe_cache",
     "cpu_matmul_speeds",
+    "cuda_capability",
     "resolve_eval_precision",
     "resolve_precision",
 ]
@@ -68,6 +74,18 @@ Probe = Callable[[torch.dtype], MatmulSpeeds]
 """``probe(dtype) -> MatmulSpeeds`` for ``dtype`` bf16 or fp16, measured together with fp32."""
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# bf16 tensor cores arrived with Ampere (sm_80); earlier cards emulate bf16.
+NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+def cuda_capability(device: torch.device | str = "cuda") -> tuple[int, int] | None:
+    """The compute capability ``(major, minor)`` of CUDA ``device``; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(torch.device(device))
+    return int(major), int(minor)
+
+
 _cache: dict[tuple[torch.dtype, tuple[int, int, int]], MatmulSpeeds] = {}
 
 
@@ -222,12 +240,14 @@ def _resolve_mode(requested: str, device: torch.device | str, probe: Probe, *, a
     _check_precision(requested)
     kind = torch.device(device).type
     if kind == "cuda":
-        has_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        capability = cuda_capability(device)
+        has_bf16 = capability is not None and capability >= NATIVE_BF16_CAPABILITY
         if requested == "bf16" and not has_bf16:
-            logger.warning("precision bf16 requested on a GPU without bf16 support: expect errors or slow emulation")
+            logger.warning("precision bf16 requested on a GPU without native bf16 (before Ampere): expect slow emulation")
         fallback = "fp16" if auto_fp16 else "no"
         mode = ("bf16" if has_bf16 else fallback) if requested == "auto" else requested
-        return _Hardware(mode, False, f"cuda: {'bf16 supported' if has_bf16 else 'no bf16 support'}", {})
+        cc = "?" if capability is None else f"{capability[0]}.{capability[1]}"
+        return _Hardware(mode, False, f"cuda: compute capability {cc} ({'native' if has_bf16 else 'no native'} bf16)", {})
     if kind != "cpu":  # mps, xpu, ...: no reliable check here, so auto keeps fp32
         return _Hardware("no" if requested == "auto" else requested, False, f"{kind}: not probed", {})
     if requested == "no":  # nothing depends on the hardware: time nothing
@@ -268,7 +288,8 @@ def resolve_precision(
 ) -> PrecisionChoice:
     """The training precision for ``device``.
 
-    ``auto`` is bf16 on a GPU with bf16 support, fp16 on one without, and on CPU bf16
+    ``auto`` is bf16 on a GPU with native bf16 (compute capability 8.0+), fp16 with loss
+    scaling on one before it, fp32 on MPS, and on CPU bf16
     only where a measured bf16 matmul beats fp32 by ``BF16_SPEEDUP_THRESHOLD`` (else fp32).
     ``no``/``fp16``/``bf16`` are honoured as given; bf16 or fp16 on a CPU where they are
     not native, or bf16 on a GPU without it, logs a WARNING with the measured ratio.
@@ -297,7 +318,7 @@ def resolve_precision(
 def resolve_eval_precision(requested: str, device: torch.device | str, *, probe: Probe | None = None) -> PrecisionChoice:
     """The inference (encoding) precision for ``device``.
 
-    ``auto`` is bf16 where bf16 is native (a GPU with bf16 support, a CPU whose measured
+    ``auto`` is bf16 where bf16 is native (a GPU from Ampere on, a CPU whose measured
     bf16 matmul beats fp32) and fp32 everywhere else: inference has no loss scaler, so
     ``auto`` never picks fp16 for it. Explicit values are returned as given, with the
     same warnings as :func:`resolve_precision`. ``bf16_weights`` and ``fast_dropout``

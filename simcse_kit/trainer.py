@@ -127,6 +127,8 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
     trackers = tracker_names(cfg.report_to)
     if cpu is None:
         cpu = not torch.cuda.is_available()
+        if cpu and torch.backends.mps.is_available():
+            logger.info("training on the CPU: an MPS device is present, but training is not verified on MPS")
     cfg, _ = with_concrete_precision(cfg, cpu)
     # bf16 weights run the model in bf16 outright: autocast on top would only add casts.
     precision = "no" if cfg.bf16_model else cfg.mixed_precision
@@ -178,6 +180,20 @@ def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
     per_epoch = max(1, batches_per_epoch // cfg.grad_accum)
     steps = per_epoch * cfg.num_epochs
     return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
+
+
+def scheduler_ticks_per_step(accelerator: Accelerator, cfg: LoopConfig) -> int:
+    """How many times the prepared scheduler moves per optimiser step of :func:`fit`.
+
+    Accelerate's scheduler wrapper steps the schedule once per process at each optimiser
+    step (``num_processes`` times; once with ``split_batches``), since it expects a
+    schedule sized by the unsharded loader; without ``step_scheduler_with_optimizer`` it
+    moves at every call, i.e. every micro-batch. A schedule built for ``n`` optimiser steps
+    is made ``n`` times this long, so every process count follows the same rate per step.
+    """
+    if not accelerator.step_scheduler_with_optimizer:
+        return cfg.grad_accum
+    return 1 if accelerator.split_batches else accelerator.num_processes
 
 
 def is_log_step(cfg: LoopConfig, step: int) -> bool:
@@ -391,12 +407,22 @@ def fit(
     # The shuffling generator: each epoch's order is drawn from it, so its state at the
     # epoch's start is part of the checkpoint.
     generator: torch.Generator | None = getattr(loader, "generator", None)
+    # The loader first: the schedule's length is the optimiser steps of the loader each
+    # process iterates (a share of the batches on several processes).
+    loader = accelerator.prepare(loader)
+    n_steps = total_steps(cfg, len(loader))
+    if accelerator.is_main_process:
+        logger.info("%d optimiser steps on %d process(es), %s", n_steps, accelerator.num_processes, accelerator.device)
+    # The model on its device before AdamW is built: bf16 weights' fp32 masters are made
+    # from it where it trains (prepare would move the model, not the masters).
+    if accelerator.device_placement:
+        model = model.to(accelerator.device)
     optimizer = make_optimizer(model, cfg)
     # With bf16 weights the best model is saved from the fp32 masters, not their bf16 rounding.
     fp32_weights = optimizer.fp32_model if isinstance(optimizer, MasterWeightAdamW) else nullcontext
-    n_steps = total_steps(cfg, len(loader))
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps), n_steps)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    ticks = scheduler_ticks_per_step(accelerator, cfg)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps) * ticks, n_steps * ticks)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     state = LoopState()
     if resume and checkpoints is not None:
         checkpoints.restore(accelerator, state, generator)
@@ -462,7 +488,8 @@ def fit(
             state.global_step += 1
             bar.update(1)
             if is_log_step(cfg, state.global_step):
-                value = loss.detach().float().item()
+                # The mean over processes: each computed the loss of its own anchors.
+                value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
                 state.losses.append((state.global_step, value))
                 clock.lap()  # the throughput so far
                 log.train(state.global_step, value, lr, grad_norm, state.rows_seen, state.train_seconds)

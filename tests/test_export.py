@@ -422,7 +422,7 @@ def fake_onnx(monkeypatch: pytest.MonkeyPatch, int8_noise: float) -> None:
             (folder / name).write_bytes(b"placeholder")
         return files
 
-    def load_backend(folder: Path, backend: str = "torch", file_name: str | None = None) -> object:
+    def load_backend(folder: Path, backend: str = "torch", file_name: str | None = None, **kwargs: object) -> object:
         st = real_load(folder)
         return Noisy(st, int8_noise) if file_name and "qint8" in file_name else st
 

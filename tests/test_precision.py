@@ -32,8 +32,10 @@ def no_probe(dtype: torch.dtype) -> float:
 
 
 def cuda(monkeypatch: pytest.MonkeyPatch, bf16: bool) -> None:
+    """A GPU with native bf16 (an A100, compute capability 8.0) or without (a T4, 7.5)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: (8, 0) if bf16 else (7, 5))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # torch counts emulation
 
 
 def test_auto_on_emulated_bf16_cpu_trains_in_fp32() -> None:
@@ -67,7 +69,7 @@ def test_auto_on_cuda_follows_bf16_support(monkeypatch: pytest.MonkeyPatch, bf16
     choice = resolve_precision("auto", "cuda:0", probe=no_probe)
     # On a GPU the model keeps SDPA/flash attention and PyTorch's dropout, and fp32 weights.
     assert (choice.mixed_precision, choice.bf16_weights, choice.fast_dropout) == (expected, False, False)
-    support = "bf16 supported" if bf16 else "no bf16 support"
+    support = "compute capability 8.0 (native bf16)" if bf16 else "compute capability 7.5 (no native bf16)"
     assert choice.reason == f"cuda: {support} -> {expected} (auto)"
     assert choice.probe == {}
 
@@ -109,7 +111,7 @@ def test_explicit_precision_on_cuda_is_honoured(monkeypatch: pytest.MonkeyPatch,
     assert resolve_precision("no", "cuda", probe=no_probe).mixed_precision == "no"
     with caplog.at_level(logging.WARNING, logger="simcse_kit.precision"):
         assert resolve_precision("bf16", "cuda", probe=no_probe).mixed_precision == "bf16"
-    assert "without bf16 support" in caplog.text
+    assert "without native bf16" in caplog.text
 
 
 @pytest.mark.parametrize(("fp16_gflops", "warns"), [(2.0, True), (240.0, False)])

@@ -41,6 +41,7 @@ def evaluate_model(
     source: str = "senteval",
     hub_root: str | Path | None = None,
     mteb_results: str | Path | None = None,
+    device: str = "auto",
 ) -> dict[str, float]:
     """Spearman x 100 on the STS tasks for MODEL; prints the paper-style table.
 
@@ -61,6 +62,8 @@ def evaluate_model(
             instead of the hub.
         mteb_results: A folder to write one MTEB-format JSON per task into
             (see :mod:`~simcse_kit.evaluation.mteb`), if any.
+        device: Where to encode: ``auto`` (CUDA, else MPS, else CPU), ``cpu``,
+            ``cuda``, ``cuda:N`` or ``mps``.
 
     Returns:
         Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
@@ -86,7 +89,7 @@ def evaluate_model(
         else STSEvaluator(senteval_dir(data_dir, None), tasks=tasks, batch_size=batch_size, suite=suite)
     )
     columns = suite_columns(list(evaluator.specs))
-    results = _run(evaluator, model, pooler, precision, columns, json_out)
+    results = _run(evaluator, model, pooler, precision, columns, json_out, device)
     if mteb_results is not None:
         write_mteb_results(mteb_results, evaluator)
     return results
@@ -99,9 +102,10 @@ def _run(
     precision: str,
     columns: Mapping[str, str],
     json_out: str | Path | None,
+    device: str = "auto",
 ) -> dict[str, float]:
-    """Load MODEL, run ``evaluator`` on its encode function, print the table, save JSON."""
-    encoder = load_encoder(model, pooler=pooler, precision=precision)
+    """Load MODEL on ``device``, run ``evaluator`` on its encode function, print the table, save JSON."""
+    encoder = load_encoder(model, pooler=pooler, precision=precision, device=device)
     start = time.perf_counter()
     results = evaluator(encoder.encode)
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
@@ -122,12 +126,13 @@ def evaluate_transfer(
     mrpc_features: str = "senteval",
     json_out: str | Path | None = None,
     batch_size: int = 128,
+    device: str = "auto",
 ) -> dict[str, float]:
     """SentEval transfer accuracies of MODEL (see
     :class:`~simcse_kit.evaluation.transfer.TransferEvaluator`); prints the table,
     optionally saves JSON."""
     evaluator = TransferEvaluator(senteval_dir(data_dir, None), tasks, kfold, batch_size, max_train_samples, mrpc_features)
-    return _run(evaluator, model, pooler, "no", TRANSFER_COLUMNS, json_out)
+    return _run(evaluator, model, pooler, "no", TRANSFER_COLUMNS, json_out, device)
 
 
 def align_uniform_model(
@@ -139,6 +144,7 @@ def align_uniform_model(
     threshold: float = 4.0,
     json_out: str | Path | None = None,
     batch_size: int = 128,
+    device: str = "auto",
 ) -> dict[str, float]:
     """Alignment, uniformity and Spearman x 100 of MODEL on one STS-B split; prints them.
 
@@ -149,7 +155,7 @@ def align_uniform_model(
     if split not in ("dev", "test", "train"):
         raise ConfigError(f"--split must be dev, test or train, got {split!r}")
     pairs = read_stsb(stsb_split_path(senteval_dir(data_dir, None), split))
-    encoder = load_encoder(model, pooler=pooler)
+    encoder = load_encoder(model, pooler=pooler, device=device)
     result = sts_alignment_uniformity(encoder.encode, pairs, threshold, batch_size)
     print(f"STS-B {split}: {len(pairs)} pairs, {int(result['positive_pairs'])} with gold >= {threshold:g}")
     print(f"alignment  {result['alignment']:.4f}   (lower is better)")

@@ -1,0 +1,161 @@
+"""Several processes train exactly as one: ``simcse-kit train`` under ``torchrun``.
+
+A run on 2 gloo processes (and on 2 "machines" of one process each, rendezvous on
+127.0.0.1) against one process with the same global batch, dropout 0: the same learning
+rate at every step (TensorBoard's ``train/learning_rate``), the same loss at every step
+(metrics.json's ``losses``, the mean over processes) and the same final weights
+(``best_model``, saved at the last step), to fp32 tolerance. Each launch turns on as many
+of the options as compose: ``--max-steps``, gradient accumulation, GradCache, the
+momentum queue, false-negative masking, warm-up.
+
+The sharded loader, Accelerate's gradient averaging, GradCache's ``no_sync``, the queue's
+gather and the schedule are what is checked here against one process; the objective's
+own gather is checked at the loss level in tests/test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TinyRun, write_train_data
+from safetensors.torch import load_file
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+ENV_EXTRA = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+TOL = 1e-5  # fp32: the same sums, only grouped differently across processes
+
+# mode -> the options one launch combines (config keys as on the command line). Every
+# launch: 32 examples, global batch 8, --max-steps below the epoch's steps where the
+# epoch is longer, warm-up over the first step(s), tensorboard for the learning rate.
+CASES = {
+    # 32 sentences / 8 = 4 micro-batches an epoch, 2 per step; 2 epochs capped at 3 steps.
+    "unsup": {"grad_accum": 2, "num_epochs": 2, "max_steps": 3, "queue_size": 12, "momentum": 0.5,
+              "mask_false_negatives": "true"},
+    # GradCache in chunks of 2 rows (1 example) inside each process's 4 examples.
+    "sup": {"grad_accum": 2, "num_epochs": 2, "max_steps": 3, "grad_cache_chunk": 2, "mask_false_negatives": "true"},
+    "hardneg": {"num_epochs": 1, "max_steps": 3, "queue_size": 8, "momentum": 0.9, "mask_false_negatives": "true",
+                "hard_negative_weight": 2.0},
+}  # fmt: skip
+
+
+def overrides(runs: TinyRun, mode: str, name: str) -> dict[str, object]:
+    """The run's config keys: ``CASES[mode]`` plus what makes it comparable and cheap."""
+    train_file = runs.folder / mode
+    train_file.mkdir(exist_ok=True)
+    return {
+        "mode": mode,
+        "train_file": write_train_data(train_file, mode, n=32),
+        "output_dir": runs.folder / name,
+        "dropout": 0.0,  # the same network on every process and in the reference
+        "pooler": "avg",
+        "batch_size": 8,
+        "learning_rate": 1e-3,
+        "warmup_ratio": 0.34,  # one warm-up step of three
+        "eval_steps": 0,  # only at the end: best_model holds the final weights
+        "eval_at_start": "false",
+        "save_steps": 0,
+        "final_eval": "false",
+        "log_steps": 1,
+        "report_to": "tensorboard",
+        **CASES[mode],
+    }
+
+
+def cli_args(options: dict[str, object]) -> list[str]:
+    return [token for key, value in options.items() for token in (f"--{key}", str(value))]
+
+
+def torchrun(nnodes: int, nproc: int, recipe: Path, options: dict[str, object]) -> list[list[str]]:
+    """The command of each "machine": ``nnodes`` torchrun agents of ``nproc`` processes,
+    meeting through a c10d rendezvous on a free local port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc)]
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "simcse-test"]
+    train = ["-m", "simcse_kit.cli", "train", str(recipe), *cli_args(options)]
+    return [[*launcher, *rendezvous, *train] for _ in range(nnodes)]
+
+
+def launch(commands: list[list[str]], processes: int, timeout: float = 300) -> None:
+    """Run the commands side by side (the "machines"); fail with the first one's log,
+    or unless the run says it trained on ``processes`` processes."""
+    env = os.environ | ENV_EXTRA
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+    # Two agents that failed to meet would each train alone, and like the reference.
+    assert f"optimiser steps on {processes} process(es)" in "".join(outputs), outputs[0][-4000:]
+
+
+def results(out: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]], dict[str, torch.Tensor]]:
+    """``(learning rate per step, loss per step, final weights)`` of a finished run."""
+    events = event_accumulator.EventAccumulator(str(out / "logs" / "simcse-kit"))
+    events.Reload()
+    lrs = [(e.step, e.value) for e in events.Scalars("train/learning_rate")]
+    losses = [tuple(x) for x in json.loads((out / "metrics.json").read_text())["losses"]]
+    weights = load_file(str(out / "best_model" / "model.safetensors"))
+    head = out / "best_model" / "simcse_head.safetensors"
+    if head.exists():
+        weights |= {f"head.{k}": v for k, v in load_file(str(head)).items()}
+    return lrs, losses, weights
+
+
+def assert_same_training(got: Path, want: Path, steps: int, base_model: Path) -> None:
+    got_lr, got_loss, got_w = results(got)
+    want_lr, want_loss, want_w = results(want)
+    assert [s for s, _ in want_lr] == list(range(1, steps + 1))
+    # The learning rate of every step (a schedule stepped once per process ran out at
+    # step steps / processes and trained the rest at 0).
+    assert [s for s, _ in got_lr] == [s for s, _ in want_lr]
+    for (step, lr), (_, ref) in zip(got_lr, want_lr, strict=True):
+        assert lr == pytest.approx(ref, rel=1e-6, abs=1e-12), f"learning rate at step {step}: {lr} != {ref}"
+    assert [s for s, _ in got_loss] == [s for s, _ in want_loss]
+    for (step, loss), (_, ref) in zip(got_loss, want_loss, strict=True):
+        assert abs(loss - ref) < TOL * max(1.0, abs(ref)), f"loss at step {step}: {loss} != {ref}"
+    assert got_w.keys() == want_w.keys()
+    for key, ref in want_w.items():
+        assert torch.allclose(got_w[key], ref, atol=TOL, rtol=0), (key, (got_w[key] - ref).abs().max())
+    base = load_file(str(base_model / "model.safetensors"))
+    assert any(not torch.equal(base[k], want_w[k]) for k in base), "no weight moved: the comparison would prove nothing"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> TinyRun:
+    """One folder for the module's runs, so a one-process reference is trained once."""
+    return TinyRun(tmp_path_factory.mktemp("multiprocess"), tiny_model_dir)
+
+
+def reference(runs: TinyRun, mode: str) -> Path:
+    """The one-process run of ``mode``, in a subprocess like the launches (same
+    environment), trained once per module."""
+    options = overrides(runs, mode, f"{mode}-1proc")
+    out = Path(options["output_dir"])
+    if not (out / "metrics.json").exists():
+        launch([[sys.executable, "-m", "simcse_kit.cli", "train", str(runs.recipe(f"{mode}-recipe")), *cli_args(options)]], 1)
+    return out
+
+
+@pytest.mark.parametrize("mode", list(CASES))
+def test_two_processes_train_as_one(runs: TinyRun, mode: str) -> None:
+    want = reference(runs, mode)
+    options = overrides(runs, mode, f"{mode}-2proc")
+    launch(torchrun(1, 2, runs.recipe(f"{mode}-recipe"), options), 2)
+    assert_same_training(Path(options["output_dir"]), want, CASES[mode]["max_steps"], runs.model_dir)
+
+
+def test_two_machines_train_as_one(runs: TinyRun) -> None:
+    """``torchrun --nnodes 2 --nproc_per_node 1`` twice, as two machines would run it."""
+    want = reference(runs, "unsup")
+    options = overrides(runs, "unsup", "unsup-2nodes")
+    launch(torchrun(2, 1, runs.recipe("unsup-recipe"), options), 2)
+    assert_same_training(Path(options["output_dir"]), want, CASES["unsup"]["max_steps"], runs.model_dir)
