@@ -69,6 +69,7 @@ from transformers import AutoTokenizer
 
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import atomic_dir
+from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
 from simcse_kit.inference import Encoder
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 
@@ -782,7 +783,7 @@ def export_model(
 
     use_norm, why = decide_normalize(source, normalize)
     model = SimCSEModel.load(source.model_dir).float().eval()
-    tokenizer = AutoTokenizer.from_pretrained(source.model_dir)
+    tokenizer = load_checked_tokenizer(source.model_dir, model.encoder.config.vocab_size)
     ours = Encoder(model, tokenizer, model.max_seq_len, "cpu")
     reference = ours.encode(list(probes))
     if use_norm:
@@ -795,6 +796,11 @@ def export_model(
         write_folder(model, AutoTokenizer.from_pretrained(source.model_dir), modules, tmp)
         # Reload from disk: this checks the files users get, not an object we built.
         reloaded = load_backend(tmp)
+        # Parity below encodes both sides with copies of one tokenizer: compare the ids of an
+        # independent load of the exported one with the source's, and their [UNK] share.
+        problem = tokenization_problem(tokenizer, AutoTokenizer.from_pretrained(tmp), list(probes), model.max_seq_len)
+        if problem:
+            raise ExportError(f"{problem}; nothing written to {out}")
         if reloaded.max_seq_length != model.max_seq_len:
             raise ExportError(f"exported max_seq_length {reloaded.max_seq_length} != model's {model.max_seq_len}")
         encode = st_encode(reloaded)

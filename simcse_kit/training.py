@@ -37,6 +37,7 @@ from simcse_kit.fileio import remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
+from simcse_kit.model_checks import check_model_folder, check_tokenizer
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
@@ -219,6 +220,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub id is "org/name"
     if looks_local and not Path(path).expanduser().is_dir():
         raise ConfigError(f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}: no such folder")
+    check_model_folder(path)  # a missing tokenizer or truncated weights, named before the run folder exists
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         hf_config = AutoConfig.from_pretrained(path)
@@ -226,6 +228,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         key = f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}"
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
+    check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
     limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
     for key in ("max_seq_len", "eval_max_seq_len"):
         value = getattr(cfg.model, key)
