@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -35,6 +36,7 @@ from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
+from simcse_kit.guards import RunLock
 from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import check_model_folder, check_tokenizer
@@ -72,8 +74,15 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
 
     With ``cfg.train.save_steps`` the full training state is saved every that many
     steps under ``output_dir/checkpoints``; ``resume=True`` continues from the newest
-    one and ends with the same model and metrics as an uninterrupted run.
+    one and ends with the same model and metrics as an uninterrupted run. The run folder
+    is locked (:class:`~simcse_kit.guards.RunLock`) from before anything in it changes
+    until this returns or raises.
     """
+    with ExitStack() as held:
+        return _train(cfg, overwrite, resume, held)
+
+
+def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> dict[str, Any]:
     # Everything that can be wrong with the inputs fails here, before the run folder is
     # written: the training data, the dev and final STS files, the model folder.
     dataset = load_training_data(cfg)
@@ -86,7 +95,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     # would decide differently is refused rather than silently mixed.
     train_cfg, precision = with_concrete_precision(cfg.train)
     cfg = replace(cfg, train=train_cfg)
-    out = prepare_run_dir(cfg, overwrite, resume)
+    out = prepare_run_dir(cfg, overwrite, resume, held)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
 
@@ -163,20 +172,24 @@ def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
     return out
 
 
-def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> Path:
+def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False, held: ExitStack | None = None) -> Path:
     """Create the run folder; refuse to clobber a finished or unfinished run unless asked.
 
     With ``resume`` the folder's saved ``config.yaml`` must match ``cfg`` in everything
     but :data:`RESUME_MAY_DIFFER`; a folder with nothing in it yet starts afresh (so a
-    restart script may always pass ``--resume``).
+    restart script may always pass ``--resume``). With ``held`` the folder is locked
+    first (:class:`~simcse_kit.guards.RunLock`, released when ``held`` closes): a second
+    run into it fails here, before it changes anything.
     """
     out = Path(cfg.train.output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"config key 'train.output_dir' = {str(out)!r}: exists and is not a folder")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if held is not None:
+        held.enter_context(RunLock(out))
     finished = (out / "metrics.json").exists()
     if resume:
-        if overwrite:
-            raise ConfigError("--resume and --overwrite exclude each other")
         if finished:
             raise ConfigError(f"{out} holds a finished run (metrics.json); nothing to resume")
         saved_path = out / "config.yaml"

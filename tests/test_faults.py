@@ -95,3 +95,25 @@ def test_export_checks_token_ids_against_an_independent_tokenizer_load(tiny_mode
     assert len(placeholder) == 5
     assert "other ids" in tokenization_problem(good, placeholder, probes, 32)
     assert "lost its vocabulary" in tokenization_problem(placeholder, placeholder, probes, 32)
+
+
+# --------------------------------------------------------------------------- 2. one writer per run folder
+
+
+def test_a_second_run_into_a_locked_run_folder_fails_at_once_naming_the_holder(
+    tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    from simcse_kit.guards import RunLock
+
+    recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=0, save_steps=0)
+    out = tiny_run.folder / "run"
+    with RunLock(out):  # run A, as another process would hold it (flock locks per open file)
+        line = fails(["train", str(recipe), "--final-eval", "false"], capsys, str(out), "another run is writing")
+        assert f"pid {os.getpid()} on " in line and "started" in line
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # run B changed nothing
+    # Released with run A: the same command now trains, and releases the lock on its way out.
+    assert cli_main(["train", str(recipe), "--final-eval", "false"]) == 0
+    assert (out / "metrics.json").is_file()
+    RunLock(out).acquire().release()
