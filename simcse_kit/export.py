@@ -69,8 +69,8 @@ from transformers import AutoTokenizer
 
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import atomic_dir
-from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
 from simcse_kit.inference import Encoder
+from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 
 logger = logging.getLogger(__name__)

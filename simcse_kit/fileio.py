@@ -15,6 +15,7 @@ so colleagues on a shared machine can read a run folder.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -91,9 +92,35 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
+NON_FINITE_NOTE = "non_finite"  # the key that lists the values written as null, and why
+
+
+def finite_json(obj: Any, where: str = "") -> tuple[Any, list[str]]:
+    """``obj`` with every NaN or infinite float replaced by None, and the dotted paths of
+    the replaced values (``evals[3].stsb_dev``): Python's ``NaN``/``Infinity`` tokens are
+    not JSON, and most readers (browsers, jq, pandas with the C parser) refuse them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, [f"{where or '<value>'} = {obj}"]
+    if isinstance(obj, dict):
+        out, bad = {}, []
+        for key, value in obj.items():
+            out[key], more = finite_json(value, f"{where}.{key}" if where else str(key))
+            bad += more
+        return out, bad
+    if isinstance(obj, (list, tuple)):
+        pairs = [finite_json(value, f"{where}[{i}]") for i, value in enumerate(obj)]
+        return [p[0] for p in pairs], [b for p in pairs for b in p[1]]
+    return obj, []
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """JSON (indented) through :func:`write_text_atomic`."""
-    write_text_atomic(path, json.dumps(obj, indent=2))
+    """JSON (indented) through :func:`write_text_atomic`; always valid JSON: a NaN or
+    infinity is written as null, and a mapping gets a ``non_finite`` entry saying which
+    values those were (:func:`finite_json`)."""
+    clean, bad = finite_json(obj)
+    if bad and isinstance(clean, dict):
+        clean[NON_FINITE_NOTE] = {"written_as_null": bad, "why": "NaN and infinity are not valid JSON"}
+    write_text_atomic(path, json.dumps(clean, indent=2, allow_nan=False))
 
 
 def replace_dir(src: str | Path, dst: str | Path) -> None:

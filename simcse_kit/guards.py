@@ -33,32 +33,22 @@ from typing import Any
 
 import torch
 
-from simcse_kit.errors import ConfigError
+from simcse_kit.errors import STOPPED_STATUS, ConfigError, Stopped
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
-# The exit status of a run stopped by a signal after writing its checkpoint: EX_TEMPFAIL
-# from sysexits.h ("a temporary failure; the user is invited to retry"), distinct from
-# 0 (done), 1 (a bug), 2 (bad input) and 128 + N (killed by signal N).
-STOPPED_STATUS = 75
+__all__ = ["STOPPED_STATUS", "Diverged", "RunLock", "StepGuard", "StopSignals", "Stopped", "collapse_reason"]
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # Uniformity of normalised embeddings lies in [-4, 0]; 0 is every sentence at one point.
-# Trained sentence encoders sit near -2..-3; above this the space has collapsed.
-COLLAPSED_UNIFORMITY = -0.05
+# Trained sentence encoders sit near -2..-3, a tiny random test BERT near -4e-5 (its
+# vectors are close, but still rank sentences); identical vectors up to fp32 rounding
+# (a collapsed model: loss log(N), every cosine 1) give about -1e-7. Above this: collapsed.
+COLLAPSED_UNIFORMITY = -1e-6
 
 
 class Diverged(ConfigError):
     """The loss or gradient norm became NaN or infinite (a setting is the likely cause)."""
-
-
-class Stopped(Exception):
-    """A stop signal ended the run after a complete checkpoint at ``step``."""
-
-    def __init__(self, signal_name: str, step: int, checkpoint: Path | None) -> None:
-        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
-        where = f"checkpoint at {checkpoint}" if checkpoint is not None else "no checkpoint (nowhere to save one)"
-        super().__init__(f"stopped by {signal_name} after step {step}; {where}")
 
 
 # --------------------------------------------------------------------------- the run folder lock
@@ -211,5 +201,5 @@ def collapse_reason(metrics: dict[str, float], primary: str) -> str | None:
         return f"{primary} is {score} (a constant embedding has no correlation)"
     uniformity = next((v for k, v in metrics.items() if k.endswith("uniformity")), None)
     if uniformity is not None and uniformity > COLLAPSED_UNIFORMITY:
-        return f"uniformity {uniformity:.4f} (> {COLLAPSED_UNIFORMITY}: all sentences map to nearly one point)"
+        return f"uniformity {uniformity:.3g} (> {COLLAPSED_UNIFORMITY:g}: every sentence maps to the same vector)"
     return None

@@ -137,8 +137,6 @@ def check_model_folder(path: str | Path) -> None:
     check_tokenizer_files(path)
 
 
-
-
 def tokenization_problem(reference: Any, other: Any, sentences: list[str], max_length: int) -> str | None:
     """Why two tokenizers (the source's and an independent load of an exported copy) would
     not feed a model the same ids, or why ``reference`` looks like a placeholder (every token ``[UNK]``); None if fine.

@@ -45,6 +45,7 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
 from simcse_kit.fastpath.internals import reset_accelerate_state
 from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir
+from simcse_kit.guards import StepGuard, Stopped, StopSignals, collapse_reason
 from simcse_kit.precision import PrecisionChoice, resolve_precision
 from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
 
@@ -361,6 +362,7 @@ def fit(
     evaluator: Evaluator | None = None,
     checkpoints: Checkpoints | None = None,
     resume: bool = False,
+    signals: StopSignals | None = None,
 ) -> LoopState:
     """Train ``model`` with AdamW + linear schedule; return the loop state.
 
@@ -382,6 +384,13 @@ def fit(
             Model, optimizer, scheduler, RNGs, the position in the epoch, the shuffling
             order and the best-so-far are restored, so a resumed run on CPU ends exactly
             as an uninterrupted one.
+        signals: installed stop signals (:class:`~simcse_kit.guards.StopSignals`): on
+            SIGTERM, SIGUSR1 or SIGINT the loop finishes the optimiser step, writes a
+            checkpoint and raises :class:`~simcse_kit.guards.Stopped`.
+
+    Raises:
+        Diverged: the loss (or, but under fp16, the gradient norm) is not finite; raised
+            before that step's update, so checkpoints and the best model stay good.
     """
     if evaluator is not None and not isinstance(getattr(evaluator, "primary_metric", None), str):
         raise TypeError("fit: the evaluator needs a primary_metric attribute naming the key that selects the best model")
@@ -401,6 +410,9 @@ def fit(
     if resume and checkpoints is not None:
         checkpoints.restore(accelerator, state, generator)
     log = LoopLog(accelerator, cfg, step, state.rows_seen, state.train_seconds)
+    signals = signals or StopSignals()  # not installed: never requested
+    hint = f" (train.learning_rate = {cfg.learning_rate}, train.mixed_precision = {cfg.mixed_precision})"
+    guard = StepGuard(accelerator, signals, check_grad_norm=cfg.mixed_precision != "fp16", hint=hint)
 
     def evaluate() -> None:
         if evaluator is None:
@@ -417,7 +429,12 @@ def fit(
             else:
                 best = f"best {state.best_score:.4f} at step {state.best_step}"
                 logger.info("step %d: %s = %.4f (%s)", state.global_step, evaluator.primary_metric, score, best)
-            if score > state.best_score:
+            collapsed = collapse_reason(metrics, evaluator.primary_metric)
+            if collapsed:
+                logger.warning(
+                    "step %d: the model looks collapsed (%s); not a candidate for the best model", state.global_step, collapsed
+                )
+            elif score > state.best_score:
                 state.best_score, state.best_step = score, state.global_step
                 if checkpoints is not None:
                     with fp32_weights(unwrapped):
@@ -432,6 +449,7 @@ def fit(
         evaluate()  # step 0: the base model is a candidate for "best" like any checkpoint
     clock = Stopwatch(state)
     skip = state.batches_in_epoch  # > 0 only when resumed mid-epoch
+    stop = False
     for epoch in range(state.epoch, cfg.num_epochs):
         if state.global_step >= n_steps:  # also: resumed from a checkpoint of the last step
             break
@@ -451,6 +469,8 @@ def fit(
                 elif log.active and accelerator.sync_gradients and is_log_step(cfg, state.global_step + 1):
                     accelerator.unscale_gradients()  # fp16: the true gradients' norm, as clipping sees it
                     grad_norm = gradient_norm(model.parameters())
+                if accelerator.sync_gradients:  # before the update: a non-finite step never reaches the weights
+                    stop = guard(state.global_step + 1, loss, grad_norm)
                 lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it next)
                 optimizer.step()
                 scheduler.step()
@@ -474,6 +494,12 @@ def fit(
             if checkpoints is not None and cfg.save_steps > 0 and state.global_step % cfg.save_steps == 0 and not last:
                 with clock.paused():
                     checkpoints.save(accelerator, state, epoch_rng)
+            if stop:  # a signal: a complete checkpoint of this step, then out (all processes agree on it)
+                with clock.paused():
+                    saved = checkpoints.save(accelerator, state, epoch_rng) if checkpoints is not None else None
+                bar.close()
+                log.close()
+                raise Stopped(signals.requested or "a stop signal", state.global_step, saved)
             if last:
                 break
     clock.lap()

@@ -36,7 +36,7 @@ from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
-from simcse_kit.guards import RunLock
+from simcse_kit.guards import RunLock, StopSignals
 from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import check_model_folder, check_tokenizer
@@ -109,8 +109,17 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
     evaluator = ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision)
 
+    signals = held.enter_context(StopSignals())  # SIGTERM/SIGUSR1/SIGINT: checkpoint, then guards.Stopped
     state = fit(
-        model, step, loader, cfg.train, accelerator=accelerator, evaluator=evaluator, checkpoints=checkpoints, resume=resume
+        model,
+        step,
+        loader,
+        cfg.train,
+        accelerator=accelerator,
+        evaluator=evaluator,
+        checkpoints=checkpoints,
+        resume=resume,
+        signals=signals,
     )
 
     metrics = run_metrics(state, views_per_example(cfg.data.mode), objective.masked_negatives)
@@ -127,8 +136,13 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     metrics["memory"] = asdict(heap)
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
+    have_best = (out / BEST_MODEL).is_dir()
     if accelerator.is_main_process:
-        if final_sts is not None:
+        if not have_best:  # every evaluation non-finite or collapsed (warned at each)
+            logger.warning(
+                "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
+            )
+        if final_sts is not None and have_best:
             best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
             metrics["sts"] = final_sts(best.encode)
             accelerator.log(
@@ -144,9 +158,12 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
             f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
         )
         write_json_atomic(out / "metrics.json", metrics)
-        best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
-        logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
-        if final_sts is not None:
+        if have_best:  # the last line names only a folder that exists
+            best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
+            logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
+        else:
+            logger.info("run finished without a best model: see the warnings above; metrics at %s", out / "metrics.json")
+        if final_sts is not None and have_best:
             print(format_table(metrics["sts"]))
     stop_tracking(accelerator)
     return metrics

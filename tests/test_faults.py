@@ -117,3 +117,137 @@ def test_a_second_run_into_a_locked_run_folder_fails_at_once_naming_the_holder(
     assert cli_main(["train", str(recipe), "--final-eval", "false"]) == 0
     assert (out / "metrics.json").is_file()
     RunLock(out).acquire().release()
+
+
+# --------------------------------------------------------------------------- 3. divergence and collapse
+
+
+def test_divergence_stops_at_the_step_keeping_checkpoint_and_best_model(
+    tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from simcse_kit.trainer import latest_checkpoint
+
+    recipe = tiny_run.recipe("run", save_steps=1, eval_steps=1)
+    out = tiny_run.folder / "run"
+    line = fails(["train", str(recipe), "--learning-rate", "1e30"], capsys, "training diverged at step", "learning rate")
+    step = int(line.split("diverged at step ")[1].split(":")[0])
+    assert step >= 2 and "train.learning_rate = 1e+30" in line
+    assert not (out / "metrics.json").exists()
+    # The steps before the bad one are kept: their checkpoint and the best model (a finite dev score).
+    assert latest_checkpoint(out / "checkpoints").name == f"step-{step - 1}"
+    SimCSEModel.load(out / "best_model")
+
+
+def test_metrics_json_is_always_valid_json(tmp_path: Path) -> None:
+    from simcse_kit.fileio import write_json_atomic
+
+    path = tmp_path / "metrics.json"
+    write_json_atomic(path, {"best_stsb_dev": float("-inf"), "evals": [{"step": 1.0, "stsb_dev": float("nan")}], "ok": 1.5})
+
+    def no_constants(token: str) -> None:
+        raise AssertionError(f"{token} is not JSON")
+
+    data = json.loads(path.read_text(), parse_constant=no_constants)
+    assert data["best_stsb_dev"] is None and data["evals"][0]["stsb_dev"] is None and data["ok"] == 1.5
+    assert data["non_finite"]["written_as_null"] == ["best_stsb_dev = -inf", "evals[0].stsb_dev = nan"]
+
+
+def test_a_collapsed_model_is_warned_about_and_never_selected(caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+    from torch import nn
+
+    from simcse_kit.config import LoopConfig
+    from simcse_kit.trainer import fit
+
+    class Evaluator:
+        primary_metric = "dev"
+
+        def __init__(self) -> None:
+            # step 0: a healthy model; steps 1, 2: collapsed (uniformity 0, then a NaN score)
+            self.results = iter([(50.0, -2.5), (90.0, -1e-8), (float("nan"), -3.0)])
+
+        def __call__(self, model: nn.Module) -> dict[str, float]:
+            dev, uniformity = next(self.results)
+            return {"dev": dev, "alignment": 0.0, "uniformity": uniformity}
+
+    def step(model: nn.Module, batch: torch.Tensor, backward: object) -> torch.Tensor:
+        loss = model(batch).pow(2).mean()
+        backward(loss)
+        return loss.detach()
+
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.randn(4, 3), batch_size=2)
+    cfg = LoopConfig(learning_rate=1e-3, eval_steps=1, progress_bar=False)
+    with caplog.at_level("WARNING"):
+        state = fit(nn.Linear(3, 2), step, loader, cfg, evaluator=Evaluator())
+    assert (state.best_step, state.best_score) == (0, 50.0)  # not step 1's 90 from a collapsed space
+    collapsed = [r.getMessage() for r in caplog.records if "collapsed" in r.getMessage()]
+    assert len(collapsed) == 2 and "uniformity" in collapsed[0] and "nan" in collapsed[1]
+
+
+# --------------------------------------------------------------------------- 9. preemption and Ctrl-C
+
+
+def test_sigterm_and_ctrl_c_checkpoint_and_resume_equals_an_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from test_resume import ENV, run_metrics, train_cmd
+
+    from simcse_kit.errors import STOPPED_STATUS
+    from simcse_kit.trainer import latest_checkpoint
+
+    # --save-steps larger than the run (24 steps): only the stop writes a checkpoint.
+    ref_recipe, cut_recipe = tiny_run.recipe("ref", save_steps=100), tiny_run.recipe("cut", save_steps=100)
+    ref = subprocess.run(train_cmd(ref_recipe), env=ENV, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+
+    def stop_at(argv: list[str], sig: signal.Signals, evaluated_step: int, name: str) -> str:
+        """Run ``argv``, send ``sig`` once step ``evaluated_step``'s evaluation is logged."""
+        log_path = tmp_path / f"{name}.log"
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=log)
+            deadline = time.monotonic() + 240
+            while f"step {evaluated_step}: stsb_dev" not in log_path.read_text():
+                assert proc.poll() is None, log_path.read_text()[-2000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            proc.send_signal(sig)
+            assert proc.wait(timeout=120) == STOPPED_STATUS, log_path.read_text()[-2000:]
+        return log_path.read_text()
+
+    cut = tiny_run.folder / "cut"
+    err = stop_at(train_cmd(cut_recipe), signal.SIGTERM, 3, "term")
+    assert "Traceback" not in err and "stopped by SIGTERM after step" in err
+    assert f"resume with: simcse-kit train {cut_recipe} --resume" in err
+    first = latest_checkpoint(cut / "checkpoints")
+    assert first is not None and int(first.name.split("-")[1]) >= 3
+    assert not (cut / "metrics.json").exists()
+
+    # Ctrl-C on the resumed run: the same, without a traceback.
+    err = stop_at(train_cmd(cut_recipe, "--resume"), signal.SIGINT, 9, "int")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "stopped by SIGINT" in err
+    assert int(latest_checkpoint(cut / "checkpoints").name.split("-")[1]) >= 9
+
+    done = subprocess.run(train_cmd(cut_recipe, "--resume"), env=ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert run_metrics(cut) == run_metrics(tiny_run.folder / "ref")
+
+
+def test_a_second_ctrl_c_stops_at_once() -> None:
+    import os
+    import signal
+    import time
+
+    from simcse_kit.guards import StopSignals
+
+    before = signal.getsignal(signal.SIGINT)
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # Python runs the handler between bytecodes
+        assert signals.requested == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert signal.getsignal(signal.SIGINT) is before
