@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=config_keys_help(),
     )
     p.add_argument("config", help="recipe YAML file, or a built-in recipe's name (simcse-kit recipes)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run in --output-dir")
+    p.add_argument("--overwrite", action="store_true", help="start over in --output-dir (a run folder, with config.yaml, or an empty one)")
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
     p.add_argument("--seeds", default=None, help="e.g. 1,2,3: a run per seed in OUTPUT_DIR/seed-N; mean ± std in seeds.json")
     p.set_defaults(func=cmd_train, extra_ok=True)
@@ -336,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a verified sentence-transformers folder (with model card) from a run or model")
     p.add_argument("source", help="a simcse-kit run folder or model folder")
     p.add_argument("out_dir", type=Path, help="the export folder (appears only complete and verified)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at OUT_DIR (any other folder is refused)")
     p.add_argument(
         "--no-normalize", action="store_true", help="no Normalize module (default: kept from the base / added for cosine)"
     )

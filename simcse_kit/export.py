@@ -68,7 +68,7 @@ from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
 from simcse_kit.errors import ConfigError
-from simcse_kit.fileio import atomic_dir
+from simcse_kit.fileio import atomic_dir, folder_contents
 from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
@@ -688,6 +688,12 @@ def _check_target(source: ExportSource, out: Path, overwrite: bool) -> None:
         raise ConfigError(f"{out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out}: already exists; choose another folder or pass --overwrite")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
+        # --overwrite replaces a whole folder: only one we wrote (an earlier export) or an empty one.
+        raise ConfigError(
+            f"{out}: --overwrite replaces only an earlier export (with {EXPORT_INFO}) or an empty folder; "
+            f"this one holds {', '.join(folder_contents(out))}: choose another folder"
+        )
 
 
 def _add_onnx(folder: Path, quantize: str | None) -> dict[str, str]:
@@ -739,7 +745,8 @@ def export_model(
     Args:
         source_path: A run folder or a simcse-kit model folder.
         out_dir: Where the export goes. Appears only complete and verified.
-        overwrite: Replace an existing non-empty ``out_dir`` (atomically, after the checks).
+        overwrite: Replace an existing non-empty ``out_dir`` (atomically, after the checks)
+            if it is an earlier export (holds ``simcse_export.json``); any other folder is refused.
         normalize: End with ``Normalize``; None decides (:func:`decide_normalize`).
         onnx: Also write ``onnx/model.onnx`` and check it (cosine >= :data:`MIN_COSINE_ONNX`).
         quantize: ``"int8"``: also write a dynamic-int8 ONNX model (implies ``onnx``) and

@@ -169,6 +169,16 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         raise
 
 
+def folder_contents(path: str | Path, limit: int = 5, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Up to ``limit`` names in folder ``path`` (folders end in ``/``), sorted, ``ignore``
+    left out, then ``"... (N more)"``: what an error shows of a folder it refuses to replace."""
+    entries = sorted(p for p in Path(path).iterdir() if p.name not in ignore)
+    names = [f"{p.name}/" if p.is_dir() else p.name for p in entries[:limit]]
+    if len(entries) > limit:
+        names.append(f"... ({len(entries) - limit} more)")
+    return names
+
+
 def remove_dir(path: str | Path) -> None:
     """Delete a folder so that a kill midway never leaves it half-deleted under its
     name: it is first renamed to a hidden ``.NAME.deleting``."""

@@ -34,9 +34,9 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, STSEvaluator, format_table, plot_trajectory
 from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
-from simcse_kit.fileio import remove_dir, write_json_atomic
+from simcse_kit.fileio import folder_contents, remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
-from simcse_kit.guards import RunLock, StopSignals
+from simcse_kit.guards import LOCK_FILE, RunLock, StopSignals
 from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import check_model_folder, check_tokenizer
@@ -225,6 +225,12 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
         raise ConfigError(
             f"{out} holds an unfinished run ({latest_checkpoint(out / CHECKPOINTS)}); "
             "pass --resume to continue it or --overwrite to start over"
+        )
+    if overwrite and not (out / "config.yaml").is_file() and folder_contents(out, ignore=(LOCK_FILE,)):
+        # --overwrite starts over in a run folder; a folder that is not one (no config.yaml) is left alone.
+        raise ConfigError(
+            f"{out}: --overwrite replaces only a simcse-kit run folder (with config.yaml) or an empty one; "
+            f"this one holds {', '.join(folder_contents(out, ignore=(LOCK_FILE,)))}: choose another --output-dir"
         )
     if overwrite and (out / CHECKPOINTS).exists():
         remove_dir(out / CHECKPOINTS)  # a fresh run must never resume into the old one's state

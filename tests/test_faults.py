@@ -251,3 +251,29 @@ def test_a_second_ctrl_c_stops_at_once() -> None:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.5)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# --------------------------------------------------------------------------- 4. overwrite only what we wrote
+
+
+def test_overwrite_replaces_only_an_earlier_export_or_run(
+    tmp_path: Path, tiny_model_dir: Path, tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = simcse_folder(tmp_path / "model", tiny_model_dir)
+    target = tmp_path / "project"
+    (target / "data").mkdir(parents=True)
+    (target / "notes.txt").write_text("mine")
+    (target / "data" / "important.csv").write_text("a,b")
+    fails(["export", str(source), str(target), "--overwrite"], capsys, str(target), "notes.txt", "data/", "earlier export")
+    assert (target / "notes.txt").read_text() == "mine" and (target / "data" / "important.csv").is_file()
+    # An earlier export is replaced.
+    assert cli_main(["export", str(source), str(tmp_path / "st")]) == 0
+    assert cli_main(["export", str(source), str(tmp_path / "st"), "--overwrite"]) == 0
+
+    # train --overwrite: the same rule for a run folder.
+    recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=0)
+    out = tiny_run.folder / "run"
+    out.mkdir()
+    (out / "main.py").write_text("print('mine')")
+    fails(["train", str(recipe), "--overwrite"], capsys, str(out), "main.py", "run folder")
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == ["main.py"]
