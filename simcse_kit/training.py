@@ -39,7 +39,7 @@ from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.guards import LOCK_FILE, RunLock, StopSignals
 from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
-from simcse_kit.model_checks import check_model_folder, check_tokenizer
+from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
@@ -256,7 +256,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub id is "org/name"
     if looks_local and not Path(path).expanduser().is_dir():
         raise ConfigError(f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}: no such folder")
-    check_model_folder(path)  # a missing tokenizer or truncated weights, named before the run folder exists
+    check_weights(path)  # truncated weights or a corrupt JSON file, named before the run folder exists
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         hf_config = AutoConfig.from_pretrained(path)
@@ -264,8 +264,20 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         key = f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}"
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
+    check_tokenizer_files(path)  # without them transformers builds a 5-token placeholder vocabulary
     check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
     limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
+    # A max_length below the special tokens' count is not applied at all: the tokenizer
+    # logs an error and returns the whole sentence (--max-seq-len 1 trained on full
+    # sentences); exactly that count leaves no word. So: at least one word's room.
+    least = tokenizer.num_special_tokens_to_add() + 1
+    for key in ("max_seq_len", "eval_max_seq_len"):
+        value = getattr(cfg.model, key)
+        if value < least:
+            raise ConfigError(
+                f"config key 'model.{key}' = {value}: must be at least {least} "
+                f"(the tokenizer adds {least - 1} special tokens; below that it would not truncate at all)"
+            )
     for key in ("max_seq_len", "eval_max_seq_len"):
         value = getattr(cfg.model, key)
         if isinstance(limit, int) and value > limit:
