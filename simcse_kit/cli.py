@@ -272,7 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=config_keys_help(),
     )
     p.add_argument("config", help="recipe YAML file, or a built-in recipe's name (simcse-kit recipes)")
-    p.add_argument("--overwrite", action="store_true", help="start over in --output-dir (a run folder, with config.yaml, or an empty one)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="start over in --output-dir (a run folder, with config.yaml, or an empty one)"
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
     p.add_argument("--seeds", default=None, help="e.g. 1,2,3: a run per seed in OUTPUT_DIR/seed-N; mean ± std in seeds.json")
     p.set_defaults(func=cmd_train, extra_ok=True)

@@ -68,7 +68,7 @@ from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
 from simcse_kit.errors import ConfigError
-from simcse_kit.fileio import atomic_dir, folder_contents
+from simcse_kit.fileio import atomic_dir, check_writable, folder_contents
 from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
@@ -686,6 +686,7 @@ def _check_target(source: ExportSource, out: Path, overwrite: bool) -> None:
             raise ConfigError(f"{out}: the export must not replace, contain or sit inside its source {keep}")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a folder")
+    check_writable(out, "export folder")  # the export is built beside it, then renamed into place
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out}: already exists; choose another folder or pass --overwrite")
     if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():

@@ -14,6 +14,7 @@ so colleagues on a shared machine can read a run folder.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -24,9 +25,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from simcse_kit.errors import DataError, where
+from simcse_kit.errors import DataError, StorageError, where
 
 BOM = "\ufeff"
+# Write failures that are the disk's doing, not a bug: one line, no traceback.
+DISK_ERRORS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied (read-only for this user)",
+    errno.EPERM: "operation not permitted (read-only for this user)",
+}
+# torch's zip writer reports a full disk as "RuntimeError: [enforce fail at
+# inline_container.cc] unexpected pos N vs M": with less free space than this at the
+# path, such an error is read as the full disk it is.
+LOW_SPACE_BYTES = 16 * 2**20
 
 
 def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = False) -> list[tuple[int, str]]:
@@ -66,6 +79,52 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
     return [(number, line[:-1] if line.endswith("\r") else line) for number, line in enumerate(lines, start=1)]
 
 
+def nearest_existing(path: str | Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def storage_error(exc: BaseException, path: str | Path) -> StorageError | None:
+    """A one-line :class:`~simcse_kit.errors.StorageError` naming ``path`` when ``exc`` is a
+    write that failed for the disk's reasons (full, quota, read-only, permission), else None."""
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
+        return StorageError(f"{path}: {DISK_ERRORS[exc.errno]}; nothing half-written was left there")
+    if isinstance(exc, RuntimeError):
+        try:
+            free = shutil.disk_usage(nearest_existing(path)).free
+        except OSError:
+            return None
+        if free < LOW_SPACE_BYTES:
+            return StorageError(f"{path}: no space left on device ({free} bytes free); nothing half-written was left there")
+    return None
+
+
+def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
+    """Check that ``path`` (a file, or with ``folder`` a folder whose files are written
+    inside it) can be written, by creating and deleting a hidden file where it would go;
+    called before long work, so a read-only or full location fails first, not last.
+
+    Raises:
+        StorageError: read-only, no permission, or a full disk, naming ``what`` and ``path``.
+    """
+    path = Path(path)
+    probe_dir = nearest_existing(path if folder else path.parent)
+    if not probe_dir.is_dir():
+        raise StorageError(f"{what} {path}: {probe_dir} is not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".simcse-kit-write-check-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        reason = DISK_ERRORS.get(exc.errno or 0, exc.strerror or str(exc))
+        raise StorageError(f"{what} {path}: cannot write there: {reason}") from None
+
+
 def _umask() -> int:
     # os.umask can only be read by setting it; set it straight back.
     mask = os.umask(0o022)
@@ -80,15 +139,21 @@ def _ordinary_mode(path: str | Path, directory: bool) -> None:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temp file beside ``path``, then rename it into place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise storage_error(exc, path) or exc from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         _ordinary_mode(tmp, directory=False)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        error = storage_error(exc, path)
+        if error is not None:
+            raise error from None
         raise
 
 
@@ -153,8 +218,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path}: exists and is not a folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as exc:
+        raise storage_error(exc, path) or exc from None
     try:
         yield tmp
         for folder, _subdirs, files in os.walk(tmp):
@@ -164,8 +232,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
                 if not os.path.islink(full):
                     os.chmod(full, os.stat(full).st_mode | (0o666 & ~_umask()))
         replace_dir(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        error = storage_error(exc, path)
+        if error is not None:
+            raise error from None
         raise
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from simcse_kit.errors import STOPPED_STATUS, ConfigError, Stopped
+from simcse_kit.fileio import storage_error
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,11 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a read-only or full place: one line naming it
+            raise storage_error(exc, self.folder) or exc from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -44,7 +44,7 @@ from simcse_kit.config import AUTO, LoopConfig
 from simcse_kit.errors import ConfigError
 from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
 from simcse_kit.fastpath.internals import reset_accelerate_state
-from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir
+from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir, storage_error
 from simcse_kit.guards import StepGuard, Stopped, StopSignals, collapse_reason
 from simcse_kit.precision import PrecisionChoice, resolve_precision
 from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
@@ -178,7 +178,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
     per_epoch = max(1, batches_per_epoch // cfg.grad_accum)
     steps = per_epoch * cfg.num_epochs
-    return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps  # None or 0: no limit
 
 
 def is_log_step(cfg: LoopConfig, step: int) -> bool:
@@ -269,6 +269,19 @@ class Checkpoints:
             self.save_model(model, tmp, metrics)
 
     def save(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
+        """:meth:`write`; a write that fails for the disk's reasons (full, read-only)
+        removes the partial temp folder and raises a one-line StorageError naming it."""
+        try:
+            return self.write(accelerator, state, loader_rng)
+        except (OSError, RuntimeError) as exc:
+            partial = self.folder / f".step-{state.global_step}.tmp"
+            shutil.rmtree(partial, ignore_errors=True)  # it would keep the disk full for the next try
+            error = storage_error(exc, partial)
+            if error is None:
+                raise
+            raise error from None
+
+    def write(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
         """Write the full training state to ``folder/step-N`` atomically; keep the newest two.
 
         Model, optimizer, scheduler, scaler, registered objects and every process's RNG

@@ -277,3 +277,133 @@ def test_overwrite_replaces_only_an_earlier_export_or_run(
     (out / "main.py").write_text("print('mine')")
     fails(["train", str(recipe), "--overwrite"], capsys, str(out), "main.py", "run folder")
     assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == ["main.py"]
+
+
+# --------------------------------------------------------------------------- 5. every setting does what it says or is refused
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["--max-seq-len", "1"], ["model.max_seq_len", "at least 3", "would not truncate"]),
+        (["--eval-max-seq-len", "2"], ["model.eval_max_seq_len", "at least 3"]),
+        (["--max-grad-norm", "0"], ["train.max_grad_norm", "> 0, or null"]),
+        (["--temperature", "1e-6"], ["loss.temperature", "in [0.001, 10]", "underflows"]),
+        (["--temperature", "1e-45"], ["loss.temperature"]),
+        (["--eval-steps", "-1"], ["train.eval_steps", ">= 0 (0: evaluate only at the end)"]),
+        (["--save-steps", "-3"], ["train.save_steps", ">= 0"]),
+        (["--max-steps", "-1"], ["train.max_steps", ">= 0 or null"]),
+        (["--output-dir", ""], ["train.output_dir", "current one"]),
+        (["--learning-rate", "inf"], ["train.learning_rate", "finite"]),
+    ],
+)
+def test_settings_that_would_do_nothing_are_refused(
+    tiny_run: TinyRun, capsys: pytest.CaptureFixture[str], overrides: list[str], needles: list[str]
+) -> None:
+    recipe = tiny_run.recipe("run")
+    fails(["train", str(recipe), *overrides], capsys, *needles)
+    assert not (tiny_run.folder / "run").exists()
+
+
+def test_duplicate_yaml_keys_name_the_key_and_both_lines(tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]) -> None:
+    recipe = tiny_run.recipe("run")
+    text = recipe.read_text().replace("train:\n", "train:\n  seed: 1\n", 1)
+    recipe.write_text(text)
+    lines = text.splitlines()
+    first = lines.index("  seed: 1") + 1
+    second = next(i for i, ln in enumerate(lines, 1) if ln.strip() == "seed: 7")
+    fails(["train", str(recipe)], capsys, str(recipe), "'seed' is given twice", f"lines {first} and {second}")
+
+
+def test_max_steps_zero_means_no_limit(tiny_run: TinyRun) -> None:
+    from simcse_kit.trainer import total_steps
+
+    cfg = tiny_run.config("run")
+    assert total_steps(cfg.train.__class__(max_steps=0), 10) == total_steps(cfg.train.__class__(max_steps=None), 10) == 10
+    assert total_steps(cfg.train.__class__(max_steps=3), 10) == 3
+
+
+# --------------------------------------------------------------------------- 6. full disk and read-only places
+
+
+def fill_disk_during_save(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    """``accelerator.save_state`` writes part of a checkpoint, then the disk is full."""
+    from accelerate import Accelerator
+
+    def save_state(self: Accelerator, output_dir: str) -> None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "model.safetensors").write_bytes(b"\0" * 4096)  # the part that fit
+        raise error
+
+    monkeypatch.setattr(Accelerator, "save_state", save_state)
+
+
+@pytest.mark.parametrize("how", ["ENOSPC", "torch zip writer"])
+def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(
+    tiny_run: TinyRun, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    import shutil as shutil_module
+
+    if how == "ENOSPC":
+        fill_disk_during_save(monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
+    else:  # what torch.save says when the disk fills mid-write
+        torch_says = "[enforce fail at inline_container.cc:672] . unexpected pos 23744 vs 23636"
+        fill_disk_during_save(monkeypatch, RuntimeError(torch_says))
+        usage = shutil_module.disk_usage(tiny_run.folder)
+        monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage._replace(free=1024))
+    recipe = tiny_run.recipe("run", eval_steps=0)
+    checkpoints = tiny_run.folder / "run" / "checkpoints"
+    fails(["train", str(recipe)], capsys, str(checkpoints / ".step-2.tmp"), "no space left on device", rc=1)
+    assert sorted(p.name for p in checkpoints.iterdir()) == []  # no partial .step-2.tmp keeps the disk full
+
+
+def test_read_only_outputs_fail_before_the_long_work(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from simcse_kit.evaluation import api
+
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(*args: object, dir: str | Path | None = None, **kwargs: object) -> tuple[int, str]:  # noqa: A002
+        if dir is not None and Path(dir) == read_only:
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+
+    def no_evaluation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the evaluation ran before the output path was checked")
+
+    monkeypatch.setattr(api, "load_encoder", no_evaluation)
+    senteval = write_tiny_senteval(tmp_path / "senteval", pairs=4)
+    model = simcse_folder(tmp_path / "model", tiny_model_dir)
+    out = read_only / "results.json"
+    fails(["evaluate", str(model), "--data-dir", str(senteval), "--json", str(out)], capsys, f"--json {out}", "read-only", rc=1)
+    fails(
+        ["evaluate", str(model), "--data-dir", str(senteval), "--mteb-results", str(read_only / "mteb")],
+        capsys,
+        "--mteb-results",
+        "read-only",
+        rc=1,
+    )
+    fails(["export", str(model), str(read_only / "st")], capsys, f"export folder {read_only / 'st'}", "read-only", rc=1)
+
+
+# --------------------------------------------------------------------------- 8. mine
+
+
+def test_mine_refuses_a_nan_margin_and_an_empty_output(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("sent0,sent1\n" + "a man plays,a man plays\n" * 6)
+    out = tmp_path / "mined.csv"
+    base = ["mine", str(pairs), str(out), "--model", str(tiny_model_dir), "--pooler", "cls"]
+    fails([*base, "--margin", "nan"], capsys, "--margin nan", "finite")
+    # Identical rows: every candidate is the row's own sentence, so no row gets a negative.
+    fails(base, capsys, str(pairs), "no row got a hard negative", "6 row(s), 1 distinct", "nothing written")
+    assert not out.exists()
