@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -46,6 +47,7 @@ from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
 from simcse_kit.fastpath.internals import reset_accelerate_state
 from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir, storage_error
 from simcse_kit.guards import StepGuard, Stopped, StopSignals, collapse_reason
+from simcse_kit.model_checks import check_weights
 from simcse_kit.precision import PrecisionChoice, resolve_precision
 from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
 
@@ -218,6 +220,29 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     return max(done, key=lambda p: checkpoint_step(p) or 0, default=None)
 
 
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """What is wrong with a complete-looking checkpoint folder (a truncated or corrupt
+    file: a disk that filled, a copy cut short), or None. Cheap: headers and zip
+    directories are read, no tensor."""
+    try:
+        json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{ckpt / LOOP_STATE}: {exc}"
+    for path in sorted(ckpt.iterdir()):
+        # torch.save writes zip archives, whose directory sits at the end: a cut file has none.
+        if path.suffix in (".bin", ".pt", ".pkl") and path.is_file():
+            try:
+                zipfile.ZipFile(path).close()
+            except (OSError, zipfile.BadZipFile) as exc:
+                return f"{path}: {exc}"
+    for folder in (ckpt, ckpt / BEST_SNAPSHOT):
+        try:
+            check_weights(folder)
+        except ConfigError as exc:
+            return str(exc)
+    return None
+
+
 def link_tree(src: Path, dst: Path) -> None:
     """Copy folder ``src`` to ``dst`` as hard links (a copy where linking fails).
 
@@ -260,6 +285,36 @@ class Checkpoints:
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.folder)
+
+    def intact(self) -> Path | None:
+        """The newest checkpoint that passes :func:`checkpoint_problem`, saying which newer
+        ones were skipped and why; None if there is none at all.
+
+        Raises:
+            ConfigError: there are checkpoints, but none intact.
+        """
+        done = (
+            sorted(
+                (p for p in self.folder.iterdir() if checkpoint_step(p) is not None and (p / LOOP_STATE).is_file()),
+                key=lambda p: checkpoint_step(p) or 0,
+                reverse=True,
+            )
+            if self.folder.is_dir()
+            else []
+        )
+        problems = []
+        for ckpt in done:
+            problem = checkpoint_problem(ckpt)
+            if problem is None:
+                if problems:
+                    logger.warning("resuming from %s, the newest intact checkpoint, instead: %s", ckpt, "; ".join(problems))
+                return ckpt
+            problems.append(f"{ckpt.name} is damaged ({problem})")
+        if problems:
+            raise ConfigError(
+                f"--resume: no intact checkpoint in {self.folder}: {'; '.join(problems)}; start over with --overwrite"
+            )
+        return None
 
     def save_best(self, model: nn.Module, metrics: dict[str, float]) -> None:
         """Replace ``best_dir`` whole with ``model`` (main process only)."""
@@ -320,7 +375,10 @@ class Checkpoints:
     def restore(self, accelerator: Accelerator, state: LoopState, generator: torch.Generator | None) -> Path | None:
         """Load the newest checkpoint into the prepared objects, ``state`` and the shuffling
         ``generator``, and put ``best_dir`` back to its snapshot; None if there is none."""
-        ckpt = self.latest()
+        if accelerator.is_main_process and self.folder.is_dir():
+            for stale in self.folder.glob(".step-*"):  # a failed save's leftovers (they may fill the disk)
+                shutil.rmtree(stale, ignore_errors=True)
+        ckpt = self.intact()
         if ckpt is None:
             logger.info("no checkpoint in %s: starting from the beginning", self.folder)
             return None

@@ -407,3 +407,36 @@ def test_mine_refuses_a_nan_margin_and_an_empty_output(
     # Identical rows: every candidate is the row's own sentence, so no row gets a negative.
     fails(base, capsys, str(pairs), "no row got a hard negative", "6 row(s), 1 distinct", "nothing written")
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- 7. corrupt checkpoints and base models
+
+
+def test_resume_skips_a_truncated_newest_checkpoint_and_a_corrupt_base_fails_first(
+    tmp_path: Path, tiny_model_dir: Path, tiny_run: TinyRun, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=4, save_steps=2)  # 8 steps; checkpoints 4 and 6 kept
+    out = tiny_run.folder / "run"
+    assert cli_main(["train", str(recipe), "--final-eval", "false"]) == 0
+    checkpoints = out / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-4", "step-6"]
+    (out / "metrics.json").unlink()  # as if killed after step 6
+    truncate(checkpoints / "step-6" / "model.safetensors")
+    (checkpoints / ".step-8.tmp").mkdir()  # a failed save's leftover
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert cli_main(["train", str(recipe), "--final-eval", "false", "--resume"]) == 0
+    logs = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"resuming from {checkpoints / 'step-4'}, the newest intact checkpoint, instead: step-6 is damaged" in logs
+    assert str(checkpoints / "step-6" / "model.safetensors") in logs
+    assert f"resumed from {checkpoints / 'step-4'} (step 4" in logs
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 8
+    assert not (checkpoints / ".step-8.tmp").exists()
+
+    # A corrupt base model: one line naming the file, before the run folder exists.
+    base = tmp_path / "corrupt-base"
+    shutil.copytree(tiny_model_dir, base)
+    truncate(base / "model.safetensors")
+    recipe = tiny_run.recipe("fresh")
+    fails(["train", str(recipe), "--name-or-path", str(base)], capsys, str(base / "model.safetensors"), "truncated")
+    assert not (tiny_run.folder / "fresh").exists()
