@@ -56,11 +56,13 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
             is an error naming its line.
 
     Raises:
-        DataError: missing file, a folder where a file was expected, or invalid UTF-8.
+        DataError: missing file, a folder or a pipe where a file was expected, or invalid UTF-8.
     """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{where(path)}: is a folder; expected a {what}")
+    if path.exists() and not path.is_file():  # a FIFO, <(...) or a device: it exists, it is not "not found"
+        raise DataError(f"{where(path)}: not a regular file (a pipe, <(...) or a device); save it to a file and pass that")
     if not path.is_file():
         raise DataError(f"{where(path)}: {what} not found")
     data = path.read_bytes()

@@ -440,3 +440,24 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_a_corrupt_base_fails_fir
     recipe = tiny_run.recipe("fresh")
     fails(["train", str(recipe), "--name-or-path", str(base)], capsys, str(base / "model.safetensors"), "truncated")
     assert not (tiny_run.folder / "fresh").exists()
+
+
+# --------------------------------------------------------------------------- 10. misleading messages
+
+
+def test_a_pipe_as_training_file_and_an_offline_hub_id_say_so(
+    tmp_path: Path, tiny_run: TinyRun, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    fifo = tmp_path / "stream"
+    os.mkfifo(fifo)  # as <(zcat corpus.gz) would be: it exists, it is no regular file
+    recipe = tiny_run.recipe("run")
+    fails(["train", str(recipe), "--train-file", str(fifo)], capsys, str(fifo), "not a regular file")
+    assert not (tiny_run.folder / "run").exists()
+
+    # A hub id while offline: that it cannot be looked up, not "pass --pooler".
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    senteval = write_tiny_senteval(tmp_path / "senteval", pairs=4)
+    line = fails(["evaluate", "nobody/no-such-model", "--data-dir", str(senteval)], capsys, "nobody/no-such-model", "offline")
+    assert "--pooler" not in line
