@@ -103,20 +103,29 @@ def test_export_checks_token_ids_against_an_independent_tokenizer_load(tiny_mode
 def test_a_second_run_into_a_locked_run_folder_fails_at_once_naming_the_holder(
     tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import os
+    import subprocess
+    import time
 
-    from simcse_kit.guards import RunLock
+    from test_resume import ENV, train_cmd
 
-    recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=0, save_steps=0)
+    recipe = tiny_run.recipe("run", save_steps=100)
     out = tiny_run.folder / "run"
-    with RunLock(out):  # run A, as another process would hold it (flock locks per open file)
-        line = fails(["train", str(recipe), "--final-eval", "false"], capsys, str(out), "another run is writing")
-        assert f"pid {os.getpid()} on " in line and "started" in line
-        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # run B changed nothing
-    # Released with run A: the same command now trains, and releases the lock on its way out.
-    assert cli_main(["train", str(recipe), "--final-eval", "false"]) == 0
-    assert (out / "metrics.json").is_file()
-    RunLock(out).acquire().release()
+    log_path = tiny_run.folder / "a.log"
+    with log_path.open("w") as log:  # run A, in its own process
+        proc = subprocess.Popen(train_cmd(recipe), env=ENV, stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 120
+        while not (out / "config.yaml").exists():  # A holds the folder from before it writes anything
+            assert proc.poll() is None, log_path.read_text()[-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # Run B, a second later, with another seed: it must fail at once and change nothing.
+        line = fails(["train", str(recipe), "--seed", "8"], capsys, str(out), "another run is writing")
+        assert proc.poll() is None, "run A ended before run B was refused: the test proved nothing"
+        assert f"pid {proc.pid} on " in line and "started" in line
+        assert proc.wait(timeout=300) == 0, log_path.read_text()[-2000:]
+    # Everything in the folder is run A's; the lock went with it.
+    assert "seed: 7" in (out / "config.yaml").read_text()
+    assert cli_main(["train", str(recipe), "--overwrite", "--max-steps", "1", "--final-eval", "false"]) == 0
 
 
 # --------------------------------------------------------------------------- 3. divergence and collapse
@@ -195,9 +204,9 @@ def test_sigterm_and_ctrl_c_checkpoint_and_resume_equals_an_uninterrupted_run(tm
 
     from test_resume import ENV, run_metrics, train_cmd
 
-    from simcse_kit.errors import STOPPED_STATUS
     from simcse_kit.trainer import latest_checkpoint
 
+    STOPPED_STATUS = 75  # the documented status of a run stopped with a checkpoint (docs/bad_inputs.md)
     # --save-steps larger than the run (24 steps): only the stop writes a checkpoint.
     ref_recipe, cut_recipe = tiny_run.recipe("ref", save_steps=100), tiny_run.recipe("cut", save_steps=100)
     ref = subprocess.run(train_cmd(ref_recipe), env=ENV, capture_output=True, text=True, timeout=300)
