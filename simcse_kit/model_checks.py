@@ -131,12 +131,6 @@ def load_checked_tokenizer(path: str | Path, vocab_size: int | None = None) -> A
     return tokenizer
 
 
-def check_model_folder(path: str | Path) -> None:
-    """:func:`check_weights` and :func:`check_tokenizer_files` on a local model folder."""
-    check_weights(path)
-    check_tokenizer_files(path)
-
-
 def tokenization_problem(reference: Any, other: Any, sentences: list[str], max_length: int) -> str | None:
     """Why two tokenizers (the source's and an independent load of an exported copy) would
     not feed a model the same ids, or why ``reference`` looks like a placeholder (every token ``[UNK]``); None if fine.

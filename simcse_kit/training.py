@@ -109,18 +109,20 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
     evaluator = ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision)
 
-    signals = held.enter_context(StopSignals())  # SIGTERM/SIGUSR1/SIGINT: checkpoint, then guards.Stopped
-    state = fit(
-        model,
-        step,
-        loader,
-        cfg.train,
-        accelerator=accelerator,
-        evaluator=evaluator,
-        checkpoints=checkpoints,
-        resume=resume,
-        signals=signals,
-    )
+    # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
+    # handlers are back for the final evaluation: there is nothing left to checkpoint.
+    with StopSignals() as signals:
+        state = fit(
+            model,
+            step,
+            loader,
+            cfg.train,
+            accelerator=accelerator,
+            evaluator=evaluator,
+            checkpoints=checkpoints,
+            resume=resume,
+            signals=signals,
+        )
 
     metrics = run_metrics(state, views_per_example(cfg.data.mode), objective.masked_negatives)
     metrics["precision"] = (

@@ -470,3 +470,22 @@ def test_a_pipe_as_training_file_and_an_offline_hub_id_say_so(
     senteval = write_tiny_senteval(tmp_path / "senteval", pairs=4)
     line = fails(["evaluate", "nobody/no-such-model", "--data-dir", str(senteval)], capsys, "nobody/no-such-model", "offline")
     assert "--pooler" not in line
+
+
+def test_a_run_without_a_usable_evaluation_names_no_missing_folder(
+    tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import simcse_kit.trainer
+
+    # Every evaluation collapsed: no best model is ever saved.
+    monkeypatch.setattr(simcse_kit.trainer, "collapse_reason", lambda metrics, primary: "uniformity 0")
+    recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=4, save_steps=0)
+    out = tiny_run.folder / "run"
+    with caplog.at_level("INFO"):
+        assert cli_main(["train", str(recipe)]) == 0  # final_eval on: skipped, not a crash at the end
+    assert not (out / "best_model").exists()
+    last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.training"][-1]
+    assert "best_model" not in last and "without a best model" in last
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["best_stsb_dev"] is None and "best_stsb_dev = -inf" in metrics["non_finite"]["written_as_null"]
+    assert "sts" not in metrics
