@@ -42,9 +42,9 @@ LOCK_FILE = ".lock"
 __all__ = ["STOPPED_STATUS", "Diverged", "RunLock", "StepGuard", "StopSignals", "Stopped", "collapse_reason"]
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # Uniformity of normalised embeddings lies in [-4, 0]; 0 is every sentence at one point.
-# Trained sentence encoders sit near -2..-3, a tiny random test BERT near -4e-5 (its
-# vectors are close, but still rank sentences); identical vectors up to fp32 rounding
-# (a collapsed model: loss log(N), every cosine 1) give about -1e-7. Above this: collapsed.
+# Trained sentence encoders sit near -2..-3, the tests' tiny random BERT at -4e-5 (its
+# vectors are close, but still rank sentences); a collapsed model (loss log(N), every
+# cosine 1) gives 0 up to fp32 rounding. Above this threshold: collapsed.
 COLLAPSED_UNIFORMITY = -1e-6
 
 
