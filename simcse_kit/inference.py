@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from huggingface_hub import is_offline_mode
+from huggingface_hub import constants as hub_constants
 from torch import nn
 
 from simcse_kit.architectures import load_pretrained_encoder
@@ -139,7 +139,7 @@ def load_encoder(
     looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") > 1  # a hub id is "org/name"
     if looks_local and not resolved.is_dir():
         raise ConfigError(f"{path}: no such model folder")
-    if not resolved.is_dir() and is_offline_mode():  # the real problem comes first, not "pass --pooler"
+    if not resolved.is_dir() and hub_constants.HF_HUB_OFFLINE:  # the real problem comes first, not "pass --pooler"
         raise ConfigError(f"{path}: no such local folder, and the hub is offline (HF_HUB_OFFLINE=1): cannot look it up there")
     if pooler is None:
         raise ConfigError(f"{path}: a plain transformers model records no pooler; pass --pooler (one of {POOLERS})")
