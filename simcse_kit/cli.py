@@ -1,7 +1,10 @@
 """The ``simcse-kit`` console script: one entry point, one subcommand per job.
 
 Errors the user can fix (bad data, bad config, missing model) print one line and
-exit with status 2; anything else is a bug and keeps its traceback.
+exit with status 2; a full disk or a read-only place prints one line and exits 1; a run
+stopped by SIGTERM, SIGUSR1 or Ctrl-C writes a checkpoint, prints the ``--resume``
+command and exits 75 (:data:`simcse_kit.errors.STOPPED_STATUS`); a second Ctrl-C exits
+130 at once. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,11 +12,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.errors import STOPPED_STATUS, ConfigError, DataError, Stopped, StorageError
 from simcse_kit.recipes import find_recipe, senteval_dir
 
 logger = logging.getLogger("simcse_kit")
@@ -38,6 +42,15 @@ def parse_overrides(tokens: Sequence[str]) -> dict[str, str]:
         out[key] = value
         i += 1
     return out
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line that continues a stopped run: the same arguments, ``--resume``
+    in place of ``--overwrite`` (a stopped run must not be started over)."""
+    words = [w for w in argv if w != "--overwrite"]
+    if "--resume" not in words:
+        words.append("--resume")
+    return shlex.join(["simcse-kit", *words])
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
@@ -269,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=config_keys_help(),
     )
     p.add_argument("config", help="recipe YAML file, or a built-in recipe's name (simcse-kit recipes)")
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run in --output-dir")
+    p.add_argument(
+        "--overwrite", action="store_true", help="start over in --output-dir (a run folder, with config.yaml, or an empty one)"
+    )
     p.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its newest checkpoint")
     p.add_argument("--seeds", default=None, help="e.g. 1,2,3: a run per seed in OUTPUT_DIR/seed-N; mean ± std in seeds.json")
     p.set_defaults(func=cmd_train, extra_ok=True)
@@ -335,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a verified sentence-transformers folder (with model card) from a run or model")
     p.add_argument("source", help="a simcse-kit run folder or model folder")
     p.add_argument("out_dir", type=Path, help="the export folder (appears only complete and verified)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at OUT_DIR (any other folder is refused)")
     p.add_argument(
         "--no-normalize", action="store_true", help="no Normalize module (default: kept from the base / added for cosine)"
     )
@@ -415,6 +430,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"simcse-kit {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except StorageError as exc:  # a full disk or a read-only place: the environment, not a bug
+        print(f"simcse-kit {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except Stopped as exc:  # SIGTERM / SIGUSR1 / Ctrl-C: a checkpoint is written
+        print(f"simcse-kit {args.command}: {exc}", file=sys.stderr)
+        if exc.checkpoint is not None:
+            print(
+                f"simcse-kit {args.command}: resume with: {resume_command(sys.argv[1:] if argv is None else argv)}",
+                file=sys.stderr,
+            )
+        return STOPPED_STATUS
+    except KeyboardInterrupt:  # a second Ctrl-C (or one outside training): no traceback, no checkpoint
+        print(f"simcse-kit {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

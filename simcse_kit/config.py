@@ -9,6 +9,7 @@ command line any key may be given by its leaf name (``--pooler avg``) or dotted
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import re
 import types
@@ -33,6 +34,13 @@ AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.precision)
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
 OPTIONAL_DATA_PATHS = ("mix_file", "dev_file")  # data keys that are paths when set, resolved as train_file
 HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
+# The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
+# the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
+# and a negative is a logit gap over 100, past where fp32's exp underflows (exp(-104) = 0), so
+# the softmax is one-hot, the loss exactly 0 and no gradient flows (tau 1e-6: loss 0.0 from
+# step 1). Above 10 every logit lies within 0.2 of the others and the loss is log(N), flat.
+TEMPERATURE_RANGE = (1e-3, 10.0)
+TEMPERATURE_WHY = "lower, fp32's exp underflows: loss 0 and no gradient; higher, all logits are alike: a flat loss"
 
 
 @dataclass
@@ -110,9 +118,9 @@ class LoopConfig:
     weight_decay: float = 0.0  # AdamW weight decay (never on biases and norms)
     warmup_ratio: float = 0.0  # share of the steps with a linear warm-up
     num_epochs: int = 1  # passes over the training data
-    max_steps: int | None = None  # stop after N optimiser steps (None: all epochs)
+    max_steps: int | None = None  # stop after N optimiser steps (None or 0: all epochs)
     grad_accum: int = 1  # micro-batches per optimiser step (negatives stay per micro-batch)
-    max_grad_norm: float | None = None  # clip the gradient norm (None: no clipping)
+    max_grad_norm: float | None = None  # clip the gradient norm to this (> 0; None: no clipping)
     mixed_precision: str = "no"  # one of PRECISIONS (the text run defaults to "auto")
     # With mixed_precision bf16: bf16 weights, activations and gradients with fp32 master
     # weights in AdamW, instead of autocast (simcse_kit.fastpath.bf16). Ignored at other
@@ -173,21 +181,37 @@ class RunConfig:
 
     def validate(self) -> RunConfig:
         """Check enumerations and ranges; raise ConfigError naming the key."""
+        low, high = TEMPERATURE_RANGE
         checks: list[tuple[str, bool, str]] = [
             ("model.pooler", self.model.pooler in POOLERS, f"one of {POOLERS}"),
             ("model.mlp", self.model.mlp in MLP_MODES, f"one of {MLP_MODES}"),
             ("model.max_seq_len", self.model.max_seq_len > 0, "> 0"),
             ("data.mode", self.data.mode in MODES, f"one of {MODES}"),
-            ("loss.temperature", self.loss.temperature > 0, "> 0"),
+            ("loss.temperature", low <= self.loss.temperature <= high, f"in [{low:g}, {high:g}] ({TEMPERATURE_WHY})"),
             ("loss.hard_negative_weight", self.loss.hard_negative_weight > 0, "> 0"),
             ("loss.unsup_loss", self.loss.unsup_loss in ("views", "paper"), "'views' or 'paper'"),
             ("train.batch_size", self.train.batch_size >= 2, ">= 2 (in-batch negatives need a second example)"),
-            ("train.learning_rate", self.train.learning_rate > 0, "> 0"),
+            ("train.learning_rate", 0 < self.train.learning_rate < math.inf, "> 0 and finite"),
             ("train.grad_accum", self.train.grad_accum >= 1, ">= 1"),
             ("train.num_epochs", self.train.num_epochs >= 1, ">= 1"),
             ("train.mixed_precision", self.train.mixed_precision in PRECISIONS, f"one of {PRECISIONS}"),
             ("train.warmup_ratio", 0 <= self.train.warmup_ratio < 1, "in [0, 1)"),
+            ("train.eval_steps", self.train.eval_steps >= 0, ">= 0 (0: evaluate only at the end)"),
+            ("train.save_steps", self.train.save_steps >= 0, ">= 0 (0: no periodic checkpoints)"),
+            ("train.log_steps", self.train.log_steps >= 1, ">= 1"),
+            (
+                "train.output_dir",
+                self.train.output_dir.strip() != "",
+                "a folder ('' would write into the current one)",
+            ),
+            ("model.name_or_path", self.model.name_or_path.strip() != "", "a model folder, hub id or the default's name"),
         ]
+        if self.train.max_steps is not None:
+            checks.append(("train.max_steps", self.train.max_steps >= 0, ">= 0 or null (0 or null: all epochs)"))
+        if self.train.max_grad_norm is not None:
+            # 0 would clip every update to nothing: the model would silently never change.
+            ok = math.isfinite(self.train.max_grad_norm) and self.train.max_grad_norm > 0
+            checks.append(("train.max_grad_norm", ok, "> 0, or null for no clipping"))
         if self.model.dropout is not None:
             checks.append(("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"))
         checks.append(
@@ -345,6 +369,28 @@ def _set(cfg: RunConfig, dotted: str, value: Any, source: str) -> None:
     setattr(getattr(cfg, section), name, _coerce(value, _annotation(section, name), dotted, source))
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping key given twice (:class:`UniqueKeyLoader`)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error naming the key
+    and both lines (PyYAML keeps the last silently: a recipe's earlier setting vanishes)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(f"key {key!r} is given twice, on lines {seen[key]} and {line}; keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Build a RunConfig from a YAML file plus overrides (leaf or dotted keys).
 
@@ -357,9 +403,11 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
-            raw = yaml.safe_load(text) or {}
+            raw = yaml.load(text, Loader=UniqueKeyLoader) or {}
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
+        except DuplicateKeyError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             hint = f' (quote values that start with {DATA_ROOT}: "{DATA_ROOT}/...")' if DATA_ROOT in text else ""
             raise ConfigError(f"{path}: not valid YAML: {exc}{hint}") from None
@@ -400,6 +448,9 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
 
     base = recipe_keys.get
     keys = data.path_keys()
+    for key in keys:
+        if not getattr(data, key).strip():  # "" would resolve to the current folder
+            raise ConfigError(f"config key 'data.{key}' = '': an empty path; give a file or folder")
     if any(DATA_ROOT in getattr(data, key) for key in keys):
         # --data-root (a command-line override) > SIMCSE_KIT_DATA > the recipe's > the default.
         if data.data_root is not None and "data.data_root" not in recipe_keys:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class DataError(ValueError):
     """Bad input data; the message names the file, the line (1-based) and the problem."""
@@ -9,6 +11,26 @@ class DataError(ValueError):
 
 class ConfigError(ValueError):
     """Bad configuration; the message names the file or key and the problem."""
+
+
+class StorageError(OSError):
+    """A write failed for lack of space or permission; the message names the path and
+    says "no space left on device" or "read-only" (not a bug: no traceback)."""
+
+
+# The exit status of a run stopped by a signal after writing its checkpoint: EX_TEMPFAIL
+# from sysexits.h ("a temporary failure; the user is invited to retry"), distinct from
+# 0 (done), 1 (a bug), 2 (bad input) and 128 + N (killed by signal N).
+STOPPED_STATUS = 75
+
+
+class Stopped(Exception):
+    """A stop signal ended the run after a complete checkpoint at ``step``."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path | None) -> None:
+        self.signal_name, self.step, self.checkpoint = signal_name, step, checkpoint
+        where = f"checkpoint at {checkpoint}" if checkpoint is not None else "no checkpoint (nowhere to save one)"
+        super().__init__(f"stopped by {signal_name} after step {step}; {where}")
 
 
 def where(path: object, line: int | None = None) -> str:

@@ -69,8 +69,9 @@ from transformers import AutoTokenizer
 
 from simcse_kit.devices import resolve_device
 from simcse_kit.errors import ConfigError
-from simcse_kit.fileio import atomic_dir
+from simcse_kit.fileio import atomic_dir, check_writable, folder_contents
 from simcse_kit.inference import Encoder
+from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -686,8 +687,15 @@ def _check_target(source: ExportSource, out: Path, overwrite: bool) -> None:
             raise ConfigError(f"{out}: the export must not replace, contain or sit inside its source {keep}")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a folder")
+    check_writable(out, "export folder")  # the export is built beside it, then renamed into place
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out}: already exists; choose another folder or pass --overwrite")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
+        # --overwrite replaces a whole folder: only one we wrote (an earlier export) or an empty one.
+        raise ConfigError(
+            f"{out}: --overwrite replaces only an earlier export (with {EXPORT_INFO}) or an empty folder; "
+            f"this one holds {', '.join(folder_contents(out))}: choose another folder"
+        )
 
 
 def _add_onnx(folder: Path, quantize: str | None) -> dict[str, str]:
@@ -740,7 +748,8 @@ def export_model(
     Args:
         source_path: A run folder or a simcse-kit model folder.
         out_dir: Where the export goes. Appears only complete and verified.
-        overwrite: Replace an existing non-empty ``out_dir`` (atomically, after the checks).
+        overwrite: Replace an existing non-empty ``out_dir`` (atomically, after the checks)
+            if it is an earlier export (holds ``simcse_export.json``); any other folder is refused.
         normalize: End with ``Normalize``; None decides (:func:`decide_normalize`).
         onnx: Also write ``onnx/model.onnx`` and check it (cosine >= :data:`MIN_COSINE_ONNX`).
         quantize: ``"int8"``: also write a dynamic-int8 ONNX model (implies ``onnx``) and
@@ -787,7 +796,7 @@ def export_model(
     use_norm, why = decide_normalize(source, normalize)
     where = resolve_device(device)
     model = SimCSEModel.load(source.model_dir).float().eval()
-    tokenizer = AutoTokenizer.from_pretrained(source.model_dir)
+    tokenizer = load_checked_tokenizer(source.model_dir, model.encoder.config.vocab_size)
     ours = Encoder(model, tokenizer, model.max_seq_len, where)
     reference = ours.encode(list(probes))
     if use_norm:
@@ -800,6 +809,11 @@ def export_model(
         write_folder(model, AutoTokenizer.from_pretrained(source.model_dir), modules, tmp)
         # Reload from disk: this checks the files users get, not an object we built.
         reloaded = load_backend(tmp, device=str(where))
+        # Parity below encodes both sides with copies of one tokenizer: compare the ids of an
+        # independent load of the exported one with the source's, and their [UNK] share.
+        problem = tokenization_problem(tokenizer, AutoTokenizer.from_pretrained(tmp), list(probes), model.max_seq_len)
+        if problem:
+            raise ExportError(f"{problem}; nothing written to {out}")
         if reloaded.max_seq_length != model.max_seq_len:
             raise ExportError(f"exported max_seq_length {reloaded.max_seq_length} != model's {model.max_seq_len}")
         encode = st_encode(reloaded)

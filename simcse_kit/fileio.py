@@ -14,7 +14,9 @@ so colleagues on a shared machine can read a run folder.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -23,9 +25,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from simcse_kit.errors import DataError, where
+from simcse_kit.errors import DataError, StorageError, where
 
 BOM = "\ufeff"
+# Write failures that are the disk's doing, not a bug: one line, no traceback.
+DISK_ERRORS = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied (read-only for this user)",
+    errno.EPERM: "operation not permitted (read-only for this user)",
+}
+# torch's zip writer reports a full disk as "RuntimeError: [enforce fail at
+# inline_container.cc] unexpected pos N vs M": with less free space than this at the
+# path, such an error is read as the full disk it is.
+LOW_SPACE_BYTES = 16 * 2**20
 
 
 def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = False) -> list[tuple[int, str]]:
@@ -42,11 +56,13 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
             is an error naming its line.
 
     Raises:
-        DataError: missing file, a folder where a file was expected, or invalid UTF-8.
+        DataError: missing file, a folder or a pipe where a file was expected, or invalid UTF-8.
     """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{where(path)}: is a folder; expected a {what}")
+    if path.exists() and not path.is_file():  # a FIFO, <(...) or a device: it exists, it is not "not found"
+        raise DataError(f"{where(path)}: not a regular file (a pipe, <(...) or a device); save it to a file and pass that")
     if not path.is_file():
         raise DataError(f"{where(path)}: {what} not found")
     data = path.read_bytes()
@@ -65,6 +81,52 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
     return [(number, line[:-1] if line.endswith("\r") else line) for number, line in enumerate(lines, start=1)]
 
 
+def nearest_existing(path: str | Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def storage_error(exc: BaseException, path: str | Path) -> StorageError | None:
+    """A one-line :class:`~simcse_kit.errors.StorageError` naming ``path`` when ``exc`` is a
+    write that failed for the disk's reasons (full, quota, read-only, permission), else None."""
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
+        return StorageError(f"{path}: {DISK_ERRORS[exc.errno]}; nothing half-written was left there")
+    if isinstance(exc, RuntimeError):
+        try:
+            free = shutil.disk_usage(nearest_existing(path)).free
+        except OSError:
+            return None
+        if free < LOW_SPACE_BYTES:
+            return StorageError(f"{path}: no space left on device ({free} bytes free); nothing half-written was left there")
+    return None
+
+
+def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
+    """Check that ``path`` (a file, or with ``folder`` a folder whose files are written
+    inside it) can be written, by creating and deleting a hidden file where it would go;
+    called before long work, so a read-only or full location fails first, not last.
+
+    Raises:
+        StorageError: read-only, no permission, or a full disk, naming ``what`` and ``path``.
+    """
+    path = Path(path)
+    probe_dir = nearest_existing(path if folder else path.parent)
+    if not probe_dir.is_dir():
+        raise StorageError(f"{what} {path}: {probe_dir} is not a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".simcse-kit-write-check-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        reason = DISK_ERRORS.get(exc.errno or 0, exc.strerror or str(exc))
+        raise StorageError(f"{what} {path}: cannot write there: {reason}") from None
+
+
 def _umask() -> int:
     # os.umask can only be read by setting it; set it straight back.
     mask = os.umask(0o022)
@@ -79,21 +141,53 @@ def _ordinary_mode(path: str | Path, directory: bool) -> None:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temp file beside ``path``, then rename it into place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise storage_error(exc, path) or exc from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         _ordinary_mode(tmp, directory=False)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        error = storage_error(exc, path)
+        if error is not None:
+            raise error from None
         raise
 
 
+NON_FINITE_NOTE = "non_finite"  # the key that lists the values written as null, and why
+
+
+def finite_json(obj: Any, where: str = "") -> tuple[Any, list[str]]:
+    """``obj`` with every NaN or infinite float replaced by None, and the dotted paths of
+    the replaced values (``evals[3].stsb_dev``): Python's ``NaN``/``Infinity`` tokens are
+    not JSON, and most readers (browsers, jq, pandas with the C parser) refuse them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, [f"{where or '<value>'} = {obj}"]
+    if isinstance(obj, dict):
+        out, bad = {}, []
+        for key, value in obj.items():
+            out[key], more = finite_json(value, f"{where}.{key}" if where else str(key))
+            bad += more
+        return out, bad
+    if isinstance(obj, (list, tuple)):
+        pairs = [finite_json(value, f"{where}[{i}]") for i, value in enumerate(obj)]
+        return [p[0] for p in pairs], [b for p in pairs for b in p[1]]
+    return obj, []
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """JSON (indented) through :func:`write_text_atomic`."""
-    write_text_atomic(path, json.dumps(obj, indent=2))
+    """JSON (indented) through :func:`write_text_atomic`; always valid JSON: a NaN or
+    infinity is written as null, and a mapping gets a ``non_finite`` entry saying which
+    values those were (:func:`finite_json`)."""
+    clean, bad = finite_json(obj)
+    if bad and isinstance(clean, dict):
+        clean[NON_FINITE_NOTE] = {"written_as_null": bad, "why": "NaN and infinity are not valid JSON"}
+    write_text_atomic(path, json.dumps(clean, indent=2, allow_nan=False))
 
 
 def replace_dir(src: str | Path, dst: str | Path) -> None:
@@ -126,8 +220,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"{path}: exists and is not a folder")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as exc:
+        raise storage_error(exc, path) or exc from None
     try:
         yield tmp
         for folder, _subdirs, files in os.walk(tmp):
@@ -137,9 +234,22 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
                 if not os.path.islink(full):
                     os.chmod(full, os.stat(full).st_mode | (0o666 & ~_umask()))
         replace_dir(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        error = storage_error(exc, path)
+        if error is not None:
+            raise error from None
         raise
+
+
+def folder_contents(path: str | Path, limit: int = 5, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Up to ``limit`` names in folder ``path`` (folders end in ``/``), sorted, ``ignore``
+    left out, then ``"... (N more)"``: what an error shows of a folder it refuses to replace."""
+    entries = sorted(p for p in Path(path).iterdir() if p.name not in ignore)
+    names = [f"{p.name}/" if p.is_dir() else p.name for p in entries[:limit]]
+    if len(entries) > limit:
+        names.append(f"... ({len(entries) - limit} more)")
+    return names
 
 
 def remove_dir(path: str | Path) -> None:

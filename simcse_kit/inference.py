@@ -14,13 +14,14 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from huggingface_hub import constants as hub_constants
 from torch import nn
-from transformers import AutoTokenizer
 
 from simcse_kit.architectures import load_pretrained_encoder
 from simcse_kit.config import POOLERS
 from simcse_kit.devices import AUTO_DEVICE, resolve_device
 from simcse_kit.errors import ConfigError
+from simcse_kit.model_checks import check_weights, load_checked_tokenizer
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 from simcse_kit.precision import resolve_eval_precision
 
@@ -144,21 +145,25 @@ def load_encoder(
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s records its own pooler", pooler, resolved)
         model = SimCSEModel.load(resolved, precision=precision)
-        tokenizer = AutoTokenizer.from_pretrained(resolved)
+        tokenizer = load_checked_tokenizer(resolved, model.encoder.config.vocab_size)
         return Encoder(model, tokenizer, max_seq_len or model.max_seq_len, device, precision)
     if (resolved / "modules.json").is_file():
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s is a sentence-transformers folder", pooler, resolved)
+        check_weights(resolved)
         return SentenceTransformerEncoder(str(resolved), device, max_seq_len, precision)
     looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") > 1  # a hub id is "org/name"
     if looks_local and not resolved.is_dir():
         raise ConfigError(f"{path}: no such model folder")
+    if not resolved.is_dir() and hub_constants.HF_HUB_OFFLINE:  # the real problem comes first, not "pass --pooler"
+        raise ConfigError(f"{path}: no such local folder, and the hub is offline (HF_HUB_OFFLINE=1): cannot look it up there")
     if pooler is None:
         raise ConfigError(f"{path}: a plain transformers model records no pooler; pass --pooler (one of {POOLERS})")
+    check_weights(resolved)
     try:
         encoder, attn = load_pretrained_encoder(str(resolved))  # SDPA where the architecture has it
-        tokenizer = AutoTokenizer.from_pretrained(str(resolved))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot load a model there ({exc})") from None
+    tokenizer = load_checked_tokenizer(resolved, encoder.config.vocab_size)
     model = SimCSEModel(encoder, pooler, "none", max_seq_len or 256, attn_implementation=attn)
     return Encoder(model, tokenizer, model.max_seq_len, device, precision)

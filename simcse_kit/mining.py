@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,8 +29,8 @@ from tqdm.auto import tqdm
 
 from simcse_kit.config import DEFAULT_MODEL
 from simcse_kit.data import read_rows
-from simcse_kit.errors import ConfigError
-from simcse_kit.fileio import write_text_atomic
+from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.fileio import check_writable, write_text_atomic
 from simcse_kit.inference import load_encoder
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ def mine_negatives(
         raise ConfigError(f"--sampling-strategy {sampling_strategy!r}: must be one of {SAMPLING_STRATEGIES}")
     if top_k < 1:
         raise ConfigError(f"--top-k {top_k}: must be >= 1")
+    if not math.isfinite(margin):  # nan compares false with everything: no candidate would ever be dropped
+        raise ConfigError(f"--margin {margin}: must be a finite number")
     corpus = list(dict.fromkeys(s for pair in pairs for s in pair))
     index = {text: i for i, text in enumerate(corpus)}
     # Everything an anchor is paired with in any row, itself included: none is a negative.
@@ -125,6 +128,9 @@ def mine_file(
     Returns:
         ``{"rows": written, "skipped": rows without a negative}``.
     """
+    if not math.isfinite(margin):
+        raise ConfigError(f"--margin {margin}: must be a finite number")
+    check_writable(out_path, "--out")  # before the model is loaded and the file encoded
     rows = read_rows(pairs_path, ("sent0", "sent1"))
     encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
     pairs = [(r["sent0"], r["sent1"]) for r in rows]
@@ -133,6 +139,12 @@ def mine_file(
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(OUT_COLUMNS)
     kept = [(a, p, n) for (a, p), n in zip(pairs, negatives, strict=True) if n is not None]
+    if not kept:  # an empty hardneg file would only fail later, at training
+        raise DataError(
+            f"{pairs_path}: no row got a hard negative ({len(pairs)} row(s), {len(set(s for p in pairs for s in p))} "
+            f"distinct sentence(s); every candidate is one of the row's own sentences or within --margin); "
+            f"nothing written to {out_path}"
+        )
     writer.writerows(kept)
     write_text_atomic(out_path, buffer.getvalue())
     skipped = len(pairs) - len(kept)

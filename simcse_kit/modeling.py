@@ -22,6 +22,7 @@ from simcse_kit import architectures
 from simcse_kit.config import DEFAULT_MODEL, MLP_MODES, POOLERS, ModelConfig
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import atomic_dir
+from simcse_kit.model_checks import check_weights
 from simcse_kit.packing import attention_mask_for, pack, packing_matches
 
 logger = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class SimCSEModel(nn.Module):
     def from_config(cls, cfg: ModelConfig) -> SimCSEModel:
         """A fresh training model from a base encoder (hub id, folder or the default)."""
         path = resolve_model_path(cfg.name_or_path)
+        check_weights(path)  # a truncated file named, not safetensors' bare "incomplete metadata"
         try:
             hf_config = AutoConfig.from_pretrained(path)
             if cfg.dropout is not None:  # each family names its dropout keys differently
@@ -248,6 +250,7 @@ class SimCSEModel(nn.Module):
         meta_file = path / SIMCSE_CONFIG
         if not meta_file.is_file():
             raise ConfigError(f"{path}: not a simcse-kit model (no {SIMCSE_CONFIG})")
+        check_weights(path)  # names a truncated or corrupt file (and an unreadable simcse_config.json)
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         prefer = architectures.inference_attention(meta.get("attn_implementation"), precision)
         encoder, attn = architectures.load_pretrained_encoder(path, attn_implementation, prefer=prefer)

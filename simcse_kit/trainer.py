@@ -25,6 +25,7 @@ import math
 import os
 import shutil
 import time
+import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
@@ -44,7 +45,9 @@ from simcse_kit.config import AUTO, LoopConfig
 from simcse_kit.errors import ConfigError
 from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
 from simcse_kit.fastpath.internals import reset_accelerate_state
-from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir
+from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir, storage_error
+from simcse_kit.guards import StepGuard, Stopped, StopSignals, collapse_reason
+from simcse_kit.model_checks import check_weights
 from simcse_kit.precision import PrecisionChoice, resolve_precision
 from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
 
@@ -179,7 +182,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
     per_epoch = max(1, batches_per_epoch // cfg.grad_accum)
     steps = per_epoch * cfg.num_epochs
-    return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps  # None or 0: no limit
 
 
 def scheduler_ticks_per_step(accelerator: Accelerator, cfg: LoopConfig) -> int:
@@ -233,6 +236,29 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     return max(done, key=lambda p: checkpoint_step(p) or 0, default=None)
 
 
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """What is wrong with a complete-looking checkpoint folder (a truncated or corrupt
+    file: a disk that filled, a copy cut short), or None. Cheap: headers and zip
+    directories are read, no tensor."""
+    try:
+        json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{ckpt / LOOP_STATE}: {exc}"
+    for path in sorted(ckpt.iterdir()):
+        # torch.save writes zip archives, whose directory sits at the end: a cut file has none.
+        if path.suffix in (".bin", ".pt", ".pkl") and path.is_file():
+            try:
+                zipfile.ZipFile(path).close()
+            except (OSError, zipfile.BadZipFile) as exc:
+                return f"{path}: {exc}"
+    for folder in (ckpt, ckpt / BEST_SNAPSHOT):
+        try:
+            check_weights(folder)
+        except ConfigError as exc:
+            return str(exc)
+    return None
+
+
 def link_tree(src: Path, dst: Path) -> None:
     """Copy folder ``src`` to ``dst`` as hard links (a copy where linking fails).
 
@@ -276,6 +302,36 @@ class Checkpoints:
     def latest(self) -> Path | None:
         return latest_checkpoint(self.folder)
 
+    def intact(self) -> Path | None:
+        """The newest checkpoint that passes :func:`checkpoint_problem`, saying which newer
+        ones were skipped and why; None if there is none at all.
+
+        Raises:
+            ConfigError: there are checkpoints, but none intact.
+        """
+        done = (
+            sorted(
+                (p for p in self.folder.iterdir() if checkpoint_step(p) is not None and (p / LOOP_STATE).is_file()),
+                key=lambda p: checkpoint_step(p) or 0,
+                reverse=True,
+            )
+            if self.folder.is_dir()
+            else []
+        )
+        problems = []
+        for ckpt in done:
+            problem = checkpoint_problem(ckpt)
+            if problem is None:
+                if problems:
+                    logger.warning("resuming from %s, the newest intact checkpoint, instead: %s", ckpt, "; ".join(problems))
+                return ckpt
+            problems.append(f"{ckpt.name} is damaged ({problem})")
+        if problems:
+            raise ConfigError(
+                f"--resume: no intact checkpoint in {self.folder}: {'; '.join(problems)}; start over with --overwrite"
+            )
+        return None
+
     def save_best(self, model: nn.Module, metrics: dict[str, float]) -> None:
         """Replace ``best_dir`` whole with ``model`` (main process only)."""
         if self.best_dir is None or self.save_model is None:
@@ -284,6 +340,19 @@ class Checkpoints:
             self.save_model(model, tmp, metrics)
 
     def save(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
+        """:meth:`write`; a write that fails for the disk's reasons (full, read-only)
+        removes the partial temp folder and raises a one-line StorageError naming it."""
+        try:
+            return self.write(accelerator, state, loader_rng)
+        except (OSError, RuntimeError) as exc:
+            partial = self.folder / f".step-{state.global_step}.tmp"
+            shutil.rmtree(partial, ignore_errors=True)  # it would keep the disk full for the next try
+            error = storage_error(exc, partial)
+            if error is None:
+                raise
+            raise error from None
+
+    def write(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
         """Write the full training state to ``folder/step-N`` atomically; keep the newest two.
 
         Model, optimizer, scheduler, scaler, registered objects and every process's RNG
@@ -322,7 +391,10 @@ class Checkpoints:
     def restore(self, accelerator: Accelerator, state: LoopState, generator: torch.Generator | None) -> Path | None:
         """Load the newest checkpoint into the prepared objects, ``state`` and the shuffling
         ``generator``, and put ``best_dir`` back to its snapshot; None if there is none."""
-        ckpt = self.latest()
+        if accelerator.is_main_process and self.folder.is_dir():
+            for stale in self.folder.glob(".step-*"):  # a failed save's leftovers (they may fill the disk)
+                shutil.rmtree(stale, ignore_errors=True)
+        ckpt = self.intact()
         if ckpt is None:
             logger.info("no checkpoint in %s: starting from the beginning", self.folder)
             return None
@@ -377,6 +449,7 @@ def fit(
     evaluator: Evaluator | None = None,
     checkpoints: Checkpoints | None = None,
     resume: bool = False,
+    signals: StopSignals | None = None,
 ) -> LoopState:
     """Train ``model`` with AdamW + linear schedule; return the loop state.
 
@@ -398,6 +471,13 @@ def fit(
             Model, optimizer, scheduler, RNGs, the position in the epoch, the shuffling
             order and the best-so-far are restored, so a resumed run on CPU ends exactly
             as an uninterrupted one.
+        signals: installed stop signals (:class:`~simcse_kit.guards.StopSignals`): on
+            SIGTERM, SIGUSR1 or SIGINT the loop finishes the optimiser step, writes a
+            checkpoint and raises :class:`~simcse_kit.guards.Stopped`.
+
+    Raises:
+        Diverged: the loss (or, but under fp16, the gradient norm) is not finite; raised
+            before that step's update, so checkpoints and the best model stay good.
     """
     if evaluator is not None and not isinstance(getattr(evaluator, "primary_metric", None), str):
         raise TypeError("fit: the evaluator needs a primary_metric attribute naming the key that selects the best model")
@@ -427,6 +507,9 @@ def fit(
     if resume and checkpoints is not None:
         checkpoints.restore(accelerator, state, generator)
     log = LoopLog(accelerator, cfg, step, state.rows_seen, state.train_seconds)
+    signals = signals or StopSignals()  # not installed: never requested
+    hint = f" (train.learning_rate = {cfg.learning_rate}, train.mixed_precision = {cfg.mixed_precision})"
+    guard = StepGuard(accelerator, signals, check_grad_norm=cfg.mixed_precision != "fp16", hint=hint)
 
     def evaluate() -> None:
         if evaluator is None:
@@ -443,7 +526,12 @@ def fit(
             else:
                 best = f"best {state.best_score:.4f} at step {state.best_step}"
                 logger.info("step %d: %s = %.4f (%s)", state.global_step, evaluator.primary_metric, score, best)
-            if score > state.best_score:
+            collapsed = collapse_reason(metrics, evaluator.primary_metric)
+            if collapsed:
+                logger.warning(
+                    "step %d: the model looks collapsed (%s); not a candidate for the best model", state.global_step, collapsed
+                )
+            elif score > state.best_score:
                 state.best_score, state.best_step = score, state.global_step
                 if checkpoints is not None:
                     with fp32_weights(unwrapped):
@@ -458,6 +546,7 @@ def fit(
         evaluate()  # step 0: the base model is a candidate for "best" like any checkpoint
     clock = Stopwatch(state)
     skip = state.batches_in_epoch  # > 0 only when resumed mid-epoch
+    stop = False
     for epoch in range(state.epoch, cfg.num_epochs):
         if state.global_step >= n_steps:  # also: resumed from a checkpoint of the last step
             break
@@ -477,6 +566,8 @@ def fit(
                 elif log.active and accelerator.sync_gradients and is_log_step(cfg, state.global_step + 1):
                     accelerator.unscale_gradients()  # fp16: the true gradients' norm, as clipping sees it
                     grad_norm = gradient_norm(model.parameters())
+                if accelerator.sync_gradients:  # before the update: a non-finite step never reaches the weights
+                    stop = guard(state.global_step + 1, loss, grad_norm)
                 lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it next)
                 optimizer.step()
                 scheduler.step()
@@ -501,6 +592,12 @@ def fit(
             if checkpoints is not None and cfg.save_steps > 0 and state.global_step % cfg.save_steps == 0 and not last:
                 with clock.paused():
                     checkpoints.save(accelerator, state, epoch_rng)
+            if stop:  # a signal: a complete checkpoint of this step, then out (all processes agree on it)
+                with clock.paused():
+                    saved = checkpoints.save(accelerator, state, epoch_rng) if checkpoints is not None else None
+                bar.close()
+                log.close()
+                raise Stopped(signals.requested or "a stop signal", state.global_step, saved)
             if last:
                 break
     clock.lap()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -33,10 +34,12 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, STSEvaluator, format_table, plot_trajectory
 from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
-from simcse_kit.fileio import remove_dir, write_json_atomic
+from simcse_kit.fileio import folder_contents, remove_dir, write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
+from simcse_kit.guards import LOCK_FILE, RunLock, StopSignals
 from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
+from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
@@ -71,8 +74,15 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
 
     With ``cfg.train.save_steps`` the full training state is saved every that many
     steps under ``output_dir/checkpoints``; ``resume=True`` continues from the newest
-    one and ends with the same model and metrics as an uninterrupted run.
+    one and ends with the same model and metrics as an uninterrupted run. The run folder
+    is locked (:class:`~simcse_kit.guards.RunLock`) from before anything in it changes
+    until this returns or raises.
     """
+    with ExitStack() as held:
+        return _train(cfg, overwrite, resume, held)
+
+
+def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> dict[str, Any]:
     # Everything that can be wrong with the inputs fails here, before the run folder is
     # written: the training data, the dev and final STS files, the model folder.
     dataset = load_training_data(cfg)
@@ -85,7 +95,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     # would decide differently is refused rather than silently mixed.
     train_cfg, precision = with_concrete_precision(cfg.train)
     cfg = replace(cfg, train=train_cfg)
-    out = prepare_run_dir(cfg, overwrite, resume)
+    out = prepare_run_dir(cfg, overwrite, resume, held)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
 
@@ -99,9 +109,20 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
     evaluator = ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision)
 
-    state = fit(
-        model, step, loader, cfg.train, accelerator=accelerator, evaluator=evaluator, checkpoints=checkpoints, resume=resume
-    )
+    # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
+    # handlers are back for the final evaluation: there is nothing left to checkpoint.
+    with StopSignals() as signals:
+        state = fit(
+            model,
+            step,
+            loader,
+            cfg.train,
+            accelerator=accelerator,
+            evaluator=evaluator,
+            checkpoints=checkpoints,
+            resume=resume,
+            signals=signals,
+        )
 
     metrics = run_metrics(state, views_per_example(cfg.data.mode), objective.masked_negatives)
     metrics["precision"] = (
@@ -117,8 +138,13 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     metrics["memory"] = asdict(heap)
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
+    have_best = (out / BEST_MODEL).is_dir()
     if accelerator.is_main_process:
-        if final_sts is not None:
+        if not have_best:  # every evaluation non-finite or collapsed (warned at each)
+            logger.warning(
+                "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
+            )
+        if final_sts is not None and have_best:
             best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
             metrics["sts"] = final_sts(best.encode)
             accelerator.log(
@@ -134,9 +160,12 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
             f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
         )
         write_json_atomic(out / "metrics.json", metrics)
-        best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
-        logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
-        if final_sts is not None:
+        if have_best:  # the last line names only a folder that exists
+            best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
+            logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
+        else:
+            logger.info("run finished without a best model: see the warnings above; metrics at %s", out / "metrics.json")
+        if final_sts is not None and have_best:
             print(format_table(metrics["sts"]))
     stop_tracking(accelerator)
     return metrics
@@ -162,20 +191,24 @@ def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
     return out
 
 
-def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> Path:
+def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False, held: ExitStack | None = None) -> Path:
     """Create the run folder; refuse to clobber a finished or unfinished run unless asked.
 
     With ``resume`` the folder's saved ``config.yaml`` must match ``cfg`` in everything
     but :data:`RESUME_MAY_DIFFER`; a folder with nothing in it yet starts afresh (so a
-    restart script may always pass ``--resume``).
+    restart script may always pass ``--resume``). With ``held`` the folder is locked
+    first (:class:`~simcse_kit.guards.RunLock`, released when ``held`` closes): a second
+    run into it fails here, before it changes anything.
     """
     out = Path(cfg.train.output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"config key 'train.output_dir' = {str(out)!r}: exists and is not a folder")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if held is not None:
+        held.enter_context(RunLock(out))
     finished = (out / "metrics.json").exists()
     if resume:
-        if overwrite:
-            raise ConfigError("--resume and --overwrite exclude each other")
         if finished:
             raise ConfigError(f"{out} holds a finished run (metrics.json); nothing to resume")
         saved_path = out / "config.yaml"
@@ -194,6 +227,12 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
         raise ConfigError(
             f"{out} holds an unfinished run ({latest_checkpoint(out / CHECKPOINTS)}); "
             "pass --resume to continue it or --overwrite to start over"
+        )
+    if overwrite and not (out / "config.yaml").is_file() and folder_contents(out, ignore=(LOCK_FILE,)):
+        # --overwrite starts over in a run folder; a folder that is not one (no config.yaml) is left alone.
+        raise ConfigError(
+            f"{out}: --overwrite replaces only a simcse-kit run folder (with config.yaml) or an empty one; "
+            f"this one holds {', '.join(folder_contents(out, ignore=(LOCK_FILE,)))}: choose another --output-dir"
         )
     if overwrite and (out / CHECKPOINTS).exists():
         remove_dir(out / CHECKPOINTS)  # a fresh run must never resume into the old one's state
@@ -219,6 +258,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub id is "org/name"
     if looks_local and not Path(path).expanduser().is_dir():
         raise ConfigError(f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}: no such folder")
+    check_weights(path)  # truncated weights or a corrupt JSON file, named before the run folder exists
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         hf_config = AutoConfig.from_pretrained(path)
@@ -226,7 +266,20 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         key = f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}"
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
+    check_tokenizer_files(path)  # without them transformers builds a 5-token placeholder vocabulary
+    check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
     limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
+    # A max_length below the special tokens' count is not applied at all: the tokenizer
+    # logs an error and returns the whole sentence (--max-seq-len 1 trained on full
+    # sentences); exactly that count leaves no word. So: at least one word's room.
+    least = tokenizer.num_special_tokens_to_add() + 1
+    for key in ("max_seq_len", "eval_max_seq_len"):
+        value = getattr(cfg.model, key)
+        if value < least:
+            raise ConfigError(
+                f"config key 'model.{key}' = {value}: must be at least {least} "
+                f"(the tokenizer adds {least - 1} special tokens; below that it would not truncate at all)"
+            )
     for key in ("max_seq_len", "eval_max_seq_len"):
         value = getattr(cfg.model, key)
         if isinstance(limit, int) and value > limit:

@@ -174,7 +174,7 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         (["--progress-bar", "maybe"], ["'train.progress_bar' = 'maybe'"]),
         (["--batch-size", "1"], ["'train.batch_size' = 1: must be >= 2"]),
         (["--max-train-samples", "1"], ["'data.max_train_samples' = 1: must be >= 2"]),
-        (["--temperature", "0"], ["'loss.temperature' = 0.0: must be > 0"]),
+        (["--temperature", "0"], ["'loss.temperature' = 0.0: must be in [0.001, 10]"]),
         (["--pooler", "max"], ["'model.pooler' = 'max'"]),
         (["--learning-rate"], ["option --learning-rate needs a value"]),
         (["--name-or-path", "/no/such/model"], ["'model.name_or_path' = '/no/such/model': no such folder"]),

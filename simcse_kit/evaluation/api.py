@@ -19,7 +19,7 @@ from simcse_kit.evaluation.readers import TaskSpec, load_suite, read_stsb, stsb_
 from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
 from simcse_kit.evaluation.tables import TRANSFER_COLUMNS, format_table, suite_columns
 from simcse_kit.evaluation.transfer import TransferEvaluator
-from simcse_kit.fileio import write_json_atomic
+from simcse_kit.fileio import check_writable, write_json_atomic
 from simcse_kit.inference import load_encoder
 from simcse_kit.recipes import senteval_dir
 
@@ -82,6 +82,8 @@ def evaluate_model(
         raise ConfigError("--hub-root only applies to --source hub")
     if isinstance(suite, str | Path):
         suite = load_suite(suite)
+    if mteb_results is not None:
+        check_writable(mteb_results, "--mteb-results", folder=True)  # before the evaluation, not after it
     # Read the data first: a bad data folder fails before the model loads.
     evaluator = (
         HubSTSEvaluator(tasks, batch_size, hub_root)
@@ -105,6 +107,8 @@ def _run(
     device: str = "auto",
 ) -> dict[str, float]:
     """Load MODEL on ``device``, run ``evaluator`` on its encode function, print the table, save JSON."""
+    if json_out is not None:
+        check_writable(json_out, "--json")  # a read-only or full place fails before the evaluation
     encoder = load_encoder(model, pooler=pooler, precision=precision, device=device)
     start = time.perf_counter()
     results = evaluator(encoder.encode)
@@ -155,6 +159,8 @@ def align_uniform_model(
     if split not in ("dev", "test", "train"):
         raise ConfigError(f"--split must be dev, test or train, got {split!r}")
     pairs = read_stsb(stsb_split_path(senteval_dir(data_dir, None), split))
+    if json_out is not None:
+        check_writable(json_out, "--json")
     encoder = load_encoder(model, pooler=pooler, device=device)
     result = sts_alignment_uniformity(encoder.encode, pairs, threshold, batch_size)
     print(f"STS-B {split}: {len(pairs)} pairs, {int(result['positive_pairs'])} with gold >= {threshold:g}")
