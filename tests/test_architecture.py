@@ -22,7 +22,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     0: ("errors", "fileio", "recipes", "config"),
     1: ("losses", "distributed", "batch", "architectures", "precision", "heap", "fastpath/", "plots", "tracking"),
     2: ("packing", "modeling", "data"),
-    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining"),
+    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher"),
     4: ("evaluation/",),
     5: ("training", "export", "experiments"),
     6: ("cli", "demos/"),
