@@ -68,7 +68,7 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import REPO, setup_run  # noqa: E402
 
-LOSSES = ("mnrl", "tsdae", "ct")
+LOSSES = ("mnrl", "tsdae", "ct", "mse")  # mse: MSELoss distillation from the recipe's loss.teacher
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
 EVAL_BATCH_SIZE = 128  # as simcse_kit.training, so dev and test scores batch alike
 
@@ -107,6 +107,26 @@ def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> dat
     raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
 
 
+def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datasets.Dataset:
+    """sentence-transformers' model-distillation data: each sentence with the teacher's
+    vector as its label, reduced by PCA to the student's ``width`` when the teacher is wider
+    (its documented recipe for a smaller student), L2-normalised like the student's output.
+    The teacher's vectors come from the kit's cache (:mod:`simcse_kit.teacher`): the same
+    vectors the kit's distillation rows learn from."""
+    from simcse_kit.teacher import load_teacher_table, pca_projection, teacher_texts
+
+    if cfg.loss.teacher is None or cfg.data.mode != "unsup":
+        raise ValueError("the mse peer needs an unsup recipe with loss.teacher")
+    texts = teacher_texts({"sent0": data["sent0"]}, "unsup")
+    table = load_teacher_table(cfg.loss.teacher, texts, cache_dir=cfg.loss.teacher_cache_dir, show_progress=False)
+    vectors = table.vectors
+    if table.width != width:
+        mean, components = pca_projection(vectors, width)
+        vectors = (vectors - mean) @ components
+    vectors = torch.nn.functional.normalize(vectors, dim=-1)
+    return datasets.Dataset.from_dict({"sentence": texts, "label": vectors.tolist()})
+
+
 def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
     """The sentence-transformers loss; call after seeding (TSDAE's cross-attention and CT's
     learnt scale are initialised here)."""
@@ -125,6 +145,10 @@ def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
         return DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True)
     if loss == "ct":
         return ContrastiveTensionLossInBatchNegatives(model, scale=1.0 / temperature)
+    if loss == "mse":
+        from sentence_transformers.sentence_transformer.losses import MSELoss
+
+        return MSELoss(model)
     raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
 
 
@@ -195,11 +219,16 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
     from simcse_kit.training import load_training_data
 
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))  # the kit's runs mix with their seed
-    data = peer_dataset(load_training_data(cfg), loss, cfg.data.mode, seed)
+    path = resolve_model_path(cfg.model.name_or_path)
+    if loss == "mse":
+        from transformers import AutoConfig
+
+        data = distillation_dataset(cfg, load_training_data(cfg), AutoConfig.from_pretrained(path).hidden_size)
+    else:
+        data = peer_dataset(load_training_data(cfg), loss, cfg.data.mode, seed)
     dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
     final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
     torch.manual_seed(seed)
-    path = resolve_model_path(cfg.model.name_or_path)
     model = SentenceTransformer(path, device="cpu")
     train_len, eval_len = cfg.model.max_seq_len, cfg.model.eval_max_seq_len
     model.max_seq_length = train_len
@@ -276,6 +305,7 @@ def run_settings(cfg: Any, loss: str, precision: str) -> dict[str, Any]:
         "max_seq_len": cfg.model.max_seq_len,
         "eval_max_seq_len": cfg.model.eval_max_seq_len,
         "temperature": cfg.loss.temperature,
+        **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
         **{k: getattr(data, k) for k in ("mode", "train_file", "train_format", "max_train_samples", "mix_file", "mix_ratio")},
         **{k: getattr(data, k) for k in ("eval_data_dir", "dev_file", "dev_format")},
         **{k: getattr(train, k) for k in ("batch_size", "num_epochs", "max_steps", "learning_rate", "weight_decay")},

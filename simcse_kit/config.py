@@ -107,6 +107,12 @@ class LossConfig:
     false_negative_threshold: float | None = None  # drop candidates whose cosine with the anchor exceeds this (None: off)
     queue_size: int = 0  # MoCo-style queue of past embeddings as extra negatives (0: off)
     momentum: float = 0.999  # momentum encoder update rate when queue_size > 0
+    teacher: str | None = None  # distil from this model (a sentence-transformers/simcse-kit folder or hub id; None: off)
+    teacher_loss: str = "similarity"  # "similarity": match the teacher's in-batch softmax; "embedding": MSE to its vectors
+    teacher_weight: float = 1.0  # loss = (1 - w) * SimCSE + w * teacher term
+    teacher_temperature: float = 0.05  # the teacher's own tau for similarity distillation
+    teacher_projection: str = "pca"  # embedding distillation with a wider teacher: "pca" to the student's width, or "none"
+    teacher_cache_dir: str | None = None  # where teacher vectors are cached (None: $SIMCSE_KIT_CACHE or ~/.cache/simcse-kit)
 
 
 @dataclass
@@ -234,6 +240,13 @@ class RunConfig:
             checks.append(
                 ("train.grad_cache_chunk", self.train.grad_cache_chunk == 0, "0 with loss.queue_size > 0 (use one of them)")
             )
+        if self.loss.teacher is not None:
+            kinds = ("similarity", "embedding")
+            checks.append(("loss.teacher_loss", self.loss.teacher_loss in kinds, "'similarity' or 'embedding'"))
+            checks.append(("loss.teacher_weight", 0 <= self.loss.teacher_weight <= 1, "in [0, 1]"))
+            teacher_tau_ok = low <= self.loss.teacher_temperature <= high  # the same bounds, for the teacher's softmax
+            checks.append(("loss.teacher_temperature", teacher_tau_ok, f"in [{low:g}, {high:g}] ({TEMPERATURE_WHY})"))
+            checks.append(("loss.teacher_projection", self.loss.teacher_projection in ("pca", "none"), "'pca' or 'none'"))
         if self.train.mmap_threshold_mib is not None:
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
             checks.append(("train.mmap_threshold_mib", 1 <= self.train.mmap_threshold_mib <= 32, "in [1, 32] or null"))
@@ -474,6 +487,12 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
     folder = base("model.name_or_path") or Path.cwd()
     if name.startswith((".", "~")) or (folder / name).exists():
         cfg.model.name_or_path = str(absolute(name, folder))
+    teacher = cfg.loss.teacher  # a path only where it names one, as model.name_or_path
+    folder = base("loss.teacher") or Path.cwd()
+    if teacher is not None and (teacher.startswith((".", "~")) or (folder / teacher).exists()):
+        cfg.loss.teacher = str(absolute(teacher, folder))
+    if cfg.loss.teacher_cache_dir is not None:
+        cfg.loss.teacher_cache_dir = str(absolute(cfg.loss.teacher_cache_dir, base("loss.teacher_cache_dir")))
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

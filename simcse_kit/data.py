@@ -17,7 +17,7 @@ import io
 import json
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,6 +200,8 @@ class ContrastiveCollator:
         word_repetition: ESimCSE's dup rate for ``unsup`` (0: off): view 1 of each
             example gets a few tokens doubled (:func:`repeat_tokens`); view 0 is as before.
         seed: with ``word_repetition``, seeds the draws (with each batch's texts).
+        teacher_index: with a teacher (``loss.teacher``), sentence -> row of its vector
+            table; adds ``teacher_rows`` ``[B]`` int64 (:mod:`simcse_kit.teacher`).
     """
 
     tokenizer: object
@@ -208,6 +210,7 @@ class ContrastiveCollator:
     with_text_ids: bool = False
     word_repetition: float = 0.0
     seed: int = 0
+    teacher_index: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         views_per_example(self.mode)  # an unknown mode fails here, not at the first batch
@@ -223,6 +226,8 @@ class ContrastiveCollator:
         out = dict(batch)
         if self.with_text_ids:
             out["text_ids"] = text_ids(texts)
+        if self.teacher_index is not None:
+            out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in texts], dtype=torch.long)
         return out
 
     def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:

@@ -2,8 +2,9 @@
 
 :func:`contrastive_loss` is the whole computation: one cosine-similarity matrix between
 anchors and candidates, one positive per anchor (a column index) or several (a mask),
-one exclusion mask and one additive logit bias, then cross-entropy (one positive) or
-SupCon's ``L_out`` / ``L_in`` (several). The named losses only build those inputs:
+one exclusion mask and one additive logit bias, then cross-entropy (one positive),
+SupCon's ``L_out`` / ``L_in`` (several), or cross-entropy against a soft target
+distribution (a teacher's, :func:`similarity_targets`). The named losses only build those inputs:
 
   * :func:`info_nce`: SimCSE's ``z1 . z2^T`` (N - 1 in-batch negatives), optionally with
     weighted hard negatives;
@@ -31,6 +32,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "contrastive_loss",
+    "similarity_targets",
     "cosine_similarity_matrix",
     "cross_entropy_from_logits",
     "info_nce",
@@ -108,6 +110,44 @@ def _multi_positive(logits: torch.Tensor, positive_mask: torch.Tensor, variant: 
     return per_anchor.mean()
 
 
+def _soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor, exclude: torch.Tensor | None) -> torch.Tensor:
+    """``-sum_j q_ij log softmax(logits)_ij``, mean over rows; ``exclude``d logits get the
+    dtype's minimum, so they leave the softmax (their target must be 0: a finite log-prob
+    times 0, never ``0 * -inf``)."""
+    target = target.to(device=logits.device, dtype=logits.dtype)
+    if exclude is not None:
+        if bool((target[exclude] > 0).any()):
+            raise ValueError("target_probs puts mass on excluded candidates")
+        logits = logits.masked_fill(exclude, torch.finfo(logits.dtype).min)
+    log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)
+    return -(target * log_prob).sum(dim=1).mean()
+
+
+def similarity_targets(
+    anchors: torch.Tensor, candidates: torch.Tensor, *, temperature: float, exclude: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A teacher's in-batch distribution: ``softmax_i(cos(anchors, candidates) / tau)``
+    over the candidates not ``exclude``d (fp32, no gradient), the ``target_probs`` of
+    :func:`contrastive_loss` for similarity distillation.
+
+    Args:
+        anchors: ``[N, D']`` the teacher's vectors of the anchors (any width ``D'``).
+        candidates: ``[M, D']`` the teacher's vectors of the candidates.
+        temperature: the teacher's tau > 0 (its own, not the student's).
+        exclude: optional ``[N, M]`` bool, candidates outside each anchor's softmax.
+
+    Returns:
+        ``[N, M]`` probabilities, rows summing to 1, exactly 0 where excluded.
+    """
+    if temperature <= 0:
+        raise ValueError(f"teacher temperature must be > 0, got {temperature}")
+    with torch.no_grad():
+        logits = cosine_similarity_matrix(anchors, candidates) / temperature
+        if exclude is not None:
+            logits = logits.masked_fill(exclude.to(logits.device), float("-inf"))
+        return torch.softmax(logits, dim=1)
+
+
 def contrastive_loss(
     anchors: torch.Tensor,
     candidates: torch.Tensor,
@@ -118,6 +158,7 @@ def contrastive_loss(
     exclude: torch.Tensor | None = None,
     logit_bias: torch.Tensor | None = None,
     variant: str = "out",
+    target_probs: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The general contrastive loss: every InfoNCE and SupCon form here is this call.
 
@@ -130,7 +171,10 @@ def contrastive_loss(
         ``L_out`` (eq. 2) ``-1/|P(i)| sum_p log softmax(logits)[p]`` or
         ``L_in`` (eq. 3) ``-log(1/|P(i)| sum_p softmax(logits)[p])``; anchors with no
         positive are dropped from the mean, and with none at all the loss is a zero
-        that still carries the graph.
+        that still carries the graph;
+      * a target distribution per anchor (``target_probs``, e.g. a teacher's softmax over
+        the same candidates): ``-sum_j q_ij log softmax_i(logits)[j]``, mean over anchors
+        (a one-hot ``q`` is exactly the cross-entropy above).
 
     Args:
         anchors: ``[N, D]`` embeddings.
@@ -144,18 +188,21 @@ def contrastive_loss(
             ``log(alpha)`` there weights a candidate's ``exp`` by ``alpha`` (SimCSE's
             hard-negative weight, see :func:`weight_bias`).
         variant: ``"out"`` or ``"in"`` (multi-positive only).
+        target_probs: ``[N, M]`` probabilities (rows sum to 1, no gradient needed), zero
+            on ``exclude``d entries; instead of a positive index or mask.
 
     Returns:
         Scalar mean loss over anchors (with at least one positive).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if (positive_index is None) == (positive_mask is None):
-        raise ValueError("contrastive_loss needs exactly one of positive_index and positive_mask")
+    if sum(t is not None for t in (positive_index, positive_mask, target_probs)) != 1:
+        raise ValueError("contrastive_loss needs exactly one of positive_index, positive_mask and target_probs")
     if variant not in ("out", "in"):
         raise ValueError(f"variant must be 'out' or 'in', got {variant!r}")
     shape = (anchors.shape[0], candidates.shape[0])
-    for name, t in (("positive_mask", positive_mask), ("exclude", exclude), ("logit_bias", logit_bias)):
+    shaped = {"positive_mask": positive_mask, "exclude": exclude, "logit_bias": logit_bias, "target_probs": target_probs}
+    for name, t in shaped.items():
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} must be {shape}, got {tuple(t.shape)}")
     logits = cosine_similarity_matrix(anchors, candidates) / temperature
@@ -163,6 +210,8 @@ def contrastive_loss(
         logits = logits + logit_bias.to(device=logits.device, dtype=logits.dtype)
     if positive_index is not None:
         return cross_entropy_from_logits(logits, positive_index, exclude)
+    if target_probs is not None:
+        return _soft_cross_entropy(logits, target_probs, exclude)
     positive_mask = positive_mask.to(device=logits.device, dtype=torch.bool)
     if exclude is not None:
         logits = logits.masked_fill(exclude & ~positive_mask, torch.finfo(logits.dtype).min)

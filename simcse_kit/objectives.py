@@ -19,19 +19,75 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from simcse_kit import distributed, losses, negatives
 from simcse_kit.batch import model_inputs, split_views, views_per_example
 from simcse_kit.config import LossConfig
 
-__all__ = ["Backward", "Batch", "Queue", "SimCSEObjective", "Step"]
+__all__ = ["Backward", "Batch", "Queue", "SimCSEObjective", "Step", "TeacherTargets"]
 
 Batch = dict[str, torch.Tensor]
 Backward = Callable[[torch.Tensor], None]
 Step = Callable[[nn.Module, Batch, Backward], torch.Tensor]
 Queue = tuple[torch.Tensor, torch.Tensor | None]
 """Extra negatives without gradient (the momentum queue): ``([Q, H] rows, [Q] text ids)``."""
+
+
+TEACHER_LOSSES = ("similarity", "embedding")
+
+
+@dataclass
+class TeacherTargets:
+    """A teacher's part of the loss (``loss.teacher``; :mod:`simcse_kit.teacher` builds the table).
+
+    Attributes:
+        vectors: ``[U, D']`` the teacher's vectors of the distinct training sentences; a
+            batch's ``teacher_rows`` ``[B]`` index it.
+        kind: ``"similarity"``: the student's in-batch softmax matched to the teacher's
+            (soft targets, any widths); ``"embedding"``: MSE between L2-normalised student
+            and teacher vectors (sentence-transformers' distillation), equal widths or with
+            ``projection``.
+        temperature: the teacher's own tau for ``similarity``.
+        weight: the loss is ``(1 - weight) * SimCSE + weight * teacher term``.
+        projection: ``(mean [D'], components [D', D])`` mapping a wider teacher to the
+            student's width for ``embedding`` (:func:`simcse_kit.teacher.pca_projection`).
+    """
+
+    vectors: torch.Tensor
+    kind: str = "similarity"
+    temperature: float = 0.05
+    weight: float = 1.0
+    projection: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in TEACHER_LOSSES:
+            raise ValueError(f"teacher loss must be one of {TEACHER_LOSSES}, got {self.kind!r}")
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The teacher's vectors of table rows ``index`` ``[K]``: ``[K, D']`` fp32 on its device."""
+        if self.vectors.device != index.device:  # moved once, to the training device
+            self.vectors = self.vectors.to(index.device)
+            if self.projection is not None:
+                self.projection = tuple(t.to(index.device) for t in self.projection)  # type: ignore[assignment]
+        return self.vectors[index].float()
+
+    def embedding_loss(self, embeddings: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """MSE of ``[B, D]`` student rows against their (projected) teacher vectors, both
+        L2-normalised so only directions are matched, mean over all entries (as
+        sentence-transformers' ``MSELoss``)."""
+        target = self.rows(index)
+        if self.projection is not None:
+            mean, components = self.projection
+            target = (target - mean) @ components
+        if target.shape[1] != embeddings.shape[1]:
+            raise ValueError(
+                f"embedding distillation needs equal widths: student {embeddings.shape[1]}, teacher {target.shape[1]}; "
+                "set loss.teacher_projection: pca, or use loss.teacher_loss: similarity"
+            )
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            return F.mse_loss(F.normalize(embeddings.float(), dim=-1), F.normalize(target, dim=-1))
 
 
 def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -58,12 +114,22 @@ class SimCSEObjective:
     With ``loss.false_negative_threshold`` candidates whose cosine with the anchor exceeds
     it are dropped too (:func:`negatives.similar_candidate_mask`); the positive never is.
     :attr:`masked_negatives` counts them over all calls, :attr:`last_masked` in the latest.
+
+    With a ``teacher`` (:class:`TeacherTargets`) the loss is ``(1 - w) * SimCSE + w * T``.
+    For ``similarity``, ``T`` is the soft-target form of the same call: the same anchors,
+    the same in-batch candidates (gathered across processes) and the same exclusions
+    (self, false negatives), with the teacher's softmax over those candidates as the
+    target instead of a one-hot positive; the queue's rows and the hard-negative weight
+    belong to the SimCSE term only (the teacher has no vectors of the queue's keys, and
+    its distribution already says how hard each negative is).
     """
 
     mode: str
     loss_cfg: LossConfig
+    teacher: TeacherTargets | None = None
     masked_negatives: int = field(default=0, compare=False)
     last_masked: int = field(default=0, compare=False)
+    last_terms: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         views_per_example(self.mode)  # an unknown mode fails here
@@ -75,9 +141,10 @@ class SimCSEObjective:
     def metrics(self) -> dict[str, float]:
         """The counters a tracked run logs (:mod:`simcse_kit.tracking`): with false-negative
         masking, the entries masked in the latest batch and in all batches so far."""
-        if not self.masking:
-            return {}
-        return {"masked_negatives": float(self.last_masked), "masked_negatives_total": float(self.masked_negatives)}
+        out = {name: float(value) for name, value in self.last_terms.items()}
+        if self.masking:
+            out |= {"masked_negatives": float(self.last_masked), "masked_negatives_total": float(self.masked_negatives)}
+        return out
 
     @property
     def masking(self) -> bool:
@@ -114,6 +181,7 @@ class SimCSEObjective:
         gathered = [self.gather(block) for block in blocks]
         offset, n_positives = gathered[0][1], gathered[0][0].shape[0]
         candidates = _cat([rows for rows, _ in gathered])
+        in_batch = candidates.shape[0]  # the queue's rows, if any, come after these
         if queue is not None:  # the queue: negatives of every anchor, after the in-batch ones
             candidates = torch.cat([candidates, queue[0].to(candidates.dtype)])
         n, m, device = anchors.shape[0], candidates.shape[0], anchors.device
@@ -133,8 +201,56 @@ class SimCSEObjective:
         bias = None  # hardneg: alpha on each anchor's own hard negative, n_positives columns after its positive
         if self.mode == "hardneg":
             bias = losses.weight_bias(positive + n_positives, m, self.loss_cfg.hard_negative_weight, anchors)
-        return losses.contrastive_loss(
+        simcse = losses.contrastive_loss(
             anchors, candidates, temperature=self.loss_cfg.temperature, positive_index=positive, exclude=exclude, logit_bias=bias
+        )
+        if self.teacher is None:
+            return simcse
+        in_batch_exclude = None if exclude is None else exclude[:, :in_batch]
+        taught = self.teacher_loss(embeddings, anchors, candidates[:in_batch], positive, in_batch_exclude, batch)
+        self.last_terms = {"simcse_loss": simcse.detach(), "teacher_loss": taught.detach()}
+        w = self.teacher.weight
+        return (1 - w) * simcse + w * taught
+
+    def teacher_loss(
+        self,
+        embeddings: torch.Tensor,
+        anchors: torch.Tensor,
+        candidates: torch.Tensor,
+        positive: torch.Tensor,
+        exclude: torch.Tensor | None,
+        batch: Batch | None,
+    ) -> torch.Tensor:
+        """The teacher term on the same rows the SimCSE term used.
+
+        Args:
+            embeddings: ``[B, H]`` all local rows (``embedding`` distillation).
+            anchors: ``[N, H]`` the anchors of :meth:`loss`.
+            candidates: ``[M, H]`` its in-batch (gathered) candidates.
+            positive: ``[N]`` each anchor's positive column (never excluded).
+            exclude: ``[N, M]`` or None, its exclusions over those candidates.
+            batch: the collated batch, holding ``teacher_rows`` ``[B]``.
+        """
+        assert self.teacher is not None
+        if batch is None or "teacher_rows" not in batch:
+            raise ValueError("a teacher needs the batch's teacher_rows (ContrastiveCollator(teacher_index=...))")
+        rows = batch["teacher_rows"].to(embeddings.device)
+        if self.teacher.kind == "embedding":
+            return self.teacher.embedding_loss(embeddings, rows)
+        if self.symmetric:
+            anchor_rows, blocks = rows, [rows]
+        else:
+            anchor_rows, *blocks = split_views(rows, self.views_per_example())
+        candidate_rows = torch.cat([self.gather_ids(block) for block in blocks])
+        if exclude is not None:  # as in the SimCSE term, a positive is never excluded
+            exclude = exclude.clone()
+            exclude[torch.arange(exclude.shape[0], device=exclude.device), positive] = False
+        teacher_anchors, teacher_candidates = self.teacher.rows(anchor_rows), self.teacher.rows(candidate_rows)
+        targets = losses.similarity_targets(
+            teacher_anchors, teacher_candidates, temperature=self.teacher.temperature, exclude=exclude
+        )
+        return losses.contrastive_loss(
+            anchors, candidates, temperature=self.loss_cfg.temperature, target_probs=targets, exclude=exclude
         )
 
     def false_negatives(

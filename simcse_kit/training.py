@@ -11,8 +11,9 @@ with ``train.save_steps``, ``checkpoints/`` for ``--resume``.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -20,14 +21,14 @@ from typing import Any
 
 import datasets
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.architectures import max_tokens
-from simcse_kit.batch import views_per_example
+from simcse_kit.batch import VIEW_COLUMNS, views_per_example
 from simcse_kit.config import RunConfig, load_config, save_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset, mix_datasets
 from simcse_kit.errors import ConfigError
@@ -42,8 +43,9 @@ from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
-from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.objectives import SimCSEObjective, TeacherTargets
 from simcse_kit.plots import plot_training_curves
+from simcse_kit.teacher import TeacherTable, load_teacher_table, pca_projection, teacher_texts
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
 from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
 
@@ -63,6 +65,7 @@ RESUME_MAY_DIFFER = (
     "train.save_steps",
     "train.report_to",
     "train.mmap_threshold_mib",
+    "loss.teacher_cache_dir",
 )
 CHECKPOINTS = "checkpoints"
 LOGS = "logs"  # the experiment trackers' folder in the run folder
@@ -95,6 +98,9 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     # would decide differently is refused rather than silently mixed.
     train_cfg, precision = with_concrete_precision(cfg.train)
     cfg = replace(cfg, train=train_cfg)
+    # The teacher's vectors too (encoded once, or read from the cache): a teacher that
+    # does not load, or cannot match the student, fails before the run folder exists.
+    teacher = load_teacher(cfg, dataset)
     out = prepare_run_dir(cfg, overwrite, resume, held)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
@@ -102,8 +108,8 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)
     start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
     model = build_model(cfg)
-    objective = SimCSEObjective(cfg.data.mode, cfg.loss)
-    loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes)
+    objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None)
+    loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes, teacher[1].index if teacher else None)
     step = make_step(cfg, model, objective, accelerator)
     extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
@@ -136,6 +142,17 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
         }
     )
     metrics["memory"] = asdict(heap)
+    if teacher is not None:
+        table = teacher[1]
+        metrics["teacher"] = {
+            "model": cfg.loss.teacher,
+            "loss": cfg.loss.teacher_loss,
+            "sentences": int(table.vectors.shape[0]),
+            "width": table.width,
+            "cache_key": table.key,
+            "cache_hit": table.cache_hit,
+            "seconds": table.seconds,
+        }
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
     have_best = (out / BEST_MODEL).is_dir()
@@ -319,9 +336,48 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
     return dataset
 
 
-def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_processes: int) -> DataLoader:
+def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTargets, TeacherTable] | None:
+    """With ``loss.teacher``: its vectors of every distinct training sentence (cached) and
+    the objective's teacher term; None without a teacher.
+
+    Several processes: the main process encodes (or reads the cache) first, the others
+    then read its cache. A wider teacher for ``embedding`` distillation is projected to
+    the student's width by PCA (``loss.teacher_projection: pca``) or refused.
+    """
+    loss = cfg.loss
+    if loss.teacher is None:
+        return None
+    texts = teacher_texts({name: dataset[name] for name in set(VIEW_COLUMNS[cfg.data.mode])}, cfg.data.mode)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    order = nullcontext()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        state = PartialState()
+        device, order = str(state.device), state.main_process_first()
+    with order:
+        table = load_teacher_table(
+            loss.teacher, texts, cache_dir=loss.teacher_cache_dir, device=device, show_progress=cfg.train.progress_bar
+        )
+    width = AutoConfig.from_pretrained(resolve_model_path(cfg.model.name_or_path)).hidden_size
+    projection = None
+    if loss.teacher_loss == "embedding" and table.width != width:
+        if loss.teacher_projection == "none":
+            raise ConfigError(
+                f"config key 'loss.teacher' = {loss.teacher!r}: its vectors are {table.width} wide and the student's {width}; "
+                "embedding distillation needs a projection (loss.teacher_projection: pca) or use loss.teacher_loss: similarity"
+            )
+        projection = pca_projection(table.vectors, width)
+    what = (loss.teacher_loss, loss.teacher, len(texts), table.width, loss.teacher_weight)
+    logger.info("teacher: %s distillation from %s (%d sentences, %d wide), weight %g", *what)
+    targets = TeacherTargets(table.vectors, loss.teacher_loss, loss.teacher_temperature, loss.teacher_weight, projection)
+    return targets, table
+
+
+def make_loader(
+    cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_processes: int, teacher_index: dict[str, int] | None = None
+) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
-    generator of its own, which the loop checkpoints so a resume redraws the order."""
+    generator of its own, which the loop checkpoints so a resume redraws the order.
+    ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``."""
     per_process = cfg.train.batch_size // num_processes
     collator = ContrastiveCollator(
         tokenizer,
@@ -330,6 +386,7 @@ def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_p
         with_text_ids=cfg.loss.mask_false_negatives,
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
+        teacher_index=teacher_index,
     )
     return DataLoader(
         dataset,

@@ -35,7 +35,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "guards",
     ),
     2: ("packing", "modeling", "data"),
-    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining"),
+    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher"),
     4: ("evaluation/",),
     5: ("training", "export", "experiments"),
     6: ("cli", "demos/"),
