@@ -20,9 +20,9 @@ PACKAGE = REPO / "simcse_kit"
 # docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("errors", "fileio", "recipes", "config"),
-    1: ("losses", "distributed", "batch", "architectures", "precision", "heap", "fastpath/", "plots", "tracking"),
+    1: ("losses", "distributed", "batch", "architectures", "precision", "heap", "fastpath/", "plots", "tracking", "onnx_encoder"),
     2: ("packing", "modeling", "data"),
-    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining"),
+    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining", "onnx_export"),
     4: ("evaluation/",),
     5: ("training", "export", "experiments"),
     6: ("cli", "demos/"),
