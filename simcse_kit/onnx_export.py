@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,26 @@ CHECK_LENGTHS = (3, 32)  # and the model's maximum
 INT8_OPS = ("MatMul",)
 """What dynamic int8 quantises: the weight matmuls, which hold nearly all the time and bytes
 (embeddings and LayerNorm stay fp32; quantising the embedding Gather costs STS for little)."""
+
+
+# Loggers that narrate every pass (onnxscript's rewriter, onnx_ir, a "torchvision is not
+# installed" line per op) or, for onnxruntime's quantiser, log on the root logger itself.
+CHATTY = ("", "onnxscript", "onnx_ir", "torch.onnx")
+
+
+@contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Only errors from the exporter's and quantiser's loggers while they run (a failure
+    still raises); their levels are restored after."""
+    loggers = [logging.getLogger(name) for name in CHATTY]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 class OnnxExportError(RuntimeError):
@@ -122,7 +143,7 @@ def _export(graph: SentenceEmbeddingGraph, names: list[str], path: Path, opset: 
     kwargs: dict[str, Any] = {"dynamo": exporter == "dynamo"}
     if exporter == "dynamo":
         kwargs |= {"external_data": False, "verbose": False}
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_logs():
         warnings.simplefilter("ignore")  # tracer and deprecation chatter; the parity check decides
         torch.onnx.export(
             graph,
@@ -163,7 +184,8 @@ def quantize_int8(src: Path, dst: Path) -> None:
     STS-B sentences at mean cosine 0.985 to fp32 (worst 0.97), per channel 0.994 (0.987)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(INT8_OPS), per_channel=True)
+    with _quiet_logs():
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(INT8_OPS), per_channel=True)
 
 
 @dataclass
