@@ -41,7 +41,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, REPO, emit, machine, peak_rss_mib  # noqa: E402
+from _common import DATA, REPO, emit, machine  # noqa: E402
 
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed.json"
@@ -77,6 +77,15 @@ def measure(encode: Any, sentences: list[str], latency_n: int, batch: int) -> di
     }
 
 
+def peak_rss_since_exec_mib() -> float:
+    """VmHWM: this process's peak RSS since its exec. Not ``ru_maxrss``, which Linux keeps
+    across exec, so a worker started from a 2 GB parent would report the parent's size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def cpu_flags() -> dict[str, bool]:
     flags: set[str] = set()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -106,7 +115,15 @@ def worker(args: argparse.Namespace) -> None:
         encoder.encode(sentences[:1])
         first = time.perf_counter() - START
         encoder.encode(sentences[:1024], 128)
-        emit({"cold_start_s": first, "peak_rss_mib": peak_rss_mib(), "torch_loaded": "torch" in sys.modules})
+        rss = peak_rss_since_exec_mib()
+        emit(
+            {
+                "cold_start_s": first,
+                "peak_rss_mib": rss,
+                "torch_loaded": "torch" in sys.modules,
+                "total_s": time.perf_counter() - START,
+            }
+        )
     elif args.worker == "cold-torch":
         import torch
 
@@ -117,7 +134,8 @@ def worker(args: argparse.Namespace) -> None:
         encoder.encode(sentences[:1])
         first = time.perf_counter() - START
         encoder.encode(sentences[:1024], 128)
-        emit({"cold_start_s": first, "peak_rss_mib": peak_rss_mib(), "torch_loaded": True})
+        rss = peak_rss_since_exec_mib()
+        emit({"cold_start_s": first, "peak_rss_mib": rss, "torch_loaded": True, "total_s": time.perf_counter() - START})
     elif args.worker == "torch-avx2":
         import torch
 
@@ -142,7 +160,10 @@ def run_worker(args: argparse.Namespace, name: str, sentences_file: Path, env: d
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise RuntimeError(f"worker {name} failed ({proc.returncode})")
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :]) | {"process_wall_s": wall}
+    result = json.loads(line[len("RESULT ") :])
+    if "total_s" in result:  # interpreter start-up: what the script's own clock cannot see
+        result["cold_start_with_interpreter_s"] = result["cold_start_s"] + wall - result["total_s"]
+    return result
 
 
 # ---- the driver -------------------------------------------------------------------------
@@ -250,7 +271,8 @@ def main() -> int:
         }
         for n, rs in runs.items()
     }
-    cold_table = {n: {k: med(rs, k) for k in ("cold_start_s", "process_wall_s", "peak_rss_mib")} for n, rs in cold.items()}
+    cold_keys = ("cold_start_s", "cold_start_with_interpreter_s", "peak_rss_mib")
+    cold_table = {n: {k: med(rs, k) for k in cold_keys} for n, rs in cold.items()}
     payload = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": machine() | {"flags": cpu_flags(), "threads": args.threads, "load_avg_before": load_before},
@@ -276,9 +298,10 @@ def main() -> int:
             f"| {n} | {row['sentences_per_s_b128']:.0f} | {row['sentences_per_s_b128'] / base['sentences_per_s_b128']:.2f}x "
             f"| {row['latency_ms_b1']:.2f} | {row['sts_avg']:.2f} |"
         )
-    print("\n| encoder | cold start (s, in process) | process wall (s) | peak RSS (MiB) |\n|---|---|---|---|")
+    print("\n| encoder | cold start: import to first vector (s) | with interpreter start (s) | peak RSS (MiB) |")
+    print("|---|---|---|---|")
     for n, row in cold_table.items():
-        print(f"| {n} | {row['cold_start_s']:.2f} | {row['process_wall_s']:.2f} | {row['peak_rss_mib']:.0f} |")
+        print(f"| {n} | {row['cold_start_s']:.2f} | {row['cold_start_with_interpreter_s']:.2f} | {row['peak_rss_mib']:.0f} |")
     print(f"\nwritten {args.json}; load average before {load_before}, after {payload['machine']['load_avg_after']}")
     return 0
 
