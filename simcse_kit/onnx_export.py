@@ -180,8 +180,8 @@ def shape_parity(
 
 def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 (onnxruntime): :data:`INT8_OPS` weights signed int8, one scale per output
-    channel. Per channel, not per tensor: on all-MiniLM-L6-v2 per-tensor scales left
-    STS-B sentences at mean cosine 0.985 to fp32 (worst 0.97), per channel 0.994 (0.987)."""
+    channel: per-tensor scales cost all-MiniLM-L6-v2 several times more cosine to fp32
+    (BENCHMARKS.md, "ONNX through torch.onnx")."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with _quiet_logs():
