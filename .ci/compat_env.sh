@@ -13,8 +13,8 @@
 #               the main environment's (tokenizers, huggingface-hub 0.x and its requests)
 #   DIR/onnx    sentence-transformers' ONNX backend for that stack (optimum-onnx 0.1.0, which
 #               supports only transformers < 4.58, so it cannot run in the main environment)
-#               and accelerate 1.10 (simcse-kit imports it): with DIR/st5 this runs
-#               `simcse_kit.export.export_model(..., onnx=True, quantize="int8")` for real
+#               and accelerate 1.10: with DIR/st5 this loads `simcse-kit export --onnx` folders
+#               (written in the main environment) with backend="onnx"
 #   DIR/base    symlinks to the main environment's site-packages MINUS the Hugging Face stack
 #               (transformers, sentence-transformers, tokenizers, huggingface-hub, datasets,
 #               accelerate, optimum, ...): torch, numpy, scipy, scikit-learn, safetensors, ...

@@ -183,6 +183,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             quantize=args.quantize,
             push_to_hub=args.push_to_hub,
             device=args.device,
+            **({"opset": args.opset} if args.opset is not None else {}),
             # STS data is read only for the int8 check: exporting needs no data root otherwise.
             **({"data_dir": senteval_dir(args.data_dir, args.data_root)} if args.quantize else {}),
         )
@@ -354,8 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-normalize", action="store_true", help="no Normalize module (default: kept from the base / added for cosine)"
     )
-    p.add_argument("--onnx", action="store_true", help="also write onnx/model.onnx (needs simcse-kit[onnx])")
-    p.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic-int8 ONNX model (implies --onnx)")
+    p.add_argument(
+        "--onnx", action="store_true", help="also write onnx/model.onnx: encoder + pooling as one graph (needs simcse-kit[onnx])"
+    )
+    p.add_argument("--quantize", choices=("int8",), default=None, help="also write onnx/model_qint8.onnx (implies --onnx)")
+    p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset (default 18)")
     add_data_options(p, "STS data for the int8 check")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
     add_device_option(p)

@@ -42,9 +42,11 @@ inference, as :class:`~simcse_kit.modeling.SimCSEModel` does in ``eval()`` mode.
 
 The folder is built inside :func:`~simcse_kit.fileio.atomic_dir`, reloaded from disk with
 ``SentenceTransformer`` and compared with simcse-kit on probe sentences (cosine and vector
-norm, so a missing ``Normalize`` is caught too). With ``onnx=True`` the ONNX model is
-written by sentence-transformers' own exporter and checked the same way; with
-``quantize="int8"`` a dynamic-int8 model is added and must keep the STS average within
+norm, so a missing ``Normalize`` is caught too). With ``onnx=True`` the encoder with its
+pooling and normalisation is written as one ONNX graph by :mod:`simcse_kit.onnx_export`
+(PyTorch's exporter, no optimum; checked against torch at several shapes) and checked the
+same way through :class:`~simcse_kit.onnx_encoder.OnnxEncoder` (onnxruntime + tokenizers);
+with ``quantize="int8"`` a dynamic-int8 graph is added and must keep the STS average within
 :data:`MAX_INT8_STS_DROP` of simcse-kit's fp32 model. Any failed check leaves nothing at
 ``out_dir``.
 """
@@ -54,8 +56,6 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -73,20 +73,19 @@ from simcse_kit.fileio import atomic_dir, check_writable, folder_contents
 from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
+from simcse_kit.onnx_export import DEFAULT_OPSET, INT8_OPS, OnnxExport, OnnxExportError, write_onnx
 
 logger = logging.getLogger(__name__)
 
 MIN_COSINE = 0.9999
 """Torch export vs simcse-kit: every probe's cosine must reach this."""
-MIN_COSINE_ONNX = 0.999
-"""fp32 ONNX export vs simcse-kit (a different kernel library: small float differences)."""
+MIN_COSINE_ONNX = 0.9999
+"""fp32 ONNX export (onnxruntime + tokenizers) vs simcse-kit on the probes."""
 NORM_RTOL = 1e-3
 """Relative difference allowed between exported and reference vector norms (cosine is blind
 to scale, so this is what catches a missing or extra ``Normalize``)."""
 MAX_INT8_STS_DROP = 0.5
 """int8 ONNX: most the STS score (Spearman x 100, primary metric) may fall below fp32 simcse-kit."""
-QUANT_CONFIG = "avx512_vnni"
-"""sentence-transformers' dynamic-quantisation preset (runs on any x86-64; fastest with VNNI)."""
 FORMAT_ST_VERSION = "3.0.0"
 """Written as ``__version__.sentence_transformers`` in ``config_sentence_transformers.json``:
 the release whose format the folder uses (``similarity_fn_name`` is 3.0's). Loaders read the
@@ -437,19 +436,23 @@ def encode_speed(encode: Encode, sentences: Sequence[str], repeat_to: int = 256)
 
 
 def require_onnx() -> None:
-    """Raise :class:`ExportError` (before anything is written) when sentence-transformers'
-    ONNX backend cannot run here."""
+    """Raise :class:`ExportError` (before anything is written) when the ONNX exporter or
+    onnxruntime cannot run here."""
     try:
+        import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
-        from optimum.onnxruntime import ORTModelForFeatureExtraction  # noqa: F401
-    except Exception as exc:  # ImportError, or an optimum built for another transformers
-        import transformers
+        import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter)
+        import tokenizers  # noqa: F401  (the OnnxEncoder the export is checked with)
+    except ImportError as exc:
+        raise ExportError(f"--onnx needs onnx, onnxruntime and onnxscript ({exc}); `pip install 'simcse-kit[onnx]'`") from None
 
-        raise ExportError(
-            f"--onnx needs optimum-onnx and onnxruntime that work with transformers {transformers.__version__} "
-            f"({type(exc).__name__}: {exc}). Install them with `pip install 'simcse-kit[onnx]'`; optimum-onnx "
-            "0.1.0, the latest release, supports only transformers < 4.58 (see docs/export.md)"
-        ) from None
+
+def onnx_encode(folder: Path, file_name: str) -> Encode:
+    """``encode`` through :class:`~simcse_kit.onnx_encoder.OnnxEncoder` (what deployments run)."""
+    from simcse_kit.onnx_encoder import OnnxEncoder
+
+    encoder = OnnxEncoder(folder, file_name)
+    return lambda sentences: torch.from_numpy(encoder.encode(list(sentences), batch_size=64))
 
 
 def sts_score(evaluator: STSScorer, encode: Encode) -> tuple[float, dict[str, float]]:
@@ -487,6 +490,7 @@ class ExportResult:
         speed: Backend -> encode speed in sentences/s (probe sentences, one run).
         onnx_files: Backend -> file inside the folder (``onnx/model.onnx`` ...).
         sts: ``{"simcse-kit fp32": ..., "onnx-int8": ...}`` primary STS figures (int8 only).
+        onnx: The ONNX export's details (exporter, opset, inputs, per-shape parity), if any.
     """
 
     out_dir: Path
@@ -499,6 +503,7 @@ class ExportResult:
     speed: dict[str, float] = field(default_factory=dict)
     onnx_files: dict[str, str] = field(default_factory=dict)
     sts: dict[str, float] = field(default_factory=dict)
+    onnx: OnnxExport | None = None
 
     @property
     def min_cosine(self) -> float:
@@ -624,17 +629,32 @@ def model_card(source: ExportSource, result: ExportResult, dim: int) -> str:
         "```",
     ]
     if "onnx" in result.onnx_files:
-        lines += ["", "ONNX (CPU; needs `optimum-onnx[onnxruntime]`):", "", "```python"]
-        lines.append(
-            f'model = SentenceTransformer("path/to/this/folder", backend="onnx", '
-            f'model_kwargs={{"file_name": "{result.onnx_files["onnx"]}"}})'
-        )
+        lines += [
+            "",
+            "ONNX (CPU): the graph holds the encoder, pooling"
+            + (" and normalisation" if result.normalize else "")
+            + " (output `sentence_embedding`) and runs with `pip install onnxruntime tokenizers numpy` and simcse-kit's "
+            "one-file `simcse_kit/onnx_encoder.py` (no torch, no transformers):",
+            "",
+            "```python",
+            "from simcse_kit.onnx_encoder import OnnxEncoder",
+            "",
+            f'encoder = OnnxEncoder("path/to/this/folder", "{result.onnx_files["onnx"]}")',
+        ]
         if "onnx-int8" in result.onnx_files:
-            lines.append(
+            lines.append(f'encoder = OnnxEncoder("path/to/this/folder", "{result.onnx_files["onnx-int8"]}")  # int8')
+        lines += ['embeddings = encoder.encode(["A man is playing a guitar."])  # numpy [N, D]', "```"]
+        if result.onnx is not None and "last_hidden_state" in result.onnx.outputs:
+            lines += [
+                "",
+                "sentence-transformers' own ONNX backend (it needs optimum-onnx, which today requires transformers < 4.58) "
+                "reads the graph's `last_hidden_state` and applies this folder's modules:",
+                "",
+                "```python",
                 f'model = SentenceTransformer("path/to/this/folder", backend="onnx", '
-                f'model_kwargs={{"file_name": "{result.onnx_files["onnx-int8"]}"}})  # int8'
-            )
-        lines.append("```")
+                f'model_kwargs={{"file_name": "{result.onnx_files["onnx"]}"}})',
+                "```",
+            ]
 
     compat = ", ".join(dict.fromkeys([*COMPAT_TESTED, result.st_version]))
     lines += [
@@ -698,24 +718,28 @@ def _check_target(source: ExportSource, out: Path, overwrite: bool) -> None:
         )
 
 
-def _add_onnx(folder: Path, quantize: str | None) -> dict[str, str]:
-    """Write ``onnx/model.onnx`` (and the int8 model) with sentence-transformers' exporters.
+def _add_onnx(model: SimCSEModel, tokenizer: Any, folder: Path, normalize: bool, quantize: str | None, opset: int) -> OnnxExport:
+    """Write ``onnx/model.onnx`` (and ``onnx/model_qint8.onnx``) with :mod:`simcse_kit.onnx_export`."""
+    try:
+        return write_onnx(model, tokenizer, folder, normalize=normalize, opset=opset, quantize=quantize)
+    except OnnxExportError as exc:
+        raise ExportError(str(exc)) from None
 
-    The model is saved to a scratch folder and only its ``onnx/`` copied in: a 6.x
-    ``save`` would rewrite ``modules.json`` with 6-only class paths.
-    """
-    from sentence_transformers import export_dynamic_quantized_onnx_model
 
-    files = {"onnx": "onnx/model.onnx"}
-    with tempfile.TemporaryDirectory(prefix=".onnx-", dir=folder.parent) as scratch:
-        load_backend(folder, "onnx").save(scratch, create_model_card=False)
-        shutil.copytree(Path(scratch) / "onnx", folder / "onnx")
-    if quantize == "int8":
-        export_dynamic_quantized_onnx_model(load_backend(folder, "onnx"), QUANT_CONFIG, str(folder))
-        files["onnx-int8"] = f"onnx/model_qint8_{QUANT_CONFIG}.onnx"
-        if not (folder / files["onnx-int8"]).is_file():
-            raise ExportError(f"the int8 exporter wrote no {files['onnx-int8']}")
-    return files
+def _onnx_info(done: OnnxExport | None) -> dict[str, Any] | None:
+    if done is None:
+        return None
+    keys = ("exporter", "opset", "inputs", "outputs", "shape_parity", "tried")
+    return {k: getattr(done, k) for k in keys}
+
+
+def _quant_info() -> dict[str, Any]:
+    return {
+        "type": "dynamic int8",
+        "tool": "onnxruntime.quantization.quantize_dynamic",
+        "weights": "QInt8, per channel",
+        "ops": list(INT8_OPS),
+    }
 
 
 def hub_upload(folder: Path, repo_id: str) -> str:
@@ -742,6 +766,7 @@ def export_model(
     probes: Sequence[str] = PROBE_SENTENCES,
     min_cosine: float = MIN_COSINE,
     device: str = "auto",
+    opset: int = DEFAULT_OPSET,
 ) -> ExportResult:
     """Write a sentence-transformers folder for a simcse-kit run or model, verified.
 
@@ -751,7 +776,8 @@ def export_model(
         overwrite: Replace an existing non-empty ``out_dir`` (atomically, after the checks)
             if it is an earlier export (holds ``simcse_export.json``); any other folder is refused.
         normalize: End with ``Normalize``; None decides (:func:`decide_normalize`).
-        onnx: Also write ``onnx/model.onnx`` and check it (cosine >= :data:`MIN_COSINE_ONNX`).
+        onnx: Also write ``onnx/model.onnx`` (encoder + pooling + normalisation, one graph)
+            and check it (cosine >= :data:`MIN_COSINE_ONNX`, with onnxruntime + tokenizers).
         quantize: ``"int8"``: also write a dynamic-int8 ONNX model (implies ``onnx``) and
             require its STS within :data:`MAX_INT8_STS_DROP` of simcse-kit fp32.
         sts_evaluator: What the int8 gate scores with (``encode -> scores``); default the
@@ -762,6 +788,7 @@ def export_model(
         min_cosine: Every probe's cosine (torch backend) must be at least this.
         device: Where the torch parity check encodes, both sides (``auto``: CUDA, else
             MPS, else CPU; :func:`simcse_kit.devices.resolve_device`); ONNX runs on the CPU.
+        opset: ONNX opset of the graphs.
 
     Raises:
         ConfigError: Bad source, target or option (nothing is written).
@@ -780,12 +807,6 @@ def export_model(
     if not probes:
         raise ConfigError("no probe sentences to check the export with")
     if onnx:
-        if source.meta.get("pooler") in ("avg_first_last", "avg_top2"):
-            # Checked up front: it would otherwise fail deep inside the ONNX check.
-            raise ExportError(
-                f"--onnx: pooler {source.meta['pooler']} averages several layers, but sentence-transformers' ONNX "
-                "backend returns only the last layer (no all_layer_embeddings); export without --onnx"
-            )
         require_onnx()
     evaluator = sts_evaluator
     if quantize and evaluator is None:
@@ -823,14 +844,15 @@ def export_model(
         result.speed["torch"] = encode_speed(encode, probes)
 
         if onnx:
-            result.onnx_files = _add_onnx(tmp, quantize)
-            onnx_encode = st_encode(load_backend(tmp, "onnx", result.onnx_files["onnx"]))
-            result.parity["onnx"] = parity(reference, onnx_encode(probes))
+            result.onnx = _add_onnx(model, tokenizer, tmp, use_norm, quantize, opset)
+            result.onnx_files = dict(result.onnx.files)
+            fp32_encode = onnx_encode(tmp, result.onnx_files["onnx"])
+            result.parity["onnx"] = parity(reference, fp32_encode(probes))
             check_parity("onnx", result.parity["onnx"], MIN_COSINE_ONNX, probes, out)
-            result.speed["onnx"] = encode_speed(onnx_encode, probes)
+            result.speed["onnx"] = encode_speed(fp32_encode, probes)
         if quantize:
             assert evaluator is not None
-            q_encode = st_encode(load_backend(tmp, "onnx", result.onnx_files["onnx-int8"]))
+            q_encode = onnx_encode(tmp, result.onnx_files["onnx-int8"])
             result.parity["onnx-int8"] = parity(reference, q_encode(probes))
             result.speed["onnx-int8"] = encode_speed(q_encode, probes)
             ref_sts, _ = sts_score(evaluator, ours.encode)
@@ -855,7 +877,8 @@ def export_model(
             "normalize": use_norm,
             "normalize_reason": why,
             "backends": {"torch": "model.safetensors", **result.onnx_files},
-            "quantization": {"type": "dynamic int8", "preset": QUANT_CONFIG} if quantize else None,
+            "onnx": _onnx_info(result.onnx),
+            "quantization": _quant_info() if quantize else None,
             "parity": {k: vars(v) for k, v in result.parity.items()},
             "parity_min_cosine": result.min_cosine,
             "parity_max_abs_diff": result.max_abs_diff,

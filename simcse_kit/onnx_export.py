@@ -1,0 +1,307 @@
+"""The encoder with its pooling and normalisation as one ONNX graph, through PyTorch's own
+exporter (no optimum), checked against torch at several shapes; dynamic int8 on request.
+
+The graph takes the tokenizer's outputs (``input_ids``, ``attention_mask`` and, where the
+model takes segment ids, ``token_type_ids``; int64, dynamic ``batch`` and ``sequence`` axes)
+and returns ``sentence_embedding`` ``[batch, D]``: pooled, through the MLP when the model
+keeps it at inference, normalised when the export is. It also returns ``last_hidden_state``
+``[batch, sequence, H]`` where sentence-transformers' optimum-based ONNX backend can rebuild
+the vector from it (every pooler but the layer-averaging ones, which need every layer): that
+backend reads that output by name and applies the folder's own Pooling/Dense/Normalize.
+
+Exporters: ``torch.onnx.export(..., dynamo=True)`` (``torch.export`` + onnxscript) first,
+then the TorchScript exporter (``dynamo=False``) if the first fails or disagrees with torch;
+which one wrote the graph is recorded in ``onnx/simcse_onnx.json``. With torch 2.13 the
+dynamo exporter handles every architecture in ``docs/architectures.md``; the TorchScript one
+drops DeBERTa-v2's unused ``token_type_ids`` input (so it is only the fallback).
+
+int8 is onnxruntime's ``quantize_dynamic``: MatMul weights to signed int8 (per channel),
+activations quantised on the fly. Its quality gate (STS) is :mod:`simcse_kit.export`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from simcse_kit.modeling import SimCSEModel
+from simcse_kit.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO, OUTPUT
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 18
+"""The dynamo exporter's native opset in torch 2.x; onnxruntime >= 1.14 runs it."""
+MIN_COSINE = 0.9999
+"""fp32 graph vs torch: every row at every checked shape must reach this."""
+EXPORTERS = ("dynamo", "torchscript")
+TOKEN_STATES = "last_hidden_state"
+CHECK_BATCHES = (1, 7, 64)
+CHECK_LENGTHS = (3, 32)  # and the model's maximum
+INT8_OPS = ("MatMul",)
+"""What dynamic int8 quantises: the weight matmuls, which hold nearly all the time and bytes
+(embeddings and LayerNorm stay fp32; quantising the embedding Gather costs STS for little)."""
+
+
+# Loggers that narrate every pass (onnxscript's rewriter, onnx_ir, a "torchvision is not
+# installed" line per op) or, for onnxruntime's quantiser, log on the root logger itself.
+CHATTY = ("", "onnxscript", "onnx_ir", "torch.onnx")
+
+
+@contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """Only errors from the exporter's and quantiser's loggers while they run (a failure
+    still raises); their levels are restored after."""
+    loggers = [logging.getLogger(name) for name in CHATTY]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+class OnnxExportError(RuntimeError):
+    """No exporter produced a graph that matches torch (the message names the architecture)."""
+
+
+class SentenceEmbeddingGraph(nn.Module):
+    """What the graph computes: encoder -> pooler -> MLP (if kept at inference) -> normalise.
+
+    Args:
+        model: An fp32 :class:`~simcse_kit.modeling.SimCSEModel` in ``eval()`` mode,
+            packing off (the exporter traces the plain padded path).
+        normalize: L2-normalise the vectors (as the export's ``Normalize`` module does).
+    """
+
+    def __init__(self, model: SimCSEModel, normalize: bool) -> None:
+        super().__init__()
+        self.encoder, self.pooler = model.encoder, model.pooler
+        self.mlp = model.mlp if model.mlp is not None and model.mlp_mode == "always" else None
+        self.normalize = normalize
+        self.takes_token_type_ids = model.takes_token_type_ids
+        self.token_states = not model.pooler.needs_hidden_states
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Args: ``[B, L]`` int64 each. Returns ``([B, D],)`` or ``([B, D], [B, L, H])``."""
+        kwargs = {"token_type_ids": token_type_ids} if self.takes_token_type_ids and token_type_ids is not None else {}
+        out = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=self.pooler.needs_hidden_states,
+            return_dict=True,
+            **kwargs,
+        )
+        pooled = self.pooler(attention_mask, out.last_hidden_state, out.hidden_states)
+        if self.mlp is not None:
+            pooled = self.mlp(pooled)
+        if self.normalize:
+            pooled = nn.functional.normalize(pooled, dim=-1)
+        return (pooled, out.last_hidden_state) if self.token_states else (pooled,)
+
+
+def graph_inputs(model: SimCSEModel, tokenizer: Any) -> list[str]:
+    """The graph's input names: the tokenizer's own, less segment ids the model does not take."""
+    names = ["input_ids", "attention_mask"]
+    if model.takes_token_type_ids and "token_type_ids" in getattr(tokenizer, "model_input_names", ["token_type_ids"]):
+        names.append("token_type_ids")
+    return names
+
+
+def random_batch(names: Sequence[str], vocab: int, batch: int, length: int, pad_id: int, seed: int) -> dict[str, torch.Tensor]:
+    """A right-padded ``[batch, length]`` batch of random ids (any but ``pad_id``): row 0
+    fills ``length``, the others random lengths (1..length), so padding and its mask are
+    exercised."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab - 1, (batch, length), generator=gen)
+    ids += (ids >= pad_id).long()  # never the pad id: its embedding may be zero (a zero vector has no cosine)
+    lengths = torch.randint(1, length + 1, (batch,), generator=gen)
+    lengths[0] = length
+    mask = (torch.arange(length)[None] < lengths[:, None]).long()
+    feeds = {"input_ids": ids.masked_fill(mask == 0, pad_id), "attention_mask": mask}
+    if "token_type_ids" in names:
+        feeds["token_type_ids"] = torch.zeros_like(ids)
+    return feeds
+
+
+def _export(graph: SentenceEmbeddingGraph, names: list[str], path: Path, opset: int, exporter: str) -> None:
+    outputs = [OUTPUT, TOKEN_STATES] if graph.token_states else [OUTPUT]
+    axes = {name: {0: "batch", 1: "sequence"} for name in [*names, TOKEN_STATES]} | {OUTPUT: {0: "batch"}}
+    example = random_batch(names, 8, 2, 8, 0, 0)  # 2 x 8: no axis of size 1 to specialise on
+    kwargs: dict[str, Any] = {"dynamo": exporter == "dynamo"}
+    if exporter == "dynamo":
+        kwargs |= {"external_data": False, "verbose": False}
+    with warnings.catch_warnings(), _quiet_logs():
+        warnings.simplefilter("ignore")  # tracer and deprecation chatter; the parity check decides
+        torch.onnx.export(
+            graph,
+            tuple(example[n] for n in names),
+            str(path),
+            input_names=names,
+            output_names=outputs,
+            dynamic_axes={k: v for k, v in axes.items() if k in (*names, *outputs)},
+            opset_version=opset,
+            **kwargs,
+        )
+
+
+def shape_parity(
+    graph: SentenceEmbeddingGraph, path: Path, names: list[str], vocab: int, pad_id: int, max_len: int
+) -> dict[str, float]:
+    """Lowest cosine, graph vs torch, per ``BxL`` shape (batches 1, 7, 64 x lengths 3, 32, max)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    taken = {i.name for i in session.get_inputs()}
+    result: dict[str, float] = {}
+    lengths = sorted({min(n, max_len) for n in (*CHECK_LENGTHS, max_len)})
+    for batch in CHECK_BATCHES:
+        for length in lengths:
+            feeds = random_batch(names, vocab, batch, length, pad_id, seed=batch * 1000 + length)
+            with torch.inference_mode():
+                ref = graph(**feeds)[0]
+            got = session.run([OUTPUT], {k: v.numpy() for k, v in feeds.items() if k in taken})[0]
+            cos = nn.functional.cosine_similarity(ref.double(), torch.from_numpy(got).double(), dim=-1)
+            result[f"{batch}x{length}"] = float(cos.min())
+    return result
+
+
+def quantize_int8(src: Path, dst: Path) -> None:
+    """Dynamic int8 (onnxruntime): :data:`INT8_OPS` weights signed int8, one scale per output
+    channel: per-tensor scales cost all-MiniLM-L6-v2 several times more cosine to fp32
+    (BENCHMARKS.md, "ONNX through torch.onnx")."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _quiet_logs():
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(INT8_OPS), per_channel=True)
+
+
+@dataclass
+class OnnxExport:
+    """What :func:`write_onnx` wrote (paths relative to the folder) and measured."""
+
+    files: dict[str, str]
+    exporter: str
+    opset: int
+    inputs: list[str]
+    outputs: list[str]
+    shape_parity: dict[str, float]
+    tried: dict[str, str] = field(default_factory=dict)
+
+
+def write_onnx(
+    model: SimCSEModel,
+    tokenizer: Any,
+    folder: Path,
+    *,
+    normalize: bool,
+    opset: int = DEFAULT_OPSET,
+    quantize: str | None = None,
+    exporters: Sequence[str] = EXPORTERS,
+    min_cosine: float = MIN_COSINE,
+) -> OnnxExport:
+    """Write :data:`FP32_FILE` (and :data:`INT8_FILE`) plus :data:`ONNX_INFO` into ``folder``.
+
+    Args:
+        model: fp32, ``eval()``, CPU.
+        tokenizer: Its transformers tokenizer (input names, pad id).
+        folder: The export folder (its ``onnx/`` is created).
+        normalize: Whether the vectors are L2-normalised.
+        opset: ONNX opset to export with.
+        quantize: ``"int8"`` to add the dynamic-int8 graph.
+        exporters: Tried in order; the first whose graph passes :func:`shape_parity` wins.
+        min_cosine: Every row at every shape must reach this.
+
+    Raises:
+        OnnxExportError: Every exporter failed or disagreed with torch.
+    """
+    import onnx
+
+    model = model.float().eval().cpu()
+    if model.packing:
+        raise OnnxExportError("export a model loaded without packing (SimCSEModel.load gives one)")
+    graph = SentenceEmbeddingGraph(model, normalize).eval()
+    names = graph_inputs(model, tokenizer)
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+    vocab = int(model.encoder.config.vocab_size)
+    (folder / "onnx").mkdir(exist_ok=True)
+    path = folder / FP32_FILE
+    tried: dict[str, str] = {}
+    used: str | None = None
+    parity: dict[str, float] = {}
+    for exporter in exporters:
+        try:
+            _export(graph, names, path, opset, exporter)
+            parity = shape_parity(graph, path, names, vocab, pad_id, model.max_seq_len)
+        except Exception as exc:  # any exporter failure: try the next, report all
+            tried[exporter] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+            logger.info("ONNX exporter %s failed: %s", exporter, tried[exporter])
+            continue
+        worst = min(parity, key=lambda k: parity[k])
+        if parity[worst] >= min_cosine:
+            tried[exporter] = "ok"
+            used = exporter
+            break
+        tried[exporter] = f"cosine {parity[worst]:.6f} < {min_cosine} at batch x length {worst}"
+        logger.info("ONNX exporter %s disagrees with torch: %s", exporter, tried[exporter])
+    if used is None:
+        path.unlink(missing_ok=True)
+        arch = model.encoder.config.model_type
+        raise OnnxExportError(
+            f"cannot export {arch} to ONNX: " + "; ".join(f"{k}: {v}" for k, v in tried.items()) + " (docs/export.md)"
+        )
+    proto = onnx.load(str(path), load_external_data=False)
+    done = OnnxExport(
+        files={"onnx": FP32_FILE},
+        exporter=used,
+        opset=next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), opset),
+        inputs=[i.name for i in proto.graph.input],
+        outputs=[o.name for o in proto.graph.output],
+        shape_parity=parity,
+        tried=tried,
+    )
+    del proto
+    logger.info("ONNX graph by the %s exporter, opset %d; lowest cosine vs torch %.7f", used, done.opset, min(parity.values()))
+    if quantize == "int8":
+        quantize_int8(path, folder / INT8_FILE)
+        done.files["onnx-int8"] = INT8_FILE
+    info = {
+        "max_seq_len": model.max_seq_len,
+        "pad_token_id": pad_id,
+        "dim": int(model.encoder.config.hidden_size),  # the MLP keeps H
+        "normalize": normalize,
+        "pooler": model.pooler.mode,
+        "mlp_at_inference": graph.mlp is not None,
+        "model_type": model.encoder.config.model_type,
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+    } | {k: v for k, v in asdict(done).items()}
+    (folder / ONNX_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return done
+
+
+__all__ = [
+    "DEFAULT_OPSET",
+    "EXPORTERS",
+    "MIN_COSINE",
+    "OnnxExport",
+    "OnnxExportError",
+    "SentenceEmbeddingGraph",
+    "graph_inputs",
+    "quantize_int8",
+    "random_batch",
+    "shape_parity",
+    "write_onnx",
+]
