@@ -22,6 +22,7 @@ from typing import Literal
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 __all__ = ["Embedded", "Encode", "Order", "encode_once", "encode_unique"]
 
@@ -32,7 +33,9 @@ device and dtype, or a numpy array)."""
 Order = Literal["longest_first", "text"]
 
 
-def encode_unique(encode: Encode, sentences: Sequence[str], batch_size: int, order: Order = "longest_first") -> np.ndarray:
+def encode_unique(
+    encode: Encode, sentences: Sequence[str], batch_size: int, order: Order = "longest_first", progress: bool = False
+) -> np.ndarray:
     """Encodes ``sentences`` (distinct) in batches, by default longest first, under ``torch.no_grad``.
 
     ``no_grad`` so that an encoder built on a model in training keeps no graph.
@@ -43,6 +46,7 @@ def encode_unique(encode: Encode, sentences: Sequence[str], batch_size: int, ord
         batch_size: Sentences per ``encode`` call.
         order: Batch the sentences by character length, longest first (ties in
             input order), or ``"text"``: in sorted (code-point) order.
+        progress: Show a progress bar over the batches (long encodes, e.g. a corpus).
 
     Returns:
         float32 array of shape ``(U, D)``, row ``i`` the embedding of ``sentences[i]``.
@@ -63,7 +67,7 @@ def encode_unique(encode: Encode, sentences: Sequence[str], batch_size: int, ord
         raise ValueError(f"order must be 'longest_first' or 'text', got {order!r}")
     chunks: list[np.ndarray] = []
     with torch.no_grad():
-        for start in range(0, len(perm), batch_size):
+        for start in tqdm(range(0, len(perm), batch_size), desc="encoding", unit="batch", disable=not progress):
             batch = [sentences[i] for i in perm[start : start + batch_size]]
             out = encode(batch)
             if isinstance(out, torch.Tensor):
@@ -102,7 +106,9 @@ class Embedded:
         return self.vectors[self.index(sentences)]
 
 
-def encode_once(encode: Encode, sentences: Iterable[str], batch_size: int, order: Order = "longest_first") -> Embedded:
+def encode_once(
+    encode: Encode, sentences: Iterable[str], batch_size: int, order: Order = "longest_first", progress: bool = False
+) -> Embedded:
     """Encodes each distinct sentence of ``sentences`` once (see :func:`encode_unique`).
 
     Args:
@@ -111,6 +117,7 @@ def encode_once(encode: Encode, sentences: Iterable[str], batch_size: int, order
             second sentence of every pair of a task).
         batch_size: Sentences per ``encode`` call.
         order: How the distinct sentences are batched (see :func:`encode_unique`).
+        progress: Show a progress bar over the batches.
 
     Returns:
         The distinct sentences' embeddings and rows; ``embedded.of(sentences)``
@@ -119,4 +126,4 @@ def encode_once(encode: Encode, sentences: Iterable[str], batch_size: int, order
     rows: dict[str, int] = {}
     for s in sentences:
         rows.setdefault(s, len(rows))
-    return Embedded(encode_unique(encode, list(rows), batch_size, order), rows)
+    return Embedded(encode_unique(encode, list(rows), batch_size, order, progress), rows)
