@@ -79,7 +79,9 @@ class DataConfig:
     mix_file: str | None = None  # a second (general) corpus mixed into train_file, in data.mode's format
     mix_ratio: float = 0.0  # share of the mixed training set drawn from mix_file, in [0, 1)
     dev_file: str | None = None  # dev split for checkpoint selection (None: STS-B dev of eval_data_dir)
-    dev_format: str = "stsb"  # dev_file's format: "stsb" (sts-dev.csv) or "sick" (SICK_trial.txt)
+    # dev_file's format: "stsb" (sts-dev.csv), "sick" (SICK_trial.txt) or "beir" (a BEIR-format
+    # retrieval folder: selects on its qrels/dev.tsv nDCG@10, docs/retrieval.md)
+    dev_format: str = "stsb"
 
     def path_keys(self) -> list[str]:
         """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
@@ -193,7 +195,10 @@ class RunConfig:
         checks.append(
             ("data.train_format", self.data.train_format in ("auto", *PAIR_FORMATS), f"'auto' or one of {PAIR_FORMATS}")
         )
-        checks.append(("data.dev_format", self.data.dev_format in PAIR_FORMATS, f"one of {PAIR_FORMATS}"))
+        dev_formats = (*PAIR_FORMATS, "beir")
+        checks.append(("data.dev_format", self.data.dev_format in dev_formats, f"one of {dev_formats}"))
+        if self.data.dev_format == "beir":
+            checks.append(("data.dev_file", self.data.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
         checks.append(("data.word_repetition", 0 <= self.data.word_repetition <= 1, "in [0, 1]"))
         if self.data.word_repetition or self.data.train_format != "auto":
             checks.append(("data.mode", self.data.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))

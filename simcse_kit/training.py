@@ -30,7 +30,7 @@ from simcse_kit.batch import views_per_example
 from simcse_kit.config import RunConfig, load_config, save_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset, mix_datasets
 from simcse_kit.errors import ConfigError
-from simcse_kit.evaluation import DevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
 from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import remove_dir, write_json_atomic
@@ -76,7 +76,11 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     # Everything that can be wrong with the inputs fails here, before the run folder is
     # written: the training data, the dev and final STS files, the model folder.
     dataset = load_training_data(cfg)
-    dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
+    dev = (
+        RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE)  # type: ignore[arg-type]
+        if cfg.data.dev_format == "beir"
+        else DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
+    )
     final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
     tokenizer = load_checked_tokenizer(cfg)
     tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker

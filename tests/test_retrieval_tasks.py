@@ -93,3 +93,21 @@ def test_evaluate_retrieval_rejects_sts_options(tmp_path: Path, tiny_model_dir: 
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\tx\n")
     assert main(["evaluate", str(tiny_model_dir), "--pooler", "avg", "--retrieval", str(folder)]) == 2
     assert "test.tsv, line 2: score 'x' is not an integer" in capsys.readouterr().err
+
+
+def test_a_run_selects_on_a_beir_dev_split(tmp_path: Path, tiny_run) -> None:  # noqa: ANN001 - conftest's TinyRun
+    from conftest import toy_sentences
+
+    from simcse_kit.evaluation.retrieval import RetrievalDevEvaluator
+
+    sents = toy_sentences(40)
+    corpus = {f"d{i}": s for i, s in enumerate(sents[:30])}
+    queries = {f"q{i}": " ".join(sents[i].split()[:3]) for i in range(10)}
+    folder = write_beir(tmp_path / "dev", corpus, queries, {"dev": {f"q{i}": {f"d{i}": 1} for i in range(10)}})
+    metrics = tiny_run.train("beir-dev", dev_file=folder, dev_format="beir", num_epochs=1, final_eval=False)
+    evals = metrics["evals"]
+    assert len(evals) >= 2 and all(e["stsb_dev"] == e["dev_ndcg@10"] for e in evals)
+    assert metrics["best_stsb_dev"] == max(e["stsb_dev"] for e in evals)
+    # The saved best model scores what selected it.
+    best = load_encoder(tiny_run.folder / "beir-dev")
+    assert RetrievalDevEvaluator(folder)(best.encode)["stsb_dev"] == pytest.approx(metrics["best_stsb_dev"], abs=1e-3)
