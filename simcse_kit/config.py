@@ -101,6 +101,10 @@ class LossConfig:
     false_negative_threshold: float | None = None  # drop candidates whose cosine with the anchor exceeds this (None: off)
     queue_size: int = 0  # MoCo-style queue of past embeddings as extra negatives (0: off)
     momentum: float = 0.999  # momentum encoder update rate when queue_size > 0
+    # Matryoshka: the loss summed over these prefix sizes of the embedding, e.g. [384, 256, 128, 64]
+    # (None: the full embedding only); each prefix is re-normalised, so it works truncated.
+    matryoshka_dims: list[int] | None = None
+    matryoshka_weights: list[float] | None = None  # one weight per matryoshka_dims entry (None: all 1)
 
 
 @dataclass
@@ -210,6 +214,14 @@ class RunConfig:
             checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
         if self.loss.false_negative_threshold is not None:
             checks.append(("loss.false_negative_threshold", -1 < self.loss.false_negative_threshold <= 1, "in (-1, 1] or null"))
+        if self.loss.matryoshka_dims is not None:
+            dims = self.loss.matryoshka_dims
+            ok = bool(dims) and all(d > 0 for d in dims) and len(set(dims)) == len(dims)
+            checks.append(("loss.matryoshka_dims", ok, "distinct sizes > 0, e.g. [384, 256, 128, 64] (or null)"))
+        if self.loss.matryoshka_weights is not None:
+            n = len(self.loss.matryoshka_dims or [])
+            ok = len(self.loss.matryoshka_weights) == n and all(w > 0 for w in self.loss.matryoshka_weights)
+            checks.append(("loss.matryoshka_weights", ok, f"{n} weights > 0, one per loss.matryoshka_dims entry"))
         if self.loss.queue_size > 0:
             checks.append(("loss.momentum", 0 <= self.loss.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
             checks.append(
@@ -300,11 +312,15 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no", AUTO):
             return AUTO if value.lower() == AUTO else value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{source}: config key {key!r} = {value!r} must be true, false or auto")
-    if typing.get_origin(base) is list:  # names: a YAML list, a YAML string, or "a,b" on the command line
-        items = value.split(",") if isinstance(value, str) else value
+    if typing.get_origin(base) is list:  # a YAML list, a YAML string, or "a,b" on the command line
+        (item,) = typing.get_args(base)
+        items = value.strip().strip("[]").split(",") if isinstance(value, str) else value
+        if item is not str and isinstance(items, list) and items:  # numbers: each checked as the item type
+            return [_coerce(v.strip() if isinstance(v, str) else v, item, key, source) for v in items]
         if isinstance(items, list) and all(isinstance(v, str) for v in items):
             return [v.strip() for v in items if v.strip()]
-        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a list of names (or a comma-separated string)")
+        what = "names" if item is str else f"{item.__name__}s"
+        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a list of {what} (or a comma-separated string)")
     try:
         if base is bool:
             if isinstance(value, bool):
@@ -331,7 +347,15 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
     raise ConfigError(f"{source}: config key {key!r} = {value!r} is not a valid {annotation}")
 
 
-_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "list[str]": list[str]}
+_TYPES: dict[str, Any] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "list[str]": list[str],
+    "list[int]": list[int],
+    "list[float]": list[float],
+}
 
 
 def _annotation(section: str, name: str) -> Any:

@@ -58,6 +58,10 @@ class SimCSEObjective:
     With ``loss.false_negative_threshold`` candidates whose cosine with the anchor exceeds
     it are dropped too (:func:`negatives.similar_candidate_mask`); the positive never is.
     :attr:`masked_negatives` counts them over all calls, :attr:`last_masked` in the latest.
+
+    With ``loss.matryoshka_dims`` the loss is the weighted sum of the same problem on each
+    prefix of the rows (:func:`losses.matryoshka_loss`); a function of the full
+    embeddings still, so GradCache and the queue take it as they take the plain loss.
     """
 
     mode: str
@@ -133,8 +137,16 @@ class SimCSEObjective:
         bias = None  # hardneg: alpha on each anchor's own hard negative, n_positives columns after its positive
         if self.mode == "hardneg":
             bias = losses.weight_bias(positive + n_positives, m, self.loss_cfg.hard_negative_weight, anchors)
-        return losses.contrastive_loss(
-            anchors, candidates, temperature=self.loss_cfg.temperature, positive_index=positive, exclude=exclude, logit_bias=bias
+        # Matryoshka: the same problem on each prefix; masks were decided on the full rows above.
+        return losses.matryoshka_loss(
+            anchors,
+            candidates,
+            self.loss_cfg.matryoshka_dims,
+            self.loss_cfg.matryoshka_weights,
+            temperature=self.loss_cfg.temperature,
+            positive_index=positive,
+            exclude=exclude,
+            logit_bias=bias,
         )
 
     def false_negatives(

@@ -235,6 +235,9 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         value = getattr(cfg.model, key)
         if isinstance(limit, int) and value > limit:
             raise ConfigError(f"config key 'model.{key}' = {value}: the model takes at most {limit} positions")
+    hidden, dims = getattr(hf_config, "hidden_size", None), cfg.loss.matryoshka_dims or []
+    if isinstance(hidden, int) and any(d > hidden for d in dims):
+        raise ConfigError(f"config key 'loss.matryoshka_dims' = {dims}: the model's embeddings have {hidden} dimensions")
     return tokenizer
 
 
