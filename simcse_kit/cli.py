@@ -146,6 +146,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
             index=args.index,
             device=getattr(args, "device", None) or "cpu",
             mteb_results=args.mteb_results,
+            truncate_dim=args.truncate_dim,
         )
         return 0
 
@@ -162,6 +163,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
         source=args.source,
         hub_root=args.hub_root,
         mteb_results=args.mteb_results,
+        truncate_dim=args.truncate_dim,
         **model_options(args),
     )
     return 0
@@ -179,6 +181,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             onnx=args.onnx,
             quantize=args.quantize,
             push_to_hub=args.push_to_hub,
+            truncate_dim=args.truncate_dim,
             # STS data is read only for the int8 check: exporting needs no data root otherwise.
             **({"data_dir": senteval_dir(args.data_dir, args.data_root)} if args.quantize else {}),
         )
@@ -352,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--retrieval-split", default="test", help="with --retrieval: the qrels split (qrels/SPLIT.tsv)")
     p.add_argument(
+        "--truncate-dim", type=int, default=None, metavar="N", help="use the first N dimensions of each embedding (Matryoshka)"
+    )
+    p.add_argument(
         "--index", choices=("exact", "faiss"), default="exact", help="with --retrieval: exact chunked search, or a faiss index"
     )
     p.add_argument("--json", type=Path, default=None, help="write results here")
@@ -374,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--onnx", action="store_true", help="also write onnx/model.onnx (needs simcse-kit[onnx])")
     p.add_argument("--quantize", choices=("int8",), default=None, help="also write a dynamic-int8 ONNX model (implies --onnx)")
+    p.add_argument("--truncate-dim", type=int, default=None, metavar="N", help="ST loads it with N dimensions (Matryoshka)")
     add_data_options(p, "STS data for the int8 check")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
     p.set_defaults(func=cmd_export, extra_ok=False)

@@ -82,6 +82,10 @@ class DataConfig:
     # dev_file's format: "stsb" (sts-dev.csv), "sick" (SICK_trial.txt) or "beir" (a BEIR-format
     # retrieval folder: selects on its qrels/dev.tsv nDCG@10, docs/retrieval.md)
     dev_format: str = "stsb"
+    # Prompts put before the texts, e5/bge-style: {query: "query: ", document: "passage: "}.
+    # In training view 0 (the anchor) is the query and the other views are documents; they are
+    # saved with the model, used by evaluation and written into the export (docs/retrieval.md).
+    prompts: dict[str, str] | None = None
 
     def path_keys(self) -> list[str]:
         """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
@@ -214,6 +218,10 @@ class RunConfig:
             checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
         if self.loss.false_negative_threshold is not None:
             checks.append(("loss.false_negative_threshold", -1 < self.loss.false_negative_threshold <= 1, "in (-1, 1] or null"))
+        if self.data.prompts is not None:
+            names = ("query", "document")  # simcse_kit.batch.PROMPT_NAMES
+            ok = set(self.data.prompts) <= set(names)
+            checks.append(("data.prompts", ok, f"a mapping with keys among {names}, e.g. {{query: 'query: '}}"))
         if self.loss.matryoshka_dims is not None:
             dims = self.loss.matryoshka_dims
             ok = bool(dims) and all(d > 0 for d in dims) and len(set(dims)) == len(dims)
@@ -312,6 +320,15 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no", AUTO):
             return AUTO if value.lower() == AUTO else value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{source}: config key {key!r} = {value!r} must be true, false or auto")
+    if typing.get_origin(base) is dict:  # a YAML mapping, or one written inline on the command line
+        try:
+            mapping = yaml.safe_load(value) if isinstance(value, str) else value
+        except yaml.YAMLError:
+            mapping = None
+        if isinstance(mapping, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+            return dict(mapping)
+        example = "{query: 'query: '}"
+        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a mapping of names to texts, e.g. {example}")
     if typing.get_origin(base) is list:  # a YAML list, a YAML string, or "a,b" on the command line
         (item,) = typing.get_args(base)
         items = value.strip().strip("[]").split(",") if isinstance(value, str) else value
@@ -355,6 +372,7 @@ _TYPES: dict[str, Any] = {
     "list[str]": list[str],
     "list[int]": list[int],
     "list[float]": list[float],
+    "dict[str, str]": dict[str, str],
 }
 
 

@@ -26,11 +26,12 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.architectures import max_tokens
-from simcse_kit.batch import views_per_example
+from simcse_kit.batch import view_prompts, views_per_example
 from simcse_kit.config import RunConfig, load_config, save_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset, mix_datasets
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.evaluation.encoding import prompted
 from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import remove_dir, write_json_atomic
@@ -77,7 +78,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     # written: the training data, the dev and final STS files, the model folder.
     dataset = load_training_data(cfg)
     dev = (
-        RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE)  # type: ignore[arg-type]
+        RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE, prompts=cfg.data.prompts)  # type: ignore[arg-type]
         if cfg.data.dev_format == "beir"
         else DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
     )
@@ -100,8 +101,14 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes)
     step = make_step(cfg, model, objective, accelerator)
     extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
+    if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
+        extra["prompts"] = cfg.data.prompts
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
-    evaluator = ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision)
+    # STS dev reads its sentences as queries; a retrieval dev split applies both prompts itself.
+    query_prompt = (cfg.data.prompts or {}).get("query", "") if cfg.data.dev_format != "beir" else ""
+    evaluator = ModelEvaluator(
+        dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision, query_prompt
+    )
 
     state = fit(
         model, step, loader, cfg.train, accelerator=accelerator, evaluator=evaluator, checkpoints=checkpoints, resume=resume
@@ -124,7 +131,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     if accelerator.is_main_process:
         if final_sts is not None:
             best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-            metrics["sts"] = final_sts(best.encode)
+            metrics["sts"] = final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
             accelerator.log(
                 {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
             )
@@ -282,6 +289,7 @@ def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_p
         cfg.data.mode,
         cfg.model.max_seq_len,
         with_text_ids=cfg.loss.mask_false_negatives,
+        prompts=view_prompts(cfg.data.prompts, cfg.data.mode),
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
     )
@@ -323,6 +331,7 @@ class ModelEvaluator:
     max_seq_len: int
     device: torch.device
     precision: str
+    prompt: str = ""  # put before every sentence (the model's query prompt, for STS dev)
 
     @property
     def primary_metric(self) -> str:
@@ -330,7 +339,7 @@ class ModelEvaluator:
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         encoder = Encoder(model, self.tokenizer, self.max_seq_len, self.device, self.precision)
-        return self.evaluator(encoder.encode)
+        return self.evaluator(prompted(encoder.encode, self.prompt))
 
 
 def run_metrics(state: LoopState, views: int, masked_negatives: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.encoding import prompted, truncated
 from simcse_kit.evaluation.hub import HubSTSEvaluator
 from simcse_kit.evaluation.mteb import mteb_retrieval_result, write_mteb_results
 from simcse_kit.evaluation.readers import TaskSpec, load_suite, read_stsb, stsb_split_path
@@ -42,6 +43,7 @@ def evaluate_model(
     source: str = "senteval",
     hub_root: str | Path | None = None,
     mteb_results: str | Path | None = None,
+    truncate_dim: int | None = None,
 ) -> dict[str, float]:
     """Spearman x 100 on the STS tasks for MODEL; prints the paper-style table.
 
@@ -62,6 +64,8 @@ def evaluate_model(
             instead of the hub.
         mteb_results: A folder to write one MTEB-format JSON per task into
             (see :mod:`~simcse_kit.evaluation.mteb`), if any.
+        truncate_dim: Score the first this many coordinates of each embedding only
+            (a Matryoshka model at a smaller size).
 
     Returns:
         Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
@@ -87,7 +91,7 @@ def evaluate_model(
         else STSEvaluator(senteval_dir(data_dir, None), tasks=tasks, batch_size=batch_size, suite=suite)
     )
     columns = suite_columns(list(evaluator.specs))
-    results = _run(evaluator, model, pooler, precision, columns, json_out)
+    results = _run(evaluator, model, pooler, precision, columns, json_out, truncate_dim)
     if mteb_results is not None:
         write_mteb_results(mteb_results, evaluator)
     return results
@@ -100,11 +104,13 @@ def _run(
     precision: str,
     columns: Mapping[str, str],
     json_out: str | Path | None,
+    truncate_dim: int | None = None,
 ) -> dict[str, float]:
     """Load MODEL, run ``evaluator`` on its encode function, print the table, save JSON."""
     encoder = load_encoder(model, pooler=pooler, precision=precision)
     start = time.perf_counter()
-    results = evaluator(encoder.encode)
+    # A model with prompts reads STS sentences as queries (both sides), as e5 advises.
+    results = evaluator(truncated(prompted(encoder.encode, encoder.prompts.get("query", "")), truncate_dim))
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
     print(format_table(results, columns))
     if json_out is not None:
@@ -124,6 +130,7 @@ def evaluate_retrieval(
     index: str = "exact",
     device: str = "cpu",
     mteb_results: str | Path | None = None,
+    truncate_dim: int | None = None,
 ) -> dict[str, float]:
     """nDCG@10, MRR@10, Recall@1/10/100, MAP@100 (x 100) of MODEL on BEIR-format task
     folders (:class:`~simcse_kit.evaluation.retrieval.RetrievalEvaluator`); prints one row
@@ -140,14 +147,16 @@ def evaluate_retrieval(
         index: ``"exact"`` (chunked matrix products) or ``"faiss"``.
         device: Where the model encodes and the exact search runs.
         mteb_results: A folder to write one MTEB-format ``<task>.json`` per task into, if any.
+        truncate_dim: Search with the first this many coordinates of each embedding only.
 
     Returns:
         nDCG@10 under each task's name, every metric under ``<task>/<metric>``, ``avg``.
     """
     evaluator = RetrievalEvaluator(tasks, split, batch_size, index, device)
     encoder = load_encoder(model, pooler=pooler, device=device, precision=precision)
+    evaluator.prompts = encoder.prompts  # queries and documents get the model's own prompts
     start = time.perf_counter()
-    results = evaluator(encoder.encode)
+    results = evaluator(truncated(encoder.encode, truncate_dim))
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
     rows = [{"task": name, **{m: results[f"{name}/{m}"] for m in RETRIEVAL_COLUMNS if m != "task"}} for name in evaluator.tasks]
     print(format_rows(rows, RETRIEVAL_COLUMNS))

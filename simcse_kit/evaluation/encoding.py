@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["Embedded", "Encode", "Order", "encode_once", "encode_unique"]
+from simcse_kit.errors import ConfigError
+
+__all__ = ["Embedded", "Encode", "Order", "encode_once", "encode_unique", "prompted", "truncated"]
 
 Encode = Callable[[list[str]], "torch.Tensor | np.ndarray"]
 """Maps a batch of N sentences to embeddings of shape ``(N, D)`` (a torch tensor on any
@@ -127,3 +129,38 @@ def encode_once(
     for s in sentences:
         rows.setdefault(s, len(rows))
     return Embedded(encode_unique(encode, list(rows), batch_size, order, progress), rows)
+
+
+def truncated(encode: Encode, dim: int | None) -> Encode:
+    """``encode`` keeping the first ``dim`` coordinates of each embedding (a Matryoshka
+    model used at a smaller size); ``encode`` itself for None. Every evaluator scores by
+    cosine, so the prefix is re-normalised there.
+
+    Raises:
+        ConfigError: ``dim`` below 1 (now) or above the embedding size (at the first call).
+    """
+    if dim is None:
+        return encode
+    if dim < 1:
+        raise ConfigError(f"--truncate-dim must be >= 1, got {dim}")
+
+    def encode_prefix(sentences: list[str]) -> torch.Tensor | np.ndarray:
+        out = encode(sentences)
+        if out.shape[-1] < dim:
+            raise ConfigError(f"--truncate-dim {dim}: the model's embeddings have only {out.shape[-1]} dimensions")
+        return out[:, :dim]
+
+    return encode_prefix
+
+
+def prompted(encode: Encode, prompt: str) -> Encode:
+    """``encode`` with ``prompt`` put before every sentence (a model's query prompt, used
+    on both sides of a symmetric task such as STS, as e5's authors advise); ``encode``
+    itself for ``""``."""
+    if not prompt:
+        return encode
+
+    def encode_prompted(sentences: list[str]) -> torch.Tensor | np.ndarray:
+        return encode([prompt + s for s in sentences])
+
+    return encode_prompted
