@@ -111,3 +111,13 @@ def test_a_run_selects_on_a_beir_dev_split(tmp_path: Path, tiny_run) -> None:  #
     # The saved best model scores what selected it.
     best = load_encoder(tiny_run.folder / "beir-dev")
     assert RetrievalDevEvaluator(folder)(best.encode)["stsb_dev"] == pytest.approx(metrics["best_stsb_dev"], abs=1e-3)
+
+
+def test_evaluate_retrieval_with_faiss_gives_the_exact_numbers(tmp_path: Path, tiny_model_dir: Path) -> None:
+    pytest.importorskip("faiss")
+    folder = _toy(tmp_path / "toy")
+    argv = ["evaluate", str(tiny_model_dir), "--pooler", "avg", "--retrieval", str(folder), "--json"]
+    assert main([*argv, str(tmp_path / "exact.json")]) == 0
+    assert main([*argv, str(tmp_path / "faiss.json"), "--index", "faiss"]) == 0
+    exact, faiss = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("exact", "faiss"))
+    assert faiss == pytest.approx(exact, abs=1e-4)
