@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from simcse_kit.errors import DataError
+from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation.beir import read_beir, write_beir
 from simcse_kit.evaluation.retrieval import RetrievalDevEvaluator, RetrievalEvaluator, rank, retrieval_metrics
 from simcse_kit.evaluation.search import exact_search, faiss_search
@@ -241,3 +242,15 @@ def test_dev_evaluator_uses_dev_split(tmp_path: Path) -> None:
     result = dev(_one_hot_by_topic([]))
     assert dev.primary_metric == "stsb_dev" and result["stsb_dev"] == result["dev_ndcg@10"]
     assert result["alignment"] >= 0 and np.isfinite(result["uniformity"])
+
+
+def test_missing_extras_are_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _task(tmp_path / "toy")
+    monkeypatch.setitem(sys.modules, "faiss", None)  # an import of it raises ImportError
+    with pytest.raises(ConfigError, match=r"--index faiss needs faiss: pip install 'simcse-kit\[faiss\]'"):
+        RetrievalEvaluator([folder], index="faiss")
+    monkeypatch.setitem(sys.modules, "pytrec_eval", None)
+    with pytest.raises(ConfigError, match=r"pip install 'simcse-kit\[retrieval\]'"):
+        RetrievalEvaluator([folder])
+    with pytest.raises(ConfigError, match="pytrec_eval"):
+        RetrievalDevEvaluator(folder)

@@ -24,6 +24,7 @@ prompt), sorted by length in batches (:mod:`~simcse_kit.evaluation.encoding`).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.beir import RetrievalTask, read_beir
 from simcse_kit.evaluation.encoding import Encode, encode_once
 from simcse_kit.evaluation.geometry import alignment, uniformity
@@ -61,10 +63,12 @@ UNIFORMITY_DOCS = 4096  # the dev corpus's first documents that uniformity (all 
 
 
 def _pytrec_eval():  # noqa: ANN202 - an optional import
+    # A missing extra is the user's to fix: one line (ConfigError), checked when an
+    # evaluator is built, before any model loads or run folder appears.
     try:
         import pytrec_eval
     except ImportError:
-        raise ImportError("retrieval metrics need pytrec_eval: pip install 'simcse-kit[retrieval]'") from None
+        raise ConfigError("retrieval metrics need pytrec_eval: pip install 'simcse-kit[retrieval]'") from None
     return pytrec_eval
 
 
@@ -180,6 +184,9 @@ class RetrievalEvaluator:
     ) -> None:
         if index not in SEARCHES:
             raise ValueError(f"index must be one of {sorted(SEARCHES)}, got {index!r}")
+        _pytrec_eval()
+        if index == "faiss" and importlib.util.find_spec("faiss") is None:
+            raise ConfigError("--index faiss needs faiss: pip install 'simcse-kit[faiss]' (faiss-cpu)")
         read = [t if isinstance(t, RetrievalTask) else read_beir(t, split) for t in tasks]
         self.tasks = {t.name: t for t in read}
         if len(self.tasks) != len(read):
@@ -231,6 +238,7 @@ class RetrievalDevEvaluator:
     primary_metric = "stsb_dev"
 
     def __init__(self, path: Path | str, batch_size: int = 64, prompts: Mapping[str, str] | None = None) -> None:
+        _pytrec_eval()
         self.path = Path(path)
         split = "dev" if (self.path / "qrels" / "dev.tsv").is_file() else "test"
         if split == "test":
