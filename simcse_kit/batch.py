@@ -28,6 +28,7 @@ __all__ = [
     "model_inputs",
     "split_views",
     "text_ids",
+    "view_prompts",
     "view_rows",
     "views_per_example",
 ]
@@ -55,6 +56,24 @@ def batch_texts(examples: Sequence[Mapping[str, str]], mode: str) -> list[str]:
     """The texts of a batch's rows, example-major: ``N * V`` strings."""
     views_per_example(mode)  # a clear error for an unknown mode
     return [ex[col] for ex in examples for col in VIEW_COLUMNS[mode]]
+
+
+PROMPT_NAMES = ("query", "document")
+"""The prompts a model may carry (``data.prompts``): view 0 (the anchor) is the query,
+the other views (its positive, its hard negative) are documents."""
+
+
+def view_prompts(prompts: Mapping[str, str] | None, mode: str) -> tuple[str, ...]:
+    """The text put before each view's rows: ``prompts["query"]`` for view 0,
+    ``prompts["document"]`` for the others (``""`` where unset); ``()`` without prompts.
+
+    In ``unsup`` the two views are the same sentence: with both prompts it learns to
+    match a sentence as a query with itself as a document.
+    """
+    if not prompts:
+        return ()
+    n_views = views_per_example(mode)
+    return (prompts.get("query", ""),) + (prompts.get("document", ""),) * (n_views - 1)
 
 
 def view_rows(n_rows: int, n_views: int, view: int) -> slice:

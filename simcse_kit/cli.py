@@ -149,8 +149,27 @@ def add_data_options(p: argparse.ArgumentParser, data_dir_help: str) -> None:
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
-    from simcse_kit.evaluation import DEFAULT_SUITE, evaluate_model, load_suite
+    from simcse_kit.evaluation import DEFAULT_SUITE, evaluate_model, evaluate_retrieval, load_suite
     from simcse_kit.evaluation.hub import HUB_SUITE
+
+    if args.retrieval:
+        sts_only = [f"--{k.replace('_', '-')}" for k in ("suite", "tasks", "hub_root") if getattr(args, k) is not None]
+        if sts_only or args.source != "senteval":
+            raise ConfigError(f"--retrieval evaluates BEIR folders; {sts_only or ['--source']} only apply to the STS tasks")
+        evaluate_retrieval(
+            args.model,
+            args.retrieval,
+            pooler=args.pooler,
+            split=args.retrieval_split,
+            json_out=args.json,
+            batch_size=args.batch_size,
+            precision=args.precision,
+            index=args.index,
+            device=getattr(args, "device", None) or "cpu",
+            mteb_results=args.mteb_results,
+            truncate_dim=args.truncate_dim,
+        )
+        return 0
 
     suite = None if args.suite is None else load_suite(find_recipe(args.suite, "evaluate"))
     known = suite or (HUB_SUITE if args.source == "hub" else DEFAULT_SUITE)
@@ -165,6 +184,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
         source=args.source,
         hub_root=args.hub_root,
         mteb_results=args.mteb_results,
+        truncate_dim=args.truncate_dim,
         **model_options(args),
     )
     return 0
@@ -184,6 +204,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             push_to_hub=args.push_to_hub,
             device=args.device,
             **({"opset": args.opset} if args.opset is not None else {}),
+            truncate_dim=args.truncate_dim,
             # STS data is read only for the int8 check: exporting needs no data root otherwise.
             **({"data_dir": senteval_dir(args.data_dir, args.data_root)} if args.quantize else {}),
         )
@@ -253,6 +274,21 @@ def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
         batch_size=args.batch_size,
         device=args.device,
     )
+    return 0
+
+
+def cmd_retrieval_tasks(args: argparse.Namespace, extra: list[str]) -> int:
+    from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS, build_retrieval_tasks
+    from simcse_kit.recipes import data_root
+
+    unknown = [t for t in args.tasks or () if t not in RETRIEVAL_TASKS]
+    if unknown:
+        raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(RETRIEVAL_TASKS)}")
+    root = data_root(args.data_root)
+    if root is None:
+        raise ConfigError("no data root: pass --data-root DIR or set SIMCSE_KIT_DATA")
+    for name, folder in build_retrieval_tasks(args.out, root, args.tasks).items():
+        print(f"{name}: {folder}  (simcse-kit evaluate MODEL --retrieval {folder})")
     return 0
 
 
@@ -336,6 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hub-root", type=Path, default=None, help="with --source hub: a local folder of <dataset id>/ copies")
     p.add_argument("--mteb-results", type=Path, default=None, help="also write one MTEB-format JSON per task here")
     p.add_argument("--tasks", nargs="+", default=None, help="subset of the suite's tasks (default: all)")
+    p.add_argument(
+        "--retrieval",
+        action="append",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="evaluate retrieval on this BEIR-format folder instead of STS (repeatable): nDCG@10, MRR@10, R@1/10/100, MAP@100",
+    )
+    p.add_argument("--retrieval-split", default="test", help="with --retrieval: the qrels split (qrels/SPLIT.tsv)")
+    p.add_argument(
+        "--truncate-dim", type=int, default=None, metavar="N", help="use the first N dimensions of each embedding (Matryoshka)"
+    )
+    p.add_argument(
+        "--index", choices=("exact", "faiss"), default="exact", help="with --retrieval: exact chunked search, or a faiss index"
+    )
     p.add_argument("--json", type=Path, default=None, help="write results here")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument(
@@ -360,6 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quantize", choices=("int8",), default=None, help="also write onnx/model_qint8.onnx (implies --onnx)")
     p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset (default 18)")
+    p.add_argument("--truncate-dim", type=int, default=None, metavar="N", help="ST loads it with N dimensions (Matryoshka)")
     add_data_options(p, "STS data for the int8 check")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
     add_device_option(p)
@@ -406,6 +458,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=128)
     add_device_option(p)
     p.set_defaults(func=cmd_mine, extra_ok=False)
+
+    p = sub.add_parser(
+        "retrieval-tasks", help="write the retrieval tasks built from the shared data (MRPC, STS-B, SICK) as BEIR folders"
+    )
+    p.add_argument("out", type=Path, help="parent folder; each task goes to OUT/<task>/")
+    p.add_argument("--tasks", nargs="+", default=None, help="mrpc-paraphrase stsb-similar sick-related (default: all)")
+    p.add_argument("--data-root", type=Path, default=None, help="the shared data folder (default: as for evaluate)")
+    p.set_defaults(func=cmd_retrieval_tasks, extra_ok=False)
 
     p = sub.add_parser("recipes", help="list the built-in recipes, or print one: recipes show NAME > my.yaml")
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list")

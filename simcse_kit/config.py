@@ -87,7 +87,13 @@ class DataConfig:
     mix_file: str | None = None  # a second (general) corpus mixed into train_file, in data.mode's format
     mix_ratio: float = 0.0  # share of the mixed training set drawn from mix_file, in [0, 1)
     dev_file: str | None = None  # dev split for checkpoint selection (None: STS-B dev of eval_data_dir)
-    dev_format: str = "stsb"  # dev_file's format: "stsb" (sts-dev.csv) or "sick" (SICK_trial.txt)
+    # dev_file's format: "stsb" (sts-dev.csv), "sick" (SICK_trial.txt) or "beir" (a BEIR-format
+    # retrieval folder: selects on its qrels/dev.tsv nDCG@10, docs/retrieval.md)
+    dev_format: str = "stsb"
+    # Prompts put before the texts, e5/bge-style: {query: "query: ", document: "passage: "}.
+    # In training view 0 (the anchor) is the query and the other views are documents; they are
+    # saved with the model, used by evaluation and written into the export (docs/retrieval.md).
+    prompts: dict[str, str] | None = None
 
     def path_keys(self) -> list[str]:
         """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
@@ -113,6 +119,10 @@ class LossConfig:
     teacher_temperature: float = 0.05  # the teacher's own tau for similarity distillation
     teacher_projection: str = "pca"  # embedding distillation with a wider teacher: "pca" to the student's width, or "none"
     teacher_cache_dir: str | None = None  # where teacher vectors are cached (None: $SIMCSE_KIT_CACHE or ~/.cache/simcse-kit)
+    # Matryoshka: the loss summed over these prefix sizes of the embedding, e.g. [384, 256, 128, 64]
+    # (None: the full embedding only); each prefix is re-normalised, so it works truncated.
+    matryoshka_dims: list[int] | None = None
+    matryoshka_weights: list[float] | None = None  # one weight per matryoshka_dims entry (None: all 1)
 
 
 @dataclass
@@ -223,7 +233,10 @@ class RunConfig:
         checks.append(
             ("data.train_format", self.data.train_format in ("auto", *PAIR_FORMATS), f"'auto' or one of {PAIR_FORMATS}")
         )
-        checks.append(("data.dev_format", self.data.dev_format in PAIR_FORMATS, f"one of {PAIR_FORMATS}"))
+        dev_formats = (*PAIR_FORMATS, "beir")
+        checks.append(("data.dev_format", self.data.dev_format in dev_formats, f"one of {dev_formats}"))
+        if self.data.dev_format == "beir":
+            checks.append(("data.dev_file", self.data.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
         checks.append(("data.word_repetition", 0 <= self.data.word_repetition <= 1, "in [0, 1]"))
         if self.data.word_repetition or self.data.train_format != "auto":
             checks.append(("data.mode", self.data.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))
@@ -235,6 +248,18 @@ class RunConfig:
             checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
         if self.loss.false_negative_threshold is not None:
             checks.append(("loss.false_negative_threshold", -1 < self.loss.false_negative_threshold <= 1, "in (-1, 1] or null"))
+        if self.data.prompts is not None:
+            names = ("query", "document")  # simcse_kit.batch.PROMPT_NAMES
+            ok = set(self.data.prompts) <= set(names)
+            checks.append(("data.prompts", ok, f"a mapping with keys among {names}, e.g. {{query: 'query: '}}"))
+        if self.loss.matryoshka_dims is not None:
+            dims = self.loss.matryoshka_dims
+            ok = bool(dims) and all(d > 0 for d in dims) and len(set(dims)) == len(dims)
+            checks.append(("loss.matryoshka_dims", ok, "distinct sizes > 0, e.g. [384, 256, 128, 64] (or null)"))
+        if self.loss.matryoshka_weights is not None:
+            n = len(self.loss.matryoshka_dims or [])
+            ok = len(self.loss.matryoshka_weights) == n and all(w > 0 for w in self.loss.matryoshka_weights)
+            checks.append(("loss.matryoshka_weights", ok, f"{n} weights > 0, one per loss.matryoshka_dims entry"))
         if self.loss.queue_size > 0:
             checks.append(("loss.momentum", 0 <= self.loss.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
             checks.append(
@@ -332,11 +357,24 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no", AUTO):
             return AUTO if value.lower() == AUTO else value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{source}: config key {key!r} = {value!r} must be true, false or auto")
-    if typing.get_origin(base) is list:  # names: a YAML list, a YAML string, or "a,b" on the command line
-        items = value.split(",") if isinstance(value, str) else value
+    if typing.get_origin(base) is dict:  # a YAML mapping, or one written inline on the command line
+        try:
+            mapping = yaml.safe_load(value) if isinstance(value, str) else value
+        except yaml.YAMLError:
+            mapping = None
+        if isinstance(mapping, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+            return dict(mapping)
+        example = "{query: 'query: '}"
+        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a mapping of names to texts, e.g. {example}")
+    if typing.get_origin(base) is list:  # a YAML list, a YAML string, or "a,b" on the command line
+        (item,) = typing.get_args(base)
+        items = value.strip().strip("[]").split(",") if isinstance(value, str) else value
+        if item is not str and isinstance(items, list) and items:  # numbers: each checked as the item type
+            return [_coerce(v.strip() if isinstance(v, str) else v, item, key, source) for v in items]
         if isinstance(items, list) and all(isinstance(v, str) for v in items):
             return [v.strip() for v in items if v.strip()]
-        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a list of names (or a comma-separated string)")
+        what = "names" if item is str else f"{item.__name__}s"
+        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a list of {what} (or a comma-separated string)")
     try:
         if base is bool:
             if isinstance(value, bool):
@@ -363,7 +401,16 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
     raise ConfigError(f"{source}: config key {key!r} = {value!r} is not a valid {annotation}")
 
 
-_TYPES: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "list[str]": list[str]}
+_TYPES: dict[str, Any] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "list[str]": list[str],
+    "list[int]": list[int],
+    "list[float]": list[float],
+    "dict[str, str]": dict[str, str],
+}
 
 
 def _annotation(section: str, name: str) -> Any:

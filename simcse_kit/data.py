@@ -200,6 +200,9 @@ class ContrastiveCollator:
         word_repetition: ESimCSE's dup rate for ``unsup`` (0: off): view 1 of each
             example gets a few tokens doubled (:func:`repeat_tokens`); view 0 is as before.
         seed: with ``word_repetition``, seeds the draws (with each batch's texts).
+        prompts: one text per view put before that view's rows
+            (:func:`simcse_kit.batch.view_prompts` of ``data.prompts``; ``()``: none).
+            ``text_ids`` are of the texts without them: a false negative is the same content.
         teacher_index: with a teacher (``loss.teacher``), sentence -> row of its vector
             table; adds ``teacher_rows`` ``[B]`` int64 (:mod:`simcse_kit.teacher`).
     """
@@ -210,24 +213,29 @@ class ContrastiveCollator:
     with_text_ids: bool = False
     word_repetition: float = 0.0
     seed: int = 0
+    prompts: tuple[str, ...] = ()
     teacher_index: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         views_per_example(self.mode)  # an unknown mode fails here, not at the first batch
+        if self.prompts and len(self.prompts) != views_per_example(self.mode):
+            raise ValueError(f"{len(self.prompts)} prompts for the {views_per_example(self.mode)} views of mode {self.mode!r}")
         if self.word_repetition and self.mode != "unsup":
             raise ValueError(f"word_repetition is an unsup augmentation; mode is {self.mode!r}")
 
     def __call__(self, examples: list[dict[str, str]]) -> dict[str, torch.Tensor]:
-        texts = batch_texts(examples, self.mode)
+        texts = raw = batch_texts(examples, self.mode)
+        if self.prompts:
+            texts = [self.prompts[i % len(self.prompts)] + text for i, text in enumerate(raw)]
         if self.word_repetition:
             batch = self._with_repetition(texts)
         else:
             batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_len, return_tensors="pt")
         out = dict(batch)
         if self.with_text_ids:
-            out["text_ids"] = text_ids(texts)
-        if self.teacher_index is not None:
-            out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in texts], dtype=torch.long)
+            out["text_ids"] = text_ids(raw)
+        if self.teacher_index is not None:  # the teacher encoded the texts without prompts
+            out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in raw], dtype=torch.long)
         return out
 
     def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:

@@ -312,7 +312,14 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-def write_folder(model: SimCSEModel, tokenizer: Any, modules: Sequence[STModule], folder: Path) -> None:
+def write_folder(
+    model: SimCSEModel,
+    tokenizer: Any,
+    modules: Sequence[STModule],
+    folder: Path,
+    prompts: dict[str, str] | None = None,
+    truncate_dim: int | None = None,
+) -> None:
     """Write the version-neutral sentence-transformers folder (see the module docstring).
 
     Args:
@@ -320,6 +327,10 @@ def write_folder(model: SimCSEModel, tokenizer: Any, modules: Sequence[STModule]
         tokenizer: Its tokenizer; saved with ``model_max_length = model.max_seq_len``.
         modules: What follows ``Transformer`` (:func:`export_modules`).
         folder: An empty folder.
+        prompts: The model's prompts by name (``query``, ``document``): ``prompt_name=``
+            in sentence-transformers' ``encode``.
+        truncate_dim: Written as sentence-transformers' ``truncate_dim`` (>= 3.0 loads
+            the model with that many dimensions; older versions ignore it).
     """
     import transformers
 
@@ -353,10 +364,11 @@ def write_folder(model: SimCSEModel, tokenizer: Any, modules: Sequence[STModule]
                 "transformers": transformers.__version__,
                 "pytorch": torch.__version__,
             },
-            "prompts": {},
+            "prompts": dict(prompts or {}),
             "default_prompt_name": None,
             "similarity_fn_name": "cosine",
-        },
+        }
+        | ({"truncate_dim": truncate_dim} if truncate_dim is not None else {}),
     )
 
 
@@ -767,6 +779,7 @@ def export_model(
     min_cosine: float = MIN_COSINE,
     device: str = "auto",
     opset: int = DEFAULT_OPSET,
+    truncate_dim: int | None = None,
 ) -> ExportResult:
     """Write a sentence-transformers folder for a simcse-kit run or model, verified.
 
@@ -789,6 +802,8 @@ def export_model(
         device: Where the torch parity check encodes, both sides (``auto``: CUDA, else
             MPS, else CPU; :func:`simcse_kit.devices.resolve_device`); ONNX runs on the CPU.
         opset: ONNX opset of the graphs.
+        truncate_dim: sentence-transformers loads the export with this many dimensions
+            (a Matryoshka model); parity is checked on that prefix.
 
     Raises:
         ConfigError: Bad source, target or option (nothing is written).
@@ -822,12 +837,17 @@ def export_model(
     reference = ours.encode(list(probes))
     if use_norm:
         reference = torch.nn.functional.normalize(reference, dim=-1)
+    if truncate_dim is not None:  # sentence-transformers truncates after its Normalize
+        if not 1 <= truncate_dim <= reference.shape[1]:
+            raise ConfigError(f"--truncate-dim {truncate_dim}: must lie in 1..{reference.shape[1]} (the embedding size)")
+        reference = reference[:, :truncate_dim]
     modules = export_modules(model, use_norm)
     summary = describe_modules(modules)
     result = ExportResult(out, summary, use_norm, why, len(probes), sentence_transformers.__version__)
 
     with atomic_dir(out) as tmp:
-        write_folder(model, AutoTokenizer.from_pretrained(source.model_dir), modules, tmp)
+        prompts = source.meta.get("prompts")
+        write_folder(model, AutoTokenizer.from_pretrained(source.model_dir), modules, tmp, prompts, truncate_dim)
         # Reload from disk: this checks the files users get, not an object we built.
         reloaded = load_backend(tmp, device=str(where))
         # Parity below encodes both sides with copies of one tokenizer: compare the ids of an
@@ -876,6 +896,7 @@ def export_model(
             "modules": summary,
             "normalize": use_norm,
             "normalize_reason": why,
+            "truncate_dim": truncate_dim,
             "backends": {"torch": "model.safetensors", **result.onnx_files},
             "onnx": _onnx_info(result.onnx),
             "quantization": _quant_info() if quantize else None,

@@ -8,8 +8,9 @@ Training code never needs this module except to evaluate.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -56,10 +57,14 @@ class Encoder:
         max_seq_len: int,
         device: str | torch.device | None = None,
         precision: str = "no",
+        prompts: Mapping[str, str] | None = None,
     ) -> None:
         # None: where the model already is (a model on the GPU stays there).
         device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(device).eval()
+        # The model's prompts by name (``query``, ``document``), for the evaluators to put
+        # before their texts; encode() itself never adds one.
+        self.prompts = dict(prompts or {})
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
         self.device = device
@@ -105,6 +110,7 @@ class SentenceTransformerEncoder:
             self.model.max_seq_length = max_seq_len
         self.device = torch.device(device)
         self.precision = precision  # applied as autocast around its encode, as for our own models
+        self.prompts = {name: text for name, text in self.model.prompts.items() if text}
 
     def encode(self, sentences: Sequence[str], batch_size: int = 128) -> torch.Tensor:
         """Args: ``N`` sentences. Returns ``[N, H]`` fp32 on the CPU."""
@@ -146,7 +152,8 @@ def load_encoder(
             logger.warning("--pooler %s ignored: %s records its own pooler", pooler, resolved)
         model = SimCSEModel.load(resolved, precision=precision)
         tokenizer = load_checked_tokenizer(resolved, model.encoder.config.vocab_size)
-        return Encoder(model, tokenizer, max_seq_len or model.max_seq_len, device, precision)
+        prompts = json.loads((resolved / SIMCSE_CONFIG).read_text(encoding="utf-8")).get("prompts")
+        return Encoder(model, tokenizer, max_seq_len or model.max_seq_len, device, precision, prompts)
     if (resolved / "modules.json").is_file():
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s is a sentence-transformers folder", pooler, resolved)

@@ -11,6 +11,9 @@ distribution (a teacher's, :func:`similarity_targets`). The named losses only bu
   * :func:`info_nce_views`: NT-Xent over 2N views ordered ``[a, a, b, b, ...]``;
   * :func:`supcon`: supervised contrastive loss over class ``labels``.
 
+:func:`matryoshka_loss` sums any of them over truncated prefixes of the embeddings
+(Matryoshka representation learning, Kusupati et al., 2022).
+
 Names: ``positive_index`` is always a *column* of the candidates; ``labels`` always
 means *class* labels. The module imports only torch, so the text objectives, the image
 demo and the tests all call exactly the same code.
@@ -26,6 +29,8 @@ Numerics (part of the contract):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +42,7 @@ __all__ = [
     "cross_entropy_from_logits",
     "info_nce",
     "info_nce_views",
+    "matryoshka_loss",
     "self_mask",
     "supcon",
     "view_labels",
@@ -216,6 +222,44 @@ def contrastive_loss(
     if exclude is not None:
         logits = logits.masked_fill(exclude & ~positive_mask, torch.finfo(logits.dtype).min)
     return _multi_positive(logits, positive_mask, variant, (anchors.sum() + candidates.sum()) * 0.0)
+
+
+def matryoshka_loss(
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    dims: Sequence[int] | None = None,
+    weights: Sequence[float] | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """:func:`contrastive_loss` summed over prefixes: ``sum_k w_k * L(anchors[:, :d_k], candidates[:, :d_k])``.
+
+    Each term re-normalises its prefix (the loss takes cosines), so the first ``d_k``
+    coordinates become an embedding of their own: the model can be truncated to any
+    ``d_k`` at inference (Matryoshka representation learning, Kusupati et al., 2022;
+    sentence-transformers' ``MatryoshkaLoss``). Masks, positives and biases are the same
+    for every prefix: they are decided once, on the full embeddings, by the caller.
+
+    Args:
+        anchors: ``[N, D]`` embeddings.
+        candidates: ``[M, D]`` embeddings.
+        dims: The prefix sizes ``d_k`` (each in ``1..D``); None: the full embedding only,
+            exactly :func:`contrastive_loss`.
+        weights: ``w_k`` per prefix (default all 1).
+        **kwargs: :func:`contrastive_loss`'s keyword arguments.
+
+    Returns:
+        Scalar weighted sum.
+    """
+    if dims is None:
+        return contrastive_loss(anchors, candidates, **kwargs)
+    weights = [1.0] * len(dims) if weights is None else list(weights)
+    if len(weights) != len(dims):
+        raise ValueError(f"{len(dims)} Matryoshka dims but {len(weights)} weights")
+    full = anchors.shape[-1]
+    if any(not 1 <= d <= full for d in dims):
+        raise ValueError(f"Matryoshka dims {list(dims)} must lie in 1..{full} (the embedding size)")
+    terms = [w * contrastive_loss(anchors[:, :d], candidates[:, :d], **kwargs) for d, w in zip(dims, weights, strict=True)]
+    return torch.stack(terms).sum()
 
 
 def weight_bias(columns: torch.Tensor, n_columns: int, weight: float, like: torch.Tensor) -> torch.Tensor | None:

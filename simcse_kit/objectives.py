@@ -122,6 +122,9 @@ class SimCSEObjective:
     target instead of a one-hot positive; the queue's rows and the hard-negative weight
     belong to the SimCSE term only (the teacher has no vectors of the queue's keys, and
     its distribution already says how hard each negative is).
+    With ``loss.matryoshka_dims`` the loss is the weighted sum of the same problem on each
+    prefix of the rows (:func:`losses.matryoshka_loss`); a function of the full
+    embeddings still, so GradCache and the queue take it as they take the plain loss.
     """
 
     mode: str
@@ -201,8 +204,16 @@ class SimCSEObjective:
         bias = None  # hardneg: alpha on each anchor's own hard negative, n_positives columns after its positive
         if self.mode == "hardneg":
             bias = losses.weight_bias(positive + n_positives, m, self.loss_cfg.hard_negative_weight, anchors)
-        simcse = losses.contrastive_loss(
-            anchors, candidates, temperature=self.loss_cfg.temperature, positive_index=positive, exclude=exclude, logit_bias=bias
+        # Matryoshka: the same problem on each prefix; masks were decided on the full rows above.
+        simcse = losses.matryoshka_loss(
+            anchors,
+            candidates,
+            self.loss_cfg.matryoshka_dims,
+            self.loss_cfg.matryoshka_weights,
+            temperature=self.loss_cfg.temperature,
+            positive_index=positive,
+            exclude=exclude,
+            logit_bias=bias,
         )
         if self.teacher is None:
             return simcse
@@ -249,8 +260,15 @@ class SimCSEObjective:
         targets = losses.similarity_targets(
             teacher_anchors, teacher_candidates, temperature=self.teacher.temperature, exclude=exclude
         )
-        return losses.contrastive_loss(
-            anchors, candidates, temperature=self.loss_cfg.temperature, target_probs=targets, exclude=exclude
+        # With Matryoshka, every prefix learns the teacher's distribution too.
+        return losses.matryoshka_loss(
+            anchors,
+            candidates,
+            self.loss_cfg.matryoshka_dims,
+            self.loss_cfg.matryoshka_weights,
+            temperature=self.loss_cfg.temperature,
+            target_probs=targets,
+            exclude=exclude,
         )
 
     def false_negatives(

@@ -28,11 +28,12 @@ from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.architectures import max_tokens
-from simcse_kit.batch import VIEW_COLUMNS, views_per_example
+from simcse_kit.batch import VIEW_COLUMNS, view_prompts, views_per_example
 from simcse_kit.config import RunConfig, load_config, save_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset, mix_datasets
 from simcse_kit.errors import ConfigError
-from simcse_kit.evaluation import DevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.evaluation.encoding import prompted
 from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import folder_contents, remove_dir, write_json_atomic
@@ -89,7 +90,11 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     # Everything that can be wrong with the inputs fails here, before the run folder is
     # written: the training data, the dev and final STS files, the model folder.
     dataset = load_training_data(cfg)
-    dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
+    dev = (
+        RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE, prompts=cfg.data.prompts)  # type: ignore[arg-type]
+        if cfg.data.dev_format == "beir"
+        else DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
+    )
     final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
     tokenizer = load_checked_tokenizer(cfg)
     tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
@@ -112,8 +117,14 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes, teacher[1].index if teacher else None)
     step = make_step(cfg, model, objective, accelerator)
     extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
+    if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
+        extra["prompts"] = cfg.data.prompts
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
-    evaluator = ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision)
+    # STS dev reads its sentences as queries; a retrieval dev split applies both prompts itself.
+    query_prompt = (cfg.data.prompts or {}).get("query", "") if cfg.data.dev_format != "beir" else ""
+    evaluator = ModelEvaluator(
+        dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision, query_prompt
+    )
 
     # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
     # handlers are back for the final evaluation: there is nothing left to checkpoint.
@@ -163,7 +174,7 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
             )
         if final_sts is not None and have_best:
             best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-            metrics["sts"] = final_sts(best.encode)
+            metrics["sts"] = final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
             accelerator.log(
                 {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
             )
@@ -301,6 +312,9 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         value = getattr(cfg.model, key)
         if isinstance(limit, int) and value > limit:
             raise ConfigError(f"config key 'model.{key}' = {value}: the model takes at most {limit} positions")
+    hidden, dims = getattr(hf_config, "hidden_size", None), cfg.loss.matryoshka_dims or []
+    if isinstance(hidden, int) and any(d > hidden for d in dims):
+        raise ConfigError(f"config key 'loss.matryoshka_dims' = {dims}: the model's embeddings have {hidden} dimensions")
     return tokenizer
 
 
@@ -384,6 +398,7 @@ def make_loader(
         cfg.data.mode,
         cfg.model.max_seq_len,
         with_text_ids=cfg.loss.mask_false_negatives,
+        prompts=view_prompts(cfg.data.prompts, cfg.data.mode),
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
         teacher_index=teacher_index,
@@ -426,6 +441,7 @@ class ModelEvaluator:
     max_seq_len: int
     device: torch.device
     precision: str
+    prompt: str = ""  # put before every sentence (the model's query prompt, for STS dev)
 
     @property
     def primary_metric(self) -> str:
@@ -433,7 +449,7 @@ class ModelEvaluator:
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         encoder = Encoder(model, self.tokenizer, self.max_seq_len, self.device, self.precision)
-        return self.evaluator(encoder.encode)
+        return self.evaluator(prompted(encoder.encode, self.prompt))
 
 
 def run_metrics(state: LoopState, views: int, masked_negatives: int) -> dict[str, Any]:

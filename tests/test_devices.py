@@ -209,7 +209,7 @@ class RecordingEncoder:
 
     devices: list[torch.device] = []
 
-    def __init__(self, model: object, tokenizer: object, max_seq_len: int, device: object = None, precision: str = "no") -> None:
+    def __init__(self, model: object, tokenizer: object, max_seq_len: int, device: object = None, *rest: object) -> None:
         RecordingEncoder.devices.append(torch.device(device))
 
 

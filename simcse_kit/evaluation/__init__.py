@@ -13,6 +13,9 @@ Modules, each with one role:
 * :mod:`~simcse_kit.evaluation.hub` — the same STS tasks from the Hugging Face hub
   (MTEB's dataset ids), and local copies in the hub's schema;
 * :mod:`~simcse_kit.evaluation.mteb` — STS results in MTEB's JSON format;
+* :mod:`~simcse_kit.evaluation.beir`, :mod:`~simcse_kit.evaluation.search`,
+  :mod:`~simcse_kit.evaluation.retrieval` — retrieval on BEIR-format folders
+  (:class:`RetrievalEvaluator`, pytrec_eval's metrics), ``docs/retrieval.md``;
 * :mod:`~simcse_kit.evaluation.api` — the ``evaluate`` / ``transfer`` / ``align-uniform``
   commands as functions.
 
@@ -20,7 +23,8 @@ Every evaluator is a callable ``evaluator(encode) -> dict[str, float]`` with a
 ``primary_metric`` attribute, where ``encode(list[str])`` returns ``(N, D)`` embeddings.
 """
 
-from simcse_kit.evaluation.api import align_uniform_model, evaluate_model, evaluate_transfer
+from simcse_kit.evaluation.api import align_uniform_model, evaluate_model, evaluate_retrieval, evaluate_transfer
+from simcse_kit.evaluation.beir import RetrievalTask, read_beir, write_beir
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once, encode_unique
 from simcse_kit.evaluation.geometry import alignment, pair_alignment_uniformity, plot_trajectory, uniformity
 from simcse_kit.evaluation.hub import HUB_DATASETS, HubSTSEvaluator
@@ -40,8 +44,10 @@ from simcse_kit.evaluation.readers import (
     read_stsb,
     stsb_split_path,
 )
+from simcse_kit.evaluation.retrieval import RetrievalDevEvaluator, RetrievalEvaluator, retrieval_metrics
 from simcse_kit.evaluation.sts import DevEvaluator, STSEvaluator, spearman100, sts_alignment_uniformity
 from simcse_kit.evaluation.tables import (
+    RETRIEVAL_COLUMNS,
     STS_COLUMNS,
     TRANSFER_COLUMNS,
     format_rows,
@@ -55,6 +61,7 @@ __all__ = [
     "DEFAULT_SUITE",
     "HUB_DATASETS",
     "MAIN_TASKS",
+    "RETRIEVAL_COLUMNS",
     "STS_COLUMNS",
     "TRANSFER_COLUMNS",
     "TRANSFER_TASKS",
@@ -63,6 +70,9 @@ __all__ = [
     "HubSTSEvaluator",
     "Encode",
     "STSEvaluator",
+    "RetrievalDevEvaluator",
+    "RetrievalEvaluator",
+    "RetrievalTask",
     "STSPairs",
     "TaskSpec",
     "TransferEvaluator",
@@ -72,6 +82,7 @@ __all__ = [
     "encode_once",
     "encode_unique",
     "evaluate_model",
+    "evaluate_retrieval",
     "evaluate_transfer",
     "format_rows",
     "format_seed_table",
@@ -83,11 +94,14 @@ __all__ = [
     "plot_trajectory",
     "read_sick",
     "read_sts_subset",
+    "read_beir",
     "read_stsb",
+    "retrieval_metrics",
     "spearman100",
     "sts_alignment_uniformity",
     "stsb_split_path",
     "suite_columns",
     "uniformity",
+    "write_beir",
     "write_mteb_results",
 ]

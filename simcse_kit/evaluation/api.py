@@ -12,18 +12,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from simcse_kit.devices import resolve_device
 from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.encoding import prompted, truncated
 from simcse_kit.evaluation.hub import HubSTSEvaluator
-from simcse_kit.evaluation.mteb import write_mteb_results
+from simcse_kit.evaluation.mteb import mteb_retrieval_result, write_mteb_results
 from simcse_kit.evaluation.readers import TaskSpec, load_suite, read_stsb, stsb_split_path
+from simcse_kit.evaluation.retrieval import RetrievalEvaluator
 from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
-from simcse_kit.evaluation.tables import TRANSFER_COLUMNS, format_table, suite_columns
+from simcse_kit.evaluation.tables import RETRIEVAL_COLUMNS, TRANSFER_COLUMNS, format_rows, format_table, suite_columns
 from simcse_kit.evaluation.transfer import TransferEvaluator
 from simcse_kit.fileio import check_writable, write_json_atomic
 from simcse_kit.inference import load_encoder
 from simcse_kit.recipes import senteval_dir
 
-__all__ = ["align_uniform_model", "evaluate_model", "evaluate_transfer"]
+__all__ = ["align_uniform_model", "evaluate_model", "evaluate_retrieval", "evaluate_transfer"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ def evaluate_model(
     hub_root: str | Path | None = None,
     mteb_results: str | Path | None = None,
     device: str = "auto",
+    truncate_dim: int | None = None,
 ) -> dict[str, float]:
     """Spearman x 100 on the STS tasks for MODEL; prints the paper-style table.
 
@@ -64,6 +68,8 @@ def evaluate_model(
             (see :mod:`~simcse_kit.evaluation.mteb`), if any.
         device: Where to encode: ``auto`` (CUDA, else MPS, else CPU), ``cpu``,
             ``cuda``, ``cuda:N`` or ``mps``.
+        truncate_dim: Score the first this many coordinates of each embedding only
+            (a Matryoshka model at a smaller size).
 
     Returns:
         Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
@@ -91,7 +97,7 @@ def evaluate_model(
         else STSEvaluator(senteval_dir(data_dir, None), tasks=tasks, batch_size=batch_size, suite=suite)
     )
     columns = suite_columns(list(evaluator.specs))
-    results = _run(evaluator, model, pooler, precision, columns, json_out, device)
+    results = _run(evaluator, model, pooler, precision, columns, json_out, device, truncate_dim)
     if mteb_results is not None:
         write_mteb_results(mteb_results, evaluator)
     return results
@@ -105,17 +111,71 @@ def _run(
     columns: Mapping[str, str],
     json_out: str | Path | None,
     device: str = "auto",
+    truncate_dim: int | None = None,
 ) -> dict[str, float]:
     """Load MODEL on ``device``, run ``evaluator`` on its encode function, print the table, save JSON."""
     if json_out is not None:
         check_writable(json_out, "--json")  # a read-only or full place fails before the evaluation
     encoder = load_encoder(model, pooler=pooler, precision=precision, device=device)
     start = time.perf_counter()
-    results = evaluator(encoder.encode)
+    # A model with prompts reads STS sentences as queries (both sides), as e5 advises.
+    results = evaluator(truncated(prompted(encoder.encode, encoder.prompts.get("query", "")), truncate_dim))
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
     print(format_table(results, columns))
     if json_out is not None:
         write_json_atomic(Path(json_out), results)
+    return results
+
+
+def evaluate_retrieval(
+    model: str | Path,
+    tasks: Sequence[str | Path],
+    *,
+    pooler: str | None = None,
+    split: str = "test",
+    json_out: str | Path | None = None,
+    batch_size: int = 128,
+    precision: str = "no",
+    index: str = "exact",
+    device: str = "auto",
+    mteb_results: str | Path | None = None,
+    truncate_dim: int | None = None,
+) -> dict[str, float]:
+    """nDCG@10, MRR@10, Recall@1/10/100, MAP@100 (x 100) of MODEL on BEIR-format task
+    folders (:class:`~simcse_kit.evaluation.retrieval.RetrievalEvaluator`); prints one row
+    per task.
+
+    Args:
+        model: Anything :func:`simcse_kit.inference.load_encoder` takes.
+        tasks: BEIR-format folders (read before the model loads).
+        pooler: Pooler for a plain HF model.
+        split: The qrels split (``test`` or ``dev``).
+        json_out: Where to write the results (JSON), if anywhere.
+        batch_size: Texts per forward pass.
+        precision: Inference autocast: ``"no"``, ``"bf16"``, ``"fp16"`` or ``"auto"``.
+        index: ``"exact"`` (chunked matrix products) or ``"faiss"``.
+        device: Where the model encodes and the exact search runs.
+        mteb_results: A folder to write one MTEB-format ``<task>.json`` per task into, if any.
+        truncate_dim: Search with the first this many coordinates of each embedding only.
+
+    Returns:
+        nDCG@10 under each task's name, every metric under ``<task>/<metric>``, ``avg``.
+    """
+    device = str(resolve_device(device))  # 'auto' becomes the device the search runs on too
+    evaluator = RetrievalEvaluator(tasks, split, batch_size, index, device)
+    encoder = load_encoder(model, pooler=pooler, device=device, precision=precision)
+    evaluator.prompts = encoder.prompts  # queries and documents get the model's own prompts
+    start = time.perf_counter()
+    results = evaluator(truncated(encoder.encode, truncate_dim))
+    logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
+    rows = [{"task": name, **{m: results[f"{name}/{m}"] for m in RETRIEVAL_COLUMNS if m != "task"}} for name in evaluator.tasks]
+    print(format_rows(rows, RETRIEVAL_COLUMNS))
+    if json_out is not None:
+        write_json_atomic(Path(json_out), results)
+    if mteb_results is not None:
+        for name, metrics in evaluator.scored.items():
+            result = mteb_retrieval_result(name, metrics, evaluator.seconds[name], split)
+            write_json_atomic(Path(mteb_results) / f"{name}.json", result)
     return results
 
 

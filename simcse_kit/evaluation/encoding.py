@@ -22,8 +22,11 @@ from typing import Literal
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-__all__ = ["Embedded", "Encode", "Order", "encode_once", "encode_unique"]
+from simcse_kit.errors import ConfigError
+
+__all__ = ["Embedded", "Encode", "Order", "encode_once", "encode_unique", "prompted", "truncated"]
 
 Encode = Callable[[list[str]], "torch.Tensor | np.ndarray"]
 """Maps a batch of N sentences to embeddings of shape ``(N, D)`` (a torch tensor on any
@@ -32,7 +35,9 @@ device and dtype, or a numpy array)."""
 Order = Literal["longest_first", "text"]
 
 
-def encode_unique(encode: Encode, sentences: Sequence[str], batch_size: int, order: Order = "longest_first") -> np.ndarray:
+def encode_unique(
+    encode: Encode, sentences: Sequence[str], batch_size: int, order: Order = "longest_first", progress: bool = False
+) -> np.ndarray:
     """Encodes ``sentences`` (distinct) in batches, by default longest first, under ``torch.no_grad``.
 
     ``no_grad`` so that an encoder built on a model in training keeps no graph.
@@ -43,6 +48,7 @@ def encode_unique(encode: Encode, sentences: Sequence[str], batch_size: int, ord
         batch_size: Sentences per ``encode`` call.
         order: Batch the sentences by character length, longest first (ties in
             input order), or ``"text"``: in sorted (code-point) order.
+        progress: Show a progress bar over the batches (long encodes, e.g. a corpus).
 
     Returns:
         float32 array of shape ``(U, D)``, row ``i`` the embedding of ``sentences[i]``.
@@ -63,7 +69,7 @@ def encode_unique(encode: Encode, sentences: Sequence[str], batch_size: int, ord
         raise ValueError(f"order must be 'longest_first' or 'text', got {order!r}")
     chunks: list[np.ndarray] = []
     with torch.no_grad():
-        for start in range(0, len(perm), batch_size):
+        for start in tqdm(range(0, len(perm), batch_size), desc="encoding", unit="batch", disable=not progress):
             batch = [sentences[i] for i in perm[start : start + batch_size]]
             out = encode(batch)
             if isinstance(out, torch.Tensor):
@@ -102,7 +108,9 @@ class Embedded:
         return self.vectors[self.index(sentences)]
 
 
-def encode_once(encode: Encode, sentences: Iterable[str], batch_size: int, order: Order = "longest_first") -> Embedded:
+def encode_once(
+    encode: Encode, sentences: Iterable[str], batch_size: int, order: Order = "longest_first", progress: bool = False
+) -> Embedded:
     """Encodes each distinct sentence of ``sentences`` once (see :func:`encode_unique`).
 
     Args:
@@ -111,6 +119,7 @@ def encode_once(encode: Encode, sentences: Iterable[str], batch_size: int, order
             second sentence of every pair of a task).
         batch_size: Sentences per ``encode`` call.
         order: How the distinct sentences are batched (see :func:`encode_unique`).
+        progress: Show a progress bar over the batches.
 
     Returns:
         The distinct sentences' embeddings and rows; ``embedded.of(sentences)``
@@ -119,4 +128,39 @@ def encode_once(encode: Encode, sentences: Iterable[str], batch_size: int, order
     rows: dict[str, int] = {}
     for s in sentences:
         rows.setdefault(s, len(rows))
-    return Embedded(encode_unique(encode, list(rows), batch_size, order), rows)
+    return Embedded(encode_unique(encode, list(rows), batch_size, order, progress), rows)
+
+
+def truncated(encode: Encode, dim: int | None) -> Encode:
+    """``encode`` keeping the first ``dim`` coordinates of each embedding (a Matryoshka
+    model used at a smaller size); ``encode`` itself for None. Every evaluator scores by
+    cosine, so the prefix is re-normalised there.
+
+    Raises:
+        ConfigError: ``dim`` below 1 (now) or above the embedding size (at the first call).
+    """
+    if dim is None:
+        return encode
+    if dim < 1:
+        raise ConfigError(f"--truncate-dim must be >= 1, got {dim}")
+
+    def encode_prefix(sentences: list[str]) -> torch.Tensor | np.ndarray:
+        out = encode(sentences)
+        if out.shape[-1] < dim:
+            raise ConfigError(f"--truncate-dim {dim}: the model's embeddings have only {out.shape[-1]} dimensions")
+        return out[:, :dim]
+
+    return encode_prefix
+
+
+def prompted(encode: Encode, prompt: str) -> Encode:
+    """``encode`` with ``prompt`` put before every sentence (a model's query prompt, used
+    on both sides of a symmetric task such as STS, as e5's authors advise); ``encode``
+    itself for ``""``."""
+    if not prompt:
+        return encode
+
+    def encode_prompted(sentences: list[str]) -> torch.Tensor | np.ndarray:
+        return encode([prompt + s for s in sentences])
+
+    return encode_prompted

@@ -29,7 +29,7 @@ from simcse_kit.evaluation.hub import HUB_DATASETS
 from simcse_kit.evaluation.sts import STSEvaluator, main_split
 from simcse_kit.fileio import write_json_atomic
 
-__all__ = ["MTEB_SCHEMA_VERSION", "mteb_task_result", "write_mteb_results"]
+__all__ = ["MTEB_SCHEMA_VERSION", "mteb_retrieval_result", "mteb_task_result", "write_mteb_results"]
 
 MTEB_SCHEMA_VERSION = "1.12.0"
 """The MTEB release whose results layout these files follow; MTEB's loader picks its
@@ -65,6 +65,28 @@ def mteb_task_result(task: str, cosines: np.ndarray, gold: np.ndarray, seconds: 
         "task_name": entry.mteb_name,
         "mteb_version": MTEB_SCHEMA_VERSION,
         "scores": {"test": [scores]},
+        "evaluation_time": seconds,
+        "kg_co2_emissions": None,
+    }
+
+
+def mteb_retrieval_result(task: str, metrics: dict[str, float], seconds: float, split: str = "test") -> dict[str, Any]:
+    """A retrieval task's result object, as MTEB writes it (``main_score`` = ``ndcg_at_10``).
+
+    Args:
+        task: The task's name (a user's own folder: no MTEB dataset revision).
+        metrics: :data:`~simcse_kit.evaluation.retrieval.METRICS` on a 0-1 scale
+            (``"ndcg@10"`` is written as MTEB's ``"ndcg_at_10"``).
+        seconds: The task's evaluation time.
+        split: The qrels split evaluated.
+    """
+    scores: dict[str, Any] = {name.replace("@", "_at_"): value for name, value in metrics.items()}
+    scores |= {"main_score": metrics["ndcg@10"], "hf_subset": "default", "languages": ["eng-Latn"]}
+    return {
+        "dataset_revision": None,
+        "task_name": task,
+        "mteb_version": MTEB_SCHEMA_VERSION,
+        "scores": {split: [scores]},
         "evaluation_time": seconds,
         "kg_co2_emissions": None,
     }

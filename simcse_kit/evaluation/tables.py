@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 __all__ = [
+    "RETRIEVAL_COLUMNS",
     "STS_COLUMNS",
     "TRANSFER_COLUMNS",
     "format_rows",
@@ -44,6 +45,18 @@ TRANSFER_COLUMNS: dict[str, str] = {
     "avg": "Avg.",
 }
 """Transfer result key -> column header (the SimCSE paper's Table B.1 labels)."""
+
+
+RETRIEVAL_COLUMNS: dict[str, str] = {
+    "task": "task",
+    "ndcg@10": "nDCG@10",
+    "mrr@10": "MRR@10",
+    "recall@1": "R@1",
+    "recall@10": "R@10",
+    "recall@100": "R@100",
+    "map@100": "MAP@100",
+}
+"""Retrieval metric -> column header; one row per task (x 100, nDCG@10 the primary metric)."""
 
 
 def _cell(value: Cell | None) -> str:

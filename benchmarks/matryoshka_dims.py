@@ -1,0 +1,81 @@
+"""STS-B test and retrieval at truncated dimensions: what a Matryoshka run keeps.
+
+For each model (a run folder, a model folder, or the default model), each text is encoded
+once at full size (a memo in front of the model's encoder); every dimension then scores
+the prefixes with the library's own evaluators, exactly what ``simcse-kit evaluate MODEL
+--truncate-dim N [--retrieval DIR]`` computes, so the whole table costs one encoding per
+model.
+
+Usage (the retrieval tasks from ``simcse-kit retrieval-tasks OUT``)::
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/matryoshka_dims.py \\
+        --models all-MiniLM-L6-v2 runs/mrl runs/plain --retrieval OUT/stsb-similar OUT/mrpc-paraphrase \\
+        --dims 384 256 128 64 --json dims.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DATA, machine, setup_run  # noqa: E402
+
+
+def memo(encode):  # noqa: ANN001, ANN201 - an Encode in, an Encode out
+    """``encode`` that computes each distinct text once, then answers from a table."""
+    table: dict[str, torch.Tensor] = {}
+
+    def cached(texts: Sequence[str]) -> torch.Tensor:
+        new = [t for t in dict.fromkeys(texts) if t not in table]
+        if new:
+            table.update(zip(new, encode(new), strict=True))
+        return torch.stack([table[t] for t in texts])
+
+    return cached
+
+
+def main() -> None:
+    from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.evaluation.encoding import prompted, truncated
+    from simcse_kit.evaluation.retrieval import RetrievalEvaluator
+    from simcse_kit.evaluation.tables import format_rows
+    from simcse_kit.inference import load_encoder
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", required=True)
+    parser.add_argument("--retrieval", nargs="*", type=Path, default=[])
+    parser.add_argument("--dims", nargs="+", type=int, default=[384, 256, 128, 64])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    setup_run(args.threads)
+
+    sts = STSEvaluator(DATA / "senteval", tasks=["STSBenchmark"])
+    retrieval = RetrievalEvaluator(args.retrieval) if args.retrieval else None
+    rows: list[dict[str, object]] = []
+    for model in args.models:
+        encoder = load_encoder(model)
+        encode = memo(encoder.encode)
+        if retrieval is not None:
+            retrieval.prompts = encoder.prompts
+        for dim in args.dims:
+            row: dict[str, object] = {"model": Path(model).name, "dim": str(dim)}
+            row["STS-B test"] = sts(truncated(prompted(encode, encoder.prompts.get("query", "")), dim))["STSBenchmark"]
+            if retrieval is not None:
+                row |= {f"{task} nDCG@10": v for task, v in retrieval(truncated(encode, dim)).items() if "/" not in task}
+            rows.append(row)
+            print(row, flush=True)
+    columns = {key: key for key in rows[0]}
+    print(format_rows(rows, columns, markdown=True, label="model"))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The retrieval tasks built from the shared data, and `simcse-kit evaluate --retrieval`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simcse_kit.cli import main
+from simcse_kit.evaluation.beir import read_beir, write_beir
+from simcse_kit.evaluation.readers import read_sick, read_stsb
+from simcse_kit.evaluation.retrieval import RetrievalEvaluator
+from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks, pair_task
+from simcse_kit.inference import load_encoder
+
+pytest.importorskip("pytrec_eval")
+
+
+def test_pair_task_queries_both_sides_and_skips_identical_pairs() -> None:
+    corpus = {"a": "x", "b": "y", "c": "z", "d": "x"}
+    pairs = [("a", "x", "b", "y"), ("a", "x", "c", "z"), ("a", "x", "d", "x")]
+    queries, qrels = pair_task(corpus, pairs)
+    assert queries == {"a": "x", "b": "y", "c": "z"}  # the a/d pair (same text) is skipped
+    assert qrels == {"a": {"b": 1, "c": 1}, "b": {"a": 1}, "c": {"a": 1}}
+
+
+def _pair_set(s1: list[str], s2: list[str], keep: list[bool]) -> set[frozenset[str]]:
+    return {frozenset((a, b)) for a, b, k in zip(s1, s2, keep, strict=True) if k and a != b}
+
+
+def test_built_tasks_are_the_positive_pairs_and_deterministic(tmp_path: Path, data_dir: Path) -> None:
+    first = build_retrieval_tasks(tmp_path / "a", data_dir)
+    second = build_retrieval_tasks(tmp_path / "b", data_dir)
+    for name, folder in first.items():
+        for file in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
+            assert (folder / file).read_bytes() == (second[name] / file).read_bytes(), (name, file)
+    stsb = read_stsb(data_dir / "stsbenchmark" / "sts-test.csv")
+    sick = read_sick(data_dir / "sick" / "SICK.txt", semeval_set="TEST")
+    expected = {
+        "stsb-similar": _pair_set(stsb.sentences1, stsb.sentences2, list(stsb.scores >= 4)),
+        "sick-related": _pair_set(sick.sentences1, sick.sentences2, list(sick.scores >= 4)),
+    }
+    for name, pairs in expected.items():
+        task = read_beir(first[name])
+        found = {frozenset((task.corpus[q], task.corpus[d])) for q, docs in task.qrels.items() for d in docs}
+        assert found == pairs, name
+        # Every sentence of the test split is a candidate.
+        source = stsb if name == "stsb-similar" else sick
+        assert set(task.corpus.values()) == {*source.sentences1, *source.sentences2}
+    mrpc = read_beir(first["mrpc-paraphrase"])
+    n_judgements = sum(len(docs) for docs in mrpc.qrels.values())
+    assert n_judgements == 2 * 1147  # MRPC test: 1147 of 1725 pairs are paraphrases, each asked both ways
+    assert len(mrpc.corpus) == 3395  # distinct sentence ids of MRPC test's 1725 pairs
+    assert all(q not in docs for q, docs in mrpc.qrels.items())
+
+
+def test_retrieval_tasks_command(tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["retrieval-tasks", str(tmp_path), "--data-root", str(data_dir), "--tasks", "stsb-similar"]) == 0
+    assert (tmp_path / "stsb-similar" / "qrels" / "test.tsv").is_file() and not (tmp_path / "sick-related").exists()
+    assert main(["retrieval-tasks", str(tmp_path), "--data-root", str(data_dir), "--tasks", "snli"]) == 2
+    assert "unknown task(s) ['snli']" in capsys.readouterr().err
+
+
+def _toy(folder: Path) -> Path:
+    corpus = {f"d{i}": f"the cat number {i} sat on mat {i % 4}" for i in range(12)}
+    queries = {"q0": "the cat number 0", "q1": "mat 3", "q2": "a dog"}
+    qrels = {"q0": {"d0": 1}, "q1": {"d3": 1, "d7": 2}, "q2": {"d5": 0}}
+    return write_beir(folder, corpus, queries, {"test": qrels})
+
+
+def test_evaluate_retrieval_command(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _toy(tmp_path / "toy")
+    out = tmp_path / "r.json"
+    argv = ["evaluate", str(tiny_model_dir), "--pooler", "avg", "--retrieval", str(folder), "--json", str(out)]
+    assert main([*argv, "--mteb-results", str(tmp_path / "mteb")]) == 0
+    table = capsys.readouterr().out
+    assert "nDCG@10" in table and "MAP@100" in table and "toy" in table
+    results = json.loads(out.read_text())
+    # The command gives what the evaluator gives on the same encoder.
+    expected = RetrievalEvaluator([folder])(load_encoder(tiny_model_dir, pooler="avg").encode)
+    assert results == pytest.approx(expected)
+    mteb = json.loads((tmp_path / "mteb" / "toy.json").read_text())
+    scores = mteb["scores"]["test"][0]
+    assert scores["main_score"] == scores["ndcg_at_10"] == pytest.approx(results["toy"] / 100)
+    assert scores["mrr_at_10"] == pytest.approx(results["toy/mrr@10"] / 100)
+
+
+def test_evaluate_retrieval_rejects_sts_options(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = _toy(tmp_path / "toy")
+    assert main(["evaluate", str(tiny_model_dir), "--pooler", "avg", "--retrieval", str(folder), "--tasks", "STS12"]) == 2
+    assert "--tasks" in capsys.readouterr().err
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\tx\n")
+    assert main(["evaluate", str(tiny_model_dir), "--pooler", "avg", "--retrieval", str(folder)]) == 2
+    assert "test.tsv, line 2: score 'x' is not an integer" in capsys.readouterr().err
+
+
+def test_a_run_selects_on_a_beir_dev_split(tmp_path: Path, tiny_run) -> None:  # noqa: ANN001 - conftest's TinyRun
+    from conftest import toy_sentences
+
+    from simcse_kit.evaluation.retrieval import RetrievalDevEvaluator
+
+    sents = toy_sentences(40)
+    corpus = {f"d{i}": s for i, s in enumerate(sents[:30])}
+    queries = {f"q{i}": " ".join(sents[i].split()[:3]) for i in range(10)}
+    folder = write_beir(tmp_path / "dev", corpus, queries, {"dev": {f"q{i}": {f"d{i}": 1} for i in range(10)}})
+    metrics = tiny_run.train("beir-dev", dev_file=folder, dev_format="beir", num_epochs=1, final_eval=False)
+    evals = metrics["evals"]
+    assert len(evals) >= 2 and all(e["stsb_dev"] == e["dev_ndcg@10"] for e in evals)
+    assert metrics["best_stsb_dev"] == max(e["stsb_dev"] for e in evals)
+    # The saved best model scores what selected it.
+    best = load_encoder(tiny_run.folder / "beir-dev")
+    assert RetrievalDevEvaluator(folder)(best.encode)["stsb_dev"] == pytest.approx(metrics["best_stsb_dev"], abs=1e-3)
+
+
+def test_evaluate_retrieval_with_faiss_gives_the_exact_numbers(tmp_path: Path, tiny_model_dir: Path) -> None:
+    pytest.importorskip("faiss")
+    folder = _toy(tmp_path / "toy")
+    argv = ["evaluate", str(tiny_model_dir), "--pooler", "avg", "--retrieval", str(folder), "--json"]
+    assert main([*argv, str(tmp_path / "exact.json")]) == 0
+    assert main([*argv, str(tmp_path / "faiss.json"), "--index", "faiss"]) == 0
+    exact, faiss = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("exact", "faiss"))
+    assert faiss == pytest.approx(exact, abs=1e-4)
