@@ -27,6 +27,7 @@ import torch
 from simcse_kit.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
 from simcse_kit.errors import DataError, where
 from simcse_kit.fileio import read_lines
+from simcse_kit.packing import plan_batch
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +201,9 @@ class ContrastiveCollator:
         word_repetition: ESimCSE's dup rate for ``unsup`` (0: off): view 1 of each
             example gets a few tokens doubled (:func:`repeat_tokens`); view 0 is as before.
         seed: with ``word_repetition``, seeds the draws (with each batch's texts).
+        packing_plan: also add the batch's packing plan (:func:`simcse_kit.packing.plan_batch`:
+            ``pack_*`` int64 tensors), planned here in the DataLoader worker so a packing
+            model's forward needs no device-to-host synchronisation.
     """
 
     tokenizer: object
@@ -208,6 +212,7 @@ class ContrastiveCollator:
     with_text_ids: bool = False
     word_repetition: float = 0.0
     seed: int = 0
+    packing_plan: bool = False
 
     def __post_init__(self) -> None:
         views_per_example(self.mode)  # an unknown mode fails here, not at the first batch
@@ -223,6 +228,8 @@ class ContrastiveCollator:
         out = dict(batch)
         if self.with_text_ids:
             out["text_ids"] = text_ids(texts)
+        if self.packing_plan:
+            out.update(plan_batch(out["attention_mask"]))
         return out
 
     def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:

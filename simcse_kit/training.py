@@ -277,6 +277,7 @@ def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_p
         with_text_ids=cfg.loss.mask_false_negatives,
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
+        packing_plan=cfg.model.packing,
     )
     return DataLoader(
         dataset,
