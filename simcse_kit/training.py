@@ -40,6 +40,7 @@ from simcse_kit.inference import Encoder
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.pipeline import loader_options
 from simcse_kit.plots import plot_training_curves
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
 from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
@@ -93,7 +94,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
     model = build_model(cfg)
     objective = SimCSEObjective(cfg.data.mode, cfg.loss)
-    loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes)
+    loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes, accelerator.device)
     step = make_step(cfg, model, objective, accelerator)
     extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
@@ -266,9 +267,19 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
     return dataset
 
 
-def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_processes: int) -> DataLoader:
+def make_loader(
+    cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_processes: int, device: torch.device | str = "cpu"
+) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
-    generator of its own, which the loop checkpoints so a resume redraws the order."""
+    generator of its own, which the loop checkpoints so a resume redraws the order.
+    Pinned memory on CUDA (:func:`simcse_kit.pipeline.loader_options`); the packing plan
+    made in the collator, so in the workers with ``data.num_workers > 0``."""
+    options = loader_options(device)
+    logger.info(
+        "input pipeline: %d worker process(es); pinned memory and asynchronous copies %s",
+        cfg.data.num_workers,
+        "on" if options.pin_memory else "off (not CUDA)",
+    )
     per_process = cfg.train.batch_size // num_processes
     collator = ContrastiveCollator(
         tokenizer,
@@ -287,6 +298,7 @@ def make_loader(cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_p
         collate_fn=collator,
         generator=torch.Generator().manual_seed(cfg.train.seed),
         num_workers=cfg.data.num_workers,
+        pin_memory=options.pin_memory,
     )
 
 

@@ -20,7 +20,19 @@ PACKAGE = REPO / "simcse_kit"
 # docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
 LAYERS: dict[int, tuple[str, ...]] = {
     0: ("errors", "fileio", "recipes", "config"),
-    1: ("losses", "distributed", "batch", "architectures", "precision", "devices", "heap", "fastpath/", "plots", "tracking"),
+    1: (
+        "losses",
+        "distributed",
+        "batch",
+        "architectures",
+        "precision",
+        "devices",
+        "pipeline",
+        "heap",
+        "fastpath/",
+        "plots",
+        "tracking",
+    ),
     2: ("packing", "modeling", "data"),
     3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining"),
     4: ("evaluation/",),
