@@ -42,6 +42,7 @@ from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.pipeline import loader_options
 from simcse_kit.plots import plot_training_curves
+from simcse_kit.precision import check_cuda_flags, set_tf32
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
 from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
 
@@ -91,6 +92,8 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     logger.info("memory: %s", heap.reason)
 
     accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)
+    tf32 = set_tf32(accelerator.device)
+    check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
     start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
     model = build_model(cfg)
     objective = SimCSEObjective(cfg.data.mode, cfg.loss)
@@ -116,6 +119,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
         }
     )
     metrics["memory"] = asdict(heap)
+    metrics["speed"] = {"tf32": tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
     if accelerator.is_main_process:
@@ -248,6 +252,17 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
         hf_pooler.requires_grad_(False)
     if cfg.train.fast_dropout:
         enable_fast_dropout(model)
+    if cfg.train.compile:
+        if cfg.train.fast_dropout:
+            raise ConfigError(
+                "train.compile with train.fast_dropout: the fast-dropout attention is not verified under "
+                "torch.compile; set train.fast_dropout false (or train.compile false)"
+            )
+        # In place (nn.Module.compile), so the state dict and save_pretrained keep their keys.
+        # dynamic=True: batches are padded to their longest sentence and packed into a varying
+        # number of rows, so the shapes change every step (one graph serves them all).
+        model.encoder.compile(dynamic=True)
+        logger.info("torch.compile: the encoder, dynamic shapes")
     return model
 
 
