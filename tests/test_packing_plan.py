@@ -192,3 +192,21 @@ def test_planned_training_step_reads_nothing_back(tiny_model_dir: Path) -> None:
 
     assert step(planned) == []
     assert step(plain)  # the model plans: lengths read back
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the CPU check is the test above)")
+def test_planned_step_on_cuda_does_not_synchronise(tiny_model_dir: Path) -> None:
+    """On a GPU: forward, loss and backward of a planned packed step under torch's sync
+    debug mode "error", which raises on any synchronising call."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = ContrastiveCollator(tokenizer, "unsup", 16, packing_plan=True)(mixed_examples(24))
+    batch = {k: v.cuda() for k, v in batch.items()}
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="cls", mlp="train")).cuda().train()
+    objective = SimCSEObjective("unsup", LossConfig())
+    objective.loss(objective.embed(model, batch), batch).backward()  # warm-up: lazy initialisation may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        objective.loss(objective.embed(model, batch), batch).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
