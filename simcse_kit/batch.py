@@ -23,6 +23,7 @@ import torch
 
 __all__ = [
     "MODEL_INPUTS",
+    "PLAN_INPUTS",
     "VIEW_COLUMNS",
     "batch_texts",
     "model_inputs",
@@ -100,9 +101,21 @@ def split_views(rows: torch.Tensor, n_views: int) -> tuple[torch.Tensor, ...]:
     return tuple(rows[view_rows(rows.shape[0], n_views, v)] for v in range(n_views))
 
 
+PLAN_INPUTS = ("pack_source", "pack_index", "pack_position_ids", "pack_segment")
+"""The keys of a packing plan made by the collator (:data:`simcse_kit.packing.PLAN_KEYS`):
+model inputs of the whole batch only, since a plan cannot be cut by rows."""
+
+
 def model_inputs(batch: Mapping[str, torch.Tensor], rows: slice | None = None) -> dict[str, torch.Tensor]:
-    """The encoder's inputs of ``batch`` (:data:`MODEL_INPUTS`), optionally only ``rows``."""
-    return {k: (v if rows is None else v[rows]) for k, v in batch.items() if k in MODEL_INPUTS}
+    """The encoder's inputs of ``batch`` (:data:`MODEL_INPUTS`), optionally only ``rows``.
+
+    The whole batch also passes its packing plan (:data:`PLAN_INPUTS`) where it has
+    one; ``rows`` drops it (the plan packs all the rows together), and a packing model
+    then plans the slice itself.
+    """
+    if rows is None:
+        return {k: v for k, v in batch.items() if k in MODEL_INPUTS or k in PLAN_INPUTS}
+    return {k: v[rows] for k, v in batch.items() if k in MODEL_INPUTS}
 
 
 def text_ids(texts: Sequence[str]) -> torch.Tensor:

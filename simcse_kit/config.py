@@ -184,6 +184,9 @@ class TrainConfig(LoopConfig):
     # GradCache run's peak RSS by ~1/6 for a 1.2-1.3x slower step. None: malloc as it comes.
     mmap_threshold_mib: int | None = None
     final_eval: bool = True  # score the best model on the 7 STS tasks at the end (false: dev-only sweeps)
+    # torch.compile the encoder (dynamic shapes: padded and packed batches change shape every
+    # step); recorded in metrics.json. Not with fast_dropout. Off by default: unmeasured on GPU.
+    compile: bool = False
 
 
 @dataclass

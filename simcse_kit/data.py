@@ -27,6 +27,7 @@ import torch
 from simcse_kit.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
 from simcse_kit.errors import DataError, where
 from simcse_kit.fileio import read_lines
+from simcse_kit.packing import plan_batch
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +206,9 @@ class ContrastiveCollator:
             ``text_ids`` are of the texts without them: a false negative is the same content.
         teacher_index: with a teacher (``loss.teacher``), sentence -> row of its vector
             table; adds ``teacher_rows`` ``[B]`` int64 (:mod:`simcse_kit.teacher`).
+        packing_plan: also add the batch's packing plan (:func:`simcse_kit.packing.plan_batch`:
+            ``pack_*`` int64 tensors), planned here in the DataLoader worker so a packing
+            model's forward needs no device-to-host synchronisation.
     """
 
     tokenizer: object
@@ -215,6 +219,7 @@ class ContrastiveCollator:
     seed: int = 0
     prompts: tuple[str, ...] = ()
     teacher_index: Mapping[str, int] | None = None
+    packing_plan: bool = False
 
     def __post_init__(self) -> None:
         views_per_example(self.mode)  # an unknown mode fails here, not at the first batch
@@ -236,6 +241,8 @@ class ContrastiveCollator:
             out["text_ids"] = text_ids(raw)
         if self.teacher_index is not None:  # the teacher encoded the texts without prompts
             out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in raw], dtype=torch.long)
+        if self.packing_plan:
+            out.update(plan_batch(out["attention_mask"]))
         return out
 
     def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from simcse_kit.config import DEFAULT_MODEL, MLP_MODES, POOLERS, ModelConfig
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import atomic_dir
 from simcse_kit.model_checks import check_weights
-from simcse_kit.packing import attention_mask_for, pack, packing_matches
+from simcse_kit.packing import PackedBatch, attention_mask_for, pack, packing_matches
 
 logger = logging.getLogger(__name__)
 
@@ -160,14 +160,42 @@ class SimCSEModel(nn.Module):
         return self.mlp is not None and (self.mlp_mode == "always" or self.training)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        pack_source: torch.Tensor | None = None,
+        pack_index: torch.Tensor | None = None,
+        pack_position_ids: torch.Tensor | None = None,
+        pack_segment: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Sentence vectors ``[B, H]`` of a padded batch ``[B, T]``.
+
+        The ``pack_*`` tensors are a packing plan made by the collator
+        (:func:`simcse_kit.packing.plan_batch`, in the DataLoader workers): with it a
+        packed forward reads nothing back from the device. A plan with zero rows means
+        "run padded". Without a plan (evaluation, GradCache chunks, the momentum
+        encoder's view rows) a packing model plans here, which reads the row lengths
+        back. A model that does not pack ignores the plan.
+        """
         want_all = self.pooler.needs_hidden_states
         if not self.takes_token_type_ids:
             token_type_ids = None
         packed = None
-        if self.packing:
-            packed = pack(input_ids, attention_mask, token_type_ids, getattr(self.encoder.config, "pad_token_id", None) or 0)
+        pad = getattr(self.encoder.config, "pad_token_id", None) or 0
+        if self.packing and pack_position_ids is not None:
+            if pack_position_ids.shape[0] > 0:  # a shape, known on the host: no synchronisation
+                packed = PackedBatch.from_plan(
+                    input_ids,
+                    token_type_ids,
+                    pack_source=pack_source,
+                    pack_index=pack_index,
+                    pack_position_ids=pack_position_ids,
+                    pack_segment=pack_segment,
+                    pad_token_id=pad,
+                )
+        elif self.packing:
+            packed = pack(input_ids, attention_mask, token_type_ids, pad)
         if packed is None:
             kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
             out = self.encoder(

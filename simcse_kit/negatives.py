@@ -34,6 +34,7 @@ from torch import nn
 
 from simcse_kit import distributed
 from simcse_kit.batch import model_inputs, view_rows
+from simcse_kit.fastpath.internals import momentum_update
 from simcse_kit.modeling import compute_dtype
 
 if TYPE_CHECKING:  # objectives imports this module (false_negative_mask)
@@ -152,15 +153,18 @@ class MomentumQueue(nn.Module):
         self.register_buffer("queue_ids", torch.zeros(size, dtype=torch.int64))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.int64))
         self.register_buffer("filled", torch.zeros((), dtype=torch.int64))
+        # ``filled`` mirrored on the host: it grows by batch sizes (shapes) only, so the
+        # queue's slice needs no read-back from the device each step.
+        self._filled_rows = 0
         # True once an optimiser step has happened since the last momentum update;
         # a buffer so a resumed run applies the update the interrupted one owed.
         self.register_buffer("pending_update", torch.zeros((), dtype=torch.bool))
 
     @torch.no_grad()
     def update(self, online: nn.Module) -> None:
-        """``theta_k <- m * theta_k + (1 - m) * theta_q`` for every parameter."""
-        for key, query in zip(self.encoder.parameters(), online.parameters(), strict=True):
-            key.mul_(self.momentum).add_(query.detach().to(key.dtype), alpha=1.0 - self.momentum)
+        """``theta_k <- m * theta_k + (1 - m) * theta_q`` for every parameter, in one
+        multi-tensor call (:func:`simcse_kit.fastpath.internals.momentum_update`)."""
+        momentum_update(list(self.encoder.parameters()), list(online.parameters()), self.momentum)
 
     @torch.no_grad()
     def encode(self, inputs: Batch, training: bool = True) -> torch.Tensor:
@@ -174,8 +178,14 @@ class MomentumQueue(nn.Module):
 
     def negatives(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The filled part of the queue: ``([F, D], [F])`` embeddings and text ids."""
-        n = int(self.filled)
+        n = self._filled_rows
         return self.queue[:n], self.queue_ids[:n]
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load as ``nn.Module`` does, then mirror the restored fill on the host (once)."""
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._filled_rows = int(self.filled)
+        return result
 
     @torch.no_grad()
     def enqueue(self, keys: torch.Tensor, ids: torch.Tensor) -> None:
@@ -189,6 +199,7 @@ class MomentumQueue(nn.Module):
         self.queue_ids[positions] = ids.to(self.queue_ids.device)
         self.ptr.copy_((self.ptr + keys.shape[0]) % self.size)
         self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=self.size))
+        self._filled_rows = min(self._filled_rows + keys.shape[0], self.size)
 
 
 class MomentumQueueStep:

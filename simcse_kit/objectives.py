@@ -130,8 +130,10 @@ class SimCSEObjective:
     mode: str
     loss_cfg: LossConfig
     teacher: TeacherTargets | None = None
-    masked_negatives: int = field(default=0, compare=False)
-    last_masked: int = field(default=0, compare=False)
+    # Kept as device tensors (or 0): reading a count back every step would stall a GPU;
+    # the properties below read them where they are reported (log steps, the run's end).
+    _masked_total: torch.Tensor | int = field(default=0, compare=False, repr=False)
+    _last_masked: torch.Tensor | int = field(default=0, compare=False, repr=False)
     last_terms: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -196,7 +198,7 @@ class SimCSEObjective:
                 anchors, candidates, self.loss_cfg.false_negative_threshold, positive, local if self.symmetric else None
             )
             new = similar if exclude is None else similar & ~exclude
-            self.count_masked(int(new.sum()), add=exclude is not None)
+            self.count_masked(new.sum(), add=exclude is not None)
             exclude = similar if exclude is None else exclude | similar
         if self.symmetric:  # no row is its own negative
             itself = losses.self_mask(n, m, offset, device)
@@ -303,14 +305,25 @@ class SimCSEObjective:
             pair_ids = self.gather_ids(anchor_ids)
             group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
         mask = negatives.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
-        self.count_masked(int(mask.sum()))
+        self.count_masked(mask.sum())
         return mask
 
-    def count_masked(self, entries: int, add: bool = False) -> None:
+    def count_masked(self, entries: torch.Tensor | int, add: bool = False) -> None:
         """Count masked (anchor, candidate) entries: ``add`` to this batch's count
-        (the second mask of the same batch) or start it."""
-        self.last_masked = self.last_masked + entries if add else entries
-        self.masked_negatives += entries
+        (the second mask of the same batch) or start it. ``entries`` may be a device
+        tensor: it is added on the device, not read back."""
+        self._last_masked = self._last_masked + entries if add else entries
+        self._masked_total = self._masked_total + entries
+
+    @property
+    def masked_negatives(self) -> int:
+        """Masked (anchor, candidate) entries over all batches so far."""
+        return int(self._masked_total)
+
+    @property
+    def last_masked(self) -> int:
+        """Masked (anchor, candidate) entries in the latest batch."""
+        return int(self._last_masked)
 
     def row_ids(self, batch: Batch | None, n_rows: int) -> torch.Tensor | None:
         """The batch's ``text_ids`` ``[B]`` when false-negative masking is on, else None."""

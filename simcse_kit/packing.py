@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from simcse_kit.architectures import probe_batch
+from simcse_kit.batch import PLAN_INPUTS
 from simcse_kit.fastpath.dropout import ATTENTION_NAME
 
 logger = logging.getLogger(__name__)
@@ -85,6 +86,40 @@ class PackedBatch:
     attention_mask: torch.Tensor
     index: torch.Tensor
 
+    @classmethod
+    def from_plan(
+        cls,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        *,
+        pack_source: torch.Tensor,
+        pack_index: torch.Tensor,
+        pack_position_ids: torch.Tensor,
+        pack_segment: torch.Tensor,
+        pad_token_id: int = 0,
+    ) -> PackedBatch:
+        """Lay a padded ``[B, T]`` batch out in packed rows by a plan (:func:`plan`).
+
+        Only gathers and comparisons whose output sizes come from the plan's shapes:
+        nothing is read back from the device.
+        """
+        r, t = pack_position_ids.shape
+
+        def gather(values: torch.Tensor, fill: int) -> torch.Tensor:
+            flat = torch.cat([values.reshape(-1), values.new_full((1,), fill)])
+            return flat.index_select(0, pack_source).view(r, t)
+
+        seg = pack_segment
+        same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
+        same |= torch.eye(t, dtype=torch.bool, device=seg.device)
+        return cls(
+            input_ids=gather(input_ids, pad_token_id),
+            position_ids=pack_position_ids,
+            token_type_ids=None if token_type_ids is None else gather(token_type_ids, 0),
+            attention_mask=same[:, None],
+            index=pack_index,
+        )
+
     @property
     def rows(self) -> int:
         return self.input_ids.shape[0]
@@ -107,6 +142,76 @@ def lengths_if_right_padded(attention_mask: torch.Tensor) -> list[int] | None:
     return lengths.tolist()
 
 
+PLAN_KEYS = PLAN_INPUTS
+"""The batch keys of a precomputed packing plan (:func:`plan_batch`), in that order."""
+
+
+def plan(lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING) -> dict[str, torch.Tensor] | None:
+    """The packing of a right-padded ``[B, t]`` batch with these row lengths, as CPU tensors.
+
+    Pure host work (first-fit decreasing in Python): the collator runs it in the
+    DataLoader workers, so the training process gets the plan as tensors and a packed
+    forward (:meth:`PackedBatch.from_plan`) needs no device-to-host synchronisation.
+
+    Args:
+        lengths: ``B`` token counts, each ``<= t``.
+        t: the padded batch's length.
+        min_saving: the share of the ``B * t`` positions packing must remove.
+
+    Returns:
+        None when packing saves too little; else (``R`` packed rows):
+        ``pack_source`` ``[R * t]`` int64, each packed position's flat position in the
+        padded ``[B * t]`` batch, or ``B * t`` for an unused one (the pad fill);
+        ``pack_index`` ``[B, t]`` int64 (:attr:`PackedBatch.index`);
+        ``pack_position_ids`` ``[R, t]`` int64, counting from 0 within each sentence;
+        ``pack_segment`` ``[R, t]`` int64, the padded-batch row of each packed position,
+        -1 where unused.
+    """
+    b = len(lengths)
+    if not b:
+        return None
+    bins = first_fit_decreasing([max(n, 1) for n in lengths], t)
+    r = len(bins)
+    if r * t > (1.0 - min_saving) * b * t:
+        return None
+    source = torch.full((r * t,), b * t, dtype=torch.int64)
+    segment = torch.full((r * t,), -1, dtype=torch.int64)
+    positions = torch.zeros(r * t, dtype=torch.int64)
+    index = torch.full((b, t), r * t, dtype=torch.int64)
+    steps = torch.arange(t, dtype=torch.int64)
+    for row, members in enumerate(bins):
+        offset = row * t
+        for i in members:
+            n = lengths[i]  # an empty row takes one slot (max(n, 1)) but places no token
+            source[offset : offset + n] = i * t + steps[:n]
+            segment[offset : offset + n] = i
+            positions[offset : offset + n] = steps[:n]
+            index[i, :n] = offset + steps[:n]
+            offset += max(n, 1)
+    return {
+        "pack_source": source,
+        "pack_index": index,
+        "pack_position_ids": positions.view(r, t),
+        "pack_segment": segment.view(r, t),
+    }
+
+
+def plan_batch(attention_mask: torch.Tensor, min_saving: float = MIN_SAVING) -> dict[str, torch.Tensor]:
+    """The collator's plan keys (:data:`PLAN_KEYS`) for a CPU ``[B, T]`` attention mask.
+
+    A batch that should run padded (too little to save, or not right-padded) gets
+    the keys with zero packed rows, so the model knows from a shape, not from a value
+    on the device, that the plan says "do not pack".
+    """
+    lengths = lengths_if_right_padded(attention_mask)
+    b, t = attention_mask.shape
+    planned = None if lengths is None else plan(lengths, t, min_saving)
+    if planned is not None:
+        return planned
+    empty = torch.zeros(0, dtype=torch.int64)
+    return {"pack_source": empty, "pack_index": empty, "pack_position_ids": empty.view(0, t), "pack_segment": empty.view(0, t)}
+
+
 def pack(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -117,6 +222,9 @@ def pack(
     """Pack a right-padded batch; None when packing would save less than ``min_saving``
     of the positions (or the batch is not right-padded).
 
+    This plans on the spot (reading the lengths back from the device); training batches
+    come with the plan precomputed by the collator (:func:`plan_batch`).
+
     Args:
         input_ids: ``[B, T]``.
         attention_mask: ``[B, T]``, 1 for tokens.
@@ -125,42 +233,13 @@ def pack(
         min_saving: the share of the ``B * T`` positions packing must remove.
     """
     lengths = lengths_if_right_padded(attention_mask)
-    if lengths is None or not lengths:
+    if lengths is None:
         return None
-    b, t = input_ids.shape
-    bins = first_fit_decreasing([max(n, 1) for n in lengths], t)
-    r = len(bins)
-    if r * t > (1.0 - min_saving) * b * t:
+    planned = plan(lengths, input_ids.shape[1], min_saving)
+    if planned is None:
         return None
-    device = input_ids.device
-    # Where each sentence starts in the flat [R * T] layout.
-    start = [0] * b
-    for row, members in enumerate(bins):
-        offset = row * t
-        for i in members:
-            start[i] = offset
-            offset += max(lengths[i], 1)
-    tokens = attention_mask.bool()
-    positions = torch.arange(t, device=device).expand(b, t)
-    index = torch.tensor(start, device=device)[:, None] + positions
-    index = torch.where(tokens, index, r * t)
-    sel = index[tokens]  # flat positions of the real tokens, in padded-batch order
-
-    def scatter(values: torch.Tensor, fill: int) -> torch.Tensor:
-        flat = torch.full((r * t,), fill, dtype=values.dtype, device=device)
-        flat[sel] = values[tokens]
-        return flat.view(r, t)
-
-    segment = scatter(torch.arange(b, device=device)[:, None].expand(b, t), -1)
-    same = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
-    same |= torch.eye(t, dtype=torch.bool, device=device)
-    return PackedBatch(
-        input_ids=scatter(input_ids, pad_token_id),
-        position_ids=scatter(positions, 0),
-        token_type_ids=None if token_type_ids is None else scatter(token_type_ids, 0),
-        attention_mask=same[:, None],
-        index=index,
-    )
+    planned = {k: v.to(input_ids.device) for k, v in planned.items()}
+    return PackedBatch.from_plan(input_ids, token_type_ids, pad_token_id=pad_token_id, **planned)
 
 
 # Attention implementations that take a boolean 4-D mask (True = attend); every other one

@@ -40,11 +40,14 @@ __all__ = [
     "PrecisionChoice",
     "Probe",
     "MatmulSpeeds",
+    "check_cuda_flags",
     "clear_probe_cache",
     "cpu_matmul_speeds",
     "cuda_capability",
     "resolve_eval_precision",
     "resolve_precision",
+    "set_tf32",
+    "tf32_wanted",
 ]
 
 logger = logging.getLogger(__name__)
@@ -326,3 +329,61 @@ def resolve_eval_precision(requested: str, device: torch.device | str, *, probe:
     """
     hw = _resolve_mode(requested, device, probe or cpu_matmul_speeds, auto_fp16=False)
     return _choice(requested, hw, False, False)
+
+
+def tf32_wanted(device: torch.device | str, capability: tuple[int, int] | None = None) -> bool:
+    """Whether fp32 matmuls on ``device`` should run on TF32 tensor cores.
+
+    On CUDA from compute capability 8.0 (Ampere) TF32 runs fp32 matmuls several times
+    faster with a 10-bit mantissa on the inputs, which contrastive fine-tuning does not
+    notice (PyTorch leaves it off by default for matmuls). Elsewhere there is no TF32.
+
+    Args:
+        device: the training device.
+        capability: the device's compute capability (default: read from the device).
+    """
+    if torch.device(device).type != "cuda":
+        return False
+    capability = capability if capability is not None else cuda_capability(device)
+    return capability is not None and capability >= NATIVE_BF16_CAPABILITY
+
+
+def set_tf32(device: torch.device | str, capability: tuple[int, int] | None = None) -> bool:
+    """Turn TF32 on for fp32 matmuls and convolutions where :func:`tf32_wanted` says so
+    (process-wide PyTorch flags; nothing is changed elsewhere); logs and returns the decision."""
+    on = tf32_wanted(device, capability)
+    if on:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    logger.info("tf32 for fp32 matmuls: %s", "on (CUDA, compute capability >= 8.0)" if on else "off (not Ampere+ CUDA)")
+    return on
+
+
+def check_cuda_flags(device: torch.device | str, *, fast_dropout: bool, bf16_weights: bool) -> list[str]:
+    """Warn about the CPU speed tricks set on for a CUDA device, where they do not pay.
+
+    ``fast_dropout`` replaces SDPA's fused attention with an explicit softmax attention
+    (:mod:`simcse_kit.fastpath.dropout`): on a GPU that is slower, not faster.
+    ``bf16_weights`` stands in for autocast on CPUs (:mod:`simcse_kit.fastpath.bf16`);
+    CUDA's autocast is fast already. Both still run as asked (a recipe shared between a
+    CPU and a GPU machine keeps working); ``auto`` never turns them on for CUDA.
+
+    Returns:
+        The warnings logged (empty off CUDA or with both off).
+    """
+    if torch.device(device).type != "cuda":
+        return []
+    warnings = []
+    if fast_dropout:
+        warnings.append(
+            "train.fast_dropout is on for a CUDA device: it replaces SDPA's fused attention with an explicit "
+            "softmax attention, which is slower there; set it to auto or false"
+        )
+    if bf16_weights:
+        warnings.append(
+            "train.bf16_weights is on for a CUDA device: it is a CPU speed trick (CUDA's bf16 autocast is fast); "
+            "set it to auto or false"
+        )
+    for text in warnings:
+        logger.warning(text)
+    return warnings

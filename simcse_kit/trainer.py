@@ -35,7 +35,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 from accelerate import Accelerator
 from accelerate import state as accelerate_state
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -48,6 +48,7 @@ from simcse_kit.fastpath.internals import reset_accelerate_state
 from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir, storage_error
 from simcse_kit.guards import StepGuard, Stopped, StopSignals, collapse_reason
 from simcse_kit.model_checks import check_weights
+from simcse_kit.pipeline import loader_options
 from simcse_kit.precision import PrecisionChoice, resolve_precision
 from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
 
@@ -144,6 +145,8 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.grad_accum,
         cpu=cpu,
+        # Asynchronous host-to-device copies of the (pinned) batches on CUDA.
+        dataloader_config=DataLoaderConfiguration(non_blocking=loader_options("cpu" if cpu else "cuda").non_blocking),
         log_with=trackers or None,
         project_config=ProjectConfiguration(logging_dir=str(logging_dir)) if logging_dir is not None else None,
     )

@@ -45,7 +45,9 @@ from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, chec
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective, TeacherTargets
+from simcse_kit.pipeline import loader_options
 from simcse_kit.plots import plot_training_curves
+from simcse_kit.precision import check_cuda_flags, set_tf32
 from simcse_kit.teacher import TeacherTable, load_teacher_table, pca_projection, teacher_texts
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
 from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
@@ -111,10 +113,14 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     logger.info("memory: %s", heap.reason)
 
     accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)
+    tf32 = set_tf32(accelerator.device)
+    check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
     start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
     model = build_model(cfg)
     objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None)
-    loader = make_loader(cfg, dataset, tokenizer, accelerator.num_processes, teacher[1].index if teacher else None)
+    loader = make_loader(
+        cfg, dataset, tokenizer, accelerator.num_processes, accelerator.device, teacher[1].index if teacher else None
+    )
     step = make_step(cfg, model, objective, accelerator)
     extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
@@ -164,6 +170,7 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
             "cache_hit": table.cache_hit,
             "seconds": table.seconds,
         }
+    metrics["speed"] = {"tf32": tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
     have_best = (out / BEST_MODEL).is_dir()
@@ -331,6 +338,17 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
         hf_pooler.requires_grad_(False)
     if cfg.train.fast_dropout:
         enable_fast_dropout(model)
+    if cfg.train.compile:
+        if cfg.train.fast_dropout:
+            raise ConfigError(
+                "train.compile with train.fast_dropout: the fast-dropout attention is not verified under "
+                "torch.compile; set train.fast_dropout false (or train.compile false)"
+            )
+        # In place (nn.Module.compile), so the state dict and save_pretrained keep their keys.
+        # dynamic=True: batches are padded to their longest sentence and packed into a varying
+        # number of rows, so the shapes change every step (one graph serves them all).
+        model.encoder.compile(dynamic=True)
+        logger.info("torch.compile: the encoder, dynamic shapes")
     return model
 
 
@@ -387,11 +405,24 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
 
 
 def make_loader(
-    cfg: RunConfig, dataset: datasets.Dataset, tokenizer: Any, num_processes: int, teacher_index: dict[str, int] | None = None
+    cfg: RunConfig,
+    dataset: datasets.Dataset,
+    tokenizer: Any,
+    num_processes: int,
+    device: torch.device | str = "cpu",
+    teacher_index: dict[str, int] | None = None,
 ) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
     generator of its own, which the loop checkpoints so a resume redraws the order.
+    Pinned memory on CUDA (:func:`simcse_kit.pipeline.loader_options`); the packing plan
+    made in the collator, so in the workers with ``data.num_workers > 0``.
     ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``."""
+    options = loader_options(device)
+    logger.info(
+        "input pipeline: %d worker process(es); pinned memory and asynchronous copies %s",
+        cfg.data.num_workers,
+        "on" if options.pin_memory else "off (not CUDA)",
+    )
     per_process = cfg.train.batch_size // num_processes
     collator = ContrastiveCollator(
         tokenizer,
@@ -402,6 +433,7 @@ def make_loader(
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
         teacher_index=teacher_index,
+        packing_plan=cfg.model.packing,
     )
     return DataLoader(
         dataset,
@@ -411,6 +443,7 @@ def make_loader(
         collate_fn=collator,
         generator=torch.Generator().manual_seed(cfg.train.seed),
         num_workers=cfg.data.num_workers,
+        pin_memory=options.pin_memory,
     )
 
 

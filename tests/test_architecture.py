@@ -27,6 +27,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "architectures",
         "precision",
         "devices",
+        "pipeline",
         "heap",
         "fastpath/",
         "plots",

@@ -95,3 +95,20 @@ def test_registration_happens_on_enable_only_and_once() -> None:
         assert AttentionMaskInterface()[ATTENTION_NAME] is internals.sdpa_mask
     with pytest.raises(ValueError, match="already registered"):
         internals.register_attention(ATTENTION_NAME, lambda *a, **k: (torch.zeros(()), None))
+
+
+def test_momentum_update_is_the_loop_bit_for_bit() -> None:
+    """The foreach update (torch._foreach_mul_ / _foreach_add_) gives exactly the
+    per-parameter ``mul_(m).add_(q, alpha=1 - m)`` loop it replaces, mixed dtypes too."""
+    torch.manual_seed(0)
+    shapes = [(7, 5), (5,), (3, 2, 4)]
+    keys = [torch.randn(s) for s in shapes] + [torch.randn(6, dtype=torch.bfloat16)]
+    queries = [torch.randn(s) for s in shapes] + [torch.randn(6)]
+    want = [k.clone() for k in keys]
+    for key, query in zip(want, queries, strict=True):
+        key.mul_(0.999).add_(query.to(key.dtype), alpha=1.0 - 0.999)
+    for name in ("_foreach_mul_", "_foreach_add_"):
+        assert callable(getattr(torch, name, None)), f"torch.{name} is gone in torch {torch.__version__}"
+    internals.momentum_update(keys, queries, 0.999)
+    for got, expected in zip(keys, want, strict=True):
+        assert torch.equal(got, expected)

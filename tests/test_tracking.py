@@ -151,7 +151,9 @@ def test_the_steps_expose_their_counters() -> None:
     """What a text run's step adds to the log: masking counters (only with masking on),
     the same through GradCache, plus the queue's fill with the momentum queue."""
     assert SimCSEObjective("unsup", LossConfig()).metrics() == {}
-    objective = SimCSEObjective("unsup", LossConfig(mask_false_negatives=True), masked_negatives=7, last_masked=2)
+    objective = SimCSEObjective("unsup", LossConfig(mask_false_negatives=True))
+    objective.count_masked(torch.tensor(5))  # counts stay tensors until read
+    objective.count_masked(torch.tensor(2))
     counters = {"masked_negatives": 2.0, "masked_negatives_total": 7.0}
     assert objective.metrics() == GradCacheStep(objective, 4).metrics() == counters
     queue = MomentumQueue(torch.nn.Linear(3, 3), size=4, momentum=0.9, dim=3)

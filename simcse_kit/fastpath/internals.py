@@ -91,3 +91,22 @@ def reset_accelerate_state() -> None:
     ``PartialState`` (the process group) that a second run still needs.
     """
     AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def momentum_update(keys: list[torch.Tensor], queries: list[torch.Tensor], momentum: float) -> None:
+    """``k <- m * k + (1 - m) * q`` for every pair, in two multi-tensor kernels.
+
+    ``torch._foreach_mul_`` and ``torch._foreach_add_`` (underscored, though documented
+    as the foreach API) launch one kernel per op for the whole parameter list on CUDA
+    instead of two per parameter; on the CPU they run the same per-tensor ``mul_`` and
+    ``add_`` as a Python loop would, so the numbers are those of the loop, bit for bit
+    (``torch._foreach_lerp_`` would compute ``k + w * (q - k)``: other last bits).
+
+    Args:
+        keys: the momentum encoder's parameters, updated in place.
+        queries: the online encoder's parameters, same shapes (cast to the keys' dtype).
+        momentum: ``m``.
+    """
+    queries = [q.detach().to(k.dtype) for k, q in zip(keys, queries, strict=True)]
+    torch._foreach_mul_(keys, momentum)
+    torch._foreach_add_(keys, queries, alpha=1.0 - momentum)

@@ -1,0 +1,68 @@
+"""What a run decides for a CUDA device, checked on the CPU with a faked device:
+TF32, warnings about CPU speed tricks, torch.compile's refusal and recording."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from conftest import TinyRun
+
+from simcse_kit.errors import ConfigError
+from simcse_kit.negatives import MomentumQueue
+from simcse_kit.precision import check_cuda_flags, set_tf32, tf32_wanted
+from simcse_kit.training import build_model
+
+
+@pytest.mark.parametrize(
+    ("device", "capability", "want"),
+    [("cuda:0", (8, 0), True), ("cuda", (9, 0), True), ("cuda", (7, 5), False), ("cuda", None, False), ("cpu", (9, 0), False)],
+)
+def test_tf32_only_on_ampere_cuda(device: str, capability: tuple[int, int] | None, want: bool) -> None:
+    if device == "cuda" and capability is None and torch.cuda.is_available():
+        pytest.skip("a real GPU answers for itself")
+    assert tf32_wanted(device, capability) is want
+
+
+def test_set_tf32_sets_the_flags_and_leaves_them_off_the_cpu() -> None:
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:  # (monkeypatch cannot restore torch's cuBLAS flag object)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        assert not set_tf32("cpu") and not torch.backends.cuda.matmul.allow_tf32
+        assert not set_tf32("cuda", (7, 0)) and not torch.backends.cuda.matmul.allow_tf32
+        assert set_tf32("cuda", (8, 6))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_cpu_tricks_warned_about_on_cuda_only(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.precision"):
+        assert check_cuda_flags("cpu", fast_dropout=True, bf16_weights=True) == []
+        assert check_cuda_flags("cuda", fast_dropout=False, bf16_weights=False) == []
+        warned = check_cuda_flags("cuda:0", fast_dropout=True, bf16_weights=True)
+    assert len(warned) == 2 and "SDPA" in warned[0] and "bf16_weights" in warned[1]
+    assert [r.getMessage() for r in caplog.records] == warned
+
+
+def test_compile_is_in_place_dynamic_and_refused_with_fast_dropout(tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[dict] = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: calls.append(kw))
+    model = build_model(tiny_run.config("c", **{"train.compile": "true", "train.fast_dropout": "false"}))
+    assert calls == [{"dynamic": True}]
+    assert all(not k.startswith("_orig_mod") for k in model.state_dict())  # saved keys unchanged
+    with pytest.raises(ConfigError, match="train.compile with train.fast_dropout"):
+        build_model(tiny_run.config("d", **{"train.compile": "true", "train.fast_dropout": "true"}))
+
+
+def test_queue_fill_is_mirrored_on_the_host_and_restored() -> None:
+    queue = MomentumQueue(torch.nn.Linear(3, 3), size=4, momentum=0.9, dim=3)
+    queue.enqueue(torch.ones(3, 3), torch.arange(3))
+    assert queue.negatives()[0].shape[0] == 3
+    queue.enqueue(torch.ones(3, 3), torch.arange(3))
+    assert queue.negatives()[0].shape[0] == 4 == int(queue.filled)
+    fresh = MomentumQueue(torch.nn.Linear(3, 3), size=4, momentum=0.9, dim=3)
+    assert fresh.negatives()[0].shape[0] == 0
+    fresh.load_state_dict(queue.state_dict())  # a resume: the host mirror follows the buffer
+    assert fresh.negatives()[0].shape[0] == 4
