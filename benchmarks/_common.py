@@ -155,14 +155,18 @@ class CpuActivity:
         self.record["busy"] = self.record["other_cpu_share"] > self.BUSY_SHARE
 
 
-def check_quiet(allow_busy: bool, threshold: float = 0.5) -> None:
-    """Refuse to start while other processes keep the CPU busy (1-minute load average
-    above ``threshold``), unless ``allow_busy``: then the rounds are kept, flagged."""
-    load = os.getloadavg()[0]
-    if load > threshold and not allow_busy:
+def check_quiet(allow_busy: bool, threshold: float = 0.10, seconds: float = 3.0) -> None:
+    """Refuse to start while other processes keep the CPU busy: their share of all cores
+    over ``seconds`` of sampling (``/proc/stat``; nothing of ours runs meanwhile) above
+    ``threshold``, unless ``allow_busy``: then the rounds are kept, flagged. The load
+    average is not used: it still counts a benchmark that has just finished."""
+    with CpuActivity() as activity:
+        time.sleep(seconds)
+    share = activity.record["other_cpu_share"]
+    if share > threshold and not allow_busy:
         raise SystemExit(
-            f"the machine is busy (1-minute load average {load:.2f} > {threshold}): speed numbers would be "
-            "wrong. Stop the other jobs, or pass --allow-busy to record the rounds flagged as busy."
+            f"the machine is busy (other processes used {100 * share:.0f}% of the CPU over {seconds:.0f} s): speed "
+            "numbers would be wrong. Stop the other jobs, or pass --allow-busy to record the rounds flagged as busy."
         )
 
 

@@ -143,8 +143,8 @@ FILES = (REPO / "BENCHMARKS.md", REPO / "README.md")
 def render(text: str) -> str:
     """``text`` with every generated block replaced by what the JSON gives now."""
     for name, make in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(\n<!-- /generated:{name} -->)", re.S)
-        text = pattern.sub(lambda m, make=make: m.group(1) + make() + m.group(2), text)
+        pattern = re.compile(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)", re.S)
+        text = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(2), text)
     return text
 
 

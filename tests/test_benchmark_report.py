@@ -22,7 +22,10 @@ def test_generated_blocks_match_the_kept_json() -> None:
 def test_every_block_is_present_and_every_result_has_three_rounds() -> None:
     for name, path in (("train-throughput", "BENCHMARKS.md"), ("speed-headline", "README.md")):
         text = (REPO / path).read_text()
-        assert f"<!-- generated:{name} -->" in text and f"<!-- /generated:{name} -->" in text, (name, path)
+        start, end = f"<!-- generated:{name} -->\n", f"<!-- /generated:{name} -->"
+        assert start in text and end in text, (name, path)
+        block = text.split(start, 1)[1].split(end, 1)[0]
+        assert "**" in block and len(block.strip().splitlines()) >= 2, f"{path}: the {name} block is empty"
     kept = sorted(RESULTS.glob("train_throughput-*.json"))
     assert kept, "no kept training-throughput results"
     for path in kept:
