@@ -206,17 +206,7 @@ class SimCSEObjective:
         bias = None  # hardneg: alpha on each anchor's own hard negative, n_positives columns after its positive
         if self.mode == "hardneg":
             bias = losses.weight_bias(positive + n_positives, m, self.loss_cfg.hard_negative_weight, anchors)
-        # Matryoshka: the same problem on each prefix; masks were decided on the full rows above.
-        simcse = losses.matryoshka_loss(
-            anchors,
-            candidates,
-            self.loss_cfg.matryoshka_dims,
-            self.loss_cfg.matryoshka_weights,
-            temperature=self.loss_cfg.temperature,
-            positive_index=positive,
-            exclude=exclude,
-            logit_bias=bias,
-        )
+        simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
         if self.teacher is None:
             return simcse
         in_batch_exclude = None if exclude is None else exclude[:, :in_batch]
@@ -262,15 +252,15 @@ class SimCSEObjective:
         targets = losses.similarity_targets(
             teacher_anchors, teacher_candidates, temperature=self.teacher.temperature, exclude=exclude
         )
-        # With Matryoshka, every prefix learns the teacher's distribution too.
+        return self.prefix_loss(anchors, candidates, target_probs=targets, exclude=exclude)
+
+    def prefix_loss(self, anchors: torch.Tensor, candidates: torch.Tensor, **problem: torch.Tensor | None) -> torch.Tensor:
+        """:func:`losses.contrastive_loss` of ``problem`` (positives or targets, exclusions,
+        bias) at this temperature, on every Matryoshka prefix (``loss.matryoshka_dims``; the
+        full rows without it). Masks are decided once, on the full rows, by the caller."""
+        cfg = self.loss_cfg
         return losses.matryoshka_loss(
-            anchors,
-            candidates,
-            self.loss_cfg.matryoshka_dims,
-            self.loss_cfg.matryoshka_weights,
-            temperature=self.loss_cfg.temperature,
-            target_probs=targets,
-            exclude=exclude,
+            anchors, candidates, cfg.matryoshka_dims, cfg.matryoshka_weights, temperature=cfg.temperature, **problem
         )
 
     def false_negatives(
