@@ -165,7 +165,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
             batch_size=args.batch_size,
             precision=args.precision,
             index=args.index,
-            device=getattr(args, "device", None) or "cpu",
+            device=args.device,
             mteb_results=args.mteb_results,
             truncate_dim=args.truncate_dim,
         )
