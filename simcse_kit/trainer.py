@@ -202,6 +202,13 @@ def scheduler_ticks_per_step(accelerator: Accelerator, cfg: LoopConfig) -> int:
     return 1 if accelerator.split_batches else accelerator.num_processes
 
 
+def due_step(cfg: LoopConfig, step: int, n_steps: int) -> bool:
+    """Whether optimiser step ``step`` reads the device anyway (log, evaluation, checkpoint
+    or last step): where a CUDA run's divergence flags are read back."""
+    every = [cfg.eval_steps, cfg.save_steps]
+    return is_log_step(cfg, step) or step >= n_steps or any(e and step % e == 0 for e in every)
+
+
 def is_log_step(cfg: LoopConfig, step: int) -> bool:
     """Whether optimiser step ``step`` records its loss (and reports to trackers): the
     first step, then every ``cfg.log_steps``."""
@@ -512,7 +519,9 @@ def fit(
     log = LoopLog(accelerator, cfg, step, state.rows_seen, state.train_seconds)
     signals = signals or StopSignals()  # not installed: never requested
     hint = f" (train.learning_rate = {cfg.learning_rate}, train.mixed_precision = {cfg.mixed_precision})"
-    guard = StepGuard(accelerator, signals, check_grad_norm=cfg.mixed_precision != "fp16", hint=hint)
+    guard = StepGuard(
+        accelerator, signals, check_grad_norm=cfg.mixed_precision != "fp16", hint=hint, due=lambda s: due_step(cfg, s, n_steps)
+    )
 
     def evaluate() -> None:
         if evaluator is None:

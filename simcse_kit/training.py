@@ -113,6 +113,7 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     logger.info("memory: %s", heap.reason)
 
     accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)
+    cfg = with_device_defaults(cfg, accelerator.device, accelerator.num_processes)
     tf32 = set_tf32(accelerator.device)
     check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
     start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
@@ -170,7 +171,12 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
             "cache_hit": table.cache_hit,
             "seconds": table.seconds,
         }
-    metrics["speed"] = {"tf32": tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
+    metrics["speed"] = {
+        "tf32": tf32,
+        "compile": cfg.train.compile,
+        "num_workers": cfg.data.num_workers,
+        "packing": cfg.model.packing,
+    }
     if objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
     have_best = (out / BEST_MODEL).is_dir()
@@ -404,6 +410,35 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
     return targets, table
 
 
+# benchmarks/gpu.py on an H100 (BENCHMARKS.md, the main job's model at batch 512, length
+# 32): the collator's tokenisation in 4 worker processes gave 4.5x the sentences/s of none,
+# 8 workers another 1.4x.
+CUDA_WORKERS = 8
+
+
+def with_device_defaults(cfg: RunConfig, device: torch.device | str, num_processes: int = 1) -> RunConfig:
+    """``cfg`` with its device-dependent ``null`` (auto) settings made concrete, each
+    choice logged: ``data.num_workers`` (0 on the CPU, :data:`CUDA_WORKERS` on CUDA, at
+    most this process's share of the cores less one) and ``model.packing`` (on for the CPU; off on CUDA, where
+    ``benchmarks/gpu.py`` measured padded batches faster at every shape it ran)."""
+    cuda = torch.device(device).type == "cuda"
+    workers = cfg.data.num_workers
+    if workers is None:
+        share = (os.cpu_count() or 1) // max(1, num_processes)
+        workers = min(CUDA_WORKERS, max(0, share - 1)) if cuda else 0
+        logger.info("data.num_workers auto -> %d on %s", workers, torch.device(device).type)
+    packing = cfg.model.packing
+    if packing is None:
+        packing = not cuda
+        logger.info(
+            "model.packing auto -> %s on %s%s",
+            packing,
+            torch.device(device).type,
+            " (padding measured faster there: BENCHMARKS.md, GPU section)" if cuda else "",
+        )
+    return replace(cfg, data=replace(cfg.data, num_workers=workers), model=replace(cfg.model, packing=packing))
+
+
 def make_loader(
     cfg: RunConfig,
     dataset: datasets.Dataset,
@@ -419,7 +454,7 @@ def make_loader(
     ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``."""
     options = loader_options(device)
     logger.info(
-        "input pipeline: %d worker process(es); pinned memory and asynchronous copies %s",
+        "input pipeline: %s worker process(es); pinned memory and asynchronous copies %s",
         cfg.data.num_workers,
         "on" if options.pin_memory else "off (not CUDA)",
     )
@@ -433,7 +468,7 @@ def make_loader(
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
         teacher_index=teacher_index,
-        packing_plan=cfg.model.packing,
+        packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
     )
     return DataLoader(
         dataset,
@@ -442,7 +477,7 @@ def make_loader(
         drop_last=len(dataset) >= per_process,  # a short last batch has too few negatives
         collate_fn=collator,
         generator=torch.Generator().manual_seed(cfg.train.seed),
-        num_workers=cfg.data.num_workers,
+        num_workers=cfg.data.num_workers or 0,  # auto (None) not made concrete: the CPU's 0
         pin_memory=options.pin_memory,
     )
 
