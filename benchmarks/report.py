@@ -136,7 +136,58 @@ def headline() -> str:
     return "\n".join(lines)
 
 
-BLOCKS: dict[str, Callable[[], str]] = {"train-throughput": throughput_table, "speed-headline": headline}
+def gpu_table() -> str:
+    """benchmarks/gpu.py's kept runs: per device and job, every variant against the peer."""
+    rows = [
+        "| device | job | variant | sentences/s, median (min–max) | vs sentence-transformers, same workers | "
+        "peak memory MiB | MFU (bf16 peak) | rounds |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for path in sorted(RESULTS.glob("gpu-*.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("smoke") or not rec.get("jobs") or rec["args"].get("sync_debug"):
+            continue
+        for job, data in rec["jobs"].items():
+            summary = data["summary"]
+            variants = [v for v in summary if "/" not in v]
+            for v in variants:
+                workers = v.rpartition("-w")[2]
+                ratio = summary.get(f"{v}/st-w{workers}")
+                mfu = summary[v]["mfu"]
+                mfu_text = "–" if mfu is None else f"{100 * mfu['median']:.1f}%"
+                n = summary[v]["sentences_per_s"]["n"]
+                rows.append(
+                    f"| {rec['device']} | {job} | {v} | {_cell(summary, v)} | {_ratio(ratio) if ratio else '–'} | "
+                    f"{summary[v]['peak_memory_mib']:.0f} | {mfu_text} | {n} |"
+                )
+    return "\n".join(rows)
+
+
+def gpu_syncs_table() -> str:
+    """benchmarks/gpu.py --sync-debug: device-to-host reads per timed step, and where."""
+    rows = [
+        "| file | job | variant | reads per step | where (first library frame: count over the timed steps) |",
+        "|---|---|---|---:|---|",
+    ]
+    for path in sorted(RESULTS.glob("gpu-*.json")):
+        rec = json.loads(path.read_text())
+        if not rec["args"].get("sync_debug"):
+            continue
+        for job, data in rec["jobs"].items():
+            for run in data["runs"]:
+                where = {k: n for k, n in (run["syncs"] or {}).items() if "set_sync_debug_mode" not in k}
+                per_step = sum(where.values()) / run["steps"]
+                text = "; ".join(f"`{k}`: {n}" for k, n in where.items()) or "none"
+                rows.append(f"| {path.name} | {job} | {run['variant']} | {per_step:g} | {text} |")
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "gpu-syncs": gpu_syncs_table,
+    "train-throughput": throughput_table,
+    "speed-headline": headline,
+    "gpu": gpu_table,
+}
 FILES = (REPO / "BENCHMARKS.md", REPO / "README.md")
 
 

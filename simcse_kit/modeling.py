@@ -53,6 +53,19 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def padded_attention_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, T]`` padding mask -> the ``[B, 1, T, T]`` mask the encoder's attention takes.
+
+    transformers turns a 2-D mask into this itself, but first asks whether every token is
+    real (so it can drop the mask), which reads the device back once per forward; a 4-D
+    mask is used as given. The same token states (tests/test_modeling.py); used on CUDA,
+    where that read-back stalls the step.
+    """
+    keep = attention_mask.bool()
+    square = keep[:, None, None, :].expand(keep.shape[0], 1, keep.shape[1], keep.shape[1])
+    return attention_mask_for(square, attn_implementation, dtype)
+
+
 class Pooler(nn.Module):
     """Token states -> one vector per sentence.
 
@@ -198,8 +211,11 @@ class SimCSEModel(nn.Module):
             packed = pack(input_ids, attention_mask, token_type_ids, pad)
         if packed is None:
             kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+            mask = attention_mask
+            if input_ids.is_cuda and self.attn_implementation != "flash_attention_2":
+                mask = padded_attention_mask(attention_mask, self.attn_implementation, compute_dtype(self.encoder))
             out = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=want_all, return_dict=True, **kwargs
+                input_ids=input_ids, attention_mask=mask, output_hidden_states=want_all, return_dict=True, **kwargs
             )
             last, hidden = out.last_hidden_state, out.hidden_states
         else:

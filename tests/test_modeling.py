@@ -144,3 +144,23 @@ def test_resolve_model_path_passes_other_names_through(tmp_path: Path) -> None:
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
     assert resolve_model_path("org/name") == "org/name"
     assert Path(resolve_model_path("default"), "config.json").is_file()  # the bundled default
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_4d_padding_mask_gives_the_2d_masks_token_states(tiny_model_dir: Path, attn: str) -> None:
+    """On CUDA the padded path hands the encoder a 4-D mask (no read-back in transformers'
+    all-real check): the same token states as transformers' own 2-D handling, padding or not."""
+    from simcse_kit.modeling import padded_attention_mask
+
+    cfg = ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", dropout=0.0, attn_implementation=attn, packing=False)
+    model = SimCSEModel.from_config(cfg).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for sentences in (toy_sentences()[:5], ["same length here", "same length here"]):
+        batch = tokenizer(sentences, padding=True, return_tensors="pt")
+        with torch.no_grad():
+            two_d = model.encoder(**batch).last_hidden_state
+            mask = padded_attention_mask(batch["attention_mask"], model.attn_implementation, torch.float32)
+            assert mask.shape == (len(sentences), 1, batch["input_ids"].shape[1], batch["input_ids"].shape[1])
+            four_d = model.encoder(**(batch | {"attention_mask": mask})).last_hidden_state
+        real = batch["attention_mask"].bool()
+        torch.testing.assert_close(four_d[real], two_d[real], atol=1e-6, rtol=0)
