@@ -26,7 +26,7 @@ from simcse_kit.config import LossConfig, ModelConfig, RunConfig, save_config
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import format_table
-from simcse_kit.export import EXPORT_INFO, ExportError, export_model
+from simcse_kit.export import EXPORT_INFO, ExportError, export_model, exporter, folder, sts_gate
 from simcse_kit.inference import Encoder, SentenceTransformerEncoder, load_encoder
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 from simcse_kit.objectives import SimCSEObjective
@@ -280,7 +280,7 @@ def test_missing_normalize_is_caught(tmp_path: Path, bert3_dir: Path, monkeypatc
     """Cosine cannot see a dropped Normalize; the norm check does."""
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     real = export_mod.export_modules
-    monkeypatch.setattr(export_mod, "export_modules", lambda model, normalize: real(model, False))
+    monkeypatch.setattr(exporter, "export_modules", lambda model, normalize: real(model, False))
     with pytest.raises(ExportError, match="norms differ"):
         export_model(model_dir, tmp_path / "st", normalize=True)
     assert not (tmp_path / "st").exists()
@@ -332,7 +332,7 @@ def test_mlp_train_is_dropped_and_always_is_kept(tmp_path: Path, bert3_dir: Path
 def test_parity_failure_leaves_nothing(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrong mapping (mean pooling for a cls model: the classic silent bug) is caught."""
     model_dir = train_and_save(bert3_dir, "cls", "none", tmp_path / "model")
-    monkeypatch.setattr(export_mod, "pooling_modules", lambda pooler, h, n: [export_mod.pooling(h, "mean")])
+    monkeypatch.setattr(folder, "pooling_modules", lambda pooler, h, n: [folder.pooling(h, "mean")])
     out = tmp_path / "exports" / "st"
     with pytest.raises(ExportError, match="disagrees"):
         export_model(model_dir, out)
@@ -350,7 +350,7 @@ def test_failed_overwrite_keeps_the_old_export(tmp_path: Path, bert3_dir: Path, 
     before = sorted(p.name for p in out.iterdir())
     with pytest.raises(ConfigError, match="already exists"):
         export_model(model_dir, out)
-    monkeypatch.setattr(export_mod, "pooling_modules", lambda pooler, h, n: [export_mod.pooling(h, "mean")])
+    monkeypatch.setattr(folder, "pooling_modules", lambda pooler, h, n: [folder.pooling(h, "mean")])
     with pytest.raises(ExportError):
         export_model(model_dir, out, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == before
@@ -426,7 +426,7 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
     st_vectors = load_quietly(tmp_path / "ok")[0].encode(CHECK_SENTENCES, convert_to_tensor=True)
     assert torch.nn.functional.cosine_similarity(reference.double(), st_vectors.double()).min() >= 0.9999
 
-    monkeypatch.setattr(export_mod, "MAX_INT8_STS_DROP", -1.0)  # int8 must now beat fp32 (= 100): impossible
+    monkeypatch.setattr(sts_gate, "MAX_INT8_STS_DROP", -1.0)  # int8 must now beat fp32 (= 100): impossible
     with pytest.raises(ExportError, match="int8 ONNX loses"):
         export_model(model_dir, tmp_path / "bad", quantize="int8", sts_evaluator=evaluator)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "ok"]
@@ -466,7 +466,7 @@ def test_push_to_hub(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.Monkey
         calls.append((folder, repo_id, sorted(p.name for p in folder.iterdir())))
         return f"https://example.invalid/{repo_id}"
 
-    monkeypatch.setattr(export_mod, "hub_upload", upload)
+    monkeypatch.setattr(exporter, "hub_upload", upload)
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     out = tmp_path / "st"
     assert main(["export", str(model_dir), str(out), "--push-to-hub", "me/simcse-tiny", "--no-normalize"]) == 0
@@ -474,7 +474,7 @@ def test_push_to_hub(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.Monkey
     assert "README.md" in calls[0][2] and EXPORT_INFO in calls[0][2]
     assert json.loads((out / EXPORT_INFO).read_text())["normalize"] is False
 
-    monkeypatch.setattr(export_mod, "pooling_modules", lambda pooler, h, n: [export_mod.pooling(h, "cls")])
+    monkeypatch.setattr(folder, "pooling_modules", lambda pooler, h, n: [folder.pooling(h, "cls")])
     assert main(["export", str(model_dir), str(tmp_path / "bad"), "--push-to-hub", "me/x"]) == 1
     assert len(calls) == 1  # a failed export uploads nothing
 
