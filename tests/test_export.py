@@ -359,6 +359,26 @@ def test_failed_overwrite_keeps_the_old_export(tmp_path: Path, bert3_dir: Path, 
     assert export_model(model_dir, out, overwrite=True).min_cosine >= 0.9999
 
 
+def test_card_template_sections_and_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known answers for the template mechanics: ``%% name`` sections, a placeholder alone on
+    its line is a block (None drops the line), and a missing or misplaced value is an error."""
+    from simcse_kit.export import card
+
+    assert card.read_sections("%% a\nx $v\n\n%% b\n$blk\ny\n") == {"a": "x $v\n", "b": "$blk\ny"}
+    monkeypatch.setattr(card, "SECTIONS", {"t": "head\n$blk\nx $v"})
+    assert card.fill("t", blk=None, v=1) == "head\nx 1"
+    assert card.fill("t", blk="l1\nl2", v=1) == "head\nl1\nl2\nx 1"
+    with pytest.raises(ValueError, match="alone on its line"):
+        card.fill("t", blk="", v=None)
+    with pytest.raises(KeyError):
+        card.fill("t", blk=None)
+    # The shipped template: every section the card code fills is there.
+    monkeypatch.undo()
+    assert set(card.SECTIONS) == {"card", "row", "parity_row", "recipe", "sts_table", "no_sts_table"} | {
+        "onnx_usage", "int8_encoder", "st_onnx_backend", "int8_cost"
+    }  # fmt: skip
+
+
 def test_refusals(tmp_path: Path, bert3_dir: Path) -> None:
     with pytest.raises(ConfigError, match="not a simcse-kit run or model"):
         export_model(bert3_dir, tmp_path / "st")  # plain HF folder: no recorded pooler
@@ -430,6 +450,33 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
     with pytest.raises(ExportError, match="int8 ONNX loses"):
         export_model(model_dir, tmp_path / "bad", quantize="int8", sts_evaluator=evaluator)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "ok"]
+
+
+def test_int8_gate_reads_the_data_root(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no evaluator and no --data-dir, the int8 gate reads senteval/ under the data root
+    (data_root=, else SIMCSE_KIT_DATA: the resolution every command uses), checked before
+    any model work; with a folder there, it scores the same suite as evaluate does."""
+    from conftest import write_tiny_senteval
+
+    from simcse_kit.errors import DataError
+    from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.recipes import DATA_ENV
+
+    model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
+    empty = tmp_path / "empty-root"
+    empty.mkdir()
+    monkeypatch.setenv(DATA_ENV, str(empty))
+    with pytest.raises(DataError, match=f"{empty / 'senteval'}: SentEval data folder not found"):
+        export_model(model_dir, tmp_path / "st", quantize="int8")
+    explicit = tmp_path / "explicit-root"
+    with pytest.raises(DataError, match=f"{explicit / 'senteval'}: SentEval data folder not found"):
+        export_model(model_dir, tmp_path / "st", quantize="int8", data_root=explicit)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-root", "model"]
+
+    write_tiny_senteval(empty / "senteval")
+    result = export_model(model_dir, tmp_path / "st", quantize="int8")
+    fp32 = STSEvaluator(empty / "senteval")(load_encoder(model_dir).encode)["avg"]
+    assert result.sts["simcse-kit fp32"] == pytest.approx(fp32, abs=1e-9)
 
 
 def test_onnx_cli_and_refusals(
