@@ -166,7 +166,7 @@ def shape_parity(
     graph: SentenceEmbeddingGraph, path: Path, names: list[str], vocab: int, pad_id: int, max_len: int
 ) -> dict[str, float]:
     """Lowest cosine, graph vs torch, per ``BxL`` shape (batches 1, 7, 64 x lengths 3, 32, max)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # the optional [onnx] extra: imported only when a graph is checked
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     taken = {i.name for i in session.get_inputs()}
@@ -187,7 +187,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 (onnxruntime): :data:`INT8_OPS` weights signed int8, one scale per output
     channel: per-tensor scales cost all-MiniLM-L6-v2 several times more cosine to fp32
     (BENCHMARKS.md, "ONNX through torch.onnx")."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # the optional [onnx] extra
 
     with _quiet_logs():
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(INT8_OPS), per_channel=True)
@@ -232,7 +232,7 @@ def write_onnx(
     Raises:
         OnnxExportError: Every exporter failed or disagreed with torch.
     """
-    import onnx
+    import onnx  # the optional [onnx] extra (require_onnx says so before any work)
 
     model = model.float().eval().cpu()
     if model.packing:
