@@ -7,7 +7,7 @@ a deployment needs ``pip install onnxruntime tokenizers numpy`` and the export f
     encoder = OnnxEncoder("exports/unsup-minilm")                  # onnx/model.onnx
     vectors = encoder.encode(["A man plays a guitar.", "Hello"])  # [2, D] float32
 
-The graph written by :mod:`simcse_kit.onnx_export` already pools (and normalises, when the
+The graph written by :mod:`simcse_kit.export.onnx` already pools (and normalises, when the
 export does), so this module only tokenises, pads and runs it. What it needs besides the
 graph is in ``onnx/simcse_onnx.json`` (max length, pad id, input names) and the folder's
 ``tokenizer.json``. It is one file on purpose: copying it beside a deployment is enough.

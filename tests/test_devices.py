@@ -268,8 +268,8 @@ def test_every_encoding_command_takes_a_device(
 def test_export_checks_parity_on_the_device(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, device: str | None
 ) -> None:
-    from simcse_kit import export
     from simcse_kit.cli import main
+    from simcse_kit.export import exporter
 
     folder = saved_simcse_model(tiny_model_dir, tmp_path / "model")
     fake_gpu(monkeypatch, (8, 0))  # `auto` must pick the GPU; `cpu` must stay on the CPU
@@ -280,7 +280,7 @@ def test_export_checks_parity_on_the_device(
             super().__init__(*args, **kwargs)
             raise Stop
 
-    monkeypatch.setattr(export, "Encoder", StopAfterRecording)
+    monkeypatch.setattr(exporter, "Encoder", StopAfterRecording)
     with pytest.raises(Stop):
         main(["export", str(folder), str(tmp_path / "st"), *(["--device", device] if device else [])])
     assert RecordingEncoder.devices == [torch.device(device or "cuda")]

@@ -26,7 +26,7 @@ from simcse_kit.config import LossConfig, ModelConfig, RunConfig, save_config
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import format_table
-from simcse_kit.export import EXPORT_INFO, ExportError, export_model
+from simcse_kit.export import EXPORT_INFO, ExportError, export_model, exporter, folder, sts_gate
 from simcse_kit.inference import Encoder, SentenceTransformerEncoder, load_encoder
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 from simcse_kit.objectives import SimCSEObjective
@@ -280,7 +280,7 @@ def test_missing_normalize_is_caught(tmp_path: Path, bert3_dir: Path, monkeypatc
     """Cosine cannot see a dropped Normalize; the norm check does."""
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     real = export_mod.export_modules
-    monkeypatch.setattr(export_mod, "export_modules", lambda model, normalize: real(model, False))
+    monkeypatch.setattr(exporter, "export_modules", lambda model, normalize: real(model, False))
     with pytest.raises(ExportError, match="norms differ"):
         export_model(model_dir, tmp_path / "st", normalize=True)
     assert not (tmp_path / "st").exists()
@@ -332,7 +332,7 @@ def test_mlp_train_is_dropped_and_always_is_kept(tmp_path: Path, bert3_dir: Path
 def test_parity_failure_leaves_nothing(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A wrong mapping (mean pooling for a cls model: the classic silent bug) is caught."""
     model_dir = train_and_save(bert3_dir, "cls", "none", tmp_path / "model")
-    monkeypatch.setattr(export_mod, "pooling_modules", lambda pooler, h, n: [export_mod.pooling(h, "mean")])
+    monkeypatch.setattr(folder, "pooling_modules", lambda pooler, h, n: [folder.pooling(h, "mean")])
     out = tmp_path / "exports" / "st"
     with pytest.raises(ExportError, match="disagrees"):
         export_model(model_dir, out)
@@ -350,13 +350,33 @@ def test_failed_overwrite_keeps_the_old_export(tmp_path: Path, bert3_dir: Path, 
     before = sorted(p.name for p in out.iterdir())
     with pytest.raises(ConfigError, match="already exists"):
         export_model(model_dir, out)
-    monkeypatch.setattr(export_mod, "pooling_modules", lambda pooler, h, n: [export_mod.pooling(h, "mean")])
+    monkeypatch.setattr(folder, "pooling_modules", lambda pooler, h, n: [folder.pooling(h, "mean")])
     with pytest.raises(ExportError):
         export_model(model_dir, out, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "st"]
     monkeypatch.undo()
     assert export_model(model_dir, out, overwrite=True).min_cosine >= 0.9999
+
+
+def test_card_template_sections_and_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known answers for the template mechanics: ``%% name`` sections, a placeholder alone on
+    its line is a block (None drops the line), and a missing or misplaced value is an error."""
+    from simcse_kit.export import card
+
+    assert card.read_sections("%% a\nx $v\n\n%% b\n$blk\ny\n") == {"a": "x $v\n", "b": "$blk\ny"}
+    monkeypatch.setattr(card, "SECTIONS", {"t": "head\n$blk\nx $v"})
+    assert card.fill("t", blk=None, v=1) == "head\nx 1"
+    assert card.fill("t", blk="l1\nl2", v=1) == "head\nl1\nl2\nx 1"
+    with pytest.raises(ValueError, match="alone on its line"):
+        card.fill("t", blk="", v=None)
+    with pytest.raises(KeyError):
+        card.fill("t", blk=None)
+    # The shipped template: every section the card code fills is there.
+    monkeypatch.undo()
+    assert set(card.SECTIONS) == {"card", "row", "parity_row", "recipe", "sts_table", "no_sts_table"} | {
+        "onnx_usage", "int8_encoder", "st_onnx_backend", "int8_cost"
+    }  # fmt: skip
 
 
 def test_refusals(tmp_path: Path, bert3_dir: Path) -> None:
@@ -426,10 +446,37 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
     st_vectors = load_quietly(tmp_path / "ok")[0].encode(CHECK_SENTENCES, convert_to_tensor=True)
     assert torch.nn.functional.cosine_similarity(reference.double(), st_vectors.double()).min() >= 0.9999
 
-    monkeypatch.setattr(export_mod, "MAX_INT8_STS_DROP", -1.0)  # int8 must now beat fp32 (= 100): impossible
+    monkeypatch.setattr(sts_gate, "MAX_INT8_STS_DROP", -1.0)  # int8 must now beat fp32 (= 100): impossible
     with pytest.raises(ExportError, match="int8 ONNX loses"):
         export_model(model_dir, tmp_path / "bad", quantize="int8", sts_evaluator=evaluator)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "ok"]
+
+
+def test_int8_gate_reads_the_data_root(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no evaluator and no --data-dir, the int8 gate reads senteval/ under the data root
+    (data_root=, else SIMCSE_KIT_DATA: the resolution every command uses), checked before
+    any model work; with a folder there, it scores the same suite as evaluate does."""
+    from conftest import write_tiny_senteval
+
+    from simcse_kit.errors import DataError
+    from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.recipes import DATA_ENV
+
+    model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
+    empty = tmp_path / "empty-root"
+    empty.mkdir()
+    monkeypatch.setenv(DATA_ENV, str(empty))
+    with pytest.raises(DataError, match=f"{empty / 'senteval'}: SentEval data folder not found"):
+        export_model(model_dir, tmp_path / "st", quantize="int8")
+    explicit = tmp_path / "explicit-root"
+    with pytest.raises(DataError, match=f"{explicit / 'senteval'}: SentEval data folder not found"):
+        export_model(model_dir, tmp_path / "st", quantize="int8", data_root=explicit)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-root", "model"]
+
+    write_tiny_senteval(empty / "senteval")
+    result = export_model(model_dir, tmp_path / "st", quantize="int8")
+    fp32 = STSEvaluator(empty / "senteval")(load_encoder(model_dir).encode)["avg"]
+    assert result.sts["simcse-kit fp32"] == pytest.approx(fp32, abs=1e-9)
 
 
 def test_onnx_cli_and_refusals(
@@ -466,7 +513,7 @@ def test_push_to_hub(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.Monkey
         calls.append((folder, repo_id, sorted(p.name for p in folder.iterdir())))
         return f"https://example.invalid/{repo_id}"
 
-    monkeypatch.setattr(export_mod, "hub_upload", upload)
+    monkeypatch.setattr(exporter, "hub_upload", upload)
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     out = tmp_path / "st"
     assert main(["export", str(model_dir), str(out), "--push-to-hub", "me/simcse-tiny", "--no-normalize"]) == 0
@@ -474,7 +521,7 @@ def test_push_to_hub(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.Monkey
     assert "README.md" in calls[0][2] and EXPORT_INFO in calls[0][2]
     assert json.loads((out / EXPORT_INFO).read_text())["normalize"] is False
 
-    monkeypatch.setattr(export_mod, "pooling_modules", lambda pooler, h, n: [export_mod.pooling(h, "cls")])
+    monkeypatch.setattr(folder, "pooling_modules", lambda pooler, h, n: [folder.pooling(h, "cls")])
     assert main(["export", str(model_dir), str(tmp_path / "bad"), "--push-to-hub", "me/x"]) == 1
     assert len(calls) == 1  # a failed export uploads nothing
 

@@ -21,12 +21,12 @@ from conftest import REPO, toy_sentences
 from tiny_encoders import ARCHITECTURES, build_tiny
 from transformers import AutoTokenizer
 
-from simcse_kit import onnx_export
 from simcse_kit.config import ModelConfig
+from simcse_kit.export import onnx as onnx_export
+from simcse_kit.export.onnx import OnnxExportError, write_onnx
 from simcse_kit.inference import Encoder
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.onnx_encoder import FP32_FILE, ONNX_INFO, OnnxEncoder
-from simcse_kit.onnx_export import OnnxExportError, write_onnx
 
 MAX_LEN = 64  # the tiny models' maximum (RoBERTa-style: 66 positions - padding_idx - 1)
 SENTENCES = toy_sentences(20) + ["hello", "a man plays the guitar in the park with two children " * 8]

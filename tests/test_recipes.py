@@ -198,7 +198,7 @@ def test_wheel_ships_the_recipes(tmp_path: Path) -> None:
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "simcse_kit").rglob("*.py") if "__pycache__" not in p.parts}
     assert modules <= names, sorted(modules - names)  # every subpackage made it (the list in pyproject.toml)
     recipes = {f"simcse_kit/recipe_files/{p.relative_to(REPO / 'train').as_posix()}" for p in (REPO / "train").rglob("*.yaml")}
-    assert recipes | {"simcse_kit/suite_files/sts.yaml"} <= names
+    assert recipes | {"simcse_kit/suite_files/sts.yaml", "simcse_kit/export/model_card.md"} <= names
 
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)

@@ -16,7 +16,11 @@ dynamo exporter handles every architecture in ``docs/architectures.md``; the Tor
 drops DeBERTa-v2's unused ``token_type_ids`` input (so it is only the fallback).
 
 int8 is onnxruntime's ``quantize_dynamic``: MatMul weights to signed int8 (per channel),
-activations quantised on the fly. Its quality gate (STS) is :mod:`simcse_kit.export`'s.
+activations quantised on the fly. Its quality gate (STS) is
+:mod:`simcse_kit.export.sts_gate`'s.
+
+onnx, onnxruntime and onnxscript are the optional ``[onnx]`` extra: they are imported inside
+the functions that use them, so the rest of the export (and this module) imports without them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from simcse_kit.export.source import ExportError
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO, OUTPUT
 
@@ -161,7 +166,7 @@ def shape_parity(
     graph: SentenceEmbeddingGraph, path: Path, names: list[str], vocab: int, pad_id: int, max_len: int
 ) -> dict[str, float]:
     """Lowest cosine, graph vs torch, per ``BxL`` shape (batches 1, 7, 64 x lengths 3, 32, max)."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # the optional [onnx] extra: imported only when a graph is checked
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     taken = {i.name for i in session.get_inputs()}
@@ -182,7 +187,7 @@ def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 (onnxruntime): :data:`INT8_OPS` weights signed int8, one scale per output
     channel: per-tensor scales cost all-MiniLM-L6-v2 several times more cosine to fp32
     (BENCHMARKS.md, "ONNX through torch.onnx")."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # the optional [onnx] extra
 
     with _quiet_logs():
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=list(INT8_OPS), per_channel=True)
@@ -227,7 +232,7 @@ def write_onnx(
     Raises:
         OnnxExportError: Every exporter failed or disagreed with torch.
     """
-    import onnx
+    import onnx  # the optional [onnx] extra (require_onnx says so before any work)
 
     model = model.float().eval().cpu()
     if model.packing:
@@ -292,16 +297,60 @@ def write_onnx(
     return done
 
 
+def require_onnx() -> None:
+    """Raise :class:`~simcse_kit.export.source.ExportError` (before anything is written) when
+    the ONNX exporter or onnxruntime cannot run here."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter)
+        import tokenizers  # noqa: F401  (the OnnxEncoder the export is checked with)
+    except ImportError as exc:
+        raise ExportError(f"--onnx needs onnx, onnxruntime and onnxscript ({exc}); `pip install 'simcse-kit[onnx]'`") from None
+
+
+def add_onnx(model: SimCSEModel, tokenizer: Any, folder: Path, normalize: bool, quantize: str | None, opset: int) -> OnnxExport:
+    """Write ``onnx/model.onnx`` (and ``onnx/model_qint8.onnx``) with :func:`write_onnx`; its
+    failure is the export's (:class:`~simcse_kit.export.source.ExportError`)."""
+    try:
+        return write_onnx(model, tokenizer, folder, normalize=normalize, opset=opset, quantize=quantize)
+    except OnnxExportError as exc:
+        raise ExportError(str(exc)) from None
+
+
+def onnx_info(done: OnnxExport | None) -> dict[str, Any] | None:
+    """The ONNX part of ``simcse_export.json`` (None without a graph)."""
+    if done is None:
+        return None
+    keys = ("exporter", "opset", "inputs", "outputs", "shape_parity", "tried")
+    return {k: getattr(done, k) for k in keys}
+
+
+def quant_info() -> dict[str, Any]:
+    """The quantisation part of ``simcse_export.json``."""
+    return {
+        "type": "dynamic int8",
+        "tool": "onnxruntime.quantization.quantize_dynamic",
+        "weights": "QInt8, per channel",
+        "ops": list(INT8_OPS),
+    }
+
+
 __all__ = [
     "DEFAULT_OPSET",
     "EXPORTERS",
+    "INT8_OPS",
     "MIN_COSINE",
     "OnnxExport",
     "OnnxExportError",
     "SentenceEmbeddingGraph",
+    "add_onnx",
     "graph_inputs",
+    "onnx_info",
+    "quant_info",
     "quantize_int8",
     "random_batch",
+    "require_onnx",
     "shape_parity",
     "write_onnx",
 ]

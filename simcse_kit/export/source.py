@@ -1,0 +1,95 @@
+"""What is exported and where to: the run or model folder read, the target folder checked,
+and the error a failed export raises."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simcse_kit.errors import ConfigError
+from simcse_kit.fileio import check_writable, folder_contents
+from simcse_kit.modeling import SIMCSE_CONFIG
+
+EXPORT_INFO = "simcse_export.json"
+"""Provenance written into the export. Deliberately *not* ``simcse_config.json``: the
+export is a plain sentence-transformers folder, so every loader (``simcse-kit evaluate``
+included) runs it through ``SentenceTransformer`` and sees exactly what users see."""
+
+
+class ExportError(RuntimeError):
+    """The export was written but failed a check (or cannot be built here); nothing was kept."""
+
+
+@dataclass
+class ExportSource:
+    """What is being exported: the model folder and, when known, the run around it."""
+
+    model_dir: Path
+    meta: dict[str, Any]
+    run_dir: Path | None = None
+    run_config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def base_model(self) -> str | None:
+        """The ``model.name_or_path`` the run was trained from (run config, else model metadata)."""
+        base = self.run_config.get("model", {}).get("name_or_path", self.meta.get("base_model"))
+        return None if base is None else str(base)
+
+
+def find_source(path: str | Path) -> ExportSource:
+    """Resolve a run folder (``config.yaml``, ``metrics.json``, ``best_model/``) or a
+    simcse-kit model folder (``simcse_config.json``).
+
+    Raises:
+        ConfigError: ``path`` is neither (a sentence-transformers or plain HF folder
+            records no SimCSE pooler, so there is nothing reliable to export).
+    """
+    path = Path(path)
+    run_dir: Path | None = None
+    if (path / "best_model" / SIMCSE_CONFIG).is_file():
+        run_dir, model_dir = path, path / "best_model"
+    elif (path / SIMCSE_CONFIG).is_file():
+        model_dir = path
+        # A best_model/ inside a run folder still gets the run's card.
+        if path.name == "best_model" and (path.parent / "config.yaml").is_file():
+            run_dir = path.parent
+    else:
+        raise ConfigError(f"{path}: not a simcse-kit run or model folder (no {SIMCSE_CONFIG} there or in best_model/)")
+    meta = json.loads((model_dir / SIMCSE_CONFIG).read_text(encoding="utf-8"))
+    source = ExportSource(model_dir=model_dir, meta=meta, run_dir=run_dir)
+    if run_dir is not None:
+        if (run_dir / "config.yaml").is_file():
+            source.run_config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+        if (run_dir / "metrics.json").is_file():
+            source.metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    return source
+
+
+def check_target(source: ExportSource, out: Path, overwrite: bool) -> None:
+    """Refuse a target that would replace, contain or sit inside the source, that is not a
+    folder, or that holds anything but an earlier export (``--overwrite``) or nothing.
+
+    Raises:
+        ConfigError: The target is refused (nothing is written).
+    """
+    out_r = out.resolve()
+    for keep in filter(None, (source.model_dir, source.run_dir)):
+        keep_r = keep.resolve()
+        if out_r == keep_r or keep_r.is_relative_to(out_r) or out_r.is_relative_to(keep_r):
+            raise ConfigError(f"{out}: the export must not replace, contain or sit inside its source {keep}")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a folder")
+    check_writable(out, "export folder")  # the export is built beside it, then renamed into place
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out}: already exists; choose another folder or pass --overwrite")
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
+        # --overwrite replaces a whole folder: only one we wrote (an earlier export) or an empty one.
+        raise ConfigError(
+            f"{out}: --overwrite replaces only an earlier export (with {EXPORT_INFO}) or an empty folder; "
+            f"this one holds {', '.join(folder_contents(out))}: choose another folder"
+        )
