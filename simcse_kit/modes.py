@@ -92,6 +92,16 @@ class Mode:
     contrast: Contrast
     views_contrast: Contrast | None = None
 
+    def __post_init__(self) -> None:
+        for form in (self.contrast, self.views_contrast):
+            if form is None:
+                continue
+            used = [*form.candidate_views, *([] if form.anchor_view is None else [form.anchor_view])]
+            if not all(0 <= v < self.n_views for v in used):
+                raise ValueError(f"views {used} of {form} out of range for {self.n_views} views")
+            if form.all_rows and (self.n_views != 2 or form.candidate_views != (0, 1)):
+                raise ValueError("every row can anchor only with two views (each row's positive is the other)")
+
     @property
     def n_views(self) -> int:
         """``V``: rows per example in this mode's batches."""

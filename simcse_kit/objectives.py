@@ -196,7 +196,8 @@ class SimCSEObjective:
         local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
         positive = losses.view_labels(n, offset, device) if form.all_rows else local
         itself = local if form.excludes_self else None
-        exclude = self.masked(anchors, candidates, anchor_ids, id_blocks, queue, positive, itself)
+        exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, itself)
+        exclude = self.drop_similar(anchors, candidates, positive, itself, exclude)
         if itself is not None:  # no row is its own negative
             own = losses.self_mask(n, m, offset, device)
             exclude = own if exclude is None else own | exclude
@@ -258,21 +259,24 @@ class SimCSEObjective:
             anchors, candidates, cfg.matryoshka_dims, cfg.matryoshka_weights, temperature=cfg.temperature, **problem
         )
 
-    def masked(
+    def drop_similar(
         self,
         anchors: torch.Tensor,
         candidates: torch.Tensor,
-        anchor_ids: torch.Tensor | None,
-        id_blocks: list[torch.Tensor],
-        queue: Queue | None,
         positive: torch.Tensor,
         self_index: torch.Tensor | None,
+        exclude: torch.Tensor | None,
     ) -> torch.Tensor | None:
-        """The masked negatives ``[N, M]`` (None when masking is off), counted: false
-        negatives by text (:meth:`false_negatives`), then by similarity to the anchor
-        (``loss.false_negative_threshold``). ``anchors`` ``[N, H]`` and ``candidates``
-        ``[M, H]`` as in :meth:`loss`; the other arguments as in :meth:`false_negatives`."""
-        exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, self_index)
+        """``exclude`` ``[N, M]`` (or None) plus the candidates whose cosine with the anchor
+        exceeds ``loss.false_negative_threshold`` (:func:`masks.similar_candidate_mask`),
+        the new ones counted; ``exclude`` itself without a threshold.
+
+        Args:
+            anchors: ``[N, H]`` and ``candidates``: ``[M, H]``, as in :meth:`loss`.
+            positive: ``[N]`` column of each anchor's positive (never dropped).
+            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
+            exclude: the false negatives by text (:meth:`false_negatives`), or None.
+        """
         threshold = self.loss_cfg.false_negative_threshold
         if threshold is None:
             return exclude
