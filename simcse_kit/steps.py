@@ -45,6 +45,7 @@ __all__ = [
     "GradCacheStep",
     "MomentumQueueStep",
     "Objective",
+    "ObjectiveStep",
     "Queue",
     "Step",
     "backpropagate",
