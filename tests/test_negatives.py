@@ -16,8 +16,8 @@ from transformers import AutoTokenizer
 from simcse_kit.batch import text_ids
 from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
-from simcse_kit.modeling import SimCSEModel
 from simcse_kit.masks import false_negative_mask, similar_candidate_mask
+from simcse_kit.modeling import SimCSEModel
 from simcse_kit.negatives import MomentumQueue
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.steps import MomentumQueueStep
