@@ -312,7 +312,7 @@ def step_flops(model: nn.Module, objective: SimCSEObjective, batches: list[dict[
     counter = FlopCounterMode(display=False)
     with counter:
         for batch in batches:
-            objective.step(model, batch).backward()
+            objective.step(model, batch)  # backward=None: loss.backward()
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / len(batches)
 

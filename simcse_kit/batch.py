@@ -1,7 +1,8 @@
 """The batch layout: which rows of a collated batch are which view of which example.
 
 This module is the one home of that fact; the collator, the objective, GradCache and
-the momentum queue all ask it. Every mode's batch is *example-major*: the ``V`` views
+the momentum queue all ask it (which view plays which part in the loss is
+:mod:`simcse_kit.modes`' table). Every mode's batch is *example-major*: the ``V`` views
 of example ``i`` are rows ``i*V .. i*V + V - 1``.
 
   * ``unsup``, V = 2: (sent0, sent0), dropout makes the two views differ:
@@ -21,6 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from simcse_kit import modes
+
 __all__ = [
     "MODEL_INPUTS",
     "PLAN_INPUTS",
@@ -34,12 +37,9 @@ __all__ = [
     "views_per_example",
 ]
 
-VIEW_COLUMNS: dict[str, tuple[str, ...]] = {
-    "unsup": ("sent0", "sent0"),
-    "sup": ("sent0", "sent1"),
-    "hardneg": ("sent0", "sent1", "hard_neg"),
-}
-"""Per mode, the data column each view of an example is read from (view 0 is the anchor)."""
+VIEW_COLUMNS: dict[str, tuple[str, ...]] = {name: row.columns for name, row in modes.TABLE.items()}
+"""Per mode, the data column each view of an example is read from (view 0 is the anchor);
+:data:`simcse_kit.modes.TABLE`'s columns."""
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """The keys of a collated batch that the encoder takes; others (``text_ids``) are not for it."""
@@ -47,10 +47,7 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 def views_per_example(mode: str) -> int:
     """``V``: rows per example in a batch of ``mode``."""
-    try:
-        return len(VIEW_COLUMNS[mode])
-    except KeyError:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(VIEW_COLUMNS)}") from None
+    return modes.mode(mode).n_views
 
 
 def batch_texts(examples: Sequence[Mapping[str, str]], mode: str) -> list[str]:

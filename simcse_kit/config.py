@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from simcse_kit import modes
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import write_text_atomic
 from simcse_kit.recipes import DATA_ENV, DATA_ROOT_HINT, absolute, default_data_root
@@ -27,7 +28,7 @@ from simcse_kit.recipes import DATA_ENV, DATA_ROOT_HINT, absolute, default_data_
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MLP_MODES = ("none", "train", "always")
-MODES = ("unsup", "sup", "hardneg")
+MODES = tuple(modes.TABLE)  # simcse_kit.modes: one row per mode
 PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads (simcse_kit.evaluation.readers.PAIR_READERS)
 PRECISIONS = ("auto", "no", "fp16", "bf16")
 AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.precision)

@@ -7,32 +7,26 @@ it to :func:`simcse_kit.losses.contrastive_loss`. Which row is which view comes 
 runs the encoder and :meth:`~SimCSEObjective.loss` only touches the loss core, so
 GradCache and the momentum queue work on that seam without knowing the model.
 
-A *step* is any callable ``step(model, batch, backward) -> loss`` that computes the
-loss, calls ``backward(loss)`` itself and returns the detached loss; the objective is
-the plain one, :class:`~simcse_kit.gradcache.GradCacheStep` and
-:class:`~simcse_kit.negatives.MomentumQueueStep` wrap it.
+Who is contrasted with whom in each mode is :mod:`simcse_kit.modes`' table; the loss reads
+it and has no per-mode branch. The objective is also the plain *step* of the step contract
+(:mod:`simcse_kit.steps`), where GradCache and the momentum queue wrap it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simcse_kit import distributed, losses, negatives
+from simcse_kit import distributed, losses, masks, modes
 from simcse_kit.batch import model_inputs, split_views, views_per_example
 from simcse_kit.config import LossConfig
+from simcse_kit.steps import Backward, Batch, Queue, backpropagate
 
-__all__ = ["Backward", "Batch", "Queue", "SimCSEObjective", "Step", "TeacherTargets"]
-
-Batch = dict[str, torch.Tensor]
-Backward = Callable[[torch.Tensor], None]
-Step = Callable[[nn.Module, Batch, Backward], torch.Tensor]
-Queue = tuple[torch.Tensor, torch.Tensor | None]
-"""Extra negatives without gradient (the momentum queue): ``([Q, H] rows, [Q] text ids)``."""
+__all__ = ["SimCSEObjective", "TeacherTargets"]
 
 
 TEACHER_LOSSES = ("similarity", "embedding")
@@ -99,20 +93,21 @@ def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
 class SimCSEObjective:
     """The SimCSE losses on the example-major rows of :mod:`simcse_kit.batch`.
 
-    Per mode (``N`` local examples, ``W`` processes when ``loss.gather``; every anchor's
-    candidates also take the queue's ``Q`` rows when a queue is given):
-      * ``unsup`` + ``unsup_loss="views"``: 2N-view NT-Xent, every row an anchor against
-        all ``2NW`` rows; positive: the other view (row ``i ^ 1``); the row itself excluded;
-      * ``unsup`` + ``"paper"`` and ``sup``: SimCSE's ``z1 . z2^T``: view-0 anchors
-        against the ``NW`` view-1 rows; positive: the anchor's own view 1;
-      * ``hardneg``: view-0 anchors against ``[view 1 | view 2]`` (``2NW`` rows); the
-        anchor's own hard negative weighted by ``loss.hard_negative_weight``
-        (``log(alpha)`` on that logit).
+    The mode's :class:`~simcse_kit.modes.Contrast` (``loss.unsup_loss`` picks unsup's
+    form) says which rows are anchors and which candidates (``N`` local examples, ``W``
+    processes when ``loss.gather``; every anchor's candidates also take the queue's ``Q``
+    rows when a queue is given):
+      * every row an anchor (unsup, ``"views"``): 2N-view NT-Xent against all ``2NW``
+        rows; positive: the other view (row ``i ^ 1``); the row itself excluded;
+      * view-0 anchors (unsup ``"paper"``, sup, hardneg): against the candidate views'
+        rows, block after block (``NW`` rows each); positive: the anchor's own row in
+        the first block; the weighted view's own row (hardneg's contradiction) enters
+        with ``loss.hard_negative_weight`` (``log(alpha)`` on that logit).
 
     With ``loss.mask_false_negatives`` the batch's ``text_ids`` drop candidates that
-    share a text with the anchor or its positive (:func:`negatives.false_negative_mask`);
-    With ``loss.false_negative_threshold`` candidates whose cosine with the anchor exceeds
-    it are dropped too (:func:`negatives.similar_candidate_mask`); the positive never is.
+    share a text with the anchor or its positive (:func:`masks.false_negative_mask`);
+    with ``loss.false_negative_threshold`` candidates whose cosine with the anchor exceeds
+    it are dropped too (:func:`masks.similar_candidate_mask`); the positive never is.
     :attr:`masked_negatives` counts them over all calls, :attr:`last_masked` in the latest.
 
     With a ``teacher`` (:class:`TeacherTargets`) the loss is ``(1 - w) * SimCSE + w * T``.
@@ -157,9 +152,21 @@ class SimCSEObjective:
         return self.loss_cfg.mask_false_negatives or self.loss_cfg.false_negative_threshold is not None
 
     @property
-    def symmetric(self) -> bool:
-        """True for 2N-view NT-Xent (every view an anchor), False for ``z1 . z2^T`` forms."""
-        return self.mode == "unsup" and self.loss_cfg.unsup_loss == "views"
+    def contrast(self) -> modes.Contrast:
+        """Who is contrasted with whom: the mode's row of :data:`simcse_kit.modes.TABLE`."""
+        return modes.contrast(self.mode, self.loss_cfg.unsup_loss)
+
+    def views(self, rows: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Per-row values (embeddings ``[B, H]``, text ids or teacher rows ``[B]``) split
+        into the anchors' ``[N, ...]`` and the candidate blocks', by :attr:`contrast`.
+
+        Strided views of ``rows`` (no copy), so gradients flow back to it.
+        """
+        form = self.contrast
+        if form.anchor_view is None:  # every row anchors, against all rows in batch order
+            return rows, [rows]
+        by_view = split_views(rows, self.views_per_example())
+        return by_view[form.anchor_view], [by_view[v] for v in form.candidate_views]
 
     def embed(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """Encode every row of a tokenised batch: ``[B, H]``; non-model keys are ignored."""
@@ -174,38 +181,30 @@ class SimCSEObjective:
                 ``loss.mask_false_negatives``.
             queue: optional extra negatives of every anchor, ``([Q, H], [Q] text ids)``.
         """
-        ids, n_views = self.row_ids(batch, embeddings.shape[0]), self.views_per_example()
-        # Split: 2N-view NT-Xent contrasts every row with every row; the other forms
-        # contrast view 0 with views 1.. (the positives, then the hard negatives).
-        if self.symmetric:
-            anchors, blocks, anchor_ids, id_blocks = embeddings, [embeddings], ids, [ids]
-        else:
-            anchors, *blocks = split_views(embeddings, n_views)
-            anchor_ids, *id_blocks = [None] * n_views if ids is None else split_views(ids, n_views)
+        form = self.contrast
+        ids = self.row_ids(batch, embeddings.shape[0])
+        anchors, blocks = self.views(embeddings)
+        anchor_ids, id_blocks = (None, []) if ids is None else self.views(ids)
         # Gather: all processes' candidates, with gradient; the local rows start at offset.
         gathered = [self.gather(block) for block in blocks]
-        offset, n_positives = gathered[0][1], gathered[0][0].shape[0]
+        offset, block_rows = gathered[0][1], gathered[0][0].shape[0]
         candidates = _cat([rows for rows, _ in gathered])
         in_batch = candidates.shape[0]  # the queue's rows, if any, come after these
         if queue is not None:  # the queue: negatives of every anchor, after the in-batch ones
             candidates = torch.cat([candidates, queue[0].to(candidates.dtype)])
         n, m, device = anchors.shape[0], candidates.shape[0], anchors.device
         local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
-        positive = losses.view_labels(n, offset, device) if self.symmetric else local
-        exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, local if self.symmetric else None)
-        if self.loss_cfg.false_negative_threshold is not None:
-            similar = negatives.similar_candidate_mask(
-                anchors, candidates, self.loss_cfg.false_negative_threshold, positive, local if self.symmetric else None
-            )
-            new = similar if exclude is None else similar & ~exclude
-            self.count_masked(new.sum(), add=exclude is not None)
-            exclude = similar if exclude is None else exclude | similar
-        if self.symmetric:  # no row is its own negative
-            itself = losses.self_mask(n, m, offset, device)
-            exclude = itself if exclude is None else itself | exclude
-        bias = None  # hardneg: alpha on each anchor's own hard negative, n_positives columns after its positive
-        if self.mode == "hardneg":
-            bias = losses.weight_bias(positive + n_positives, m, self.loss_cfg.hard_negative_weight, anchors)
+        positive = losses.view_labels(n, offset, device) if form.all_rows else local
+        itself = local if form.excludes_self else None
+        exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, itself)
+        exclude = self.drop_similar(anchors, candidates, positive, itself, exclude)
+        if itself is not None:  # no row is its own negative
+            own = losses.self_mask(n, m, offset, device)
+            exclude = own if exclude is None else own | exclude
+        bias = None  # alpha on each anchor's own row of the weighted view, whole blocks after its positive
+        if form.weighted_block is not None:
+            column = positive + form.weighted_block * block_rows
+            bias = losses.weight_bias(column, m, self.loss_cfg.hard_negative_weight, anchors)
         simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
         if self.teacher is None:
             return simcse
@@ -240,10 +239,7 @@ class SimCSEObjective:
         rows = batch["teacher_rows"].to(embeddings.device)
         if self.teacher.kind == "embedding":
             return self.teacher.embedding_loss(embeddings, rows)
-        if self.symmetric:
-            anchor_rows, blocks = rows, [rows]
-        else:
-            anchor_rows, *blocks = split_views(rows, self.views_per_example())
+        anchor_rows, blocks = self.views(rows)
         candidate_rows = torch.cat([self.gather_ids(block) for block in blocks])
         if exclude is not None:  # as in the SimCSE term, a positive is never excluded
             exclude = exclude.clone()
@@ -263,10 +259,36 @@ class SimCSEObjective:
             anchors, candidates, cfg.matryoshka_dims, cfg.matryoshka_weights, temperature=cfg.temperature, **problem
         )
 
+    def drop_similar(
+        self,
+        anchors: torch.Tensor,
+        candidates: torch.Tensor,
+        positive: torch.Tensor,
+        self_index: torch.Tensor | None,
+        exclude: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """``exclude`` ``[N, M]`` (or None) plus the candidates whose cosine with the anchor
+        exceeds ``loss.false_negative_threshold`` (:func:`masks.similar_candidate_mask`),
+        the new ones counted; ``exclude`` itself without a threshold.
+
+        Args:
+            anchors: ``[N, H]`` and ``candidates``: ``[M, H]``, as in :meth:`loss`.
+            positive: ``[N]`` column of each anchor's positive (never dropped).
+            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
+            exclude: the false negatives by text (:meth:`false_negatives`), or None.
+        """
+        threshold = self.loss_cfg.false_negative_threshold
+        if threshold is None:
+            return exclude
+        similar = masks.similar_candidate_mask(anchors, candidates, threshold, positive, self_index)
+        new = similar if exclude is None else similar & ~exclude
+        self.count_masked(new.sum(), add=exclude is not None)
+        return similar if exclude is None else exclude | similar
+
     def false_negatives(
         self,
         anchor_ids: torch.Tensor | None,
-        id_blocks: list[torch.Tensor | None],
+        id_blocks: list[torch.Tensor],
         queue: Queue | None,
         positive: torch.Tensor,
         self_index: torch.Tensor | None,
@@ -291,10 +313,10 @@ class SimCSEObjective:
         # A positive column also stands for its anchor: an NLI premise seen twice has
         # each copy's entailment as a positive of both.
         group = None
-        if not self.symmetric:
+        if not self.contrast.all_rows:
             pair_ids = self.gather_ids(anchor_ids)
             group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
-        mask = negatives.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
+        mask = masks.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
         self.count_masked(mask.sum())
         return mask
 
@@ -336,15 +358,8 @@ class SimCSEObjective:
         return distributed.gather_labels(ids) if self.loss_cfg.gather else ids
 
     def step(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
-        """One training step: ``backward(loss)``, then the detached loss.
-
-        Without ``backward`` the loss is returned with its graph, for callers that
-        differentiate it themselves (tests, benchmarks).
-        """
-        loss = self.loss(self.embed(model, batch), batch)
-        if backward is None:
-            return loss
-        backward(loss)
-        return loss.detach()
+        """The plain step (:mod:`simcse_kit.steps`): embed, loss, ``backward(loss)``
+        (``loss.backward()`` when None), then the detached loss."""
+        return backpropagate(self.loss(self.embed(model, batch), batch), backward)
 
     __call__ = step

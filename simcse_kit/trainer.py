@@ -50,11 +50,11 @@ from simcse_kit.guards import StepGuard, Stopped, StopSignals, collapse_reason
 from simcse_kit.model_checks import check_weights
 from simcse_kit.pipeline import loader_options
 from simcse_kit.precision import PrecisionChoice, resolve_precision
+from simcse_kit.steps import Step
 from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
 
 logger = logging.getLogger(__name__)
 
-Step = Callable[[nn.Module, Any, Callable[[torch.Tensor], None]], torch.Tensor]
 SaveModelFn = Callable[[nn.Module, Path, dict[str, float]], None]
 
 KEEP_CHECKPOINTS = 2  # the newest complete one, plus one in case the newest is bad

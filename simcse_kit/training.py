@@ -37,20 +37,20 @@ from simcse_kit.evaluation.encoding import prompted
 from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import folder_contents, remove_dir, write_json_atomic
-from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.guards import LOCK_FILE, RunLock, StopSignals
 from simcse_kit.heap import apply_mmap_threshold
 from simcse_kit.inference import Encoder
 from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.modeling import SimCSEModel, resolve_model_path
-from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
+from simcse_kit.negatives import MomentumQueue
 from simcse_kit.objectives import SimCSEObjective, TeacherTargets
 from simcse_kit.pipeline import loader_options
 from simcse_kit.plots import plot_training_curves
 from simcse_kit.precision import check_cuda_flags, set_tf32
+from simcse_kit.steps import GradCacheStep, MomentumQueueStep, Step
 from simcse_kit.teacher import TeacherTable, load_teacher_table, pca_projection, teacher_texts
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
-from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
+from simcse_kit.trainer import Checkpoints, LoopState, fit, latest_checkpoint, make_accelerator, with_concrete_precision
 
 logger = logging.getLogger(__name__)
 

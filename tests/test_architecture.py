@@ -19,9 +19,10 @@ PACKAGE = REPO / "simcse_kit"
 
 # docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("errors", "fileio", "recipes", "config"),
+    0: ("errors", "fileio", "recipes", "config", "modes"),
     1: (
         "losses",
+        "masks",
         "distributed",
         "batch",
         "architectures",
@@ -37,7 +38,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "onnx_encoder",
     ),
     2: ("packing", "modeling", "data"),
-    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher"),
+    3: ("inference", "steps", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher"),
     4: ("evaluation/",),
     5: ("training", "export/", "experiments"),
     6: ("cli", "demos/"),

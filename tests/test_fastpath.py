@@ -17,9 +17,9 @@ from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.fastpath import LEVELS, FastDropout, enable_fast_dropout, fast_dropout, quantized_drop_rate
 from simcse_kit.fastpath.bf16 import MasterWeightAdamW
-from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.steps import GradCacheStep
 
 # --------------------------------------------------------------------------- fast dropout
 
@@ -156,7 +156,7 @@ def test_gradcache_replays_fast_dropout(tiny_model_dir: Path) -> None:
     # Chunk of 16 rows = the whole batch: one forward in each pass, so the cached
     # gradient equals a plain backward with the same dropout draws.
     torch.manual_seed(9)
-    objective.step(model, batch).backward()
+    objective.step(model, batch)
     want = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     torch.manual_seed(9)

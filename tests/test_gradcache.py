@@ -14,9 +14,10 @@ from transformers import AutoTokenizer
 from simcse_kit.batch import views_per_example
 from simcse_kit.config import LoopConfig, LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
-from simcse_kit.gradcache import GradCacheStep, chunk_slices, effective_negatives
+from simcse_kit.gradcache import chunk_slices, effective_negatives
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.steps import GradCacheStep
 from simcse_kit.trainer import fit
 
 MODES = [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")]
@@ -56,8 +57,7 @@ def test_cached_gradients_equal_full_batch_without_dropout(
     batch = make_batch(tokenizer, mode, 8)
     model = make_model(tiny_model_dir, pooler, mlp, dropout=0.0)
 
-    full_loss = objective.step(model, batch)
-    full_loss.backward()
+    full_loss = objective.step(model, batch)  # backward=None: loss.backward()
     want = grads(model)
     model.zero_grad(set_to_none=True)
 
@@ -149,7 +149,7 @@ def test_fit_hands_the_optimizer_full_batch_gradients(tiny_model_dir: Path) -> N
     def checked_step(model: torch.nn.Module, batch: dict[str, torch.Tensor], backward: object) -> torch.Tensor:
         twin = copy.deepcopy(model)  # the weights the loop has reached, before this step
         twin.zero_grad(set_to_none=True)
-        objective.step(twin, batch).backward()
+        objective.step(twin, batch)
         reference.append(grads(twin))
         loss = cached_step(model, batch, backward)
         handed.append(grads(model))
@@ -188,7 +188,7 @@ def test_bf16_autocast_close_to_full_batch(tiny_model_dir: Path) -> None:
     batch = make_batch(tokenizer, "sup", 8)
     model = make_model(tiny_model_dir, "avg", "none", dropout=0.0)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        objective.step(model, batch).backward()
+        objective.step(model, batch)
         want = grads(model)
         model.zero_grad(set_to_none=True)
         GradCacheStep(objective, 5)(model, batch)
@@ -203,7 +203,7 @@ def test_train_run_uses_gradcache(tiny_run: TinyRun, caplog: pytest.LogCaptureFi
     """``train.grad_cache_chunk > 0`` routes a real run through GradCacheStep."""
     import logging
 
-    with caplog.at_level(logging.INFO, logger="simcse_kit.gradcache"):
+    with caplog.at_level(logging.INFO, logger="simcse_kit.steps"):
         metrics = tiny_run.train("run", batch_size=16, grad_cache_chunk=6, max_steps=2, eval_steps=0, save_steps=0)
     # 16 examples = 32 rows in chunks of 6 rows (3 sentences x 2 views): 6 chunks;
     # 2N-view InfoNCE over 16 examples: 30 negatives per anchor.
@@ -212,13 +212,13 @@ def test_train_run_uses_gradcache(tiny_run: TinyRun, caplog: pytest.LogCaptureFi
 
 
 def test_chunk_trims_only_all_padding_columns() -> None:
-    from simcse_kit.gradcache import _model_chunk
+    from simcse_kit.gradcache import model_chunk
 
     ids = torch.tensor([[2, 7, 3, 0, 0], [2, 7, 8, 3, 0], [2, 3, 0, 0, 0]])
     batch = {"input_ids": ids, "attention_mask": (ids != 0).long(), "text_ids": torch.arange(3)}
-    right = _model_chunk(batch, slice(0, 2))
+    right = model_chunk(batch, slice(0, 2))
     assert right.keys() == {"input_ids", "attention_mask"}  # non-model keys stay out
     assert torch.equal(right["input_ids"], ids[:2, :4])
-    assert torch.equal(_model_chunk(batch, slice(2, 3))["input_ids"], torch.tensor([[2, 3]]))
+    assert torch.equal(model_chunk(batch, slice(2, 3))["input_ids"], torch.tensor([[2, 3]]))
     left = {"input_ids": ids.flip(1), "attention_mask": (ids != 0).long().flip(1)}
-    assert torch.equal(_model_chunk(left, slice(0, 3))["input_ids"], ids.flip(1))  # left padding: nothing to trim
+    assert torch.equal(model_chunk(left, slice(0, 3))["input_ids"], ids.flip(1))  # left padding: nothing to trim

@@ -15,8 +15,8 @@ from simcse_kit import losses
 from simcse_kit.batch import text_ids
 from simcse_kit.config import LossConfig
 from simcse_kit.errors import ConfigError
-from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.steps import GradCacheStep
 from simcse_kit.training import load_checked_tokenizer
 
 DIMS, WEIGHTS = [8, 5, 2], [1.0, 0.5, 2.0]
@@ -76,8 +76,7 @@ def test_gradcache_gives_the_full_batch_gradients(tiny_model_dir: Path, mode: st
     objective = SimCSEObjective(mode, LossConfig(temperature=TAU, matryoshka_dims=[32, 16, 4]))
     batch = make_batch(tokenizer, mode, 8)
     model = make_model(tiny_model_dir, "cls", "train", dropout=0.0)
-    full = objective.step(model, batch)
-    full.backward()
+    full = objective.step(model, batch)  # backward=None: loss.backward()
     want = grads(model)
     model.zero_grad(set_to_none=True)
     cached = GradCacheStep(objective, 4)(model, batch)

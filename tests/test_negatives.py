@@ -16,9 +16,11 @@ from transformers import AutoTokenizer
 from simcse_kit.batch import text_ids
 from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
+from simcse_kit.masks import false_negative_mask, similar_candidate_mask
 from simcse_kit.modeling import SimCSEModel
-from simcse_kit.negatives import MomentumQueue, MomentumQueueStep, false_negative_mask, similar_candidate_mask
+from simcse_kit.negatives import MomentumQueue
 from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.steps import MomentumQueueStep
 
 TAU = 0.05
 
@@ -357,7 +359,7 @@ def test_queue_negatives_enter_loss_without_gradient_to_momentum_encoder(tiny_mo
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
     model.zero_grad()
-    loss2 = step(model, second)
+    loss2 = step(model, second)  # backward=None: loss.backward()
     for k, q0, q in zip(queue.encoder.parameters(), online_before, model.parameters(), strict=True):
         assert torch.allclose(k, 0.5 * q0 + 0.5 * q.detach())
 
@@ -374,9 +376,8 @@ def test_queue_negatives_enter_loss_without_gradient_to_momentum_encoder(tiny_mo
             negs += [(k, 1.0) for k in keys1.double()]
             want += naive_info_nce(a[i], pos[i], negs) / 3
     assert abs(loss2.item() - want) < 1e-6
-    assert loss2.item() > objective.step(model, second).item()  # more negatives, larger loss
+    assert loss2.item() > objective.loss(objective.embed(model, second), second).item()  # more negatives, larger loss
 
-    loss2.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.encoder.embeddings.parameters() if p.requires_grad)
     assert all(p.grad is None and not p.requires_grad for p in queue.encoder.parameters())
     assert not queue.queue.requires_grad
@@ -479,8 +480,7 @@ def _masked_case(model_dir: str, mode: str, exs: list[dict[str, str]]) -> tuple[
     objective = SimCSEObjective(
         mode, LossConfig(temperature=TAU, gather=True, mask_false_negatives=True, hard_negative_weight=2.0)
     )
-    loss = objective.step(model, ContrastiveCollator(tokenizer, mode, 16, with_text_ids=True)(exs))
-    loss.backward()
+    loss = objective.step(model, ContrastiveCollator(tokenizer, mode, 16, with_text_ids=True)(exs))  # and loss.backward()
     return (
         loss.item(),
         objective.masked_negatives,

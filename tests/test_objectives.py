@@ -136,8 +136,11 @@ def test_step_protocol_calls_backward_once_and_returns_the_detached_loss() -> No
     assert len(calls) == 1 and not got.requires_grad
     assert torch.equal(got, want.detach())
     torch.testing.assert_close(model.table.weight.grad, want_grad, atol=0, rtol=0)
-    # Without backward: the loss with its graph, for callers that differentiate it themselves.
-    assert objective.step(model, batch).requires_grad
+    # Without backward: plain loss.backward(), as every step of simcse_kit.steps does.
+    model.zero_grad()
+    got = objective.step(model, batch)
+    assert torch.equal(got, want.detach()) and not got.requires_grad
+    torch.testing.assert_close(model.table.weight.grad, want_grad, atol=0, rtol=0)
 
 
 def test_masking_counts_and_needs_queue_ids() -> None:

@@ -16,9 +16,9 @@ from simcse_kit import losses
 from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.errors import ConfigError
-from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective, TeacherTargets
+from simcse_kit.steps import GradCacheStep
 from simcse_kit.teacher import load_teacher_table, pca_projection, teacher_texts
 
 # --------------------------------------------------------------------------- the loss core
@@ -205,8 +205,7 @@ def test_gradcache_with_teacher_equals_full_batch(tiny_model_dir: Path, mode: st
         return SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="cls", mlp="train", dropout=0.0))
 
     full = model().train()
-    want_loss = objective.step(full, batch)
-    want_loss.backward()
+    want_loss = objective.step(full, batch)  # backward=None: loss.backward()
     cached = model().train()
     got_loss = GradCacheStep(objective, 5)(cached, batch)
     assert got_loss.item() == pytest.approx(want_loss.item(), abs=1e-5)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,13 +29,10 @@ from torch.utils.data import DataLoader
 from simcse_kit.config import LoopConfig
 from simcse_kit.fileio import save_figure
 from simcse_kit.losses import supcon
+from simcse_kit.steps import Backward, Batch, Step
 from simcse_kit.trainer import fit, make_accelerator
 
 logger = logging.getLogger(__name__)
-
-Batch = dict[str, torch.Tensor]
-Backward = Callable[[torch.Tensor], None]
-StepFn = Callable[[nn.Module, Batch, Backward], torch.Tensor]
 
 
 @dataclass
@@ -144,7 +140,7 @@ class ViewsCollator:
         return {"pixels": pixels, "labels": labels.repeat(self.views)}
 
 
-def supcon_step(temperature: float) -> StepFn:
+def supcon_step(temperature: float) -> Step:
     """A :func:`fit` step: SupCon L_out over all views."""
 
     def step(model: nn.Module, batch: Batch, backward: Backward) -> torch.Tensor:
@@ -162,9 +158,7 @@ def cross_entropy_step(model: nn.Module, batch: Batch, backward: Backward) -> to
     return loss.detach()
 
 
-def train_digits_model(
-    model: DigitsModel, step: StepFn, views: int, x: torch.Tensor, y: torch.Tensor, cfg: DigitsConfig
-) -> float:
+def train_digits_model(model: DigitsModel, step: Step, views: int, x: torch.Tensor, y: torch.Tensor, cfg: DigitsConfig) -> float:
     """Train ``model`` in place with :func:`simcse_kit.trainer.fit`; return seconds."""
     loop_cfg = LoopConfig(
         learning_rate=cfg.learning_rate,
