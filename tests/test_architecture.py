@@ -40,7 +40,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher", "onnx_export"),
     4: ("evaluation/",),
     5: ("training", "export", "experiments"),
-    6: ("cli", "demos/"),
+    6: ("cli/", "demos/"),
 }
 LAYER_OF = {name.rstrip("/"): layer for layer, names in LAYERS.items() for name in names}
 PRIVATE_OK = "fastpath"  # the one subpackage allowed to touch other libraries' internals
