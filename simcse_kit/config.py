@@ -27,7 +27,7 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MLP_MODES = ("none", "train", "always")
 MODES = ("unsup", "sup", "hardneg")
-PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads (simcse_kit.evaluation.readers.PAIR_READERS)
+PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.readers.PAIR_READERS maps each to its reader
 PRECISIONS = ("auto", "no", "fp16", "bf16")
 AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.precision)
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
@@ -40,6 +40,24 @@ HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
 # step 1). Above 10 every logit lies within 0.2 of the others and the loss is log(N), flat.
 TEMPERATURE_RANGE = (1e-3, 10.0)
 TEMPERATURE_WHY = "lower, fp32's exp underflows: loss 0 and no gradient; higher, all logits are alike: a flat loss"
+
+
+def check_pooling(pooler: str, mlp: str = "none") -> None:
+    """The one check of a pooler and an MLP mode: a recipe's (:meth:`RunConfig.validate`) and
+    a model's built in code (:class:`simcse_kit.modeling.SimCSEModel`, ``Pooler``).
+
+    Raises:
+        ConfigError: naming the key, its value and what it must be.
+    """
+    rules = (
+        ("model.pooler", pooler, pooler in POOLERS, f"one of {POOLERS}"),
+        ("model.mlp", mlp, mlp in MLP_MODES, f"one of {MLP_MODES}"),
+        # SimCSE's MLP replaces BERT's own pooler layer, which cls_before_pooler reads past.
+        ("model.mlp", mlp, pooler != "cls_before_pooler" or mlp == "none", "'none' with pooler cls_before_pooler"),
+    )
+    for key, value, ok, expected in rules:
+        if not ok:
+            raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
 
 
 def option(default: Any, help: str) -> Any:
@@ -245,11 +263,14 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> RunConfig:
-        """Check enumerations and ranges; raise ConfigError naming the key."""
+        """Check enumerations and ranges; raise ConfigError naming the key.
+
+        Rules another module owns are its checks, called here (:func:`check_pooling`); the
+        others are the config's own (a usable temperature range, a batch with a negative).
+        """
+        check_pooling(self.model.pooler, self.model.mlp)
         low, high = TEMPERATURE_RANGE
         checks: list[tuple[str, bool, str]] = [
-            ("model.pooler", self.model.pooler in POOLERS, f"one of {POOLERS}"),
-            ("model.mlp", self.model.mlp in MLP_MODES, f"one of {MLP_MODES}"),
             ("model.max_seq_len", self.model.max_seq_len > 0, "> 0"),
             ("data.mode", self.data.mode in MODES, f"one of {MODES}"),
             ("loss.temperature", low <= self.loss.temperature <= high, f"in [{low:g}, {high:g}] ({TEMPERATURE_WHY})"),
@@ -324,8 +345,6 @@ class RunConfig:
         if self.train.mmap_threshold_mib is not None:
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
             checks.append(("train.mmap_threshold_mib", 1 <= self.train.mmap_threshold_mib <= 32, "in [1, 32] or null"))
-        if self.model.pooler == "cls_before_pooler":
-            checks.append(("model.mlp", self.model.mlp == "none", "'none' with pooler cls_before_pooler"))
         for key, ok, expected in checks:
             if not ok:
                 section, name = key.split(".")

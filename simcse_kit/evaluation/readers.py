@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simcse_kit.config import PAIR_FORMATS
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.suite import TaskSpec
 from simcse_kit.fileio import read_lines
@@ -269,9 +270,12 @@ def pairs_from_columns(
     return STSPairs(s1, s2, np.asarray(gold, dtype=np.float64))
 
 
-PAIR_READERS: dict[str, Callable[[Path | str], STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
+_READER_OF: dict[str, Callable[[Path | str], STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
+PAIR_READERS: dict[str, Callable[[Path | str], STSPairs]] = {fmt: _READER_OF[fmt] for fmt in PAIR_FORMATS}
 """The readers of one scored-pair file by format: what a training run may name as its dev
-split (``data.dev_format``) or read sentences from (``data.train_format``)."""
+split (``data.dev_format``) or read sentences from (``data.train_format``). The names are
+the config's (:data:`simcse_kit.config.PAIR_FORMATS`, which the config checks); a name
+without a reader fails here, at import."""
 
 
 def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:
