@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import cache
@@ -19,20 +18,55 @@ from typing import Any
 
 import yaml
 
+from simcse_kit.config_sections import (
+    AUTO,
+    DEFAULT_MODEL,
+    HUB_PREFIX,
+    OPTIONAL_DATA_PATHS,
+    DataConfig,
+    LoopConfig,
+    LossConfig,
+    ModelConfig,
+    TrainConfig,
+    option,
+)
+from simcse_kit.config_values import DuplicateKeyError, UniqueKeyLoader, parse_value
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import write_text_atomic
 from simcse_kit.recipes import DATA_ENV, DATA_ROOT_HINT, absolute, default_data_root
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# The sections (simcse_kit.config_sections) are imported from here, with the run they make up.
+__all__ = [
+    "AUTO",
+    "DEFAULT_MODEL",
+    "HUB_PREFIX",
+    "MLP_MODES",
+    "MODES",
+    "OPTIONAL_DATA_PATHS",
+    "PAIR_FORMATS",
+    "POOLERS",
+    "PRECISIONS",
+    "SECTIONS",
+    "DataConfig",
+    "LoopConfig",
+    "LossConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "check_pooling",
+    "flat_params",
+    "key_help",
+    "load_config",
+    "option",
+    "save_config",
+]
+
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MLP_MODES = ("none", "train", "always")
 MODES = ("unsup", "sup", "hardneg")
 PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.readers.PAIR_READERS maps each to its reader
 PRECISIONS = ("auto", "no", "fp16", "bf16")
-AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.precision)
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
-OPTIONAL_DATA_PATHS = ("mix_file", "dev_file")  # data keys that are paths when set, resolved as train_file
-HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
 # The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
 # the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
 # and a negative is a logit gap over 100, past where fp32's exp underflows (exp(-104) = 0), so
@@ -58,199 +92,6 @@ def check_pooling(pooler: str, mlp: str = "none") -> None:
     for key, value, ok, expected in rules:
         if not ok:
             raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
-
-
-def option(default: Any, help: str) -> Any:
-    """A config field with its meaning, printed by ``simcse-kit train --help`` (:func:`key_help`)."""
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class ModelConfig:
-    """The encoder and how a sentence vector is read off it."""
-
-    name_or_path: str = option(DEFAULT_MODEL, "the bundled default, a local folder or a hub id")
-    pooler: str = option("avg", "one of POOLERS")
-    mlp: str = option("none", '"train": SimCSE\'s MLP only while training; "always": kept at inference')
-    max_seq_len: int = option(32, "training truncation (SimCSE: 32)")
-    eval_max_seq_len: int = option(256, "inference/evaluation truncation, saved with the model")
-    dropout: float | None = option(
-        None,
-        "Sets every dropout of the encoder, whatever its family calls the keys (the unsup augmentation; "
-        "simcse_kit.architectures); None keeps the model's own rates.",
-    )
-    attn_implementation: str = option(
-        "auto",
-        '"auto": SDPA where the architecture has it, else eager (MPNet, DeBERTa-v2); any other value ("sdpa", '
-        '"eager", "flash_attention_2") is required, and recorded.',
-    )
-    packing: bool = option(
-        True,
-        "Run the encoder on packed rows instead of padded ones where the model is verified to give the same token states "
-        "(simcse_kit.packing): same loss, about a third less work at max_seq_len 32 on Wikipedia sentences.",
-    )
-
-
-@dataclass
-class DataConfig:
-    """Training data and the STS data used for dev selection."""
-
-    mode: str = option("unsup", "one of MODES")
-    # Data paths: "{data_root}" stands for the data root; other relative paths are read from
-    # the recipe's folder (on the command line, from the current one). Saved absolute.
-    train_file: str = option("{data_root}/train/wiki1m_head.txt", 'file path, or "hub:<dataset id>"')
-    eval_data_dir: str = option("{data_root}/senteval", "SentEval-layout STS folder: STS-B dev selection and the final table")
-    data_root: str | None = option(
-        None,
-        'The folder "{data_root}" stands for. --data-root and SIMCSE_KIT_DATA win over a recipe\'s; default: '
-        "../shared/data beside a source checkout (simcse_kit.recipes).",
-    )
-    max_train_samples: int | None = option(None, "use only the first N training examples (None: all)")
-    num_workers: int = option(0, "DataLoader worker processes for tokenisation (0: in the training process)")
-    train_format: str = option(
-        "auto",
-        '"auto": by mode and file suffix (simcse_kit.data); "stsb" / "sick": train_file is a scored pair file of '
-        "that format whose distinct sentences become the unsup corpus (scores unused).",
-    )
-    word_repetition: float = option(
-        0.0,
-        "ESimCSE word repetition (unsup): one view of each sentence gets a few tokens doubled in place, so the two views "
-        "differ in length (0: off; ESimCSE: 0.32).",
-    )
-    mix_file: str | None = option(None, "a second (general) corpus mixed into train_file, in data.mode's format")
-    mix_ratio: float = option(0.0, "share of the mixed training set drawn from mix_file, in [0, 1)")
-    dev_file: str | None = option(None, "dev split for checkpoint selection (None: STS-B dev of eval_data_dir)")
-    dev_format: str = option(
-        "stsb",
-        'dev_file\'s format: "stsb" (sts-dev.csv), "sick" (SICK_trial.txt) or "beir" (a BEIR-format retrieval '
-        "folder: selects on its qrels/dev.tsv nDCG@10, docs/retrieval.md)",
-    )
-    prompts: dict[str, str] | None = option(
-        None,
-        'Prompts put before the texts, e5/bge-style: {query: "query: ", document: "passage: "}. In training view 0 '
-        "(the anchor) is the query and the other views are documents; they are saved with the model, used by evaluation "
-        "and written into the export (docs/retrieval.md).",
-    )
-
-    def path_keys(self) -> list[str]:
-        """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
-        keys = ("train_file", "eval_data_dir", *OPTIONAL_DATA_PATHS)
-        return [key for key in keys if getattr(self, key) is not None and not getattr(self, key).startswith(HUB_PREFIX)]
-
-
-@dataclass
-class LossConfig:
-    """The contrastive objective."""
-
-    temperature: float = option(0.05, "tau: logits are cos / tau (SimCSE: 0.05)")
-    hard_negative_weight: float = option(1.0, "the paper's alpha on each anchor's own hard negative")
-    unsup_loss: str = option("views", '"views": 2N-view InfoNCE; "paper": z1 . z2^T as in SimCSE\'s code')
-    gather: bool = option(True, "use other processes' embeddings as negatives (multi-process runs)")
-    mask_false_negatives: bool = option(False, "drop in-batch candidates whose text equals the anchor's positive")
-    false_negative_threshold: float | None = option(None, "drop candidates whose cosine with the anchor exceeds this (None: off)")
-    queue_size: int = option(0, "MoCo-style queue of past embeddings as extra negatives (0: off)")
-    momentum: float = option(0.999, "momentum encoder update rate when queue_size > 0")
-    teacher: str | None = option(None, "distil from this model (a sentence-transformers/simcse-kit folder or hub id; None: off)")
-    teacher_loss: str = option(
-        "similarity",
-        '"similarity": match the teacher\'s in-batch softmax; "embedding": MSE to its vectors',
-    )
-    teacher_weight: float = option(1.0, "loss = (1 - w) * SimCSE + w * teacher term")
-    teacher_temperature: float = option(0.05, "the teacher's own tau for similarity distillation")
-    teacher_projection: str = option(
-        "pca",
-        'embedding distillation with a wider teacher: "pca" to the student\'s width, or "none"',
-    )
-    teacher_cache_dir: str | None = option(
-        None,
-        "where teacher vectors are cached (None: $SIMCSE_KIT_CACHE or ~/.cache/simcse-kit)",
-    )
-    matryoshka_dims: list[int] | None = option(
-        None,
-        "Matryoshka: the loss summed over these prefix sizes of the embedding, e.g. [384, 256, 128, 64] (None: the full "
-        "embedding only); each prefix is re-normalised, so it works truncated.",
-    )
-    matryoshka_weights: list[float] | None = option(None, "one weight per matryoshka_dims entry (None: all 1)")
-
-
-@dataclass
-class LoopConfig:
-    """The optimisation loop (:func:`simcse_kit.trainer.fit`): what any model trained by
-    it needs, text or image."""
-
-    learning_rate: float = option(3e-5, "AdamW peak learning rate (linear decay to 0)")
-    weight_decay: float = option(0.0, "AdamW weight decay (never on biases and norms)")
-    warmup_ratio: float = option(0.0, "share of the steps with a linear warm-up")
-    num_epochs: int = option(1, "passes over the training data")
-    max_steps: int | None = option(None, "stop after N optimiser steps (None or 0: all epochs)")
-    grad_accum: int = option(1, "micro-batches per optimiser step (negatives stay per micro-batch)")
-    max_grad_norm: float | None = option(None, "clip the gradient norm to this (> 0; None: no clipping)")
-    mixed_precision: str = option("no", 'one of PRECISIONS (the text run defaults to "auto")')
-    # With mixed_precision bf16: bf16 weights, activations and gradients with fp32 master
-    # weights in AdamW, instead of autocast (simcse_kit.fastpath.bf16). Ignored at other
-    # precisions, so `--mixed-precision no` on a bf16 recipe simply trains in fp32.
-    bf16_weights: bool | str = option(False, 'True, False or "auto" (on where bf16 is native on CPU)')
-    sparse_embedding_grad: bool | str = option(
-        AUTO,
-        "With bf16 weights: embedding tables get their gradient as the looked-up rows, added into a dense buffer kept "
-        "across steps, instead of a freshly allocated table-sized gradient every backward (simcse_kit.fastpath.bf16). "
-        '"auto": in a single process (DistributedDataParallel expects a sparse module\'s gradient to be sparse).',
-    )
-    seed: int = option(42, "model head init, shuffling and dropout")
-    eval_steps: int = option(125, "evaluate every N optimiser steps (0: only at the end)")
-    eval_at_start: bool = option(
-        True,
-        "Evaluate the untouched model too (step 0), so best-checkpoint selection can keep it: training must never hand "
-        "back a model worse on dev than the one it started from.",
-    )
-    log_steps: int = option(10, "record the loss every N steps")
-    save_steps: int = option(0, "full training state every N steps for --resume (0: off)")
-    progress_bar: bool = option(True, "tqdm bar on the main process")
-    report_to: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "Experiment trackers (Accelerate's names: tensorboard, wandb, mlflow, ...; a list, or comma-separated on the "
-            "command line) that get loss, learning rate, gradient norm, throughput and every evaluation against the step ([] "
-            "or none: no tracking)."
-        },
-    )
-
-    @property
-    def bf16_model(self) -> bool:
-        """Whether the model itself runs in bf16 (``bf16_weights`` at bf16 precision)."""
-        return self.bf16_weights is True and self.mixed_precision == "bf16"
-
-
-@dataclass
-class TrainConfig(LoopConfig):
-    """The YAML ``train:`` section: the loop's settings plus the text run's own (where
-    it writes, how big a batch is, how the model is made faster)."""
-
-    output_dir: str = option("runs/unsup", "the run folder (config.yaml, metrics.json, best_model/)")
-    mixed_precision: str = option(
-        AUTO,
-        "A text run picks its precision from the hardware unless told: bf16 (with bf16 weights and fast dropout) on a CPU"
-        " that computes bf16 natively, bf16/fp16 on CUDA, else fp32.",
-    )
-    bf16_weights: bool | str = option(AUTO, 'True, False or "auto": bf16 weights with fp32 masters (native-bf16 CPU)')
-    batch_size: int = option(64, "examples per optimiser micro-step, over all processes")
-    fast_dropout: bool | str = option(
-        AUTO,
-        'cheaper dropout RNG, same distribution (simcse_kit.fastpath); "auto": CPU with native bf16',
-    )
-    grad_cache_chunk: int = option(0, "GradCache: encode the batch in chunks of this many rows (0: off)")
-    mmap_threshold_mib: int | None = option(
-        None,
-        "glibc only: blocks of this many MiB or more get their own mapping, given back to the OS when freed "
-        "(simcse_kit.heap). Less resident memory for more page faults: 2 trims a GradCache run's peak RSS by ~1/6 for a "
-        "1.2-1.3x slower step. None: malloc as it comes.",
-    )
-    final_eval: bool = option(True, "score the best model on the 7 STS tasks at the end (false: dev-only sweeps)")
-    compile: bool = option(
-        False,
-        "torch.compile the encoder (dynamic shapes: padded and packed batches change shape every step); recorded in "
-        "metrics.json. Not with fast_dropout. Off by default: unmeasured on GPU.",
-    )
 
 
 @dataclass
@@ -398,129 +239,21 @@ def _leaf_index() -> dict[str, str]:
     return index
 
 
-NULL_WORDS = ("none", "null", "~")
-"""An optional key's "no value" as text: YAML's null words, and ``none`` as the help says it."""
-
-
-class _Mismatch(ValueError):
-    """A value that is not of its key's type (turned into a ConfigError naming the key)."""
-
-
-def _yaml_scalar(text: str) -> Any:
-    """``text`` read by YAML's own rules (``3`` an int, ``0.5`` a float, ``true`` a bool,
-    ``[1, 2]`` a list); text YAML cannot read stays as it is, for the type check to name."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def _check(value: Any, kind: Any) -> Any:
-    """``value`` as ``kind`` (a field's type without ``None``), or :class:`_Mismatch`.
-
-    Only lossless conversions: a whole float is an int, an int a float, a number given
-    where text is expected its text (a folder named ``2024``).
-    """
-    if kind == (bool, str):  # a switch: True, False or "auto"
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() == AUTO:
-            return AUTO
-        raise _Mismatch("must be true, false or auto")
-    if typing.get_origin(kind) is dict:  # a YAML mapping, or one written inline on the command line
-        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            return dict(value)
-        raise _Mismatch("must be a mapping of names to texts, e.g. {query: 'query: '}")
-    if typing.get_origin(kind) is list:  # a YAML list, or "a,b" on the command line
-        (item,) = typing.get_args(kind)
-        what = "names" if item is str else f"{item.__name__}s"
-        if isinstance(value, str) and value.strip().startswith("["):
-            value = _yaml_scalar(value)
-        elif isinstance(value, str):
-            pieces = [v.strip() for v in value.split(",") if v.strip()]
-            value = pieces if item is str else [_yaml_scalar(v) for v in pieces]
-        if not isinstance(value, list):
-            raise _Mismatch(f"must be a list of {what} (or a comma-separated string)")
-        try:
-            items = [_check(v, item) for v in value]
-        except _Mismatch:
-            raise _Mismatch(f"must be a list of {what} (or a comma-separated string)") from None
-        return [v.strip() for v in items if v.strip()] if item is str else items
-    is_number = isinstance(value, int | float) and not isinstance(value, bool)
-    if kind is bool and isinstance(value, bool):
-        return value
-    if kind is int and is_number and float(value).is_integer():
-        return int(value)
-    if kind is float and is_number:
-        return float(value)
-    if kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as text
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if kind is str and (isinstance(value, str) or is_number):
-        return str(value)
-    if kind is str and isinstance(value, bool):
-        raise _Mismatch("is not a valid str (quote it: YAML reads yes/no/on/off as true/false)")
-    raise _Mismatch("is not a valid")
-
-
 @cache
 def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
 def _parse(value: Any, key: str, source: str) -> Any:
-    """A key's value from a recipe (already read by YAML) or the command line (text, read
-    here by YAML's scalar rules unless the key is text), checked against the key's type.
-
-    Raises:
-        ConfigError: naming the source, the key, the value and the type expected.
-    """
+    """``value`` for the dotted ``key``, checked against its field's type (:func:`parse_value`)."""
     section, name = key.split(".")
-    annotation = _type_hints(SECTIONS[section])[name]
     declared = {f.name: f.type for f in fields(SECTIONS[section])}[name]  # as written: "int | None"
-    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    kinds = tuple(a for a in args if a is not type(None))
-    if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower() in NULL_WORDS)):
-        return None
-    kind = kinds[0] if len(kinds) == 1 else kinds
-    # Text stays text for a text key (`--mixed-precision no` is "no", not YAML's false); a list
-    # reads its own "a,b" form.
-    text_key = kind is str or typing.get_origin(kind) is list
-    parsed = _yaml_scalar(value) if isinstance(value, str) and not text_key else value
-    try:
-        return _check(parsed, kind)
-    except _Mismatch as exc:
-        expected = f"is not a valid {declared}" if str(exc) == "is not a valid" else str(exc)
-        raise ConfigError(f"{source}: config key {key!r} = {value!r} {expected}") from None
+    return parse_value(value, _type_hints(SECTIONS[section])[name], str(declared), key, source)
 
 
 def _set(cfg: RunConfig, dotted: str, value: Any, source: str) -> None:
     section, name = dotted.split(".")
     setattr(getattr(cfg, section), name, _parse(value, dotted, source))
-
-
-class DuplicateKeyError(yaml.YAMLError):
-    """A mapping key given twice (:class:`UniqueKeyLoader`)."""
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, but a key given twice in one mapping is an error naming the key
-    and both lines (PyYAML keeps the last silently: a recipe's earlier setting vanishes)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _value in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise DuplicateKeyError(f"key {key!r} is given twice, on lines {seen[key]} and {line}; keep one")
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:

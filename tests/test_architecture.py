@@ -19,7 +19,7 @@ PACKAGE = REPO / "simcse_kit"
 
 # docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("errors", "fileio", "recipes", "config"),
+    0: ("errors", "fileio", "recipes", "config", "config_sections", "config_values"),
     1: (
         "losses",
         "distributed",
