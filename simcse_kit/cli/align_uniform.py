@@ -12,13 +12,12 @@ from simcse_kit.recipes import senteval_dir
 
 
 def cmd_align_uniform(args: argparse.Namespace, extra: list[str]) -> int:
-    from simcse_kit.evaluation import read_stsb, sts_alignment_uniformity, stsb_split_path
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.evaluation import align_uniform_model, read_stsb, stsb_split_path
 
     pairs = read_stsb(stsb_split_path(senteval_dir(args.data_dir, args.data_root), args.split))
     check_output(args.json)
-    encoder = load_encoder(args.model, pooler=args.pooler, device=args.device)
-    result = sts_alignment_uniformity(encoder.encode, pairs, args.threshold, args.batch_size)
+    options = {"pooler": args.pooler, "threshold": args.threshold, "batch_size": args.batch_size, "device": args.device}
+    result = align_uniform_model(args.model, pairs, **options)
     print(f"STS-B {args.split}: {len(pairs)} pairs, {int(result['positive_pairs'])} with gold >= {args.threshold:g}")
     print(f"alignment  {result['alignment']:.4f}   (lower is better)")
     print(f"uniformity {result['uniformity']:.4f}   (lower is better)")

@@ -13,6 +13,13 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.recipes import find_recipe, senteval_dir
 
 
+def shared(args: argparse.Namespace) -> dict[str, object]:
+    """The options the STS and the retrieval evaluation both take: how to load and run the
+    model, and where MTEB-format results go."""
+    keys = ("pooler", "batch_size", "precision", "device", "mteb_results", "truncate_dim")
+    return {key: getattr(args, key) for key in keys}
+
+
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     if args.retrieval:
         return evaluate_retrieval(args)
@@ -34,18 +41,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     check_output(args.mteb_results, "--mteb-results", folder=True)
     check_output(args.json)
     results = evaluate_model(
-        args.model,
-        pooler=args.pooler,
-        data_dir=data_dir,
-        tasks=args.tasks,
-        suite=suite,
-        batch_size=args.batch_size,
-        precision=args.precision,
-        source=args.source,
-        hub_root=args.hub_root,
-        mteb_results=args.mteb_results,
-        device=args.device,
-        truncate_dim=args.truncate_dim,
+        args.model, data_dir=data_dir, tasks=args.tasks, suite=suite, source=args.source, hub_root=args.hub_root, **shared(args)
     )
     show(format_table(results, suite_columns(args.tasks or list(known))), results, args.json)
     return 0
@@ -60,18 +56,7 @@ def evaluate_retrieval(args: argparse.Namespace) -> int:
     if sts_only or args.source != "senteval":
         raise ConfigError(f"--retrieval evaluates BEIR folders; {sts_only or ['--source']} only apply to the STS tasks")
     check_output(args.json)
-    results = evaluate_retrieval(
-        args.model,
-        args.retrieval,
-        pooler=args.pooler,
-        split=args.retrieval_split,
-        batch_size=args.batch_size,
-        precision=args.precision,
-        index=args.index,
-        device=args.device,
-        mteb_results=args.mteb_results,
-        truncate_dim=args.truncate_dim,
-    )
+    results = evaluate_retrieval(args.model, args.retrieval, split=args.retrieval_split, index=args.index, **shared(args))
     tasks = [key for key in results if "/" not in key and key != "avg"]  # nDCG@10 under each task's name
     rows = [{"task": name, **{m: results[f"{name}/{m}"] for m in RETRIEVAL_COLUMNS if m != "task"}} for name in tasks]
     show(format_rows(rows, RETRIEVAL_COLUMNS), results, args.json)

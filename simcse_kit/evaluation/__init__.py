@@ -19,14 +19,15 @@ Modules, each with one role:
   :mod:`~simcse_kit.evaluation.retrieval` — retrieval on BEIR-format folders
   (:class:`RetrievalEvaluator`, pytrec_eval's metrics), ``docs/retrieval.md``;
 * :mod:`~simcse_kit.evaluation.api` — a model by name or folder, evaluated
-  (:func:`evaluate_model`, :func:`evaluate_retrieval`, :func:`run_evaluator`); the
+  (:func:`evaluate_model`, :func:`evaluate_retrieval`, :func:`align_uniform_model`,
+  :func:`run_evaluator`); the
   commands that print and save the results are :mod:`simcse_kit.cli`'s.
 
 Every evaluator is a callable ``evaluator(encode) -> dict[str, float]`` with a
 ``primary_metric`` attribute, where ``encode(list[str])`` returns ``(N, D)`` embeddings.
 """
 
-from simcse_kit.evaluation.api import evaluate_model, evaluate_retrieval, run_evaluator
+from simcse_kit.evaluation.api import align_uniform_model, evaluate_model, evaluate_retrieval, run_evaluator
 from simcse_kit.evaluation.beir import RetrievalTask, read_beir, write_beir
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once, encode_unique
 from simcse_kit.evaluation.geometry import alignment, pair_alignment_uniformity, plot_trajectory, uniformity
@@ -67,6 +68,7 @@ __all__ = [
     "TaskSpec",
     "TransferEvaluator",
     "TransferTask",
+    "align_uniform_model",
     "alignment",
     "default_suite",
     "encode_once",

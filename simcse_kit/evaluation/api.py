@@ -1,7 +1,8 @@
 """Evaluate a model by name or folder: load it, run an evaluator on its encode function.
 
-:func:`evaluate_model` (the STS tasks) and :func:`evaluate_retrieval` (BEIR-format
-folders) return their results; :func:`run_evaluator` runs any evaluator on a model.
+:func:`evaluate_model` (the STS tasks), :func:`evaluate_retrieval` (BEIR-format
+folders) and :func:`align_uniform_model` (the geometry of STS pairs) return their results;
+:func:`run_evaluator` runs any evaluator on a model.
 Each reads its data *before* loading the model, so a bad data folder fails at once.
 Printing tables and writing ``--json`` are the commands' (:mod:`simcse_kit.cli`).
 """
@@ -17,14 +18,15 @@ from simcse_kit.devices import resolve_device
 from simcse_kit.evaluation.encoding import Encode, prompted, truncated
 from simcse_kit.evaluation.hub import HubSTSEvaluator
 from simcse_kit.evaluation.mteb import mteb_retrieval_result, write_mteb_results
+from simcse_kit.evaluation.readers import STSPairs
 from simcse_kit.evaluation.retrieval import RetrievalEvaluator
-from simcse_kit.evaluation.sts import STSEvaluator
+from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
 from simcse_kit.evaluation.suite import TaskSpec, load_suite
 from simcse_kit.fileio import write_json_atomic
 from simcse_kit.inference import load_encoder
 from simcse_kit.recipes import senteval_dir
 
-__all__ = ["evaluate_model", "evaluate_retrieval", "run_evaluator"]
+__all__ = ["align_uniform_model", "evaluate_model", "evaluate_retrieval", "run_evaluator"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,3 +166,30 @@ def evaluate_retrieval(
             result = mteb_retrieval_result(name, metrics, evaluator.seconds[name], split)
             write_json_atomic(Path(mteb_results) / f"{name}.json", result)
     return results
+
+
+def align_uniform_model(
+    model: str | Path,
+    pairs: STSPairs,
+    *,
+    pooler: str | None = None,
+    threshold: float = 4.0,
+    batch_size: int = 128,
+    device: str = "auto",
+) -> dict[str, float]:
+    """Alignment, uniformity and Spearman x 100 of MODEL on scored pairs (Wang & Isola 2020).
+
+    Args:
+        model: Anything :func:`simcse_kit.inference.load_encoder` takes.
+        pairs: Scored pairs, e.g. one STS-B split (read before the model loads).
+        pooler: Pooler for a plain HF model.
+        threshold: Minimum gold score of a positive pair.
+        batch_size: Sentences per forward pass.
+        device: Where to encode (as :func:`run_evaluator`).
+
+    Returns:
+        ``{"alignment", "uniformity", "positive_pairs", "spearman"}`` (see
+        :func:`~simcse_kit.evaluation.sts.sts_alignment_uniformity`).
+    """
+    encoder = load_encoder(model, pooler=pooler, device=device)
+    return sts_alignment_uniformity(encoder.encode, pairs, threshold, batch_size)
