@@ -22,13 +22,12 @@ def shared(args: argparse.Namespace) -> dict[str, object]:
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     if args.retrieval:
-        return evaluate_retrieval(args)
+        return cmd_retrieval(args)
     from simcse_kit.evaluation import default_suite, evaluate_model, load_suite
     from simcse_kit.evaluation.hub import HUB_SUITE
     from simcse_kit.evaluation.tables import format_table, suite_columns
 
     hub = args.source == "hub"
-    data_dir = None if hub else senteval_dir(args.data_dir, args.data_root)  # hub tasks read no SentEval folder
     if hub and args.suite is not None:
         raise ConfigError("--suite selects SentEval-layout files; it does not apply to --source hub")
     if not hub and args.hub_root is not None:
@@ -38,6 +37,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     unknown = [t for t in args.tasks or () if t not in known]
     if unknown:
         raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(known)}")
+    data_dir = None if hub else senteval_dir(args.data_dir, args.data_root)  # hub tasks read no SentEval folder
     check_output(args.mteb_results, "--mteb-results", folder=True)
     check_output(args.json)
     results = evaluate_model(
@@ -47,7 +47,7 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def evaluate_retrieval(args: argparse.Namespace) -> int:
+def cmd_retrieval(args: argparse.Namespace) -> int:
     """``evaluate --retrieval DIR ...``: one row per task folder."""
     from simcse_kit.evaluation import evaluate_retrieval
     from simcse_kit.evaluation.tables import RETRIEVAL_COLUMNS, format_rows
