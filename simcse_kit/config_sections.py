@@ -18,7 +18,7 @@ HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
 
 
 def option(default: Any, help: str) -> Any:
-    """A config field with its meaning, printed by ``simcse-kit train --help`` (:func:`key_help`)."""
+    """A config field with its meaning, printed by ``simcse-kit train --help`` (:func:`simcse_kit.config.key_help`)."""
     return field(default=default, metadata={"help": help})
 
 

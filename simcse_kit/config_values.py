@@ -38,7 +38,7 @@ def yaml_scalar(text: str) -> Any:
 
 
 def check_type(value: Any, kind: Any) -> Any:
-    """``value`` as ``kind`` (a field's type without ``None``), or :class:`_Mismatch`.
+    """``value`` as ``kind`` (a field's type without ``None``); raises :class:`_Mismatch` if it is not one.
 
     Only lossless conversions: a whole float is an int, an int a float, a number given
     where text is expected its text (a folder named ``2024``).
