@@ -8,33 +8,66 @@ command line any key may be given by its leaf name (``--pooler avg``) or dotted
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
-import re
-import types
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from simcse_kit import modes
+from simcse_kit.config_sections import (
+    AUTO,
+    DEFAULT_MODEL,
+    HUB_PREFIX,
+    OPTIONAL_DATA_PATHS,
+    DataConfig,
+    LoopConfig,
+    LossConfig,
+    ModelConfig,
+    TrainConfig,
+    option,
+)
+from simcse_kit.config_values import DuplicateKeyError, UniqueKeyLoader, parse_value
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import write_text_atomic
 from simcse_kit.recipes import DATA_ENV, DATA_ROOT_HINT, absolute, default_data_root
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# The sections (simcse_kit.config_sections) are imported from here, with the run they make up.
+__all__ = [
+    "AUTO",
+    "DEFAULT_MODEL",
+    "HUB_PREFIX",
+    "MLP_MODES",
+    "MODES",
+    "OPTIONAL_DATA_PATHS",
+    "PAIR_FORMATS",
+    "POOLERS",
+    "PRECISIONS",
+    "SECTIONS",
+    "DataConfig",
+    "LoopConfig",
+    "LossConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "check_pooling",
+    "flat_params",
+    "key_help",
+    "load_config",
+    "option",
+    "save_config",
+]
+
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MLP_MODES = ("none", "train", "always")
 MODES = tuple(modes.TABLE)  # simcse_kit.modes: one row per mode
-PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads (simcse_kit.evaluation.readers.PAIR_READERS)
+PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.readers.PAIR_READERS maps each to its reader
 PRECISIONS = ("auto", "no", "fp16", "bf16")
-AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.precision)
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
-OPTIONAL_DATA_PATHS = ("mix_file", "dev_file")  # data keys that are paths when set, resolved as train_file
-HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
 # The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
 # the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
 # and a negative is a logit gap over 100, past where fp32's exp underflows (exp(-104) = 0), so
@@ -44,153 +77,22 @@ TEMPERATURE_RANGE = (1e-3, 10.0)
 TEMPERATURE_WHY = "lower, fp32's exp underflows: loss 0 and no gradient; higher, all logits are alike: a flat loss"
 
 
-@dataclass
-class ModelConfig:
-    """The encoder and how a sentence vector is read off it."""
+def check_pooling(pooler: str, mlp: str = "none") -> None:
+    """The one check of a pooler and an MLP mode: a recipe's (:meth:`RunConfig.validate`) and
+    a model's built in code (:class:`simcse_kit.modeling.SimCSEModel`, ``Pooler``).
 
-    name_or_path: str = DEFAULT_MODEL  # the bundled default, a local folder or a hub id
-    pooler: str = "avg"  # one of POOLERS
-    mlp: str = "none"  # "train": SimCSE's MLP only while training; "always": kept at inference
-    max_seq_len: int = 32  # training truncation (SimCSE: 32)
-    eval_max_seq_len: int = 256  # inference/evaluation truncation, saved with the model
-    # Sets every dropout of the encoder, whatever its family calls the keys (the unsup
-    # augmentation; simcse_kit.architectures); None keeps the model's own rates.
-    dropout: float | None = None
-    # "auto": SDPA where the architecture has it, else eager (MPNet, DeBERTa-v2); any
-    # other value ("sdpa", "eager", "flash_attention_2") is required, and recorded.
-    attn_implementation: str = "auto"
-    # Run the encoder on packed rows instead of padded ones where the model is verified
-    # to give the same token states (simcse_kit.packing): same loss, about a third less
-    # work at max_seq_len 32 on Wikipedia sentences. null (auto): on the CPU, off on CUDA
-    # (where benchmarks/gpu.py measured padding faster); true/false: as set, on any device.
-    packing: bool | None = None
-
-
-@dataclass
-class DataConfig:
-    """Training data and the STS data used for dev selection."""
-
-    mode: str = "unsup"  # one of MODES
-    # Data paths: "{data_root}" stands for the data root; other relative paths are read from
-    # the recipe's folder (on the command line, from the current one). Saved absolute.
-    train_file: str = "{data_root}/train/wiki1m_head.txt"  # file path, or "hub:<dataset id>"
-    eval_data_dir: str = "{data_root}/senteval"  # SentEval-layout STS folder: STS-B dev selection and the final table
-    # The folder "{data_root}" stands for. --data-root and SIMCSE_KIT_DATA win over a recipe's;
-    # default: ../shared/data beside a source checkout (simcse_kit.recipes).
-    data_root: str | None = None
-    max_train_samples: int | None = None  # use only the first N training examples (None: all)
-    # DataLoader worker processes for tokenisation (0: in the training process). null (auto):
-    # 0 on the CPU (workers take the step's cores), 8 on CUDA (measured: benchmarks/gpu.py).
-    num_workers: int | None = None
-    # "auto": by mode and file suffix (simcse_kit.data); "stsb" / "sick": train_file is a scored
-    # pair file of that format whose distinct sentences become the unsup corpus (scores unused).
-    train_format: str = "auto"
-    # ESimCSE word repetition (unsup): one view of each sentence gets a few tokens doubled in
-    # place, so the two views differ in length (0: off; ESimCSE: 0.32).
-    word_repetition: float = 0.0
-    mix_file: str | None = None  # a second (general) corpus mixed into train_file, in data.mode's format
-    mix_ratio: float = 0.0  # share of the mixed training set drawn from mix_file, in [0, 1)
-    dev_file: str | None = None  # dev split for checkpoint selection (None: STS-B dev of eval_data_dir)
-    # dev_file's format: "stsb" (sts-dev.csv), "sick" (SICK_trial.txt) or "beir" (a BEIR-format
-    # retrieval folder: selects on its qrels/dev.tsv nDCG@10, docs/retrieval.md)
-    dev_format: str = "stsb"
-    # Prompts put before the texts, e5/bge-style: {query: "query: ", document: "passage: "}.
-    # In training view 0 (the anchor) is the query and the other views are documents; they are
-    # saved with the model, used by evaluation and written into the export (docs/retrieval.md).
-    prompts: dict[str, str] | None = None
-
-    def path_keys(self) -> list[str]:
-        """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
-        keys = ("train_file", "eval_data_dir", *OPTIONAL_DATA_PATHS)
-        return [key for key in keys if getattr(self, key) is not None and not getattr(self, key).startswith(HUB_PREFIX)]
-
-
-@dataclass
-class LossConfig:
-    """The contrastive objective."""
-
-    temperature: float = 0.05  # tau: logits are cos / tau (SimCSE: 0.05)
-    hard_negative_weight: float = 1.0  # the paper's alpha on each anchor's own hard negative
-    unsup_loss: str = "views"  # "views": 2N-view InfoNCE; "paper": z1 . z2^T as in SimCSE's code
-    gather: bool = True  # use other processes' embeddings as negatives (multi-process runs)
-    mask_false_negatives: bool = False  # drop in-batch candidates whose text equals the anchor's positive
-    false_negative_threshold: float | None = None  # drop candidates whose cosine with the anchor exceeds this (None: off)
-    queue_size: int = 0  # MoCo-style queue of past embeddings as extra negatives (0: off)
-    momentum: float = 0.999  # momentum encoder update rate when queue_size > 0
-    teacher: str | None = None  # distil from this model (a sentence-transformers/simcse-kit folder or hub id; None: off)
-    teacher_loss: str = "similarity"  # "similarity": match the teacher's in-batch softmax; "embedding": MSE to its vectors
-    teacher_weight: float = 1.0  # loss = (1 - w) * SimCSE + w * teacher term
-    teacher_temperature: float = 0.05  # the teacher's own tau for similarity distillation
-    teacher_projection: str = "pca"  # embedding distillation with a wider teacher: "pca" to the student's width, or "none"
-    teacher_cache_dir: str | None = None  # where teacher vectors are cached (None: $SIMCSE_KIT_CACHE or ~/.cache/simcse-kit)
-    # Matryoshka: the loss summed over these prefix sizes of the embedding, e.g. [384, 256, 128, 64]
-    # (None: the full embedding only); each prefix is re-normalised, so it works truncated.
-    matryoshka_dims: list[int] | None = None
-    matryoshka_weights: list[float] | None = None  # one weight per matryoshka_dims entry (None: all 1)
-
-
-@dataclass
-class LoopConfig:
-    """The optimisation loop (:func:`simcse_kit.trainer.fit`): what any model trained by
-    it needs, text or image."""
-
-    learning_rate: float = 3e-5  # AdamW peak learning rate (linear decay to 0)
-    weight_decay: float = 0.0  # AdamW weight decay (never on biases and norms)
-    warmup_ratio: float = 0.0  # share of the steps with a linear warm-up
-    num_epochs: int = 1  # passes over the training data
-    max_steps: int | None = None  # stop after N optimiser steps (None or 0: all epochs)
-    grad_accum: int = 1  # micro-batches per optimiser step (negatives stay per micro-batch)
-    max_grad_norm: float | None = None  # clip the gradient norm to this (> 0; None: no clipping)
-    mixed_precision: str = "no"  # one of PRECISIONS (the text run defaults to "auto")
-    # With mixed_precision bf16: bf16 weights, activations and gradients with fp32 master
-    # weights in AdamW, instead of autocast (simcse_kit.fastpath.bf16). Ignored at other
-    # precisions, so `--mixed-precision no` on a bf16 recipe simply trains in fp32.
-    bf16_weights: bool | str = False  # True, False or "auto" (on where bf16 is native on CPU)
-    # With bf16 weights: embedding tables get their gradient as the looked-up rows, added
-    # into a dense buffer kept across steps, instead of a freshly allocated table-sized
-    # gradient every backward (simcse_kit.fastpath.bf16). "auto": in a single process
-    # (DistributedDataParallel expects a sparse module's gradient to be sparse).
-    sparse_embedding_grad: bool | str = AUTO
-    seed: int = 42  # model head init, shuffling and dropout
-    eval_steps: int = 125  # evaluate every N optimiser steps (0: only at the end)
-    # Evaluate the untouched model too (step 0), so best-checkpoint selection can keep it:
-    # training must never hand back a model worse on dev than the one it started from.
-    eval_at_start: bool = True
-    log_steps: int = 10  # record the loss every N steps
-    save_steps: int = 0  # full training state every N steps for --resume (0: off)
-    progress_bar: bool = True  # tqdm bar on the main process
-    # Experiment trackers (Accelerate's names: tensorboard, wandb, mlflow, ...; a list, or
-    # comma-separated on the command line) that get loss, learning rate, gradient norm,
-    # throughput and every evaluation against the step ([] or none: no tracking).
-    report_to: list[str] = field(default_factory=list)
-
-    @property
-    def bf16_model(self) -> bool:
-        """Whether the model itself runs in bf16 (``bf16_weights`` at bf16 precision)."""
-        return self.bf16_weights is True and self.mixed_precision == "bf16"
-
-
-@dataclass
-class TrainConfig(LoopConfig):
-    """The YAML ``train:`` section: the loop's settings plus the text run's own (where
-    it writes, how big a batch is, how the model is made faster)."""
-
-    output_dir: str = "runs/unsup"  # the run folder (config.yaml, metrics.json, best_model/)
-    # A text run picks its precision from the hardware unless told: bf16 (with bf16 weights
-    # and fast dropout) on a CPU that computes bf16 natively, bf16/fp16 on CUDA, else fp32.
-    mixed_precision: str = AUTO
-    bf16_weights: bool | str = AUTO  # True, False or "auto": bf16 weights with fp32 masters (native-bf16 CPU)
-    batch_size: int = 64  # examples per optimiser micro-step, over all processes
-    fast_dropout: bool | str = AUTO  # cheaper dropout RNG, same distribution (simcse_kit.fastpath); "auto": CPU with native bf16
-    grad_cache_chunk: int = 0  # GradCache: encode the batch in chunks of this many rows (0: off)
-    # glibc only: blocks of this many MiB or more get their own mapping, given back to the OS
-    # when freed (simcse_kit.heap). Less resident memory for more page faults: 2 trims a
-    # GradCache run's peak RSS by ~1/6 for a 1.2-1.3x slower step. None: malloc as it comes.
-    mmap_threshold_mib: int | None = None
-    final_eval: bool = True  # score the best model on the 7 STS tasks at the end (false: dev-only sweeps)
-    # torch.compile the encoder (dynamic shapes: padded and packed batches change shape every
-    # step); recorded in metrics.json. Not with fast_dropout. Off by default: unmeasured on GPU.
-    compile: bool = False
+    Raises:
+        ConfigError: naming the key, its value and what it must be.
+    """
+    rules = (
+        ("model.pooler", pooler, pooler in POOLERS, f"one of {POOLERS}"),
+        ("model.mlp", mlp, mlp in MLP_MODES, f"one of {MLP_MODES}"),
+        # SimCSE's MLP replaces BERT's own pooler layer, which cls_before_pooler reads past.
+        ("model.mlp", mlp, pooler != "cls_before_pooler" or mlp == "none", "'none' with pooler cls_before_pooler"),
+    )
+    for key, value, ok, expected in rules:
+        if not ok:
+            raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
 
 
 @dataclass
@@ -203,11 +105,14 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> RunConfig:
-        """Check enumerations and ranges; raise ConfigError naming the key."""
+        """Check enumerations and ranges; raise ConfigError naming the key.
+
+        Rules another module owns are its checks, called here (:func:`check_pooling`); the
+        others are the config's own (a usable temperature range, a batch with a negative).
+        """
+        check_pooling(self.model.pooler, self.model.mlp)
         low, high = TEMPERATURE_RANGE
         checks: list[tuple[str, bool, str]] = [
-            ("model.pooler", self.model.pooler in POOLERS, f"one of {POOLERS}"),
-            ("model.mlp", self.model.mlp in MLP_MODES, f"one of {MLP_MODES}"),
             ("model.max_seq_len", self.model.max_seq_len > 0, "> 0"),
             ("data.mode", self.data.mode in MODES, f"one of {MODES}"),
             ("loss.temperature", low <= self.loss.temperature <= high, f"in [{low:g}, {high:g}] ({TEMPERATURE_WHY})"),
@@ -282,8 +187,6 @@ class RunConfig:
         if self.train.mmap_threshold_mib is not None:
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
             checks.append(("train.mmap_threshold_mib", 1 <= self.train.mmap_threshold_mib <= 32, "in [1, 32] or null"))
-        if self.model.pooler == "cls_before_pooler":
-            checks.append(("model.mlp", self.model.mlp == "none", "'none' with pooler cls_before_pooler"))
         for key, ok, expected in checks:
             if not ok:
                 section, name = key.split(".")
@@ -316,27 +219,14 @@ SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(RunConfig
 def key_help() -> list[tuple[str, str, Any, str]]:
     """``(dotted key, type, default, meaning)`` for every config key, for ``--help``.
 
-    The meaning is the field's own comment in this file (trailing, or the comment lines
-    just above it), so the help cannot drift from the code.
+    The meaning is the field's own ``help`` (:func:`option`); a subclass's field
+    replaces its base's (TrainConfig re-declares some of LoopConfig's keys).
     """
-    notes: dict[str, str] = {}
-    # A subclass's comment wins (TrainConfig re-declares some of LoopConfig's keys).
-    for cls in [c for section in SECTIONS.values() for c in section.__mro__ if is_dataclass(c)]:
-        pending: list[str] = []
-        for line in inspect.getsource(cls).splitlines()[1:]:
-            stripped = line.strip()
-            if stripped.startswith("#"):
-                pending.append(stripped.lstrip("# "))
-                continue
-            match = re.match(r"(\w+): [^=]+= .*?(?:  # (.*))?$", stripped)
-            if match:
-                notes.setdefault(match.group(1), match.group(2) or " ".join(pending))
-            pending = []
     rows = []
     for section, cls in SECTIONS.items():
         for f in fields(cls):
             default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
-            rows.append((f"{section}.{f.name}", str(f.type), default, notes.get(f.name, "")))
+            rows.append((f"{section}.{f.name}", str(f.type), default, f.metadata.get("help", "")))
     return rows
 
 
@@ -350,112 +240,21 @@ def _leaf_index() -> dict[str, str]:
     return index
 
 
-def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
-    """Convert ``value`` (from YAML or a CLI string) to the field's type, or raise."""
-    tp = annotation
-    args = typing.get_args(tp)
-    is_optional = isinstance(tp, types.UnionType) and type(None) in args
-    base = next((a for a in args if a is not type(None)), tp) if is_optional else tp
-    if is_optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
-        return None
-    if base == bool | str:  # a switch: True, False or "auto"
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no", AUTO):
-            return AUTO if value.lower() == AUTO else value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be true, false or auto")
-    if typing.get_origin(base) is dict:  # a YAML mapping, or one written inline on the command line
-        try:
-            mapping = yaml.safe_load(value) if isinstance(value, str) else value
-        except yaml.YAMLError:
-            mapping = None
-        if isinstance(mapping, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
-            return dict(mapping)
-        example = "{query: 'query: '}"
-        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a mapping of names to texts, e.g. {example}")
-    if typing.get_origin(base) is list:  # a YAML list, a YAML string, or "a,b" on the command line
-        (item,) = typing.get_args(base)
-        items = value.strip().strip("[]").split(",") if isinstance(value, str) else value
-        if item is not str and isinstance(items, list) and items:  # numbers: each checked as the item type
-            return [_coerce(v.strip() if isinstance(v, str) else v, item, key, source) for v in items]
-        if isinstance(items, list) and all(isinstance(v, str) for v in items):
-            return [v.strip() for v in items if v.strip()]
-        what = "names" if item is str else f"{item.__name__}s"
-        raise ConfigError(f"{source}: config key {key!r} = {value!r} must be a list of {what} (or a comma-separated string)")
-    try:
-        if base is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-                return value.lower() in ("true", "1", "yes")
-            raise ValueError
-        if base is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if base is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if base is str:
-            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-                raise ValueError
-            return str(value)
-    except (TypeError, ValueError):
-        pass
-    else:
-        raise ConfigError(f"{source}: config key {key!r} has unsupported type {annotation}")
-    raise ConfigError(f"{source}: config key {key!r} = {value!r} is not a valid {annotation}")
+@cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
-_TYPES: dict[str, Any] = {
-    "str": str,
-    "int": int,
-    "float": float,
-    "bool": bool,
-    "list[str]": list[str],
-    "list[int]": list[int],
-    "list[float]": list[float],
-    "dict[str, str]": dict[str, str],
-}
-
-
-def _annotation(section: str, name: str) -> Any:
-    ann = {f.name: f.type for f in fields(SECTIONS[section])}[name]
-    if isinstance(ann, str):
-        parts = [p.strip() for p in ann.split("|")]
-        resolved = [type(None) if p == "None" else _TYPES[p] for p in parts]
-        if len(resolved) == 1:
-            return resolved[0]
-        return resolved[0] | resolved[1]
-    return ann
+def _parse(value: Any, key: str, source: str) -> Any:
+    """``value`` for the dotted ``key``, checked against its field's type (:func:`parse_value`)."""
+    section, name = key.split(".")
+    declared = {f.name: f.type for f in fields(SECTIONS[section])}[name]  # as written: "int | None"
+    return parse_value(value, _type_hints(SECTIONS[section])[name], str(declared), key, source)
 
 
 def _set(cfg: RunConfig, dotted: str, value: Any, source: str) -> None:
     section, name = dotted.split(".")
-    setattr(getattr(cfg, section), name, _coerce(value, _annotation(section, name), dotted, source))
-
-
-class DuplicateKeyError(yaml.YAMLError):
-    """A mapping key given twice (:class:`UniqueKeyLoader`)."""
-
-
-class UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, but a key given twice in one mapping is an error naming the key
-    and both lines (PyYAML keeps the last silently: a recipe's earlier setting vanishes)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _value in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise DuplicateKeyError(f"key {key!r} is given twice, on lines {seen[key]} and {line}; keep one")
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)
+    setattr(getattr(cfg, section), name, _parse(value, dotted, source))
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
 from simcse_kit import architectures
-from simcse_kit.config import DEFAULT_MODEL, MLP_MODES, POOLERS, ModelConfig
+from simcse_kit.config import DEFAULT_MODEL, ModelConfig, check_pooling
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import atomic_dir
 from simcse_kit.model_checks import check_weights
@@ -79,8 +79,7 @@ class Pooler(nn.Module):
 
     def __init__(self, mode: str) -> None:
         super().__init__()
-        if mode not in POOLERS:
-            raise ConfigError(f"unknown pooler {mode!r}; choose one of {POOLERS}")
+        check_pooling(mode)
         self.mode = mode
 
     @property
@@ -148,10 +147,7 @@ class SimCSEModel(nn.Module):
         attn_implementation: str = "sdpa",
     ) -> None:
         super().__init__()
-        if mlp not in MLP_MODES:
-            raise ConfigError(f"unknown mlp mode {mlp!r}; choose one of {MLP_MODES}")
-        if pooler == "cls_before_pooler" and mlp != "none":
-            raise ConfigError("pooler cls_before_pooler takes no MLP (mlp must be 'none')")
+        check_pooling(pooler, mlp)
         self.encoder = encoder
         self.pooler = Pooler(pooler)
         self.mlp_mode = mlp

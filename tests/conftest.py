@@ -97,7 +97,7 @@ def write_tiny_senteval(folder: Path, pairs: int = 12) -> Path:
     pairs each: the real one takes minutes to encode on one core."""
     import random
 
-    from simcse_kit.evaluation import DEFAULT_SUITE
+    from simcse_kit.evaluation import default_suite
 
     rng = random.Random(0)
     sents = toy_sentences(4 * pairs)
@@ -108,7 +108,7 @@ def write_tiny_senteval(folder: Path, pairs: int = 12) -> Path:
             for _ in range(pairs)
         ]
 
-    for spec in DEFAULT_SUITE.values():
+    for spec in default_suite().values():
         base = folder / spec.path
         if spec.format == "sts":
             base.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ PACKAGE = REPO / "simcse_kit"
 
 # docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("errors", "fileio", "recipes", "config", "modes"),
+    0: ("errors", "fileio", "recipes", "config", "config_sections", "config_values", "modes"),
     1: (
         "losses",
         "masks",
@@ -41,7 +41,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
     3: ("inference", "steps", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher"),
     4: ("evaluation/",),
     5: ("training", "export/", "experiments"),
-    6: ("cli", "demos/"),
+    6: ("cli/", "demos/"),
 }
 LAYER_OF = {name.rstrip("/"): layer for layer, names in LAYERS.items() for name in names}
 PRIVATE_OK = "fastpath"  # the one subpackage allowed to touch other libraries' internals

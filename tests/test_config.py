@@ -106,3 +106,51 @@ def test_momentum_is_free_without_a_queue() -> None:
 
 def test_defaults_are_valid() -> None:
     assert RunConfig().validate() == RunConfig()
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "value"),
+    [
+        ("learning_rate", "1e-4", 1e-4),  # YAML 1.1 reads 1e-4 (no dot) as text; the float key takes it
+        ("grad_accum", "4.0", 4),  # a whole float is an int
+        ("seed", "010", 8),  # YAML 1.1's octal, as in a recipe
+        ("progress_bar", "yes", True),
+        ("bf16_weights", "auto", "auto"),
+        ("bf16_weights", "false", False),
+        ("max_steps", "null", None),
+        ("matryoshka_dims", "[64, 32]", [64, 32]),
+        ("report_to", "tensorboard", ["tensorboard"]),
+        ("prompts", "{query: 'q: '}", {"query": "q: "}),
+    ],
+)
+def test_a_value_means_the_same_in_a_recipe_and_on_the_command_line(tmp_path: Path, key: str, text: str, value: object) -> None:
+    """One parser for both: YAML's own scalar rules, then the key's type."""
+    cfg = load_config(None, {key: text})
+    section = next(s for s in ("model", "data", "loss", "train") if hasattr(getattr(cfg, s), key))
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}:\n  {key}: {text}\n")
+    assert getattr(getattr(cfg, section), key) == value
+    assert getattr(getattr(load_config(path), section), key) == value
+
+
+def test_a_text_key_keeps_its_text_on_the_command_line(tmp_path: Path) -> None:
+    assert load_config(None, {"mixed_precision": "no"}).train.mixed_precision == "no"  # not YAML's false
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  mixed_precision: no\n")  # in a recipe YAML reads false: the error says to quote it
+    with pytest.raises(ConfigError, match=r"'train.mixed_precision' = False is not a valid str \(quote it"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"progress_bar": "1"}, r"command line: config key 'train.progress_bar' = '1' is not a valid bool"),
+        ({"bf16_weights": "maybe"}, r"config key 'train.bf16_weights' = 'maybe' must be true, false or auto"),
+        ({"max_steps": "[1]"}, r"config key 'train.max_steps' = '\[1\]' is not a valid int \| None"),
+        ({"matryoshka_dims": "64,x"}, r"'loss.matryoshka_dims' = '64,x' must be a list of ints"),
+        ({"prompts": "[a]"}, r"'data.prompts' = '\[a\]' must be a mapping of names to texts"),
+    ],
+)
+def test_type_errors_name_the_key_and_the_type(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

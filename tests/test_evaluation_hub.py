@@ -16,9 +16,8 @@ import pytest
 from scipy.stats import pearsonr
 
 from simcse_kit.cli import main
-from simcse_kit.errors import ConfigError, DataError
-from simcse_kit.evaluation import DEFAULT_SUITE, MAIN_TASKS, STSEvaluator
-from simcse_kit.evaluation.api import evaluate_model
+from simcse_kit.errors import DataError
+from simcse_kit.evaluation import MAIN_TASKS, STSEvaluator
 from simcse_kit.evaluation.hub import (
     HUB_DATASETS,
     HubSTSEvaluator,
@@ -188,10 +187,11 @@ def test_evaluate_command_with_hub_source_and_mteb_results(
     assert ours["STS16"] == pytest.approx(100 * mteb["scores"]["test"][0]["main_score"])
     assert "STS16" in capsys.readouterr().out
 
-    with pytest.raises(ConfigError, match="does not apply to --source hub"):
-        evaluate_model(tiny_model_dir, source="hub", suite=DEFAULT_SUITE)
-    with pytest.raises(ConfigError, match="--hub-root only applies"):
-        evaluate_model(tiny_model_dir, hub_root=tmp_path)
+    # The options that belong to the other source are refused by the command, before any work.
+    assert main(["evaluate", str(tiny_model_dir), "--source", "hub", "--suite", "sts"]) == 2
+    assert "--suite selects SentEval-layout files; it does not apply to --source hub" in capsys.readouterr().err
+    assert main(["evaluate", str(tiny_model_dir), "--data-dir", str(tmp_path), "--hub-root", str(tmp_path)]) == 2
+    assert "--hub-root only applies to --source hub" in capsys.readouterr().err
     assert main(["evaluate", str(tiny_model_dir), "--source", "hub", "--tasks", "STS17"]) == 2
     assert "unknown task(s) ['STS17']; choose from ['STS12'" in capsys.readouterr().err
 

@@ -11,7 +11,6 @@ import pytest
 
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation import (
-    DEFAULT_SUITE,
     MAIN_TASKS,
     TRANSFER_TASKS,
     load_suite,
@@ -21,6 +20,7 @@ from simcse_kit.evaluation import (
     read_sts_subset,
     read_stsb,
 )
+from simcse_kit.evaluation.suite import default_suite, suite_file
 
 REPO = Path(__file__).parents[1]
 SENTEVAL = REPO.parent / "shared" / "data" / "senteval"
@@ -89,9 +89,16 @@ def test_sick_reader_crlf_and_header(tmp_path: Path) -> None:
     assert pairs.scores.tolist() == [1.0, 4.5]
 
 
-def test_yaml_suite_equals_default_suite() -> None:
-    assert load_suite(REPO / "evaluate" / "sts.yaml") == DEFAULT_SUITE
-    assert tuple(DEFAULT_SUITE) == MAIN_TASKS
+def test_default_suite_is_the_shipped_file() -> None:
+    """The paper's table has one home, ``evaluate/sts.yaml`` (a wheel's ``suite_files/``)."""
+    assert suite_file() == REPO / "evaluate" / "sts.yaml"  # a checkout reads the repo's file
+    assert default_suite() == load_suite(REPO / "evaluate" / "sts.yaml")
+    assert MAIN_TASKS == ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+    assert default_suite()["STS13"].subsets == ("FNWN", "headlines", "OnWN")  # no SMT: not redistributable
+    assert default_suite()["SICKRelatedness"].path == "SICK/SICK_test_annotated.txt"
+    suite = default_suite()
+    suite.pop("STS12")  # a caller's copy: the next call reads the table whole again
+    assert tuple(default_suite()) == MAIN_TASKS
 
 
 # --------------------------------------------------------------------------- errors
@@ -245,10 +252,10 @@ def test_malformed_transfer_file_names_file_and_line(tmp_path: Path) -> None:
 def test_real_data_official_scored_pair_counts() -> None:
     assert SENTEVAL.is_dir(), f"SentEval data not found at {SENTEVAL}: the tests expect shared/data beside the checkout"
     counts = {
-        name: {split: len(pairs) for split, pairs in load_task(SENTEVAL, spec).items()} for name, spec in DEFAULT_SUITE.items()
+        name: {split: len(pairs) for split, pairs in load_task(SENTEVAL, spec).items()} for name, spec in default_suite().items()
     }
     totals = {name: sum(c.values()) for name, c in counts.items() if name.startswith("STS1")}
     assert totals == {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186}
     assert counts["STSBenchmark"] == {"dev": 1500, "test": 1379}
     assert counts["SICKRelatedness"] == {"test": 4927}
-    assert not any(math.isnan(s) for pairs in load_task(SENTEVAL, DEFAULT_SUITE["STSBenchmark"]).values() for s in pairs.scores)
+    assert not any(math.isnan(s) for pairs in load_task(SENTEVAL, default_suite()["STSBenchmark"]).values() for s in pairs.scores)

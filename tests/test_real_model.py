@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
+from simcse_kit.cli import main
 from simcse_kit.config import ModelConfig
 from simcse_kit.evaluation import evaluate_model, read_stsb
 from simcse_kit.inference import load_encoder
@@ -40,11 +42,10 @@ def test_reference_is_public_mteb_figure(st_reference: float) -> None:
 
 
 def test_evaluate_cli_path_matches_sentence_transformers(st_reference: float, data_dir: Path, tmp_path: Path) -> None:
-    results = evaluate_model(
-        "all-MiniLM-L6-v2", data_dir=data_dir / "senteval", tasks=["STSBenchmark"], json_out=tmp_path / "r.json"
-    )
+    argv = ["evaluate", "all-MiniLM-L6-v2", "--data-dir", str(data_dir / "senteval"), "--tasks", "STSBenchmark"]
+    assert main([*argv, "--json", str(tmp_path / "r.json")]) == 0
+    results = json.loads((tmp_path / "r.json").read_text())
     assert results["STSBenchmark"] == pytest.approx(st_reference, abs=0.05)
-    assert (tmp_path / "r.json").is_file()
 
 
 def test_own_encoder_plain_hf_and_saved_model_match(st_reference: float, data_dir: Path, tmp_path: Path) -> None:

@@ -168,6 +168,7 @@ import simcse_kit
 from simcse_kit.cli import main
 from simcse_kit.config import load_config
 from simcse_kit.recipes import find_recipe
+from simcse_kit.evaluation.suite import MAIN_TASKS, suite_file
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = main(["recipes"])
@@ -178,7 +179,7 @@ try:
 except Exception as exc:
     no_root = str(exc)
 print(json.dumps({"package": simcse_kit.__file__, "rc": rc, "listing": out.getvalue(), "recipe": str(find_recipe("unsup")),
-                  "train_file": cfg.data.train_file, "no_root": no_root}))
+                  "train_file": cfg.data.train_file, "no_root": no_root, "suite": str(suite_file()), "tasks": MAIN_TASKS}))
 """
 
 
@@ -209,5 +210,8 @@ def test_wheel_ships_the_recipes(tmp_path: Path) -> None:
     assert got["rc"] == 0 and "  unsup " in got["listing"] and "paper/unsup_bert_base" in got["listing"]
     assert got["recipe"] == str(site / "simcse_kit" / "recipe_files" / "unsup.yaml")
     assert got["train_file"] == "/data/train/wiki1m_for_simcse.txt"
+    # The STS suite's one home is the shipped file, read from the wheel's copy of evaluate/.
+    assert got["suite"] == str(site / "simcse_kit" / "suite_files" / "sts.yaml")
+    assert got["tasks"] == ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
     # Installed, there is no checkout beside the package, so no default data root: say how to set one.
     assert "needs a data root, and none is set: set it with --data-root DIR or the SIMCSE_KIT_DATA" in got["no_root"]

@@ -2,8 +2,10 @@
 
 Modules, each with one role:
 
-* :mod:`~simcse_kit.evaluation.readers` — STS / STS-B / SICK / transfer-task files and
-  the STS suite (``evaluate/sts.yaml`` = :data:`DEFAULT_SUITE`);
+* :mod:`~simcse_kit.evaluation.suite` — the STS suite: the paper's seven tasks read from
+  the shipped ``evaluate/sts.yaml`` (:func:`default_suite`), or any suite file;
+* :mod:`~simcse_kit.evaluation.readers` — STS / STS-B / SICK files;
+* :mod:`~simcse_kit.evaluation.transfer_readers` — the SentEval transfer-task files;
 * :mod:`~simcse_kit.evaluation.encoding` — encode each distinct sentence once;
 * :mod:`~simcse_kit.evaluation.sts` — Spearman scoring, :class:`STSEvaluator`, and
   :class:`DevEvaluator` (STS-B dev score + geometry, for checkpoint selection);
@@ -16,36 +18,25 @@ Modules, each with one role:
 * :mod:`~simcse_kit.evaluation.beir`, :mod:`~simcse_kit.evaluation.search`,
   :mod:`~simcse_kit.evaluation.retrieval` — retrieval on BEIR-format folders
   (:class:`RetrievalEvaluator`, pytrec_eval's metrics), ``docs/retrieval.md``;
-* :mod:`~simcse_kit.evaluation.api` — the ``evaluate`` / ``transfer`` / ``align-uniform``
-  commands as functions.
+* :mod:`~simcse_kit.evaluation.api` — a model by name or folder, evaluated
+  (:func:`evaluate_model`, :func:`evaluate_retrieval`, :func:`align_uniform_model`,
+  :func:`run_evaluator`); the
+  commands that print and save the results are :mod:`simcse_kit.cli`'s.
 
 Every evaluator is a callable ``evaluator(encode) -> dict[str, float]`` with a
 ``primary_metric`` attribute, where ``encode(list[str])`` returns ``(N, D)`` embeddings.
 """
 
-from simcse_kit.evaluation.api import align_uniform_model, evaluate_model, evaluate_retrieval, evaluate_transfer
+from simcse_kit.evaluation.api import align_uniform_model, evaluate_model, evaluate_retrieval, run_evaluator
 from simcse_kit.evaluation.beir import RetrievalTask, read_beir, write_beir
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once, encode_unique
 from simcse_kit.evaluation.geometry import alignment, pair_alignment_uniformity, plot_trajectory, uniformity
 from simcse_kit.evaluation.hub import HUB_DATASETS, HubSTSEvaluator
 from simcse_kit.evaluation.mteb import write_mteb_results
-from simcse_kit.evaluation.readers import (
-    DEFAULT_SUITE,
-    MAIN_TASKS,
-    TRANSFER_TASKS,
-    STSPairs,
-    TaskSpec,
-    TransferTask,
-    load_suite,
-    load_task,
-    load_transfer_task,
-    read_sick,
-    read_sts_subset,
-    read_stsb,
-    stsb_split_path,
-)
+from simcse_kit.evaluation.readers import STSPairs, load_task, read_sick, read_sts_subset, read_stsb
 from simcse_kit.evaluation.retrieval import RetrievalDevEvaluator, RetrievalEvaluator, retrieval_metrics
 from simcse_kit.evaluation.sts import DevEvaluator, STSEvaluator, spearman100, sts_alignment_uniformity
+from simcse_kit.evaluation.suite import MAIN_TASKS, TaskSpec, default_suite, load_suite, stsb_split_path
 from simcse_kit.evaluation.tables import (
     RETRIEVAL_COLUMNS,
     STS_COLUMNS,
@@ -56,9 +47,9 @@ from simcse_kit.evaluation.tables import (
     suite_columns,
 )
 from simcse_kit.evaluation.transfer import TransferEvaluator
+from simcse_kit.evaluation.transfer_readers import TRANSFER_TASKS, TransferTask, load_transfer_task
 
 __all__ = [
-    "DEFAULT_SUITE",
     "HUB_DATASETS",
     "MAIN_TASKS",
     "RETRIEVAL_COLUMNS",
@@ -79,11 +70,11 @@ __all__ = [
     "TransferTask",
     "align_uniform_model",
     "alignment",
+    "default_suite",
     "encode_once",
     "encode_unique",
     "evaluate_model",
     "evaluate_retrieval",
-    "evaluate_transfer",
     "format_rows",
     "format_seed_table",
     "format_table",
@@ -97,6 +88,7 @@ __all__ = [
     "read_beir",
     "read_stsb",
     "retrieval_metrics",
+    "run_evaluator",
     "spearman100",
     "sts_alignment_uniformity",
     "stsb_split_path",

@@ -32,17 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from simcse_kit.errors import DataError, where
-from simcse_kit.evaluation.readers import (
-    DEFAULT_SUITE,
-    STSPairs,
-    TaskSpec,
-    load_task,
-    pairs_from_columns,
-    read_sick,
-    read_sts_subset,
-    read_stsb,
-)
+from simcse_kit.evaluation.readers import STSPairs, load_task, pairs_from_columns, read_sick, read_sts_subset, read_stsb
 from simcse_kit.evaluation.sts import STSEvaluator
+from simcse_kit.evaluation.suite import TaskSpec, default_suite
 from simcse_kit.fileio import write_text_atomic
 
 __all__ = [
@@ -86,7 +78,7 @@ HUB_DATASETS: dict[str, HubDataset] = {
     "SICKRelatedness": HubDataset("mteb/sickr-sts", "20a6d6f312dd54037fe07a32d58e5e168867909d", "SICK-R"),
 }
 """Our task name -> its hub dataset; the same seven tasks, in the same order, as
-:data:`~simcse_kit.evaluation.readers.DEFAULT_SUITE`."""
+:func:`~simcse_kit.evaluation.suite.default_suite` (``evaluate/sts.yaml``)."""
 
 HUB_SUITE: dict[str, TaskSpec] = {name: TaskSpec("hub", d.dataset_id) for name, d in HUB_DATASETS.items()}
 
@@ -170,7 +162,7 @@ def senteval_test_pairs(data_dir: Path | str) -> dict[str, STSPairs]:
     the hub path score exactly as the folder path.
     """
     out: dict[str, STSPairs] = {}
-    for name, spec in DEFAULT_SUITE.items():
+    for name, spec in default_suite().items():
         splits = load_task(data_dir, spec)
         out[name] = concat_pairs([splits[s] for s in spec.subsets]) if spec.format == "sts" else splits["test"]
     return out
@@ -190,7 +182,7 @@ def read_original_release(data_root: Path | str) -> dict[str, STSPairs]:
     """
     root = Path(data_root)
     out: dict[str, STSPairs] = {}
-    for name, spec in DEFAULT_SUITE.items():
+    for name, spec in default_suite().items():
         if spec.format == "sts":
             folder = root / "sts_raw" / Path(spec.path).name
             prefix = "STS2016" if name == "STS16" else "STS"

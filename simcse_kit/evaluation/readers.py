@@ -1,10 +1,8 @@
-"""Readers of the evaluation data: STS (SentEval layout), STS-B, SICK and the SentEval
-transfer tasks, plus the STS suite definition.
+"""Readers of the STS evaluation data: STS12-16 (SentEval layout), STS-B and SICK, and
+every split of one suite task.
 
 Every file goes through :func:`simcse_kit.fileio.read_lines` (UTF-8, BOM dropped, CRLF
-accepted, a bad byte named by file and line). The only exception to strict UTF-8 is
-SentEval's transfer data, some of which predates it (``TREC/train_5500.label``): those
-files are decoded whole as Latin-1 when they are not UTF-8.
+accepted, a bad byte named by file and line).
 
 Sentences are whitespace-normalised (``" ".join(s.split())``) because SentEval
 tokenises with ``str.split`` and SimCSE's batcher joins the tokens with single
@@ -17,176 +15,40 @@ STS data layout (``shared/data/senteval``)::
     STS/STSBenchmark/sts-{dev,test}.csv        genre, file, year, id, score, s1, s2
     SICK/SICK_test_annotated.txt               header; pair_ID, A, B, relatedness 1-5, ...
 
-The STS task table is the constant :data:`DEFAULT_SUITE`; ``evaluate/sts.yaml`` holds
-the same table as a YAML suite that :func:`load_suite` reads and checks, so a recipe
-(``simcse-kit evaluate MODEL --suite FILE``) can evaluate on another selection of files.
+Which tasks run and where their files are is the suite (:mod:`~simcse_kit.evaluation.suite`,
+``evaluate/sts.yaml``); the SentEval transfer tasks are read by
+:mod:`~simcse_kit.evaluation.transfer_readers`.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-import yaml
 
-from simcse_kit.errors import ConfigError, DataError, where
+from simcse_kit.config import PAIR_FORMATS
+from simcse_kit.errors import DataError, where
+from simcse_kit.evaluation.suite import TaskSpec
 from simcse_kit.fileio import read_lines
 
 __all__ = [
-    "DEFAULT_SUITE",
-    "MAIN_TASKS",
     "PAIR_READERS",
     "STSPairs",
-    "TRANSFER_TASKS",
-    "TaskSpec",
-    "TransferTask",
-    "load_suite",
     "load_task",
-    "load_transfer_task",
+    "normalize_whitespace",
     "pairs_from_columns",
     "read_sick",
     "read_sts_subset",
     "read_stsb",
-    "stsb_split_path",
 ]
-
-# "hub": one test split from a Hugging Face dataset (simcse_kit.evaluation.hub), never in a YAML suite.
-TaskFormat = Literal["sts", "stsb", "sick", "hub"]
-FORMATS: tuple[str, ...] = ("sts", "stsb", "sick")
 
 # Gold-score ranges of the official data.
 STS_RANGE = (0.0, 5.0)
 SICK_RANGE = (1.0, 5.0)
-
-# Detail keys a task reports besides its subsets; subsets may not use these names.
-_RESERVED_SUBSETS = frozenset({"all", "mean", "wmean"})
-
-
-# --------------------------------------------------------------------------- STS suite
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Where one STS task's files are and how to read them.
-
-    Attributes:
-        format: ``"sts"`` (STS12-16 input/gold file pairs, one per subset),
-            ``"stsb"`` (STS Benchmark ``sts-dev.csv`` and ``sts-test.csv``) or
-            ``"sick"`` (one SICK file with a header row) or ``"hub"`` (one
-            ``test`` split read through ``datasets``, see
-            :mod:`simcse_kit.evaluation.hub`).
-        path: Relative to the data folder: the task's folder for ``sts`` and
-            ``stsb``, the annotated test file for ``sick``; the dataset id for ``hub``.
-        subsets: The subset names for ``sts`` (``STS.input.<subset>.txt``);
-            empty for the other formats.
-    """
-
-    format: TaskFormat
-    path: str
-    subsets: tuple[str, ...] = ()
-
-
-DEFAULT_SUITE: dict[str, TaskSpec] = {
-    "STS12": TaskSpec(
-        "sts",
-        "STS/STS12-en-test",
-        ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
-    ),
-    # No SMT subset: its input text is not redistributable (as in SentEval/SimCSE).
-    "STS13": TaskSpec("sts", "STS/STS13-en-test", ("FNWN", "headlines", "OnWN")),
-    "STS14": TaskSpec(
-        "sts",
-        "STS/STS14-en-test",
-        ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"),
-    ),
-    "STS15": TaskSpec(
-        "sts",
-        "STS/STS15-en-test",
-        ("answers-forums", "answers-students", "belief", "headlines", "images"),
-    ),
-    "STS16": TaskSpec(
-        "sts",
-        "STS/STS16-en-test",
-        ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
-    ),
-    "STSBenchmark": TaskSpec("stsb", "STS/STSBenchmark"),
-    "SICKRelatedness": TaskSpec("sick", "SICK/SICK_test_annotated.txt"),
-}
-"""The seven tasks of the SimCSE paper, in table order (``evaluate/sts.yaml`` is the same)."""
-
-MAIN_TASKS: tuple[str, ...] = tuple(DEFAULT_SUITE)
-
-
-def stsb_split_path(data_dir: Path | str, split: str) -> Path:
-    """``<data_dir>/STS/STSBenchmark/sts-<split>.csv``, the STS-B file of one split."""
-    return Path(data_dir) / DEFAULT_SUITE["STSBenchmark"].path / f"sts-{split}.csv"
-
-
-def load_suite(path: Path | str) -> dict[str, TaskSpec]:
-    """Loads and checks a YAML suite definition such as ``evaluate/sts.yaml``.
-
-    The file holds one key, ``tasks``, mapping each task name to ``format``
-    (``sts``, ``stsb`` or ``sick``), ``path`` (relative to the data folder) and,
-    for ``sts`` only, a non-empty list ``subsets``::
-
-        tasks:
-          STS13: {format: sts, path: STS/STS13-en-test, subsets: [FNWN, headlines, OnWN]}
-          STSBenchmark: {format: stsb, path: STS/STSBenchmark}
-
-    Returns:
-        Task name -> spec, in file order.
-
-    Raises:
-        ConfigError: The file is missing, not YAML, or breaks the rules above;
-            the message names the file and the offending task or key.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: suite file not found")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not a valid YAML file ({e})") from None
-    if not isinstance(raw, dict) or set(raw) != {"tasks"}:
-        raise ConfigError(f"{path}: expected a mapping with the single key 'tasks'")
-    tasks = raw["tasks"]
-    if not isinstance(tasks, dict) or not tasks:
-        raise ConfigError(f"{path}: 'tasks' must be a non-empty mapping of task name -> spec")
-    suite: dict[str, TaskSpec] = {}
-    for name, entry in tasks.items():
-        ctx = f"{path}: task {name!r}"
-        if not isinstance(name, str) or not name or "/" in name or name == "avg":
-            raise ConfigError(f"{ctx}: task names must be non-empty strings without '/', not 'avg'")
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{ctx}: expected a mapping with format, path[, subsets]")
-        unknown = set(entry) - {"format", "path", "subsets"}
-        if unknown:
-            raise ConfigError(f"{ctx}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
-        fmt, rel, subsets = entry.get("format"), entry.get("path"), entry.get("subsets")
-        if fmt not in FORMATS:
-            raise ConfigError(f"{ctx}: format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-        if not isinstance(rel, str) or not rel:
-            raise ConfigError(f"{ctx}: 'path' must be a non-empty string")
-        if fmt == "sts":
-            if not isinstance(subsets, list) or not subsets or not all(isinstance(s, str) and s for s in subsets):
-                raise ConfigError(f"{ctx}: format sts needs 'subsets', a non-empty list of names")
-            bad = sorted(set(subsets) & _RESERVED_SUBSETS)
-            if bad or len(set(subsets)) != len(subsets):
-                raise ConfigError(f"{ctx}: subset names must be unique and not all/mean/wmean")
-            suite[name] = TaskSpec("sts", rel, tuple(subsets))
-        else:
-            if subsets is not None:
-                raise ConfigError(f"{ctx}: 'subsets' is only for format sts")
-            suite[name] = TaskSpec(fmt, rel)
-    return suite
-
-
-# --------------------------------------------------------------------------- STS readers
 
 
 @dataclass(frozen=True)
@@ -215,7 +77,8 @@ def _sts_lines(path: Path) -> list[str]:
     return lines
 
 
-def _normalize(sentence: str) -> str:
+def normalize_whitespace(sentence: str) -> str:
+    """SentEval's tokens joined by single spaces (see the module docstring)."""
     return " ".join(sentence.split())
 
 
@@ -233,7 +96,7 @@ def _parse_score(text: str, path: Path, line: int, bounds: tuple[float, float]) 
 
 
 def _check_sentence(sentence: str, path: Path, line: int, column: str) -> str:
-    sentence = _normalize(sentence)
+    sentence = normalize_whitespace(sentence)
     if not sentence:
         raise DataError(f"{where(path, line)}: {column} is empty")
     return sentence
@@ -396,7 +259,7 @@ def pairs_from_columns(
     s2: list[str] = []
     gold: list[float] = []
     for row, (a, b, score) in enumerate(zip(sentences1, sentences2, scores, strict=True), start=1):
-        pair = [_normalize(s) if isinstance(s, str) else "" for s in (a, b)]
+        pair = [normalize_whitespace(s) if isinstance(s, str) else "" for s in (a, b)]
         if not all(pair):
             raise DataError(f"{source}: row {row}: sentence1 and sentence2 must be non-empty strings")
         if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
@@ -407,9 +270,12 @@ def pairs_from_columns(
     return STSPairs(s1, s2, np.asarray(gold, dtype=np.float64))
 
 
-PAIR_READERS: dict[str, Callable[[Path | str], STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
+_READER_OF: dict[str, Callable[[Path | str], STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
+PAIR_READERS: dict[str, Callable[[Path | str], STSPairs]] = {fmt: _READER_OF[fmt] for fmt in PAIR_FORMATS}
 """The readers of one scored-pair file by format: what a training run may name as its dev
-split (``data.dev_format``) or read sentences from (``data.train_format``)."""
+split (``data.dev_format``) or read sentences from (``data.train_format``). The names are
+the config's (:data:`simcse_kit.config.PAIR_FORMATS`, which the config checks); a name
+without a reader fails here, at import."""
 
 
 def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:
@@ -430,123 +296,3 @@ def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:
     if spec.format == "sick":
         return {"test": read_sick(base)}
     raise ValueError(f"task format {spec.format!r} is not read from a data folder")
-
-
-# --------------------------------------------------------------------------- transfer readers
-
-TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
-TREC_CLASSES = {"ABBR": 0, "DESC": 1, "ENTY": 2, "HUM": 3, "LOC": 4, "NUM": 5}
-BINARY_FILES = {
-    "MR": ("MR", "rt-polarity.pos", "rt-polarity.neg"),
-    "CR": ("CR", "custrev.pos", "custrev.neg"),
-    "SUBJ": ("SUBJ", "subj.objective", "subj.subjective"),  # SentEval: objective = 1
-    "MPQA": ("MPQA", "mpqa.pos", "mpqa.neg"),
-}
-
-
-@dataclass
-class TransferTask:
-    """One transfer task's texts and labels by split.
-
-    Attributes:
-        name: One of :data:`TRANSFER_TASKS`.
-        protocol: ``"nested"``, ``"split"`` or ``"kfold"`` (see
-            :mod:`simcse_kit.evaluation.transfer`).
-        splits: ``"all"`` (nested k-fold tasks) or ``"train"``/``"dev"``/``"test"``
-            -> ``(texts, labels)``, labels an int array of shape ``(N,)``; for MRPC
-            each text is an ``"A\\tB"`` pair, split by :meth:`pairs`.
-        paired: Whether the texts are sentence pairs.
-    """
-
-    name: str
-    protocol: str
-    splits: dict[str, tuple[list[str], np.ndarray]]
-    paired: bool = False
-
-    @staticmethod
-    def pairs(texts: Sequence[str]) -> tuple[list[str], list[str]]:
-        a, b = zip(*(t.split("\t") for t in texts), strict=True) if texts else ((), ())
-        return list(a), list(b)
-
-
-def _transfer_lines(path: Path) -> list[tuple[int, str]]:
-    return read_lines(path, what="transfer-task file", latin1_fallback=True)
-
-
-def _labelled_lines(path: Path, skip: int = 0) -> Iterator[tuple[int, str]]:
-    """``(line_number, stripped line)`` of the non-blank lines after ``skip`` header rows."""
-    for number, line in _transfer_lines(path)[skip:]:
-        if line.strip():
-            yield number, line.strip()
-
-
-def _binary(folder: Path, pos_name: str, neg_name: str) -> tuple[list[str], np.ndarray]:
-    texts: list[str] = []
-    labels: list[int] = []
-    for name, label in ((pos_name, 1), (neg_name, 0)):
-        # Blank lines are skipped (SentEval keeps them as empty samples).
-        sents = [s for s in (_normalize(line) for _, line in _transfer_lines(folder / name)) if s]
-        if not sents:
-            raise DataError(f"{where(folder / name)}: no sentences")
-        texts += sents
-        labels += [label] * len(sents)
-    return texts, np.array(labels)
-
-
-def _sst(path: Path) -> tuple[list[str], np.ndarray]:
-    texts, labels = [], []
-    for number, line in _labelled_lines(path):
-        parts = line.rsplit("\t", 1)
-        if len(parts) != 2 or parts[1].strip() not in ("0", "1"):
-            raise DataError(f"{where(path, number)}: expected 'sentence<TAB>0|1'")
-        texts.append(_normalize(parts[0]))
-        labels.append(int(parts[1]))
-    return texts, np.array(labels)
-
-
-def _trec(path: Path) -> tuple[list[str], np.ndarray]:
-    texts, labels = [], []
-    for number, line in _labelled_lines(path):
-        target, _, rest = line.partition(":")
-        fine_and_text = rest.split(" ", 1)
-        if target not in TREC_CLASSES or len(fine_and_text) != 2:
-            raise DataError(f"{where(path, number)}: expected 'COARSE:fine question', coarse in {list(TREC_CLASSES)}")
-        texts.append(_normalize(fine_and_text[1]))
-        labels.append(TREC_CLASSES[target])
-    return texts, np.array(labels)
-
-
-def _mrpc(path: Path) -> tuple[list[str], np.ndarray]:
-    texts, labels = [], []
-    for number, line in _labelled_lines(path, skip=1):  # header row first
-        fields = line.split("\t")
-        if len(fields) != 5 or fields[0] not in ("0", "1"):
-            raise DataError(f"{where(path, number)}: expected 5 tab-separated fields (Quality, IDs, two strings)")
-        texts.append(_normalize(fields[3]) + "\t" + _normalize(fields[4]))
-        labels.append(int(fields[0]))
-    return texts, np.array(labels)
-
-
-def load_transfer_task(data_dir: str | Path, name: str) -> TransferTask:
-    """Reads one transfer task from a SentEval-layout ``data_dir``.
-
-    Raises:
-        KeyError: ``name`` is not one of :data:`TRANSFER_TASKS`.
-        DataError: A file is missing or malformed (naming file and line).
-    """
-    base = Path(data_dir)
-    if name in BINARY_FILES:
-        folder, pos, neg = BINARY_FILES[name]
-        return TransferTask(name, "nested", {"all": _binary(base / folder, pos, neg)})
-    if name == "SST2":
-        folder = base / "SST" / "binary"
-        splits = {s: _sst(folder / f"sentiment-{s}") for s in ("train", "dev", "test")}
-        return TransferTask(name, "split", splits)
-    if name == "TREC":
-        splits = {"train": _trec(base / "TREC" / "train_5500.label"), "test": _trec(base / "TREC" / "TREC_10.label")}
-        return TransferTask(name, "kfold", splits)
-    if name == "MRPC":
-        folder = base / "MRPC"
-        splits = {"train": _mrpc(folder / "msr_paraphrase_train.txt"), "test": _mrpc(folder / "msr_paraphrase_test.txt")}
-        return TransferTask(name, "kfold", splits, paired=True)
-    raise KeyError(f"unknown transfer task {name!r}; known: {list(TRANSFER_TASKS)}")

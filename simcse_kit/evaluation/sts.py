@@ -25,15 +25,8 @@ from scipy.stats import spearmanr
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once
 from simcse_kit.evaluation.geometry import pair_alignment_uniformity
-from simcse_kit.evaluation.readers import (
-    DEFAULT_SUITE,
-    MAIN_TASKS,
-    PAIR_READERS,
-    STSPairs,
-    TaskSpec,
-    load_task,
-    stsb_split_path,
-)
+from simcse_kit.evaluation.readers import PAIR_READERS, STSPairs, load_task
+from simcse_kit.evaluation.suite import MAIN_TASKS, TaskSpec, default_suite, stsb_split_path
 
 __all__ = [
     "DevEvaluator",
@@ -171,8 +164,8 @@ class STSEvaluator:
         data_dir: The SentEval-layout data folder.
         tasks: Task names to run, in order; default every task of ``suite``.
         batch_size: Sentences per ``encode`` call.
-        suite: Task table, e.g. from :func:`~simcse_kit.evaluation.readers.load_suite`;
-            default :data:`~simcse_kit.evaluation.readers.DEFAULT_SUITE`.
+        suite: Task table, e.g. from :func:`~simcse_kit.evaluation.suite.load_suite`;
+            default the paper's seven (:func:`~simcse_kit.evaluation.suite.default_suite`).
 
     Raises:
         KeyError: A task name is not in the suite.
@@ -196,7 +189,7 @@ class STSEvaluator:
         batch_size: int = 64,
         suite: Mapping[str, TaskSpec] | None = None,
     ) -> None:
-        suite = DEFAULT_SUITE if suite is None else suite
+        suite = default_suite() if suite is None else suite
         names = list(suite) if tasks is None else list(tasks)
         unknown = [t for t in names if t not in suite]
         if unknown:

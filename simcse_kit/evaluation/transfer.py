@@ -1,7 +1,7 @@
 """SentEval transfer tasks: a logistic-regression probe on frozen sentence embeddings.
 
 The seven tasks of the SimCSE paper's appendix (Table B.1), read by
-:func:`~simcse_kit.evaluation.readers.load_transfer_task` and scored as SentEval's
+:func:`~simcse_kit.evaluation.transfer_readers.load_transfer_task` and scored as SentEval's
 scikit-learn path does (``senteval/tools/validation.py``):
 
 =======  ============================  =========================================
@@ -48,7 +48,7 @@ from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
 
 from simcse_kit.evaluation.encoding import Encode, encode_once
-from simcse_kit.evaluation.readers import TRANSFER_TASKS, TransferTask, load_transfer_task
+from simcse_kit.evaluation.transfer_readers import TRANSFER_TASKS, TransferTask, load_transfer_task
 
 __all__ = [
     "KFOLD_REGS",
@@ -177,7 +177,7 @@ class TransferEvaluator:
 
     Args:
         data_dir: SentEval-layout folder (``../shared/data/senteval``).
-        tasks: subset of :data:`~simcse_kit.evaluation.readers.TRANSFER_TASKS` (default all seven).
+        tasks: subset of :data:`~simcse_kit.evaluation.transfer_readers.TRANSFER_TASKS` (default all seven).
         kfold: folds for the nested and k-fold protocols (SentEval: 10; its
             "prototyping" setting: 5).
         batch_size: sentences per ``encode`` call.

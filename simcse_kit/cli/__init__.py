@@ -1,0 +1,84 @@
+"""The ``simcse-kit`` console script: one entry point, one subcommand per job, one module
+per command (or small group) in this package, the options they share in
+:mod:`~simcse_kit.cli.options`.
+
+Errors the user can fix (bad data, bad config, missing model) print one line and
+exit with status 2; a full disk or a read-only place prints one line and exits 1; a run
+stopped by SIGTERM, SIGUSR1 or Ctrl-C writes a checkpoint, prints the ``--resume``
+command and exits 75 (:data:`simcse_kit.errors.STOPPED_STATUS`); a second Ctrl-C exits
+130 at once. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+
+from simcse_kit.cli import align_uniform, demos, evaluate, export, mine, recipes, retrieval_tasks, train, transfer
+from simcse_kit.cli.options import parse_overrides
+from simcse_kit.errors import STOPPED_STATUS, ConfigError, DataError, Stopped, StorageError
+
+__all__ = ["build_parser", "main", "parse_overrides", "resume_command"]
+
+logger = logging.getLogger("simcse_kit")
+
+# In the order `simcse-kit --help` lists them.
+COMMANDS = (train, transfer, evaluate, export, demos, align_uniform, mine, retrieval_tasks, recipes)
+
+
+def resume_command(argv: Sequence[str]) -> str:
+    """The command line that continues a stopped run: the same arguments, ``--resume``
+    in place of ``--overwrite`` (a stopped run must not be started over)."""
+    words = [w for w in argv if w != "--overwrite"]
+    if "--resume" not in words:
+        words.append("--resume")
+    return shlex.join(["simcse-kit", *words])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="simcse-kit", description="SimCSE sentence-embedding training and evaluation")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(sub.add_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not args.extra_ok:  # only train/sweep take config overrides
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("httpx", "urllib3", "filelock", "datasets"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # transformers 5 lists every unsharded layer at WARNING on a plain single-device load.
+    logging.getLogger("transformers.distributed.tensor_parallel").setLevel(logging.ERROR)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return args.func(args, extra)
+    except (ConfigError, DataError) as exc:
+        print(f"simcse-kit {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except StorageError as exc:  # a full disk or a read-only place: the environment, not a bug
+        print(f"simcse-kit {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except Stopped as exc:  # SIGTERM / SIGUSR1 / Ctrl-C: a checkpoint is written
+        print(f"simcse-kit {args.command}: {exc}", file=sys.stderr)
+        if exc.checkpoint is not None:
+            print(
+                f"simcse-kit {args.command}: resume with: {resume_command(sys.argv[1:] if argv is None else argv)}",
+                file=sys.stderr,
+            )
+        return STOPPED_STATUS
+    except KeyboardInterrupt:  # a second Ctrl-C (or one outside training): no traceback, no checkpoint
+        print(f"simcse-kit {args.command}: interrupted", file=sys.stderr)
+        return 130

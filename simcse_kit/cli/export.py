@@ -1,0 +1,69 @@
+"""``simcse-kit export``: a verified sentence-transformers folder (optionally ONNX, int8,
+uploaded to the hub) from a run or model folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from simcse_kit.cli.options import add_data_options, add_device
+from simcse_kit.recipes import senteval_dir
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from simcse_kit.export import ExportError, export_model
+
+    try:
+        result = export_model(
+            args.source,
+            args.out_dir,
+            overwrite=args.overwrite,
+            normalize=False if args.no_normalize else None,
+            onnx=args.onnx,
+            quantize=args.quantize,
+            push_to_hub=args.push_to_hub,
+            device=args.device,
+            **({"opset": args.opset} if args.opset is not None else {}),
+            truncate_dim=args.truncate_dim,
+            # STS data is read only for the int8 check: exporting needs no data root otherwise.
+            **({"data_dir": senteval_dir(args.data_dir, args.data_root)} if args.quantize else {}),
+        )
+    except ExportError as exc:
+        # Not a user error (exit 2) but a failed check: one line, no traceback, status 1.
+        print(f"simcse-kit export: failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported to {result.out_dir}: {result.modules}")
+    print(f"normalize: {'on' if result.normalize else 'off'} ({result.normalize_reason})")
+    for backend, par in result.parity.items():
+        print(
+            f"parity ({backend}): min cosine {par.min_cosine:.7f} over {result.n_probes} probe sentences, "
+            f"{result.speed[backend]:.0f} sentences/s"
+        )
+    if result.sts:
+        ref, q = result.sts["simcse-kit fp32"], result.sts["onnx-int8"]
+        print(f"STS: int8 ONNX {q:.2f} vs simcse-kit fp32 {ref:.2f} ({q - ref:+.2f})")
+    if args.push_to_hub:
+        print(f"uploaded to the hub: {args.push_to_hub}")
+    return 0
+
+
+def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    p = add_parser("export", help="write a verified sentence-transformers folder (with model card) from a run or model")
+    p.add_argument("source", help="a simcse-kit run folder or model folder")
+    p.add_argument("out_dir", type=Path, help="the export folder (appears only complete and verified)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export at OUT_DIR (any other folder is refused)")
+    p.add_argument(
+        "--no-normalize", action="store_true", help="no Normalize module (default: kept from the base / added for cosine)"
+    )
+    p.add_argument(
+        "--onnx", action="store_true", help="also write onnx/model.onnx: encoder + pooling as one graph (needs simcse-kit[onnx])"
+    )
+    p.add_argument("--quantize", choices=("int8",), default=None, help="also write onnx/model_qint8.onnx (implies --onnx)")
+    p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset (default 18)")
+    p.add_argument("--truncate-dim", type=int, default=None, metavar="N", help="ST loads it with N dimensions (Matryoshka)")
+    add_data_options(p, "STS data for the int8 check")
+    p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
+    add_device(p)
+    p.set_defaults(func=cmd_export, extra_ok=False)

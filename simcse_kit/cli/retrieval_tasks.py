@@ -1,0 +1,35 @@
+"""``simcse-kit retrieval-tasks``: the retrieval tasks built from the shared data, written
+as BEIR folders (:mod:`simcse_kit.evaluation.retrieval_tasks`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from simcse_kit.errors import ConfigError
+
+
+def cmd_retrieval_tasks(args: argparse.Namespace, extra: list[str]) -> int:
+    from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS, build_retrieval_tasks
+    from simcse_kit.recipes import data_root
+
+    unknown = [t for t in args.tasks or () if t not in RETRIEVAL_TASKS]
+    if unknown:
+        raise ConfigError(f"--tasks: unknown task(s) {unknown}; choose from {list(RETRIEVAL_TASKS)}")
+    root = data_root(args.data_root)
+    if root is None:
+        raise ConfigError("no data root: pass --data-root DIR or set SIMCSE_KIT_DATA")
+    for name, folder in build_retrieval_tasks(args.out, root, args.tasks).items():
+        print(f"{name}: {folder}  (simcse-kit evaluate MODEL --retrieval {folder})")
+    return 0
+
+
+def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
+    p = add_parser(
+        "retrieval-tasks", help="write the retrieval tasks built from the shared data (MRPC, STS-B, SICK) as BEIR folders"
+    )
+    p.add_argument("out", type=Path, help="parent folder; each task goes to OUT/<task>/")
+    p.add_argument("--tasks", nargs="+", default=None, help="mrpc-paraphrase stsb-similar sick-related (default: all)")
+    p.add_argument("--data-root", type=Path, default=None, help="the shared data folder (default: as for evaluate)")
+    p.set_defaults(func=cmd_retrieval_tasks, extra_ok=False)
