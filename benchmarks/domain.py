@@ -47,29 +47,31 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, WIKI, machine, setup_run  # noqa: E402
-from results import run_base  # noqa: E402
-from st_peers import LOSSES, dev_curve, run_st  # noqa: E402
+from _common import REPO, machine, setup_run  # noqa: E402
+from st_peers import LOSSES, dev_curve, resolve_precision  # noqa: E402
+from table_runs import LEARNING_RATES, Job, build_tasks, choose_learning_rate, device_record, execute, lr_tag  # noqa: E402
 
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark"}  # the domain's test column of the STS table
+WIKI = "{data_root}/train/wiki1m_head.txt"  # resolved against the data root by load_config
 VARIANTS: dict[str, dict[str, str]] = {
-    "wiki": {"train_file": str(WIKI), "train_format": "auto"},
+    "wiki": {"train_file": WIKI, "train_format": "auto"},
     "domain": {},
     "domain-rep": {"word_repetition": "0.32"},
-    "mix50": {"mix_file": str(WIKI), "mix_ratio": "0.5"},
+    "mix50": {"mix_file": WIKI, "mix_ratio": "0.5"},
     "tau0.1": {"temperature": "0.1"},
-    "lr1e-5": {"learning_rate": "1e-5"},
     **{f"fnt{t}": {"false_negative_threshold": t} for t in ("0.9", "0.8", "0.7", "0.6", "0.5")},
     "tau0.2": {"temperature": "0.2"},
 }
 # The one-seed dev-only sweep (--dev-only) behind the choice of rows; see BENCHMARKS.md.
-SWEEP = ("fnt0.9", "fnt0.8", "fnt0.7", "fnt0.6", "fnt0.5", "tau0.1", "tau0.2", "lr1e-5", "domain-rep", "mix50")
+# (Its "lr1e-5" variant is gone: every row's learning rate is now swept, --learning-rates.)
+SWEEP = ("fnt0.9", "fnt0.8", "fnt0.7", "fnt0.6", "fnt0.5", "tau0.1", "tau0.2", "domain-rep", "mix50")
 GOAL_OVER_BASE, GOAL_OVER_PEER = 1.0, 0.5  # issue 16: domain-test gains of the dev-selected kit row
 
 logger = logging.getLogger("domain")
@@ -77,33 +79,46 @@ logger = logging.getLogger("domain")
 Rows = dict[str, tuple[str, str, dict[int, dict[str, float]]]]  # name -> (domain, kind, per-seed tables)
 
 
-def domain_config(domain: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> Any:
-    """The domain recipe with ``overrides``, this run's budget and output folder."""
-    from simcse_kit.config import load_config
+def recipe(domain: str) -> Path:
+    return REPO / "train" / "domain" / f"{domain}.yaml"
 
-    opts = overrides | {"output_dir": str(out), "eval_steps": str(args.eval_steps), "progress_bar": "false"}
+
+def domain_overrides(overrides: dict[str, str], args: argparse.Namespace) -> dict[str, str]:
+    """``overrides`` with this command's budget, data root and STS folder."""
+    opts = overrides | {"eval_steps": str(args.eval_steps), "progress_bar": "false", "data_root": str(args.data_root)}
     if args.steps is not None:
         opts["max_steps"] = str(args.steps)
     if args.eval_data_dir is not None:  # only when set: the finished runs' configs stay equal
         opts["eval_data_dir"] = str(args.eval_data_dir)
-    return load_config(REPO / "train" / "domain" / f"{domain}.yaml", opts)
+    return opts
 
 
-def run_variant(domain: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
-    from simcse_kit.experiments import run_seeds
+def domain_config(domain: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> Any:
+    """The domain recipe with ``overrides``, this run's budget and output folder."""
+    from simcse_kit.config import load_config
 
-    summary = run_seeds(domain_config(domain, overrides, args, out), args.seeds, quiet=True)
-    per_seed = {int(s): t for s, t in summary["per_seed"].items()}
-    for seed, table in per_seed.items():  # run_seeds' tables leave the best step out; metrics.json has it
-        metrics = json.loads((out / f"seed-{seed}" / "metrics.json").read_text(encoding="utf-8"))
-        table["best_step"] = float(metrics["best_step"])
-        table |= dev_curve(metrics)
-    return per_seed
+    return load_config(recipe(domain), domain_overrides(overrides, args) | {"output_dir": str(out)})
 
 
-def run_peer(domain: str, loss: str, args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
-    """A sentence-transformers peer on the recipe as is (its data, budget and dev split)."""
-    return run_st(domain_config(domain, {}, args, out), args.seeds, loss, args.st_precision, out)
+def row_job(domain: str, row: str, lr: float, seed: int, args: argparse.Namespace, sweep: bool) -> Job:
+    """The run of ``row`` (a kit variant, or ``st-<loss>``: a peer on the recipe as is) at
+    learning rate ``lr``: one seed of the dev-only sweep, or of the table."""
+    name = f"{domain}-{row}"
+    out = args.output_dir / ("sweep" if sweep else "") / name / lr_tag(lr)
+    peer = row.startswith("st-")
+    overrides = domain_overrides(({} if peer else VARIANTS[row]) | {"learning_rate": str(lr)}, args)
+    return Job(
+        name=f"{'sweep/' if sweep else ''}{name}/{lr_tag(lr)}/seed-{seed}",
+        kind="st" if peer else "kit",
+        recipe=str(recipe(domain)),
+        overrides=overrides,
+        seed=seed,
+        out=str(out),
+        loss=row.removeprefix("st-") if peer else "",
+        precision=args.st_precision if peer else "",
+        retrieval=() if sweep else tuple(args.tasks),
+        dev_only=sweep,
+    )
 
 
 def cell(mean: dict[str, float], std: dict[str, float], key: str, n: int) -> str:
@@ -145,29 +160,40 @@ def dev_only(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def markdown(rows: Rows) -> tuple[str, dict[str, Any]]:
+def retrieval_keys(stats: dict[str, Any]) -> list[str]:
+    """The retrieval columns present (``retrieval:<task>`` ..., ``retrieval:avg`` last)."""
+    keys = dict.fromkeys(k for s in stats.values() for k in s["mean"] if k.startswith("retrieval:") and "/" not in k)
+    return sorted(keys, key=lambda k: (k == "retrieval:avg", k))
+
+
+def markdown(rows: Rows, lrs: dict[str, float] | None = None) -> tuple[str, dict[str, Any]]:
+    """The domain table (``lrs``: each row's learning rate, chosen on dev) and its raw numbers."""
     from simcse_kit.experiments import aggregate
 
-    lines = [
-        "| config | seeds | domain test | 7-task avg | dev (selection) | best step | dev: best trained | dev: end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lrs = lrs or {}
     stats: dict[str, Any] = {}
     for name, (domain, kind, per_seed) in rows.items():
-        target = TARGET[domain]
         mean, std = aggregate(list(per_seed.values()))
         stats[name] = {
             "domain": domain,
             "kind": kind,
-            "target": target,
+            "target": TARGET[domain],
+            "learning_rate": lrs.get(name),
             "mean": mean,
             "std": std,
             "per_seed": {str(k): v for k, v in per_seed.items()},
         }
-        cells = [cell(mean, std, k, len(per_seed)) for k in (target, "avg", "best_stsb_dev")]
-        curve = [cell(mean, std, k, len(per_seed)) for k in ("dev_trained", "dev_end")]
+    retrieval = retrieval_keys(stats)
+    head = ["config", "lr", "seeds", "domain test", "7-task avg", "dev (selection)", "best step", "dev: best trained", "dev: end"]
+    head += [f"nDCG@10 {k.removeprefix('retrieval:')}" for k in retrieval]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, (domain, _, per_seed) in rows.items():
+        target, mean, std, n = TARGET[domain], stats[name]["mean"], stats[name]["std"], len(per_seed)
+        cells = [cell(mean, std, k, n) for k in (target, "avg", "best_stsb_dev")]
+        curve = [cell(mean, std, k, n) for k in ("dev_trained", "dev_end", *retrieval)]
+        lr = f"{lrs[name]:g}" if name in lrs else "–"
         lines.append(
-            f"| {name} ({target}) | {len(per_seed)} | "
+            f"| {name} ({target}) | {lr} | {n} | "
             + " | ".join(cells)
             + f" | {best_step_cell(per_seed)} | "
             + " | ".join(curve)
@@ -179,6 +205,23 @@ def markdown(rows: Rows) -> tuple[str, dict[str, Any]]:
             lines += ["", line]
             stats[f"selection_{domain}"] = summary
     return "\n".join(lines), stats
+
+
+def sweep_markdown(sweep: dict[str, dict[float, dict[str, float]]], chosen: dict[str, float]) -> str:
+    """The learning-rate sweep: each row's dev score of the selected model (and of the
+    best trained checkpoint) per learning rate, and the rate chosen on it."""
+    rates = list(dict.fromkeys(lr for by_lr in sweep.values() for lr in by_lr))
+    lines = [
+        "| row | " + " | ".join(f"lr {lr:g}" for lr in rates) + " | chosen |",
+        "|---|" + "---:|" * (len(rates) + 1),
+    ]
+    for name, by_lr in sweep.items():
+        cells = [
+            f"{by_lr[lr]['best_stsb_dev']:.2f} ({by_lr[lr].get('dev_trained', float('nan')):.2f})" if lr in by_lr else "–"
+            for lr in rates
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen[name]:g} |")
+    return "\n".join(lines)
 
 
 def selection(domain: str, stats: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -228,33 +271,62 @@ def main() -> None:
         help="simcse-kit rows (none: peers only); default: domain, or with --dev-only the sweep's",
     )
     parser.add_argument(
-        "--peers", nargs="+", default=list(LOSSES), choices=[*LOSSES, "none"], help="sentence-transformers rows (none: skip)"
+        "--peers",
+        nargs="+",
+        default=list(LOSSES[:3]),
+        choices=[*LOSSES[:3], "none"],
+        help="sentence-transformers rows (none: skip)",
     )
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
-    parser.add_argument("--steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epoch)")
+    parser.add_argument(
+        "--learning-rates",
+        default=LEARNING_RATES,
+        help="comma-separated; every row (kit and peers) is swept over them on dev, one seed, and its best kept",
+    )
+    parser.add_argument("--sweep-seed", type=int, default=1, help="the seed of the dev-only learning-rate sweep")
+    parser.add_argument(
+        "--steps", "--max-steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epoch)"
+    )
     parser.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
+    parser.add_argument(
+        "--data-root", type=Path, default=None, help="the data folder (default: $SIMCSE_KIT_DATA, else ../shared/data)"
+    )
     parser.add_argument(
         "--eval-data-dir", type=Path, default=None, help="STS folder of the final table (default: the recipe's; for smoke tests)"
     )
     parser.add_argument(
+        "--retrieval-tasks",
+        nargs="+",
+        default=None,
+        help="built-in retrieval tasks scored on every selected model (default: all; none: skip)",
+    )
+    parser.add_argument(
         "--st-precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="sentence-transformers' training precision (fp32: its default; bf16: its bf16=True autocast)",
+        choices=("fp32", "bf16", "auto"),
+        default="auto",
+        help="sentence-transformers' training precision (auto: bf16=True on a GPU, fp32 (its default) on a CPU)",
     )
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "domain")
     parser.add_argument(
         "--dev-only", action="store_true", help="the variants without the final table: dev curves only (a cheap sweep)"
     )
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
     args = parser.parse_args()
     if args.variants is None:
         args.variants = list(SWEEP) if args.dev_only else ["domain"]
     peers = [] if "none" in args.peers else list(dict.fromkeys(args.peers))
     setup_run(args.threads)
 
-    from simcse_kit.experiments import parse_seeds
+    from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
+    from simcse_kit.experiments import parse_seeds, parse_values
+    from simcse_kit.recipes import DATA_ENV, data_root
 
+    args.data_root = data_root(args.data_root)
+    if args.data_root is None or not args.data_root.is_dir():
+        raise SystemExit(f"no data root at {args.data_root}: pass --data-root DIR or set {DATA_ENV}")
+    os.environ[DATA_ENV] = str(args.data_root)  # the workers and every reader agree
+    args.output_dir = args.output_dir.resolve()
     args.seeds = parse_seeds(args.seeds)
     start = time.perf_counter()
     if args.dev_only:
@@ -263,25 +335,78 @@ def main() -> None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         (args.output_dir / "sweep.md").write_text(table + "\n", encoding="utf-8")
         return
+    names = [] if args.retrieval_tasks == ["none"] else (args.retrieval_tasks or list(RETRIEVAL_TASKS))
+    args.tasks = build_tasks(args.output_dir / "retrieval-tasks", args.data_root, names, [])
+    lrs = parse_values("learning rate", args.learning_rates)
+    logs = args.output_dir / "logs"
+    row_names = {
+        f"{d}-{r}": (d, r)
+        for d in args.domains
+        for r in [*(v for v in args.variants if v != "none"), *(f"st-{p}" for p in peers)]
+    }
+
+    # 1. The sweep: every row at every learning rate, one seed, dev only; the rate chosen on dev.
+    sweep: dict[str, dict[float, dict[str, float]]] = {name: {} for name in row_names}
+    if len(lrs) > 1:
+        jobs = {
+            (name, lr): row_job(d, r, lr, args.sweep_seed, args, sweep=True) for name, (d, r) in row_names.items() for lr in lrs
+        }
+        tables = execute(list(jobs.values()), args.parallel, args.threads, logs)
+        for (name, lr), job in jobs.items():
+            sweep[name][lr] = tables[job.name]
+    chosen = {
+        name: choose_learning_rate({lr: [t] for lr, t in sweep[name].items()}) if sweep[name] else lrs[0] for name in row_names
+    }
+
+    # 2. The table: the untouched model, and every row at its chosen rate over the seeds.
+    senteval = str(args.eval_data_dir or args.data_root / "senteval")
+    base = Job(name="base", kind="base", out=str(args.output_dir / "base"), retrieval=tuple(args.tasks), eval_data_dir=senteval)
+    jobs = {
+        (name, seed): row_job(d, r, chosen[name], seed, args, sweep=False)
+        for name, (d, r) in row_names.items()
+        for seed in args.seeds
+    }
+    tables = execute([base, *jobs.values()], args.parallel, args.threads, logs)
     rows: Rows = {}
-    base = run_base(args, args.output_dir / "base")
     for domain in args.domains:
-        rows[f"{domain}-base"] = (domain, "base", base)
-        for variant in (v for v in args.variants if v != "none"):
-            name = f"{domain}-{variant}"
-            logger.info("=== %s", name)
-            rows[name] = (domain, "kit", run_variant(domain, VARIANTS[variant], args, args.output_dir / name))
-        for loss in peers:
-            name = f"{domain}-st-{loss}"
-            logger.info("=== %s", name)
-            rows[name] = (domain, "st", run_peer(domain, loss, args, args.output_dir / name))
-    table, stats = markdown(rows)
-    budget = f"steps={args.steps or 'one epoch'}, eval_steps={args.eval_steps}, sentence-transformers in {args.st_precision}"
-    header = f"STS Spearman x 100, mean ± sample std over seeds {args.seeds} ({budget}); {time.perf_counter() - start:.0f} s"
-    print(header + "\n\n" + table)
+        rows[f"{domain}-base"] = (domain, "base", {0: tables["base"]})
+        for name, (d, r) in row_names.items():
+            if d == domain:
+                rows[name] = (domain, "st" if r.startswith("st-") else "kit", {s: tables[jobs[name, s].name] for s in args.seeds})
+    table, stats = markdown(rows, chosen)
+    precision = resolve_precision(args.st_precision)
+    budget = f"steps={args.steps or 'one epoch'}, eval_steps={args.eval_steps}, sentence-transformers in {precision}"
+    header = (
+        f"STS Spearman x 100 and retrieval nDCG@10 x 100 ({', '.join(names) or 'no task'}), mean ± sample std over "
+        f"seeds {args.seeds} ({budget}); every row's learning rate chosen from {[f'{lr:g}' for lr in lrs]} on its "
+        f"dev split (seed {args.sweep_seed}, dev only); {time.perf_counter() - start:.0f} s"
+    )
+    sweep_table = sweep_markdown(sweep, chosen) if len(lrs) > 1 else ""
+    text = (
+        header
+        + "\n\n"
+        + table
+        + (
+            "\n\nThe learning-rate sweep (dev of the selected model; in brackets, of the best trained checkpoint):\n\n"
+            + sweep_table
+            if sweep_table
+            else ""
+        )
+    )
+    print(text)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "domain.md").write_text(header + "\n\n" + table + "\n", encoding="utf-8")
-    meta = {"machine": machine(), "seeds": args.seeds, "steps": args.steps, "st_precision": args.st_precision}
+    (args.output_dir / "domain.md").write_text(text + "\n", encoding="utf-8")
+    meta = {
+        "machine": machine() | device_record(),
+        "data_root": str(args.data_root),
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "st_precision": precision,
+        "learning_rates": lrs,
+        "chosen_learning_rates": chosen,
+        "sweep": {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in sweep.items()},
+        "retrieval_tasks": names,
+    }
     (args.output_dir / "domain.json").write_text(json.dumps(meta | {"results": stats}, indent=2), encoding="utf-8")
 
 
