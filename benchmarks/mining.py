@@ -168,6 +168,7 @@ def main() -> None:
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "mining")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")
     args = parser.parse_args()
     setup_run(args.threads)
 
@@ -195,8 +196,13 @@ def main() -> None:
         eval_data_dir=str(args.data_root / "senteval"),
     )
     jobs = {(name, seed): config_job(name, seed, args, mined) for name in args.configs for seed in args.seeds}
-    tables = execute([base, *jobs.values()], args.parallel, args.threads, args.output_dir / "logs")
-    rows = {"base": {0: tables["base"]}} | {n: {s: tables[jobs[n, s].name] for s in args.seeds} for n in args.configs}
+    tables = execute([base, *jobs.values()], args.parallel, args.threads, args.output_dir / "logs", args.keep_going)
+    rows = {"base": {0: tables["base"]}} if "base" in tables else {}
+    for name in args.configs:
+        done = {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables}
+        if done:
+            rows[name] = done
+    lost = [j.name for j in [base, *jobs.values()] if j.name not in tables]
     counts = {name: training_rows(name, args, mined) for name in args.configs}
     table, stats = markdown(rows, counts)
     budget = f"steps={args.steps or 'one epoch'}, eval_steps={args.eval_steps}"
@@ -204,6 +210,8 @@ def main() -> None:
         f"STS Spearman x 100 and retrieval nDCG@10 x 100 ({', '.join(names) or 'no task'}), mean ± sample std over "
         f"seeds {args.seeds} ({budget}); {time.perf_counter() - start:.0f} s"
     )
+    if lost:
+        table += f"\n\nRuns that FAILED, left out (logs in {args.output_dir / 'logs'}): {', '.join(lost)}"
     print(header + "\n\n" + table)
     (args.output_dir / "mining.md").write_text(header + "\n\n" + table + "\n", encoding="utf-8")
     meta = {

@@ -258,16 +258,21 @@ def log_name(job: Job) -> str:
     return job.name.replace("/", "_")
 
 
-def execute(jobs: Sequence[Job], parallel: int, threads: int, logs: Path) -> dict[str, dict[str, float]]:
+def execute(
+    jobs: Sequence[Job], parallel: int, threads: int, logs: Path, keep_going: bool = False
+) -> dict[str, dict[str, float]]:
     """Every job's table (:func:`run_job`), the runs made ``parallel`` at a time.
 
     With ``parallel`` > 1 each job runs in a fresh interpreter (its own Accelerate and CUDA
     state, ``threads`` threads) logging to ``logs/<job>.log``; then the tables are read back
-    here from the run folders (every run finished: nothing trains twice).
+    here from the run folders (every run finished: nothing trains twice). With
+    ``keep_going`` a failed run is logged and left out of the tables (one chance on a lent
+    machine: the other rows still come back).
 
     Raises:
-        RuntimeError: a worker failed (the message names its log).
+        RuntimeError: a run failed, without ``keep_going`` (the message names its log).
     """
+    failed: list[Job] = []
     if parallel > 1:
         logs.mkdir(parents=True, exist_ok=True)
         env = os.environ | {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
@@ -285,13 +290,18 @@ def execute(jobs: Sequence[Job], parallel: int, threads: int, logs: Path) -> dic
         logger.info("%d runs to make (%d finished), %d at a time", len(todo), len(jobs) - len(todo), parallel)
         with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
             failed = [job for job, status in pool.map(work, todo) if status != 0]
-        if failed:
+        if failed and not keep_going:
             names = ", ".join(str(logs / f"{log_name(j)}.log") for j in failed)
             raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed; see {names}")
     tables = {}
-    for job in jobs:
+    for job in (j for j in jobs if j not in failed):
         logger.info("=== %s", job.name)
-        tables[job.name] = run_job(job)
+        try:
+            tables[job.name] = run_job(job)
+        except Exception:
+            if not keep_going:
+                raise
+            logger.exception("%s failed; left out of the table", job.name)
     return tables
 
 

@@ -257,3 +257,46 @@ def test_retrieval_rows_and_never_snli(tmp_path: Path) -> None:
     assert retrieval_row(results, ["/x/a", "/y/b"]) == want
     with pytest.raises(ValueError, match="never evaluate on SNLI"):
         table_runs.build_tasks(tmp_path, tmp_path, ["snli-entailment"], [str(tmp_path / "train" / "snli_triplets.csv")])
+
+
+def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/mining.py: ``sup-4509`` and ``sup+mined`` read the same rows, those the
+    miner kept, in the same order; ``sup`` and ``hardneg`` read every row of the data root's file."""
+    from simcse_kit import mining as kit_mining
+    from simcse_kit.config import load_config
+
+    mining = bench("mining")
+    triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
+    triplets.parent.mkdir(parents=True)
+    rows = [(f"premise {i}", f"entailment {i}", f"contradiction {i}") for i in range(9)]
+    with triplets.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([("sent0", "sent1", "hard_neg"), *rows])
+    kept = [(p, e, f"entailment {(i + 1) % 9}") for i, (p, e, _) in enumerate(rows) if i % 3]  # rows 0, 3, 6 got none
+
+    def mine(pairs: Path, out: Path) -> dict[str, int]:
+        with Path(pairs).open(encoding="utf-8") as fh:
+            assert list(csv.reader(fh)) == [["sent0", "sent1"], *([p, e] for p, e, _ in rows)]  # contradictions dropped
+        with Path(out).open("w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows([("sent0", "sent1", "hard_neg"), *kept])
+        return {"rows": len(kept), "skipped": len(rows) - len(kept)}
+
+    monkeypatch.setattr(kit_mining, "mine_file", mine)
+    mined = mining.mined_file(tmp_path / "out", triplets)
+    args = argparse.Namespace(eval_steps=25, data_root=tmp_path / "data", steps=None)
+
+    def columns(name: str) -> list[tuple[str, ...]]:
+        recipe, opts = mining.config_overrides(name, args, mined)
+        cfg = load_config(recipe, opts)
+        data = load_training_data(cfg)
+        names = ("sent0", "sent1", "hard_neg") if cfg.data.mode == "hardneg" else ("sent0", "sent1")
+        return list(zip(*(data[c] for c in names), strict=True))
+
+    assert columns("sup-4509") == [(p, e) for p, e, _ in kept]
+    assert columns("sup+mined") == kept
+    assert columns("sup") == [(p, e) for p, e, _ in rows] and columns("hardneg") == rows
+    counts = {name: mining.training_rows(name, args, mined) for name in mining.CONFIGS}
+    assert counts == {"sup": 9, "sup-4509": 6, "sup+mined": 6, "hardneg": 9}
+    table = {"avg": 78.0, "STSBenchmark": 82.0, "best_stsb_dev": 86.0, "retrieval:avg": 90.0}
+    text, _ = mining.markdown({"sup-4509": {1: table}, "sup+mined": {1: table | {"avg": 78.5, "retrieval:avg": 89.0}}}, counts)
+    assert "Rows trained on: sup 9; sup-4509 6; sup+mined 6; hardneg 9." in text
+    assert "mined negatives vs pairs only on the same rows (`sup+mined` − `sup-4509`): +0.50 on the 7-task average, -1.00" in text
