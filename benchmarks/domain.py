@@ -61,16 +61,25 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, setup_run  # noqa: E402
+from _common import REPO, setup_run  # noqa: E402
 from st_peers import LOSSES, dev_curve, resolve_precision  # noqa: E402
-from table_runs import LEARNING_RATES, Job, build_tasks, choose_learning_rate, device_record, execute, lr_tag  # noqa: E402
+from table_runs import (  # noqa: E402
+    LEARNING_RATES,
+    Job,
+    add_table_options,
+    choose_learning_rate,
+    execute,
+    lr_tag,
+    prepare_tables,
+    retrieval_keys,
+    table_meta,
+)
 
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark"}  # the domain's test column of the STS table
 WIKI = "{data_root}/train/wiki1m_head.txt"  # resolved against the data root by load_config
@@ -172,12 +181,6 @@ def dev_only(args: argparse.Namespace) -> str:
                     f"{curve['dev_end']:.2f} | {metrics['best_step']} | {metrics['masked_negatives']} |"
                 )
     return "\n".join(lines)
-
-
-def retrieval_keys(stats: dict[str, Any]) -> list[str]:
-    """The retrieval columns present (``retrieval:<task>`` ..., ``retrieval:avg`` last)."""
-    keys = dict.fromkeys(k for s in stats.values() for k in s["mean"] if k.startswith("retrieval:") and "/" not in k)
-    return sorted(keys, key=lambda k: (k == "retrieval:avg", k))
 
 
 def markdown(rows: Rows, lrs: dict[str, float] | None = None) -> tuple[str, dict[str, Any]]:
@@ -303,16 +306,7 @@ def main() -> None:
     )
     parser.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
     parser.add_argument(
-        "--data-root", type=Path, default=None, help="the data folder (default: $SIMCSE_KIT_DATA, else ../shared/data)"
-    )
-    parser.add_argument(
         "--eval-data-dir", type=Path, default=None, help="STS folder of the final table (default: the recipe's; for smoke tests)"
-    )
-    parser.add_argument(
-        "--retrieval-tasks",
-        nargs="+",
-        default=None,
-        help="built-in retrieval tasks scored on every selected model (default: all; none: skip)",
     )
     parser.add_argument(
         "--st-precision",
@@ -324,24 +318,16 @@ def main() -> None:
     parser.add_argument(
         "--dev-only", action="store_true", help="the variants without the final table: dev curves only (a cheap sweep)"
     )
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    parser.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")
+    add_table_options(parser)
     args = parser.parse_args()
     if args.variants is None:
         args.variants = list(SWEEP) if args.dev_only else ["domain"]
     peers = [] if "none" in args.peers else list(dict.fromkeys(args.peers))
     setup_run(args.threads)
 
-    from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
     from simcse_kit.experiments import parse_seeds, parse_values
-    from simcse_kit.recipes import DATA_ENV, data_root
 
-    args.data_root = data_root(args.data_root)
-    if args.data_root is None or not args.data_root.is_dir():
-        raise SystemExit(f"no data root at {args.data_root}: pass --data-root DIR or set {DATA_ENV}")
-    os.environ[DATA_ENV] = str(args.data_root)  # the workers and every reader agree
-    args.output_dir = args.output_dir.resolve()
+    prepare_tables(args)
     args.seeds = parse_seeds(args.seeds)
     start = time.perf_counter()
     if args.dev_only:
@@ -350,8 +336,7 @@ def main() -> None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         (args.output_dir / "sweep.md").write_text(table + "\n", encoding="utf-8")
         return
-    names = [] if args.retrieval_tasks == ["none"] else (args.retrieval_tasks or list(RETRIEVAL_TASKS))
-    args.tasks = build_tasks(args.output_dir / "retrieval-tasks", args.data_root, names, [])
+    names = args.task_names
     lrs = parse_values("learning rate", args.learning_rates)
     logs = args.output_dir / "logs"
     row_names = {
@@ -423,16 +408,11 @@ def main() -> None:
     print(text)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / "domain.md").write_text(text + "\n", encoding="utf-8")
-    meta = {
-        "machine": machine() | device_record(),
-        "data_root": str(args.data_root),
-        "seeds": args.seeds,
-        "steps": args.steps,
+    meta = table_meta(args) | {
         "st_precision": precision,
         "learning_rates": lrs,
         "chosen_learning_rates": chosen,
         "sweep": {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in sweep.items()},
-        "retrieval_tasks": names,
     }
     (args.output_dir / "domain.json").write_text(json.dumps(meta | {"results": stats}, indent=2), encoding="utf-8")
 

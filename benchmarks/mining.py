@@ -45,15 +45,14 @@ import csv
 import io
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, setup_run  # noqa: E402
-from table_runs import Job, build_tasks, device_record, execute  # noqa: E402
+from _common import REPO, setup_run  # noqa: E402
+from table_runs import Job, add_table_options, execute, prepare_tables, retrieval_keys, table_meta  # noqa: E402
 
 CONFIGS = ("sup", "sup-4509", "sup+mined", "hardneg")
 TRIPLETS = ("train", "snli_triplets.csv")  # under the data root
@@ -124,10 +123,7 @@ def markdown(rows: dict[str, dict[int, dict[str, float]]], counts: dict[str, int
     for name, per_seed in rows.items():
         mean, std = aggregate(list(per_seed.values()))
         stats[name] = {"mean": mean, "std": std, "rows": counts.get(name), "per_seed": {str(k): v for k, v in per_seed.items()}}
-    retrieval = sorted(
-        dict.fromkeys(k for s in stats.values() for k in s["mean"] if k.startswith("retrieval:") and "/" not in k),
-        key=lambda k: (k == "retrieval:avg", k),
-    )
+    retrieval = retrieval_keys(stats)
     keys = ("avg", "STSBenchmark", "best_stsb_dev", "best_step", "dev_trained", "dev_end", *retrieval)
     head = ["config", "rows", "seeds", "7-task avg", "STS-B test", "STS-B dev (selection)", "best step", "dev: best trained"]
     head += ["dev: end", *(f"nDCG@10 {k.removeprefix('retrieval:')}" for k in retrieval)]
@@ -156,37 +152,19 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
     parser.add_argument("--steps", "--max-steps", type=int, default=None, help="max optimiser steps per run (default: one epoch)")
     parser.add_argument("--eval-steps", type=int, default=25, help="STS-B dev every N steps (and at the end)")
-    parser.add_argument(
-        "--data-root", type=Path, default=None, help="the data folder (default: $SIMCSE_KIT_DATA, else ../shared/data)"
-    )
-    parser.add_argument(
-        "--retrieval-tasks",
-        nargs="+",
-        default=None,
-        help="built-in retrieval tasks scored on every selected model (default: all; none: skip)",
-    )
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "mining")
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
-    parser.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")
+    add_table_options(parser)
     args = parser.parse_args()
     setup_run(args.threads)
 
-    from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
     from simcse_kit.experiments import parse_seeds
-    from simcse_kit.recipes import DATA_ENV, data_root
 
-    args.data_root = data_root(args.data_root)
-    if args.data_root is None or not args.data_root.is_dir():
-        raise SystemExit(f"no data root at {args.data_root}: pass --data-root DIR or set {DATA_ENV}")
-    os.environ[DATA_ENV] = str(args.data_root)  # the workers and every reader agree
-    args.output_dir = args.output_dir.resolve()
+    prepare_tables(args, ["/".join(TRIPLETS)])
     args.seeds = parse_seeds(args.seeds)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     triplets = args.data_root.joinpath(*TRIPLETS)
-    names = [] if args.retrieval_tasks == ["none"] else (args.retrieval_tasks or list(RETRIEVAL_TASKS))
-    args.tasks = build_tasks(args.output_dir / "retrieval-tasks", args.data_root, names, [str(triplets)])
+    names = args.task_names
     mined = mined_file(args.output_dir, triplets) if {"sup-4509", "sup+mined"} & set(args.configs) else triplets
     base = Job(
         "base",
@@ -214,14 +192,7 @@ def main() -> None:
         table += f"\n\nRuns that FAILED, left out (logs in {args.output_dir / 'logs'}): {', '.join(lost)}"
     print(header + "\n\n" + table)
     (args.output_dir / "mining.md").write_text(header + "\n\n" + table + "\n", encoding="utf-8")
-    meta = {
-        "machine": machine() | device_record(),
-        "data_root": str(args.data_root),
-        "seeds": args.seeds,
-        "steps": args.steps,
-        "rows": counts,
-        "retrieval_tasks": names,
-    }
+    meta = table_meta(args) | {"rows": counts}
     (args.output_dir / "mining.json").write_text(json.dumps(meta | {"results": stats}, indent=2), encoding="utf-8")
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, setup_run  # noqa: E402
+from _common import REPO, machine, setup_run  # noqa: E402
 from st_peers import dev_curve, retrieval_row, run_settings, run_st  # noqa: E402
 
 LEARNING_RATES = "5e-6,1e-5,2e-5,3e-5,5e-5"
@@ -303,6 +303,58 @@ def execute(
                 raise
             logger.exception("%s failed; left out of the table", job.name)
     return tables
+
+
+def add_table_options(parser: argparse.ArgumentParser) -> None:
+    """The options every table driver shares: data root, retrieval tasks, workers."""
+    parser.add_argument(
+        "--data-root", type=Path, default=None, help="the data folder (default: $SIMCSE_KIT_DATA, else ../shared/data)"
+    )
+    parser.add_argument(
+        "--retrieval-tasks",
+        nargs="+",
+        default=None,
+        help="built-in retrieval tasks scored on every selected model (default: all; none: skip)",
+    )
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")
+
+
+def prepare_tables(args: argparse.Namespace, train_files: Sequence[str] = ()) -> None:
+    """Resolve :func:`add_table_options`' options in place: ``args.data_root`` (also set as
+    ``SIMCSE_KIT_DATA``, so the workers and every reader agree), ``args.output_dir``
+    absolute, ``args.task_names`` and ``args.tasks`` (their folders, built under the output
+    folder). ``train_files``: the data the runs train on, relative to the data root."""
+    from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
+    from simcse_kit.recipes import DATA_ENV, data_root
+
+    args.data_root = data_root(args.data_root)
+    if args.data_root is None or not args.data_root.is_dir():
+        raise SystemExit(f"no data root at {args.data_root}: pass --data-root DIR or set {DATA_ENV}")
+    os.environ[DATA_ENV] = str(args.data_root)
+    args.output_dir = args.output_dir.resolve()
+    args.task_names = [] if args.retrieval_tasks == ["none"] else (args.retrieval_tasks or list(RETRIEVAL_TASKS))
+    trained = [str(args.data_root / f) for f in train_files]
+    args.tasks = build_tasks(args.output_dir / "retrieval-tasks", args.data_root, args.task_names, trained)
+
+
+def retrieval_keys(stats: Mapping[str, Any]) -> list[str]:
+    """The retrieval columns present in the rows' means (``retrieval:<task>``, ``retrieval:avg`` last)."""
+    keys = dict.fromkeys(k for row in stats.values() for k in row["mean"] if k.startswith("retrieval:") and "/" not in k)
+    return sorted(keys, key=lambda k: (k == "retrieval:avg", k))
+
+
+def table_meta(args: argparse.Namespace) -> dict[str, Any]:
+    """What a table's JSON records beside its results: the machine and the device, the
+    data root, the seeds, the step cap and the retrieval tasks."""
+    return {
+        "machine": machine() | device_record(),
+        "data_root": str(args.data_root),
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "retrieval_tasks": args.task_names,
+    }
 
 
 def device_record() -> dict[str, Any]:
