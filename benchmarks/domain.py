@@ -385,8 +385,13 @@ def main() -> None:
     budget = f"steps={args.steps or 'one epoch'}, eval_steps={args.eval_steps}, sentence-transformers in {precision}"
     header = (
         f"STS Spearman x 100 and retrieval nDCG@10 x 100 ({', '.join(names) or 'no task'}), mean ± sample std over "
-        f"seeds {args.seeds} ({budget}); every row's learning rate chosen from {[f'{lr:g}' for lr in lrs]} on its "
-        f"dev split (seed {args.sweep_seed}, dev only); {time.perf_counter() - start:.0f} s"
+        f"seeds {args.seeds} ({budget}); "
+        + (
+            f"every row's learning rate chosen from {[f'{lr:g}' for lr in lrs]} on dev (seed {args.sweep_seed}, dev only)"
+            if len(lrs) > 1
+            else f"learning rate {lrs[0]:g} for every row (no sweep)"
+        )
+        + f"; {time.perf_counter() - start:.0f} s"
     )
     sweep_table = sweep_markdown({n: sweep[n] for n in row_names}, chosen) if len(lrs) > 1 else ""
     lost = [j.name for j in [base, *jobs.values()] if j.name not in tables] + [

@@ -300,3 +300,16 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
     text, _ = mining.markdown({"sup-4509": {1: table}, "sup+mined": {1: table | {"avg": 78.5, "retrieval:avg": 89.0}}}, counts)
     assert "Rows trained on: sup 9; sup-4509 6; sup+mined 6; hardneg 9." in text
     assert "mined negatives vs pairs only on the same rows (`sup+mined` − `sup-4509`): +0.50 on the 7-task average, -1.00" in text
+
+
+def test_a_failed_run_stops_the_table_or_with_keep_going_is_left_out(tmp_path: Path) -> None:
+    """The worker path too: a fresh interpreter per job, its output in its own log."""
+    table_runs = bench("table_runs")
+    bad = table_runs.Job(name="bogus/seed-1", kind="bogus", out=str(tmp_path / "bogus"))
+    with pytest.raises(ValueError, match="unknown job kind 'bogus'"):
+        table_runs.execute([bad], 1, 1, tmp_path / "logs")
+    assert table_runs.execute([bad], 1, 1, tmp_path / "logs", keep_going=True) == {}
+    with pytest.raises(RuntimeError, match="1 of 1 runs failed"):
+        table_runs.execute([bad], 2, 1, tmp_path / "logs")
+    assert "unknown job kind 'bogus'" in (tmp_path / "logs" / "bogus_seed-1.log").read_text(encoding="utf-8")
+    assert json.loads((tmp_path / "logs" / "bogus_seed-1.json").read_text(encoding="utf-8"))["kind"] == "bogus"
