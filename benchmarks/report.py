@@ -96,7 +96,7 @@ def throughput_table() -> str:
         [
             "Sentences/s, median of the rounds (range in brackets); ratios are taken within each round "
             "(paired) and summarised the same way. Unsup SimCSE, all-MiniLM-L6-v2, batch 64, max length 32, "
-            'gradient clipping at 1.0 on both sides. "ST best" is the faster sentence-transformers setting '
+            "gradient clipping at 1.0 on both sides. \"ST best\" is the faster sentence-transformers setting "
             "measured on that CPU.",
             "",
             *rows,
