@@ -3,43 +3,57 @@
 For each domain (``--domains``: ``sick``, ``stsb``) the default model is trained by
 ``train/domain/<domain>.yaml`` (the distinct sentences of the domain's training split,
 scores unused; checkpoint selection on the domain's dev split, the untouched model at
-step 0 included) and compared, on the domain's test set and on the 7-task average, with:
+step 0 included) and compared, on the domain's test set, on the 7-task average and on
+the built-in retrieval tasks (nDCG@10 of the selected model, issue 27), with:
 
 * ``base``: the default model untouched (one evaluation, shared by both domains);
 * simcse-kit variants (``--variants``, default ``domain`` only; the others are chosen
   explicitly): ``<d>-domain``, the recipe as is; ``<d>-wiki``, the same budget on the
   general corpus (wiki1m_head), same dev selection; ``<d>-domain-rep``, + ESimCSE word
   repetition (``data.word_repetition`` 0.32); ``<d>-mix50``, the domain sentences with
-  wiki1m_head making up half the set; ``<d>-tau0.1`` (temperature 0.1), ``<d>-lr1e-5``
-  (learning rate 1e-5) and ``<d>-fnt0.8`` (in-batch negatives whose cosine with the
-  anchor exceeds 0.8 dropped, ``loss.false_negative_threshold``);
+  wiki1m_head making up half the set; ``<d>-tau0.1`` (temperature 0.1) and
+  ``<d>-fnt0.8`` (in-batch negatives whose cosine with the anchor exceeds 0.8 dropped,
+  ``loss.false_negative_threshold``);
 * sentence-transformers peers (``--peers``, default all three; ``none`` to skip), trained
   by ``st_peers.py`` on the SAME domain sentences with the recipe's budget (one epoch,
-  batch 64, learning rate, max length 32) and the same dev selection and final
-  evaluator: ``<d>-st-mnrl`` (MultipleNegativesRankingLoss on (s, s), ST's unsupervised
-  SimCSE), ``<d>-st-tsdae`` (DenoisingAutoEncoderLoss, TSDAE's deletion noise split on
+  batch 64, max length 32) and the same dev selection and final evaluators:
+  ``<d>-st-mnrl`` (MultipleNegativesRankingLoss on (s, s), ST's unsupervised SimCSE),
+  ``<d>-st-tsdae`` (DenoisingAutoEncoderLoss, TSDAE's deletion noise split on
   whitespace: no nltk here) and ``<d>-st-ct`` (ContrastiveTensionLossInBatchNegatives).
-  They train in fp32 by default (``--st-precision``; fp32 is sentence-transformers' own
-  default, ``bf16`` its ``bf16=True`` autocast), while the kit recipe's ``auto`` picks
-  bf16 where the CPU computes it natively.
+  ``--st-precision auto`` (default): ``bf16=True`` on a GPU, fp32 (its own default) on a
+  CPU; the kit's recipes say ``auto`` (bf16 on a GPU and where a CPU computes it natively).
 
-Each configuration runs ``--seeds`` (default 1,2,3) into ``OUTPUT_DIR/<config>/seed-N``
-(a finished seed is reused); the markdown table (mean ± sample std; the best step, where
-0 means the untouched model was kept) is printed and saved with the raw numbers in
-``OUTPUT_DIR/domain.{md,json}``. Below it, per domain: the simcse-kit row with the best
-mean dev score (never chosen on test), its gain on the domain's test over ``base`` and
-over the best peer (the peer with the highest domain-test mean: the hardest
-comparison), against the issue's goals (>= +1.0 over base, >= +0.5 over the best peer).
-``--eval-data-dir`` swaps the STS folder of the final table (smoke tests; the dev split
-stays the recipe's).
+The learning rate is tuned alike for every row, kit or peer (issue 22): first a sweep,
+each row at each of ``--learning-rates`` for one seed (``--sweep-seed``), dev only (no test
+table: ``OUTPUT_DIR/sweep/<row>/lr<rate>/``); the rate whose run has the best dev score of
+the selected model is chosen (``table_runs.choose_learning_rate``: ties, as when every
+rate keeps the untouched model, go to the best trained checkpoint's dev score); then the
+row runs ``--seeds`` at that rate into ``OUTPUT_DIR/<row>/lr<rate>/seed-N``. A single
+learning rate skips the sweep.
+
+A finished run is reused (a command stopped by a time limit continues where it was);
+``--parallel N`` makes N runs at once, each in a fresh interpreter logging to
+``OUTPUT_DIR/logs/`` (on CUDA all on the GPU; ``--threads`` each). The data root:
+``--data-root``, else ``SIMCSE_KIT_DATA``, else ``../shared/data``; every path (domain
+data, dev, the STS table, the retrieval tasks built into ``OUTPUT_DIR/retrieval-tasks``)
+is read under it. The markdown table (mean ± sample std; the chosen learning rate; the
+best step, where 0 means the untouched model was kept) and the sweep's dev scores are
+printed and saved with the raw numbers in ``OUTPUT_DIR/domain.{md,json}``. Below the
+table, per domain: the simcse-kit row with the best mean dev score (never chosen on
+test), its gain on the domain's test over ``base`` and over the best peer (the peer with
+the highest domain-test mean: the hardest comparison), against the issue's goals (>= +1.0
+over base, >= +0.5 over the best peer). ``--eval-data-dir`` swaps the STS folder of the
+final table (smoke tests; the dev split stays the recipe's).
 
 Usage::
 
-    .venv/bin/python benchmarks/domain.py                      # 3 seeds, both domains: hours on 2 cores
-    .venv/bin/python benchmarks/domain.py --variants domain tau0.1 lr1e-5 fnt0.8 --peers none
-    .venv/bin/python benchmarks/domain.py --domains sick --seeds 1 --steps 20 --peers mnrl   # smoke run
-    # the one-seed dev-only sweep of SWEEP's variants (~30 min on 2 cores)
+    .venv/bin/python benchmarks/domain.py                      # sweep + 3 seeds, both domains: many hours on 2 cores
+    .venv/bin/python benchmarks/domain.py --variants domain tau0.1 fnt0.8 --peers none
+    .venv/bin/python benchmarks/domain.py --domains sick --seeds 1 --learning-rates 3e-5 --max-steps 20 --peers mnrl   # smoke
+    # the one-seed dev-only sweep of SWEEP's variants at the recipe's learning rate (~30 min on 2 cores)
     .venv/bin/python benchmarks/domain.py --dev-only --seeds 1
+    # a GPU box, the data carried into the repo's .devdata/
+    python benchmarks/domain.py --data-root .devdata --parallel 8 --output-dir runs/gpu-tables/domain
 """
 
 from __future__ import annotations
@@ -53,23 +67,34 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, WIKI, machine, setup_run  # noqa: E402
-from results import run_base  # noqa: E402
-from st_peers import LOSSES, dev_curve, run_st  # noqa: E402
+from _common import REPO, setup_run  # noqa: E402
+from st_peers import LOSSES, dev_curve, resolve_precision  # noqa: E402
+from table_runs import (  # noqa: E402
+    LEARNING_RATES,
+    Job,
+    add_table_options,
+    choose_learning_rate,
+    execute,
+    lr_tag,
+    prepare_tables,
+    retrieval_keys,
+    table_meta,
+)
 
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark"}  # the domain's test column of the STS table
+WIKI = "{data_root}/train/wiki1m_head.txt"  # resolved against the data root by load_config
 VARIANTS: dict[str, dict[str, str]] = {
-    "wiki": {"train_file": str(WIKI), "train_format": "auto"},
+    "wiki": {"train_file": WIKI, "train_format": "auto"},
     "domain": {},
     "domain-rep": {"word_repetition": "0.32"},
-    "mix50": {"mix_file": str(WIKI), "mix_ratio": "0.5"},
+    "mix50": {"mix_file": WIKI, "mix_ratio": "0.5"},
     "tau0.1": {"temperature": "0.1"},
-    "lr1e-5": {"learning_rate": "1e-5"},
     **{f"fnt{t}": {"false_negative_threshold": t} for t in ("0.9", "0.8", "0.7", "0.6", "0.5")},
     "tau0.2": {"temperature": "0.2"},
 }
 # The one-seed dev-only sweep (--dev-only) behind the choice of rows; see BENCHMARKS.md.
-SWEEP = ("fnt0.9", "fnt0.8", "fnt0.7", "fnt0.6", "fnt0.5", "tau0.1", "tau0.2", "lr1e-5", "domain-rep", "mix50")
+# (Its "lr1e-5" variant is gone: every row's learning rate is now swept, --learning-rates.)
+SWEEP = ("fnt0.9", "fnt0.8", "fnt0.7", "fnt0.6", "fnt0.5", "tau0.1", "tau0.2", "domain-rep", "mix50")
 GOAL_OVER_BASE, GOAL_OVER_PEER = 1.0, 0.5  # issue 16: domain-test gains of the dev-selected kit row
 
 logger = logging.getLogger("domain")
@@ -77,33 +102,46 @@ logger = logging.getLogger("domain")
 Rows = dict[str, tuple[str, str, dict[int, dict[str, float]]]]  # name -> (domain, kind, per-seed tables)
 
 
-def domain_config(domain: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> Any:
-    """The domain recipe with ``overrides``, this run's budget and output folder."""
-    from simcse_kit.config import load_config
+def recipe(domain: str) -> Path:
+    return REPO / "train" / "domain" / f"{domain}.yaml"
 
-    opts = overrides | {"output_dir": str(out), "eval_steps": str(args.eval_steps), "progress_bar": "false"}
+
+def domain_overrides(overrides: dict[str, str], args: argparse.Namespace) -> dict[str, str]:
+    """``overrides`` with this command's budget, data root and STS folder."""
+    opts = overrides | {"eval_steps": str(args.eval_steps), "progress_bar": "false", "data_root": str(args.data_root)}
     if args.steps is not None:
         opts["max_steps"] = str(args.steps)
     if args.eval_data_dir is not None:  # only when set: the finished runs' configs stay equal
         opts["eval_data_dir"] = str(args.eval_data_dir)
-    return load_config(REPO / "train" / "domain" / f"{domain}.yaml", opts)
+    return opts
 
 
-def run_variant(domain: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
-    from simcse_kit.experiments import run_seeds
+def domain_config(domain: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> Any:
+    """The domain recipe with ``overrides``, this run's budget and output folder."""
+    from simcse_kit.config import load_config
 
-    summary = run_seeds(domain_config(domain, overrides, args, out), args.seeds, quiet=True)
-    per_seed = {int(s): t for s, t in summary["per_seed"].items()}
-    for seed, table in per_seed.items():  # run_seeds' tables leave the best step out; metrics.json has it
-        metrics = json.loads((out / f"seed-{seed}" / "metrics.json").read_text(encoding="utf-8"))
-        table["best_step"] = float(metrics["best_step"])
-        table |= dev_curve(metrics)
-    return per_seed
+    return load_config(recipe(domain), domain_overrides(overrides, args) | {"output_dir": str(out)})
 
 
-def run_peer(domain: str, loss: str, args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
-    """A sentence-transformers peer on the recipe as is (its data, budget and dev split)."""
-    return run_st(domain_config(domain, {}, args, out), args.seeds, loss, args.st_precision, out)
+def row_job(domain: str, row: str, lr: float, seed: int, args: argparse.Namespace, sweep: bool) -> Job:
+    """The run of ``row`` (a kit variant, or ``st-<loss>``: a peer on the recipe as is) at
+    learning rate ``lr``: one seed of the dev-only sweep, or of the table."""
+    name = f"{domain}-{row}"
+    out = args.output_dir / ("sweep" if sweep else "") / name / lr_tag(lr)
+    peer = row.startswith("st-")
+    overrides = domain_overrides(({} if peer else VARIANTS[row]) | {"learning_rate": str(lr)}, args)
+    return Job(
+        name=f"{'sweep/' if sweep else ''}{name}/{lr_tag(lr)}/seed-{seed}",
+        kind="st" if peer else "kit",
+        recipe=str(recipe(domain)),
+        overrides=overrides,
+        seed=seed,
+        out=str(out),
+        loss=row.removeprefix("st-") if peer else "",
+        precision=args.st_precision if peer else "",
+        retrieval=() if sweep else tuple(args.tasks),
+        dev_only=sweep,
+    )
 
 
 def cell(mean: dict[str, float], std: dict[str, float], key: str, n: int) -> str:
@@ -145,29 +183,34 @@ def dev_only(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def markdown(rows: Rows) -> tuple[str, dict[str, Any]]:
+def markdown(rows: Rows, lrs: dict[str, float] | None = None) -> tuple[str, dict[str, Any]]:
+    """The domain table (``lrs``: each row's learning rate, chosen on dev) and its raw numbers."""
     from simcse_kit.experiments import aggregate
 
-    lines = [
-        "| config | seeds | domain test | 7-task avg | dev (selection) | best step | dev: best trained | dev: end |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    lrs = lrs or {}
     stats: dict[str, Any] = {}
     for name, (domain, kind, per_seed) in rows.items():
-        target = TARGET[domain]
         mean, std = aggregate(list(per_seed.values()))
         stats[name] = {
             "domain": domain,
             "kind": kind,
-            "target": target,
+            "target": TARGET[domain],
+            "learning_rate": lrs.get(name),
             "mean": mean,
             "std": std,
             "per_seed": {str(k): v for k, v in per_seed.items()},
         }
-        cells = [cell(mean, std, k, len(per_seed)) for k in (target, "avg", "best_stsb_dev")]
-        curve = [cell(mean, std, k, len(per_seed)) for k in ("dev_trained", "dev_end")]
+    retrieval = retrieval_keys(stats)
+    head = ["config", "lr", "seeds", "domain test", "7-task avg", "dev (selection)", "best step", "dev: best trained", "dev: end"]
+    head += [f"nDCG@10 {k.removeprefix('retrieval:')}" for k in retrieval]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, (domain, _, per_seed) in rows.items():
+        target, mean, std, n = TARGET[domain], stats[name]["mean"], stats[name]["std"], len(per_seed)
+        cells = [cell(mean, std, k, n) for k in (target, "avg", "best_stsb_dev")]
+        curve = [cell(mean, std, k, n) for k in ("dev_trained", "dev_end", *retrieval)]
+        lr = f"{lrs[name]:g}" if name in lrs else "–"
         lines.append(
-            f"| {name} ({target}) | {len(per_seed)} | "
+            f"| {name} ({target}) | {lr} | {n} | "
             + " | ".join(cells)
             + f" | {best_step_cell(per_seed)} | "
             + " | ".join(curve)
@@ -179,6 +222,23 @@ def markdown(rows: Rows) -> tuple[str, dict[str, Any]]:
             lines += ["", line]
             stats[f"selection_{domain}"] = summary
     return "\n".join(lines), stats
+
+
+def sweep_markdown(sweep: dict[str, dict[float, dict[str, float]]], chosen: dict[str, float]) -> str:
+    """The learning-rate sweep: each row's dev score of the selected model (and of the
+    best trained checkpoint) per learning rate, and the rate chosen on it."""
+    rates = list(dict.fromkeys(lr for by_lr in sweep.values() for lr in by_lr))
+    lines = [
+        "| row | " + " | ".join(f"lr {lr:g}" for lr in rates) + " | chosen |",
+        "|---|" + "---:|" * (len(rates) + 1),
+    ]
+    for name, by_lr in sweep.items():
+        cells = [
+            f"{by_lr[lr]['best_stsb_dev']:.2f} ({by_lr[lr].get('dev_trained', float('nan')):.2f})" if lr in by_lr else "–"
+            for lr in rates
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {chosen[name]:g} |")
+    return "\n".join(lines)
 
 
 def selection(domain: str, stats: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -228,33 +288,46 @@ def main() -> None:
         help="simcse-kit rows (none: peers only); default: domain, or with --dev-only the sweep's",
     )
     parser.add_argument(
-        "--peers", nargs="+", default=list(LOSSES), choices=[*LOSSES, "none"], help="sentence-transformers rows (none: skip)"
+        "--peers",
+        nargs="+",
+        default=list(LOSSES[:3]),
+        choices=[*LOSSES[:3], "none"],
+        help="sentence-transformers rows (none: skip)",
     )
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
-    parser.add_argument("--steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epoch)")
+    parser.add_argument(
+        "--learning-rates",
+        default=LEARNING_RATES,
+        help="comma-separated; every row (kit and peers) is swept over them on dev, one seed, and its best kept",
+    )
+    parser.add_argument("--sweep-seed", type=int, default=1, help="the seed of the dev-only learning-rate sweep")
+    parser.add_argument(
+        "--steps", "--max-steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epoch)"
+    )
     parser.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
     parser.add_argument(
         "--eval-data-dir", type=Path, default=None, help="STS folder of the final table (default: the recipe's; for smoke tests)"
     )
     parser.add_argument(
         "--st-precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="sentence-transformers' training precision (fp32: its default; bf16: its bf16=True autocast)",
+        choices=("fp32", "bf16", "auto"),
+        default="auto",
+        help="sentence-transformers' training precision (auto: bf16=True on a GPU, fp32 (its default) on a CPU)",
     )
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "domain")
     parser.add_argument(
         "--dev-only", action="store_true", help="the variants without the final table: dev curves only (a cheap sweep)"
     )
-    parser.add_argument("--threads", type=int, default=2)
+    add_table_options(parser)
     args = parser.parse_args()
     if args.variants is None:
         args.variants = list(SWEEP) if args.dev_only else ["domain"]
     peers = [] if "none" in args.peers else list(dict.fromkeys(args.peers))
     setup_run(args.threads)
 
-    from simcse_kit.experiments import parse_seeds
+    from simcse_kit.experiments import parse_seeds, parse_values
 
+    prepare_tables(args)
     args.seeds = parse_seeds(args.seeds)
     start = time.perf_counter()
     if args.dev_only:
@@ -263,25 +336,89 @@ def main() -> None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         (args.output_dir / "sweep.md").write_text(table + "\n", encoding="utf-8")
         return
+    names = args.task_names
+    lrs = parse_values("learning rate", args.learning_rates)
+    logs = args.output_dir / "logs"
+    row_names = {
+        f"{d}-{r}": (d, r)
+        for d in args.domains
+        for r in [*(v for v in args.variants if v != "none"), *(f"st-{p}" for p in peers)]
+    }
+
+    # 1. The sweep: every row at every learning rate, one seed, dev only; the rate chosen on dev.
+    sweep: dict[str, dict[float, dict[str, float]]] = {name: {} for name in row_names}
+    if len(lrs) > 1:
+        jobs = {
+            (name, lr): row_job(d, r, lr, args.sweep_seed, args, sweep=True) for name, (d, r) in row_names.items() for lr in lrs
+        }
+        tables = execute(list(jobs.values()), args.parallel, args.threads, logs, args.keep_going)
+        for (name, lr), job in jobs.items():
+            if job.name in tables:
+                sweep[name][lr] = tables[job.name]
+        failed = [name for name, by_lr in sweep.items() if not by_lr]
+        if failed:  # --keep-going: no run of the row's sweep finished
+            logger.error("left out, every sweep run failed: %s", failed)
+            row_names = {name: row for name, row in row_names.items() if name not in failed}
+    chosen = {
+        name: choose_learning_rate({lr: [t] for lr, t in sweep[name].items()}) if sweep[name] else lrs[0] for name in row_names
+    }
+
+    # 2. The table: the untouched model, and every row at its chosen rate over the seeds.
+    senteval = str(args.eval_data_dir or args.data_root / "senteval")
+    base = Job(name="base", kind="base", out=str(args.output_dir / "base"), retrieval=tuple(args.tasks), eval_data_dir=senteval)
+    jobs = {
+        (name, seed): row_job(d, r, chosen[name], seed, args, sweep=False)
+        for name, (d, r) in row_names.items()
+        for seed in args.seeds
+    }
+    tables = execute([base, *jobs.values()], args.parallel, args.threads, logs, args.keep_going)
     rows: Rows = {}
-    base = run_base(args, args.output_dir / "base")
     for domain in args.domains:
-        rows[f"{domain}-base"] = (domain, "base", base)
-        for variant in (v for v in args.variants if v != "none"):
-            name = f"{domain}-{variant}"
-            logger.info("=== %s", name)
-            rows[name] = (domain, "kit", run_variant(domain, VARIANTS[variant], args, args.output_dir / name))
-        for loss in peers:
-            name = f"{domain}-st-{loss}"
-            logger.info("=== %s", name)
-            rows[name] = (domain, "st", run_peer(domain, loss, args, args.output_dir / name))
-    table, stats = markdown(rows)
-    budget = f"steps={args.steps or 'one epoch'}, eval_steps={args.eval_steps}, sentence-transformers in {args.st_precision}"
-    header = f"STS Spearman x 100, mean ± sample std over seeds {args.seeds} ({budget}); {time.perf_counter() - start:.0f} s"
-    print(header + "\n\n" + table)
+        if "base" in tables:
+            rows[f"{domain}-base"] = (domain, "base", {0: tables["base"]})
+        for name, (d, r) in row_names.items():
+            done = {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables}
+            if d == domain and done:
+                rows[name] = (domain, "st" if r.startswith("st-") else "kit", done)
+    table, stats = markdown(rows, chosen)
+    precision = resolve_precision(args.st_precision)
+    budget = f"steps={args.steps or 'one epoch'}, eval_steps={args.eval_steps}, sentence-transformers in {precision}"
+    header = (
+        f"STS Spearman x 100 and retrieval nDCG@10 x 100 ({', '.join(names) or 'no task'}), mean ± sample std over "
+        f"seeds {args.seeds} ({budget}); "
+        + (
+            f"every row's learning rate chosen from {[f'{lr:g}' for lr in lrs]} on dev (seed {args.sweep_seed}, dev only)"
+            if len(lrs) > 1
+            else f"learning rate {lrs[0]:g} for every row (no sweep)"
+        )
+        + f"; {time.perf_counter() - start:.0f} s"
+    )
+    sweep_table = sweep_markdown({n: sweep[n] for n in row_names}, chosen) if len(lrs) > 1 else ""
+    lost = [j.name for j in [base, *jobs.values()] if j.name not in tables] + [
+        f"sweep of {n}" for n in sweep if n not in row_names
+    ]
+    if lost:
+        sweep_table += f"\n\nRuns that FAILED, left out (logs in {logs}): {', '.join(lost)}"
+    text = (
+        header
+        + "\n\n"
+        + table
+        + (
+            "\n\nThe learning-rate sweep (dev of the selected model; in brackets, of the best trained checkpoint):\n\n"
+            + sweep_table
+            if sweep_table
+            else ""
+        )
+    )
+    print(text)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / "domain.md").write_text(header + "\n\n" + table + "\n", encoding="utf-8")
-    meta = {"machine": machine(), "seeds": args.seeds, "steps": args.steps, "st_precision": args.st_precision}
+    (args.output_dir / "domain.md").write_text(text + "\n", encoding="utf-8")
+    meta = table_meta(args) | {
+        "st_precision": precision,
+        "learning_rates": lrs,
+        "chosen_learning_rates": chosen,
+        "sweep": {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in sweep.items()},
+    }
     (args.output_dir / "domain.json").write_text(json.dumps(meta | {"results": stats}, indent=2), encoding="utf-8")
 
 

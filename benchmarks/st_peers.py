@@ -56,7 +56,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +199,22 @@ def encoder(model: Any, eval_len: int, train_len: int) -> Callable[[list[str]], 
     return encode
 
 
-def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
+def peer_device() -> str:
+    """Where the peers train and encode: the GPU when there is one (as the kit's runs)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_precision(precision: str) -> str:
+    """``auto``: ``bf16`` on a GPU that computes it, else ``fp32`` (sentence-transformers'
+    default, and on a CPU its bf16 autocast is not what a user would pick everywhere)."""
+    if precision != "auto":
+        return precision
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def st_train(
+    cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False
+) -> dict[str, Any]:
     """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection.
 
     Args:
@@ -208,9 +223,12 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
             TSDAE's noise and, as in the kit's runs, corpus mixing.
         loss: one of :data:`LOSSES`.
         precision: ``fp32`` or ``bf16`` (sentence-transformers' own ``bf16=True``: autocast).
+        retrieval: BEIR-format task folders scored on the selected model (nDCG@10 etc.).
+        dev_only: training and dev evaluations only (a learning-rate sweep): no final table.
 
     Returns:
-        best step and dev score, every evaluation, training seconds, and the STS table.
+        best step and dev score, every evaluation, training seconds, the STS table and
+        the retrieval results (empty with ``dev_only``).
     """
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
@@ -229,7 +247,8 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
     dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
     final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
     torch.manual_seed(seed)
-    model = SentenceTransformer(path, device="cpu")
+    device = peer_device()
+    model = SentenceTransformer(path, device=device)
     train_len, eval_len = cfg.model.max_seq_len, cfg.model.eval_max_seq_len
     model.max_seq_length = train_len
     criterion = peer_loss(loss, model, cfg.loss.temperature)
@@ -248,7 +267,7 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
         # A float below 1 is a share of the steps (transformers v5's replacement for warmup_ratio).
         warmup_steps=float(cfg.train.warmup_ratio),
         max_grad_norm=cfg.train.max_grad_norm or 0.0,  # 0: no clipping, as the kit (HF's default would clip at 1.0)
-        use_cpu=True,
+        use_cpu=device == "cpu",
         save_strategy="no",
         report_to="none",
         logging_steps=10**9,
@@ -265,13 +284,20 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
     # With bf16=True the trainer leaves its autocast wrapped around the model's forward, so
     # the table is scored on a fresh fp32 copy holding the best weights, as simcse-kit
     # scores its best_model/ (fp32, loaded afresh).
-    if selection.best_step == 0:
+    sts: dict[str, float] = {}
+    scored: dict[str, float] = {}
+    if dev_only:
+        pass
+    elif selection.best_step == 0:
         logger.warning("%s: no checkpoint beat the untouched model on dev: the best model IS the base model", label)
-        sts = base_table(str(path), str(cfg.data.eval_data_dir), eval_len)  # the same weights: the same table
+        # The same weights: the same tables.
+        sts = base_table(str(path), str(cfg.data.eval_data_dir), eval_len, device)
+        scored = base_retrieval(str(path), tuple(retrieval), eval_len, device)
     else:
-        best = SentenceTransformer(path, device="cpu")
+        best = SentenceTransformer(path, device=device)
         best.load_state_dict(selection.state)
         sts = final_sts(encoder(best, eval_len, eval_len))
+        scored = score_tasks(best, retrieval, eval_len, device)
     return {
         "loss": loss,
         "best_step": selection.best_step,
@@ -279,28 +305,52 @@ def st_train(cfg: Any, seed: int, loss: str, precision: str) -> dict[str, Any]:
         "dev_file": str(dev.path),
         "evals": selection.evals,
         "train_seconds": train_seconds,
+        "device": device,
         "sts": sts,
+        "retrieval": scored,
     }
 
 
 @functools.lru_cache(maxsize=4)
-def base_table(path: str, eval_data_dir: str, eval_len: int) -> dict[str, float]:
+def base_table(path: str, eval_data_dir: str, eval_len: int, device: str = "cpu") -> dict[str, float]:
     """The untouched model's STS table, scored once per process: every run that keeps
     step 0 reports it (1-2 minutes of encoding saved per such run)."""
     from sentence_transformers import SentenceTransformer
 
     from simcse_kit.evaluation import STSEvaluator
 
-    model = SentenceTransformer(path, device="cpu")
+    model = SentenceTransformer(path, device=device)
     return STSEvaluator(eval_data_dir, batch_size=EVAL_BATCH_SIZE)(encoder(model, eval_len, eval_len))
 
 
-def run_settings(cfg: Any, loss: str, precision: str) -> dict[str, Any]:
-    """What a peer run depends on: a finished seed is reused only when all of it matches."""
+def score_tasks(model: Any, tasks: Sequence[str], eval_len: int, device: str) -> dict[str, float]:
+    """The retrieval metrics x 100 of a sentence-transformers model on BEIR folders
+    (``<task>`` = nDCG@10, ``<task>/<metric>``, ``avg``); empty without tasks."""
+    from simcse_kit.evaluation.retrieval import RetrievalEvaluator
+
+    if not tasks:
+        return {}
+    return RetrievalEvaluator(tasks, batch_size=EVAL_BATCH_SIZE, device=device)(encoder(model, eval_len, eval_len))
+
+
+@functools.lru_cache(maxsize=4)
+def base_retrieval(path: str, tasks: tuple[str, ...], eval_len: int, device: str) -> dict[str, float]:
+    """:func:`score_tasks` of the untouched model, once per process (as :func:`base_table`)."""
+    from sentence_transformers import SentenceTransformer
+
+    return score_tasks(SentenceTransformer(path, device=device), tasks, eval_len, device) if tasks else {}
+
+
+def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False) -> dict[str, Any]:
+    """What a peer run depends on: a finished seed is reused only when all of it matches
+    (``auto`` precision as this machine decides it; the retrieval tasks by name)."""
     data, train = cfg.data, cfg.train
+    extra = {"retrieval": [Path(t).name for t in retrieval]} if retrieval else {}
     return {
+        **extra,
+        **({"dev_only": True} if dev_only else {}),
         "loss": loss,
-        "precision": precision,
+        "precision": resolve_precision(precision),
         "model": cfg.model.name_or_path,
         "max_seq_len": cfg.model.max_seq_len,
         "eval_max_seq_len": cfg.model.eval_max_seq_len,
@@ -314,14 +364,24 @@ def run_settings(cfg: Any, loss: str, precision: str) -> dict[str, Any]:
 
 
 def run_st(
-    cfg: Any, seeds: list[int], loss: str, precision: str, out: Path, settings: dict[str, Any] | None = None
+    cfg: Any,
+    seeds: list[int],
+    loss: str,
+    precision: str,
+    out: Path,
+    settings: dict[str, Any] | None = None,
+    retrieval: Sequence[str] = (),
+    dev_only: bool = False,
 ) -> dict[int, dict[str, float]]:
     """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its
     ``settings`` match; default :func:`run_settings`); per seed, the STS table plus
-    ``best_stsb_dev`` and ``best_step``."""
+    ``best_stsb_dev``, ``best_step``, the dev curve and, with ``retrieval`` folders, their
+    nDCG@10 under ``retrieval:<task>`` and mean under ``retrieval:avg``. ``precision``
+    ``auto``: :func:`resolve_precision`."""
     from simcse_kit.fileio import write_json_atomic
 
-    settings = run_settings(cfg, loss, precision) if settings is None else settings
+    settings = run_settings(cfg, loss, precision, retrieval, dev_only) if settings is None else settings
+    precision = resolve_precision(precision)
     per_seed = {}
     for seed in seeds:
         done = out / f"seed-{seed}" / "metrics.json"
@@ -329,16 +389,28 @@ def run_st(
         if metrics.get("settings") == settings:
             logger.info("reusing the finished run in %s", done.parent)
         else:
-            metrics = st_train(cfg, seed, loss, precision) | {"settings": settings}
+            metrics = st_train(cfg, seed, loss, precision, retrieval, dev_only) | {"settings": settings}
             write_json_atomic(done, metrics)
         curve = {"evals": [{"step": step, "stsb_dev": score} for step, score in metrics["evals"]]}
+        scored = metrics.get("retrieval") or {}
+        row = retrieval_row(scored, retrieval) if retrieval and scored else {}
         per_seed[seed] = {
             **metrics["sts"],
             "best_stsb_dev": metrics["best_stsb_dev"],
             "best_step": metrics["best_step"],
             **dev_curve(curve),
+            **row,
         }
     return per_seed
+
+
+def retrieval_row(results: Mapping[str, float], tasks: Sequence[str]) -> dict[str, float]:
+    """nDCG@10 x 100 of each task under ``retrieval:<task>`` and their mean under
+    ``retrieval:avg`` (the keys the tables read), every metric under ``retrieval:<task>/<metric>``."""
+    names = [Path(t).name for t in tasks]
+    row = {f"retrieval:{k}": float(v) for k, v in results.items() if k.split("/")[0] in names}
+    row["retrieval:avg"] = sum(row[f"retrieval:{n}"] for n in names) / len(names)
+    return row
 
 
 def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
@@ -359,7 +431,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epochs)")
     parser.add_argument("--eval-steps", type=int, default=None, help="dev every N steps (default: the recipe's)")
     parser.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder for the final table (default: the recipe's)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="fp32: sentence-transformers' default")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "auto"),
+        default="fp32",
+        help="fp32: sentence-transformers' default; auto: bf16 on a GPU",
+    )
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "st_peers")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

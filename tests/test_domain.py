@@ -3,7 +3,11 @@ sentences, selecting on another dev split, and the train/domain recipes."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import datasets
@@ -128,3 +132,184 @@ def test_word_repetition_run_resumes_exactly(tiny_run: TinyRun, monkeypatch: pyt
     assert got["best_step"] == ref["best_step"] and got["sts"] == ref["sts"]
     # Off, the same run trains on other batches: the option changed what was computed.
     assert tiny_run.train("plain", save_steps=4)["losses"] != ref["losses"]
+
+
+# --------------------------------------------------------------------------- benchmarks/domain.py, table_runs.py
+
+
+def bench(name: str):  # noqa: ANN201 - a benchmark module
+    """A module of ``benchmarks/`` (the repo's root on the path: ``benchmarks`` is a package)."""
+    import importlib
+    import sys
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+class DevOnly(Mapping):
+    """A run's table that fails the test when anything but its dev scores is read."""
+
+    def __init__(self, **table: float) -> None:
+        self.table = table
+
+    def __getitem__(self, key: str) -> float:
+        if key not in ("best_stsb_dev", "dev_trained"):
+            raise AssertionError(f"the learning-rate choice read {key!r}")
+        return self.table[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+def test_the_learning_rate_is_chosen_on_the_mean_dev_score_never_on_test() -> None:
+    choose = bench("table_runs").choose_learning_rate
+    # Test scores rank the rates the other way round; the best single dev run is 3e-5's;
+    # the best MEAN dev is 1e-5's (87.0 against 86.9 and 86.9).
+    sweep = {
+        5e-6: [
+            DevOnly(best_stsb_dev=86.8, dev_trained=86.0, STSBenchmark=90.0),
+            DevOnly(best_stsb_dev=87.0, dev_trained=86.5, STSBenchmark=90.0),
+        ],
+        1e-5: [
+            DevOnly(best_stsb_dev=87.1, dev_trained=87.1, STSBenchmark=80.0),
+            DevOnly(best_stsb_dev=86.9, dev_trained=86.9, STSBenchmark=80.0),
+        ],
+        3e-5: [
+            DevOnly(best_stsb_dev=87.3, dev_trained=87.3, STSBenchmark=70.0),
+            DevOnly(best_stsb_dev=86.5, dev_trained=86.5, STSBenchmark=70.0),
+        ],
+    }
+    assert choose(sweep) == 1e-5
+    # Every rate keeps the untouched model (same dev score, as on SICK): the best trained checkpoint decides ...
+    kept = {lr: [DevOnly(best_stsb_dev=79.8, dev_trained=t)] for lr, t in ((5e-6, 78.0), (1e-5, 79.1), (3e-5, 75.0))}
+    assert choose(kept) == 1e-5
+    # ... and with that tied as well, the earlier rate of the list.
+    assert (
+        choose({3e-5: [DevOnly(best_stsb_dev=80.0, dev_trained=70.0)], 1e-5: [DevOnly(best_stsb_dev=80.0, dev_trained=70.0)]})
+        == 3e-5
+    )
+    with pytest.raises(ValueError, match="no learning rate"):
+        choose({})
+
+
+def domain_args(tmp_path: Path, **changes: object) -> argparse.Namespace:
+    values = {"eval_steps": 25, "data_root": tmp_path / "data", "steps": 2, "eval_data_dir": None, "output_dir": tmp_path / "out"}
+    return argparse.Namespace(**values | {"st_precision": "auto", "tasks": ["/rt/mrpc-paraphrase", "/rt/sick-related"]} | changes)
+
+
+def test_every_row_runs_at_the_swept_learning_rate_on_the_data_root(tmp_path: Path) -> None:
+    domain = bench("domain")
+    table_runs = bench("table_runs")
+    args = domain_args(tmp_path)
+    peer = domain.row_job("sick", "st-tsdae", 1e-5, 1, args, sweep=True)
+    assert (peer.kind, peer.loss, peer.precision, peer.dev_only, peer.retrieval) == ("st", "tsdae", "auto", True, ())
+    assert peer.out == str(tmp_path / "out" / "sweep" / "sick-st-tsdae" / "lr1e-05")
+    kit = domain.row_job("stsb", "tau0.1", 3e-5, 2, args, sweep=False)
+    assert (kit.kind, kit.seed, kit.dev_only, kit.retrieval) == ("kit", 2, False, ("/rt/mrpc-paraphrase", "/rt/sick-related"))
+    assert kit.out == str(tmp_path / "out" / "stsb-tau0.1" / "lr3e-05") and kit.name == "stsb-tau0.1/lr3e-05/seed-2"
+    # A job survives the trip to a worker's file.
+    assert type(kit).from_json(json.dumps(dataclasses.asdict(kit))) == kit
+    cfg = table_runs.kit_config(kit)
+    assert cfg.train.learning_rate == 3e-5 and cfg.loss.temperature == 0.1 and cfg.train.max_steps == 2
+    assert cfg.train.output_dir == kit.out and cfg.train.final_eval
+    root = tmp_path / "data"  # every data path under --data-root, not ../shared/data
+    assert Path(cfg.data.train_file) == root / "senteval" / "STS" / "STSBenchmark" / "sts-train.csv"
+    assert (
+        Path(cfg.data.dev_file).parent
+        == Path(cfg.data.eval_data_dir) / "STS" / "STSBenchmark"
+        == root / "senteval" / "STS" / "STSBenchmark"
+    )
+    assert not table_runs.kit_config(domain.row_job("sick", "domain", 1e-5, 1, args, sweep=True)).train.final_eval
+    mix = table_runs.kit_config(domain.row_job("sick", "mix50", 1e-5, 1, args, sweep=False))
+    assert Path(mix.data.mix_file) == root / "train" / "wiki1m_head.txt"
+
+
+def test_the_domain_table_has_the_chosen_rate_and_the_retrieval_columns() -> None:
+    domain = bench("domain")
+    scores = {"SICKRelatedness": 77.0, "avg": 78.0, "best_stsb_dev": 79.0, "retrieval:sick-related": 80.0, "retrieval:avg": 85.0}
+    rows = {
+        "sick-base": ("sick", "base", {0: scores}),
+        "sick-domain": (
+            "sick",
+            "kit",
+            {1: scores | {"best_step": 25.0, "retrieval:avg": 86.0}, 2: scores | {"best_step": 0.0, "retrieval:avg": 88.0}},
+        ),
+    }
+    text, stats = domain.markdown(rows, {"sick-domain": 1e-5})
+    lines = text.splitlines()
+    assert lines[0].endswith("| dev: end | nDCG@10 sick-related | nDCG@10 avg |")
+    assert lines[2].startswith("| sick-base (SICKRelatedness) | – | 1 | 77.00 | 78.00 | 79.00 | – |")
+    assert lines[3].startswith("| sick-domain (SICKRelatedness) | 1e-05 | 2 | 77.00 ± 0.00 |")
+    assert lines[3].endswith("| 80.00 ± 0.00 | 87.00 ± 1.41 |") and "| 12 (25, 0) |" in lines[3]
+    assert stats["sick-domain"]["learning_rate"] == 1e-5
+
+
+def test_retrieval_rows_and_never_snli(tmp_path: Path) -> None:
+    table_runs = bench("table_runs")
+    from benchmarks.st_peers import retrieval_row
+
+    results = {"a": 90.0, "a/mrr@10": 80.0, "b": 70.0, "avg": 80.0, "c": 1.0}
+    want = {"retrieval:a": 90.0, "retrieval:a/mrr@10": 80.0, "retrieval:b": 70.0, "retrieval:avg": 80.0}
+    assert retrieval_row(results, ["/x/a", "/y/b"]) == want
+    with pytest.raises(ValueError, match="never evaluate on SNLI"):
+        table_runs.build_tasks(tmp_path, tmp_path, ["snli-entailment"], [str(tmp_path / "train" / "snli_triplets.csv")])
+
+
+def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/mining.py: ``sup-4509`` and ``sup+mined`` read the same rows, those the
+    miner kept, in the same order; ``sup`` and ``hardneg`` read every row of the data root's file."""
+    from simcse_kit import mining as kit_mining
+    from simcse_kit.config import load_config
+
+    mining = bench("mining")
+    triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
+    triplets.parent.mkdir(parents=True)
+    rows = [(f"premise {i}", f"entailment {i}", f"contradiction {i}") for i in range(9)]
+    with triplets.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([("sent0", "sent1", "hard_neg"), *rows])
+    kept = [(p, e, f"entailment {(i + 1) % 9}") for i, (p, e, _) in enumerate(rows) if i % 3]  # rows 0, 3, 6 got none
+
+    def mine(pairs: Path, out: Path) -> dict[str, int]:
+        with Path(pairs).open(encoding="utf-8") as fh:
+            assert list(csv.reader(fh)) == [["sent0", "sent1"], *([p, e] for p, e, _ in rows)]  # contradictions dropped
+        with Path(out).open("w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows([("sent0", "sent1", "hard_neg"), *kept])
+        return {"rows": len(kept), "skipped": len(rows) - len(kept)}
+
+    monkeypatch.setattr(kit_mining, "mine_file", mine)
+    mined = mining.mined_file(tmp_path / "out", triplets)
+    args = argparse.Namespace(eval_steps=25, data_root=tmp_path / "data", steps=None)
+
+    def columns(name: str) -> list[tuple[str, ...]]:
+        recipe, opts = mining.config_overrides(name, args, mined)
+        cfg = load_config(recipe, opts)
+        data = load_training_data(cfg)
+        names = ("sent0", "sent1", "hard_neg") if cfg.data.mode == "hardneg" else ("sent0", "sent1")
+        return list(zip(*(data[c] for c in names), strict=True))
+
+    assert columns("sup-4509") == [(p, e) for p, e, _ in kept]
+    assert columns("sup+mined") == kept
+    assert columns("sup") == [(p, e) for p, e, _ in rows] and columns("hardneg") == rows
+    counts = {name: mining.training_rows(name, args, mined) for name in mining.CONFIGS}
+    assert counts == {"sup": 9, "sup-4509": 6, "sup+mined": 6, "hardneg": 9}
+    table = {"avg": 78.0, "STSBenchmark": 82.0, "best_stsb_dev": 86.0, "retrieval:avg": 90.0}
+    text, _ = mining.markdown({"sup-4509": {1: table}, "sup+mined": {1: table | {"avg": 78.5, "retrieval:avg": 89.0}}}, counts)
+    assert "Rows trained on: sup 9; sup-4509 6; sup+mined 6; hardneg 9." in text
+    assert "mined negatives vs pairs only on the same rows (`sup+mined` − `sup-4509`): +0.50 on the 7-task average, -1.00" in text
+
+
+def test_a_failed_run_stops_the_table_or_with_keep_going_is_left_out(tmp_path: Path) -> None:
+    """The worker path too: a fresh interpreter per job, its output in its own log."""
+    table_runs = bench("table_runs")
+    bad = table_runs.Job(name="bogus/seed-1", kind="bogus", out=str(tmp_path / "bogus"))
+    with pytest.raises(ValueError, match="unknown job kind 'bogus'"):
+        table_runs.execute([bad], 1, 1, tmp_path / "logs")
+    assert table_runs.execute([bad], 1, 1, tmp_path / "logs", keep_going=True) == {}
+    with pytest.raises(RuntimeError, match="1 of 1 runs failed"):
+        table_runs.execute([bad], 2, 1, tmp_path / "logs")
+    assert "unknown job kind 'bogus'" in (tmp_path / "logs" / "bogus_seed-1.log").read_text(encoding="utf-8")
+    assert json.loads((tmp_path / "logs" / "bogus_seed-1.json").read_text(encoding="utf-8"))["kind"] == "bogus"
