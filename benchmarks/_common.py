@@ -213,11 +213,20 @@ class TimedCollator:
         }
 
 
+def module_command(script: str | Path) -> list[str]:
+    """The command of a fresh interpreter of benchmark ``script`` (a path, e.g. ``__file__``):
+    ``python -m benchmarks.NAME``. Run it with ``cwd=REPO``: ``-m`` puts the working folder
+    first on the module path, so the package imports from this checkout wherever the
+    parent was started."""
+    return [sys.executable, "-m", f"benchmarks.{Path(script).stem}"]
+
+
 def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter (clean RSS, clean Accelerate state);
-    ``env``: extra environment variables (read at the process's start)."""
+    """Run one measurement in a fresh interpreter of ``script`` (clean RSS, clean Accelerate
+    state; :func:`module_command`); ``env``: extra environment variables (read at the
+    process's start)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
-    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([*module_command(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise RuntimeError(f"worker {args} failed with status {proc.returncode}")

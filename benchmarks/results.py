@@ -33,9 +33,9 @@ hard-negative training, and whether it reaches the +0.5 target.
 Usage::
 
     # full budget (one epoch: 186 unsup steps, 91 hardneg steps): hours on 2 CPU cores
-    .venv/bin/python benchmarks/results.py
+    .venv/bin/python -m benchmarks.results
     # a smoke run at a tiny budget
-    .venv/bin/python benchmarks/results.py --configs st-unsup kit-unsup --seeds 1 --max-train-samples 640
+    .venv/bin/python -m benchmarks.results --configs st-unsup kit-unsup --seeds 1 --max-train-samples 640
 """
 
 from __future__ import annotations
@@ -43,14 +43,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, REPO, machine, setup_run  # noqa: E402
-from st_peers import run_st  # noqa: E402
+from benchmarks._common import DATA, REPO, machine, setup_run
+from benchmarks.st_peers import run_st
 
 RECIPES = {"unsup": REPO / "train" / "unsup.yaml", "sup": REPO / "train" / "sup.yaml", "hardneg": REPO / "train" / "hardneg.yaml"}
 OPTIONS = {
