@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +306,70 @@ def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str])
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides
     cfg = load_config(find_recipe(recipe), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in opts.items()})
     return build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sentences}), evaluate=False, cpu=True)
+
+
+def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GFLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` on torch's threads,
+    after one warm-up call (oneDNN picks and caches its kernel). Not
+    ``simcse_kit.precision.cpu_matmul_speeds``: that probe times one thread within a few
+    milliseconds, as a run's start-up must; this times what the machine can do."""
+    import torch
+
+    a = torch.randn(m, k).to(dtype)
+    b = torch.randn(k, n).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best / 1e9
+
+
+def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
+    """Mean matmul FLOPs of one forward + backward, ``objective.step(model, batch).backward()``,
+    over ``batches``, as torch's ``FlopCounterMode`` counts them (whatever the precision);
+    the gradients are dropped afterwards."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for batch in batches:
+            objective.step(model, batch).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / len(batches)
+
+
+def seeds_table(
+    rows: Mapping[str, Mapping[int, Mapping[str, float]]], columns: Mapping[str, str], digits: Mapping[str, int] | None = None
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """A multi-seed benchmark's markdown table, through the library's formatter
+    (``simcse_kit.evaluation.tables.format_rows``): one row per config with its seed count
+    and, per column, the mean ± std over seeds (the mean alone for one seed, ``–`` where
+    the config has no such result).
+
+    Args:
+        rows: config -> seed -> that run's results.
+        columns: result key -> header, in column order.
+        digits: decimals per result key (default 2).
+
+    Returns:
+        The table, and per config its ``mean``, ``std``, seed count ``n`` and ``per_seed``.
+    """
+    from simcse_kit.evaluation.tables import format_rows
+    from simcse_kit.experiments import aggregate
+
+    table, stats = [], {}
+    for name, per_seed in rows.items():
+        mean, std = aggregate(list(per_seed.values()))
+        stats[name] = {"mean": mean, "std": std, "n": len(per_seed), "per_seed": {str(k): v for k, v in per_seed.items()}}
+        row = {"config": name, "seeds": str(len(per_seed))}
+        for key in columns:
+            d = (digits or {}).get(key, 2)
+            spread = f" ± {std[key]:.{d}f}" if len(per_seed) > 1 and key in std else ""
+            row[key] = f"{mean[key]:.{d}f}{spread}" if key in mean else "–"
+        table.append(row)
+    return format_rows(table, {"config": "config", "seeds": "seeds", **columns}, markdown=True, label="config"), stats
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -25,26 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._common import REPO, emit, machine, module_command, setup_threads
+from benchmarks._common import REPO, emit, machine, matmul_gflops, module_command, setup_threads
 
 # (name, m, k, n) with m = tokens: the attention projections and the feed-forward pair.
 SHAPES = (("qkv/out proj", 384, 384), ("ffn up", 384, 1536), ("ffn down", 1536, 384))
 ISA_SETTINGS = (None, "AVX2")
-
-
-def matmul_gflops(m: int, k: int, n: int, dtype: object, repeats: int) -> float:
-    """Best-of-``repeats`` GFLOP/s of ``[m, k] @ [k, n]`` after one warm-up call."""
-    import torch
-
-    a = torch.randn(m, k).to(dtype)
-    b = torch.randn(k, n).to(dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * m * k * n / best / 1e9
 
 
 def worker(tokens: int, repeats: int, threads: int) -> None:
