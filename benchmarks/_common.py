@@ -179,15 +179,22 @@ class TimedCollator:
     """
 
     def __init__(
-        self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]], count: Callable[[dict[str, Any]], tuple[int, int]]
+        self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]] | None, count: Callable[[dict[str, Any]], tuple[int, int]]
     ) -> None:
-        self.collate = collate
+        self.collate = collate  # None: set by around()
         self.count = count
         self.stamps: list[float] = []
         self.sentences: list[int] = []
         self.tokens: list[int] = []
 
+    def around(self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> TimedCollator:
+        """This, timing ``collate`` (``build_run``'s ``wrap_collate``)."""
+        self.collate = collate
+        return self
+
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.collate is None:
+            raise RuntimeError("TimedCollator: no collate function to time (pass one, or use around())")
         self.stamps.append(time.perf_counter())
         batch = self.collate(features)
         sentences, tokens = self.count(batch)
@@ -290,12 +297,14 @@ def save_results(path: Path, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str]) -> Any:
+def kit_recipe_run(
+    recipe: str, overrides: dict[str, Any], sentences: list[str], timer: TimedCollator | None = None
+) -> Any:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
     line), on the CPU, built as a text run is (``simcse_kit.training.build_run``: "auto"
     precision decided, ``mmap_threshold_mib`` applied) without dev selection or run folder;
-    ``fit(run, run.step, run.cfg.train)`` trains it."""
+    ``fit(run, run.step, run.cfg.train)`` trains it; ``timer`` stamps every batch it collates."""
     import datasets
 
     from simcse_kit.config import load_config
@@ -305,7 +314,8 @@ def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str])
     opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides
     cfg = load_config(find_recipe(recipe), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in opts.items()})
-    return build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sentences}), evaluate=False, cpu=True)
+    dataset = datasets.Dataset.from_dict({"sent0": sentences})
+    return build_run(cfg, dataset=dataset, evaluate=False, cpu=True, wrap_collate=timer.around if timer else None)
 
 
 def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float:

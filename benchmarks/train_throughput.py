@@ -94,9 +94,8 @@ def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest:
         **({"sparse_embedding_grad": False} if "densegrad" in rest else {}),
         **KIT_PRECISION[precision],
     }
-    run = kit_recipe_run("unsup", overrides, sents)
-    collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
-    run.loader.collate_fn = collator
+    collator = TimedCollator(None, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
+    run = kit_recipe_run("unsup", overrides, sents, timer=collator)
     fit(run, run.step, run.cfg.train)
     decided = {
         "mixed_precision": run.cfg.train.mixed_precision,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -109,7 +110,12 @@ def test_build_run_wires_what_train_runs_without_running_it(tiny_run: TinyRun) -
     returns is the run ``train`` runs (the same losses and dev scores, step for step)."""
     overrides = {"save_steps": 0, "num_epochs": 1, "eval_steps": 3, "warmup_ratio": 0.25, "weight_decay": 0.01}
     cfg = tiny_run.config("built", **overrides)
-    run = build_run(cfg)
+    collated: list[int] = []
+
+    def counting(collate: Callable[..., dict]) -> Callable[..., dict]:
+        return lambda features: collated.append(len(features)) or collate(features)
+
+    run = build_run(cfg, wrap_collate=counting)
     assert not Path(cfg.train.output_dir).exists()  # no run folder, no lock, no config.yaml
     assert run.cfg.train.fast_dropout is False and cfg.train.fast_dropout == "auto"  # decided once, here
     assert run.n_steps == 8 and run.evaluator is not None and run.final_sts is not None
@@ -121,6 +127,7 @@ def test_build_run_wires_what_train_runs_without_running_it(tiny_run: TinyRun) -
     state = fit(run, run.step, run.cfg.train, evaluator=run.evaluator)
     reference = train(tiny_run.config("ref", **overrides))
     assert state.losses == reference["losses"] and state.evals == reference["evals"]
+    assert collated == [8] * 8  # the prepared loader calls the wrapped collate function
 
 
 def test_unsup_batch_is_each_sentence_twice(tiny_model_dir: Path) -> None:
