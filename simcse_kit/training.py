@@ -190,11 +190,11 @@ def build_run(
         if dev is not None
         else None
     )
-    table = teacher[1] if teacher else None
-    text = {"cfg": cfg, "recorded": recorded, "precision": precision, "heap": heap, "tokenizer": tokenizer}
-    text |= {"objective": objective, "step": step}
-    text |= {"evaluator": evaluator, "final_sts": final_sts, "checkpoints": checkpoints, "teacher": table, "tf32": tf32}
-    return Run(**vars(prepare(model, loader, cfg.train, accelerator)), **text)
+    return Run(
+        **vars(prepare(model, loader, cfg.train, accelerator)),
+        cfg=cfg, recorded=recorded, precision=precision, heap=heap, tokenizer=tokenizer, objective=objective, step=step,
+        evaluator=evaluator, final_sts=final_sts, checkpoints=checkpoints, teacher=teacher[1] if teacher else None, tf32=tf32,
+    )
 
 
 def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
