@@ -47,13 +47,13 @@ final table (smoke tests; the dev split stays the recipe's).
 
 Usage::
 
-    .venv/bin/python benchmarks/domain.py                      # sweep + 3 seeds, both domains: many hours on 2 cores
-    .venv/bin/python benchmarks/domain.py --variants domain tau0.1 fnt0.8 --peers none
-    .venv/bin/python benchmarks/domain.py --domains sick --seeds 1 --learning-rates 3e-5 --max-steps 20 --peers mnrl   # smoke
+    .venv/bin/python -m benchmarks.domain                      # sweep + 3 seeds, both domains: many hours on 2 cores
+    .venv/bin/python -m benchmarks.domain --variants domain tau0.1 fnt0.8 --peers none
+    .venv/bin/python -m benchmarks.domain --domains sick --seeds 1 --learning-rates 3e-5 --max-steps 20 --peers mnrl   # smoke
     # the one-seed dev-only sweep of SWEEP's variants at the recipe's learning rate (~30 min on 2 cores)
-    .venv/bin/python benchmarks/domain.py --dev-only --seeds 1
+    .venv/bin/python -m benchmarks.domain --dev-only --seeds 1
     # a GPU box, the data carried into the repo's .devdata/
-    python benchmarks/domain.py --data-root .devdata --parallel 8 --output-dir runs/gpu-tables/domain
+    python -m benchmarks.domain --data-root .devdata --parallel 8 --output-dir runs/gpu-tables/domain
 """
 
 from __future__ import annotations
@@ -61,15 +61,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, setup_run  # noqa: E402
-from st_peers import LOSSES, dev_curve, resolve_precision  # noqa: E402
-from table_runs import (  # noqa: E402
+from benchmarks._common import REPO, setup_run
+from benchmarks.st_peers import LOSSES, dev_curve, resolve_precision
+from benchmarks.table_runs import (
     LEARNING_RATES,
     Job,
     add_table_options,

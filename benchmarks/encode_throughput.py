@@ -15,23 +15,21 @@ cost accuracy.
 
 Usage::
 
-    .venv/bin/python benchmarks/encode_throughput.py            # ~2 min on 2 cores
-    .venv/bin/python benchmarks/encode_throughput.py --rounds 1 --limit 500
+    .venv/bin/python -m benchmarks.encode_throughput            # ~2 min on 2 cores
+    .venv/bin/python -m benchmarks.encode_throughput --rounds 1 --limit 500
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, machine, setup_threads  # noqa: E402
+from benchmarks._common import DATA, machine, setup_threads
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16")
 

@@ -17,19 +17,17 @@ the bf16 peak is the model FLOP utilisation (MFU).
 
 Usage::
 
-    .venv/bin/python benchmarks/flops.py          # ~2 min on 2 cores
+    .venv/bin/python -m benchmarks.flops          # ~2 min on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, machine, run_worker, setup_threads  # noqa: E402
+from benchmarks._common import WIKI, machine, run_worker, setup_threads
 
 TRAIN = Path(__file__).resolve().parent / "train_throughput.py"
 

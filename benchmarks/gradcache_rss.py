@@ -18,8 +18,8 @@ a plain (non-GradCache) run the same way.
 
 Usage::
 
-    .venv/bin/python benchmarks/gradcache_rss.py                  # ~5 min on 2 cores
-    .venv/bin/python benchmarks/gradcache_rss.py --batch-size 64 --chunk 32 --steps 2   # smoke
+    .venv/bin/python -m benchmarks.gradcache_rss                  # ~5 min on 2 cores
+    .venv/bin/python -m benchmarks.gradcache_rss --batch-size 64 --chunk 32 --steps 2   # smoke
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, emit, kit_recipe_run, machine, run_worker, setup_threads  # noqa: E402
+from benchmarks._common import WIKI, emit, kit_recipe_run, machine, run_worker, setup_threads
 
 # name -> (train.mmap_threshold_mib, extra environment variables)
 VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {
@@ -92,7 +90,7 @@ def worker(args: argparse.Namespace) -> None:
         return loss
 
     start = rss_mib()
-    fit(run.model, measured, run.loader, run.cfg.train, accelerator=run.accelerator)
+    fit(run, measured, run.cfg.train)
     heap = {"mmap_threshold_mib": run.heap.mmap_threshold_mib, "reason": run.heap.reason}
     emit({"start": start, "steps": steps, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "heap": heap})
 

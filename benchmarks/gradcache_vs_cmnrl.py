@@ -36,8 +36,8 @@ work of a step).
 
 Usage::
 
-    .venv/bin/python benchmarks/gradcache_vs_cmnrl.py            # batch 1024: ~50 min on 2 cores
-    .venv/bin/python benchmarks/gradcache_vs_cmnrl.py --batch-size 64 --steps 2 --warmup 1   # smoke
+    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl            # batch 1024: ~50 min on 2 cores
+    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl --batch-size 64 --steps 2 --warmup 1   # smoke
 """
 
 from __future__ import annotations
@@ -45,12 +45,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from benchmarks._common import (
     WIKI,
     TimedCollator,
     emit,

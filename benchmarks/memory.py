@@ -12,19 +12,17 @@ shared machine is not pushed into swap or the OOM killer.
 
 Usage::
 
-    .venv/bin/python benchmarks/memory.py                       # ~8 min on 2 cores
-    .venv/bin/python benchmarks/memory.py --batch-sizes 64 128 --precision fp32
+    .venv/bin/python -m benchmarks.memory                       # ~8 min on 2 cores
+    .venv/bin/python -m benchmarks.memory --batch-sizes 64 128 --precision fp32
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, run_worker  # noqa: E402
+from benchmarks._common import machine, run_worker
 
 TRAIN = Path(__file__).resolve().parent / "train_throughput.py"
 

@@ -33,9 +33,9 @@ The data root: ``--data-root``, else ``SIMCSE_KIT_DATA``, else ``../shared/data`
 
 Usage::
 
-    .venv/bin/python benchmarks/mining.py                         # ~45 min on 2 cores
-    .venv/bin/python benchmarks/mining.py --seeds 1 --steps 4     # smoke run
-    python benchmarks/mining.py --data-root .devdata --parallel 6 --output-dir runs/gpu-tables/mining   # a GPU box
+    .venv/bin/python -m benchmarks.mining                         # ~45 min on 2 cores
+    .venv/bin/python -m benchmarks.mining --seeds 1 --steps 4     # smoke run
+    python -m benchmarks.mining --data-root .devdata --parallel 6 --output-dir runs/gpu-tables/mining   # a GPU box
 """
 
 from __future__ import annotations
@@ -45,14 +45,12 @@ import csv
 import io
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, setup_run  # noqa: E402
-from table_runs import Job, add_table_options, execute, prepare_tables, retrieval_keys, table_meta  # noqa: E402
+from benchmarks._common import REPO, setup_run
+from benchmarks.table_runs import Job, add_table_options, execute, prepare_tables, retrieval_keys, table_meta
 
 CONFIGS = ("sup", "sup-4509", "sup+mined", "hardneg")
 TRIPLETS = ("train", "snli_triplets.csv")  # under the data root

@@ -57,9 +57,9 @@ Each setting runs in a fresh interpreter (``_common.run_worker``).
 
 Usage::
 
-    .venv/bin/python benchmarks/profile_step.py                          # ~2 min on 2 quiet cores
-    .venv/bin/python benchmarks/profile_step.py --settings recipe --json profile.json
-    .venv/bin/python benchmarks/profile_step.py --batches 1 --warmup 1 --timed 1 --batch-size 8   # smoke
+    .venv/bin/python -m benchmarks.profile_step                          # ~2 min on 2 quiet cores
+    .venv/bin/python -m benchmarks.profile_step --settings recipe --json profile.json
+    .venv/bin/python -m benchmarks.profile_step --batches 1 --warmup 1 --timed 1 --batch-size 8   # smoke
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -76,9 +75,8 @@ from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, emit, machine, peak_rss_mib, run_worker, setup_threads  # noqa: E402
-from flops import matmul_gflops  # noqa: E402
+from benchmarks._common import WIKI, emit, machine, peak_rss_mib, run_worker, setup_threads
+from benchmarks.flops import matmul_gflops
 
 if TYPE_CHECKING:
     from torch import nn

@@ -8,8 +8,8 @@ and is replaced whole; edit the JSON's producer, never the block.
 
 Usage::
 
-    .venv/bin/python benchmarks/report.py            # rewrite the blocks
-    .venv/bin/python benchmarks/report.py --check    # exit 1 if any block is stale
+    .venv/bin/python -m benchmarks.report            # rewrite the blocks
+    .venv/bin/python -m benchmarks.report --check    # exit 1 if any block is stale
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def throughput_table() -> str:
 
 
 def _command(args: dict[str, Any]) -> str:
-    parts = ["python benchmarks/train_throughput.py"]
+    parts = ["python -m benchmarks.train_throughput"]
     if args.get("isa") == "avx2":
         parts.append("--isa avx2")
     parts.append(f"--variants {args['variants']}")
@@ -139,9 +139,9 @@ def headline() -> str:
 def gpu_table() -> str:
     """benchmarks/gpu.py's kept runs: per device and job, every variant against the peer."""
     rows = [
-        "| device | job | variant | sentences/s, median (min–max) | vs sentence-transformers, same workers | "
+        "| device | results file | job | variant | sentences/s, median (min–max) | vs sentence-transformers, same workers | "
         "peak memory MiB | MFU (bf16 peak) | rounds |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for path in sorted(RESULTS.glob("gpu-*.json")):
         rec = json.loads(path.read_text())
@@ -157,7 +157,7 @@ def gpu_table() -> str:
                 mfu_text = "–" if mfu is None else f"{100 * mfu['median']:.1f}%"
                 n = summary[v]["sentences_per_s"]["n"]
                 rows.append(
-                    f"| {rec['device']} | {job} | {v} | {_cell(summary, v)} | {_ratio(ratio) if ratio else '–'} | "
+                    f"| {rec['device']} | {path.stem} | {job} | {v} | {_cell(summary, v)} | {_ratio(ratio) if ratio else '–'} | "
                     f"{summary[v]['peak_memory_mib']:.0f} | {mfu_text} | {n} |"
                 )
     return "\n".join(rows)
@@ -212,7 +212,7 @@ def main() -> int:
             if not args.check:
                 path.write_text(new)
     if args.check and stale:
-        print(f"stale generated blocks in {', '.join(stale)}: run benchmarks/report.py", file=sys.stderr)
+        print(f"stale generated blocks in {', '.join(stale)}: run python -m benchmarks.report", file=sys.stderr)
         return 1
     return 0
 

@@ -31,9 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, setup_run  # noqa: E402
-from st_peers import dev_curve, retrieval_row, run_settings, run_st  # noqa: E402
+from benchmarks._common import REPO, machine, setup_run
+from benchmarks.st_peers import dev_curve, retrieval_row, run_settings, run_st
 
 LEARNING_RATES = "5e-6,1e-5,2e-5,3e-5,5e-5"
 """The sweep's default: the kit recipes' 3e-5, sentence-transformers' default 5e-5, and below."""

@@ -38,9 +38,20 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "onnx_encoder",
     ),
     2: ("packing", "modeling", "data"),
-    3: ("inference", "steps", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher"),
+    3: (
+        "inference",
+        "steps",
+        "objectives",
+        "negatives",
+        "gradcache",
+        "trainer",
+        "checkpoints",
+        "selection",
+        "mining",
+        "teacher",
+    ),
     4: ("evaluation/",),
-    5: ("training", "export/", "experiments"),
+    5: ("training", "run_inputs", "run_folder", "export/", "experiments"),
     6: ("cli/", "demos/"),
 }
 LAYER_OF = {name.rstrip("/"): layer for layer, names in LAYERS.items() for name in names}
