@@ -6,6 +6,7 @@ is the hand-computed one; ``training_curves.png`` draws what it is given."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,7 +67,14 @@ def test_a_tracked_run_logs_every_scalar_at_its_steps(tiny_run: TinyRun) -> None
     # The hyper-parameters: the resolved config, flattened, once.
     (hparams,) = (run / LOGS / PROJECT).glob("*/hparams.yml")
     logged_config = yaml.safe_load(hparams.read_text())
-    assert logged_config == flat_params(load_config(run / "config.yaml"))
+    # The tracker holds what ran: config.yaml, with the device's auto (null) settings as decided
+    # at the start (config.yaml keeps them null, so a resume on another device decides again).
+    recorded = flat_params(load_config(run / "config.yaml"))
+    assert recorded["data.num_workers"] == "none" and recorded["model.packing"] == "none"
+    speed = json.loads((run / "metrics.json").read_text())["speed"]
+    decided = {"data.num_workers": speed["num_workers"], "model.packing": speed["packing"]}
+    assert decided == {"data.num_workers": 0, "model.packing": True}  # the CPU's choices
+    assert logged_config == recorded | decided
     assert logged_config["train.learning_rate"] == 1e-3 and logged_config["train.report_to"] == "tensorboard"
 
     # Tracking reads numbers, never changes them: the same run untracked is identical.
