@@ -12,7 +12,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -282,46 +281,22 @@ def save_results(path: Path, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-@dataclass
-class KitRun:
-    """One simcse-kit text run, built as ``simcse_kit.training.train`` builds it (without
-    the run folder); ``fit(run.model, run.step, run.loader, run.cfg.train,
-    accelerator=run.accelerator)`` trains it."""
-
-    cfg: Any
-    precision: Any  # PrecisionChoice, or None where the config decided
-    heap: Any  # HeapChoice
-    accelerator: Any
-    model: Any
-    loader: Any
-    step: Any
-
-
-def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str]) -> KitRun:
+def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str]) -> Any:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
-    line), on the CPU: "auto" precision decided and ``mmap_threshold_mib`` applied as a run does."""
+    line), on the CPU, built as a text run is (``simcse_kit.training.build_run``: "auto"
+    precision decided, ``mmap_threshold_mib`` applied) without dev selection or run folder;
+    ``fit(run, run.step, run.cfg.train)`` trains it."""
     import datasets
 
     from simcse_kit.config import load_config
-    from simcse_kit.heap import apply_mmap_threshold
-    from simcse_kit.objectives import SimCSEObjective
     from simcse_kit.recipes import find_recipe
-    from simcse_kit.trainer import make_accelerator, with_concrete_precision
-    from simcse_kit.training import build_model, load_checked_tokenizer, make_loader, make_step
+    from simcse_kit.training import build_run
 
     opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides
     cfg = load_config(find_recipe(recipe), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in opts.items()})
-    train_cfg, precision = with_concrete_precision(cfg.train, cpu=True)
-    cfg = replace(cfg, train=train_cfg)
-    heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
-    tokenizer = load_checked_tokenizer(cfg)
-    accelerator = make_accelerator(cfg.train, cpu=True)
-    model = build_model(cfg)
-    loader = make_loader(cfg, datasets.Dataset.from_dict({"sent0": sentences}), tokenizer, accelerator.num_processes)
-    step = make_step(cfg, model, SimCSEObjective(cfg.data.mode, cfg.loss), accelerator)
-    return KitRun(cfg, precision, heap, accelerator, model, loader, step)
+    return build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sentences}), evaluate=False, cpu=True)
 
 
 def emit(result: dict[str, Any]) -> None:

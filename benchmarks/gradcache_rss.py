@@ -92,7 +92,7 @@ def worker(args: argparse.Namespace) -> None:
         return loss
 
     start = rss_mib()
-    fit(run.model, measured, run.loader, run.cfg.train, accelerator=run.accelerator)
+    fit(run, measured, run.cfg.train)
     heap = {"mmap_threshold_mib": run.heap.mmap_threshold_mib, "reason": run.heap.reason}
     emit({"start": start, "steps": steps, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "heap": heap})
 

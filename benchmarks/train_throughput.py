@@ -99,7 +99,7 @@ def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest:
     run = kit_recipe_run("unsup", overrides, sents)
     collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
     run.loader.collate_fn = collator
-    fit(run.model, run.step, run.loader, run.cfg.train, accelerator=run.accelerator)
+    fit(run, run.step, run.cfg.train)
     decided = {
         "mixed_precision": run.cfg.train.mixed_precision,
         "bf16_weights": run.cfg.train.bf16_weights,

@@ -86,7 +86,7 @@ def _set(cfg: RunConfig, dotted: str, value: Any) -> None:
 def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     """The metrics of a finished run in ``cfg.train.output_dir`` with the same config,
     else None. A finished run with a *different* config is an error, never reused."""
-    from simcse_kit.training import config_differences
+    from simcse_kit.run_folder import config_differences
 
     out = Path(cfg.train.output_dir)
     if not (out / "metrics.json").is_file():

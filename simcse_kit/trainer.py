@@ -1,7 +1,10 @@
-"""A small training loop with Accelerate at the edges, and the checkpoints it keeps.
+"""A small training loop with Accelerate at the edges.
 
-The loop knows nothing about text or images. :func:`fit` takes a model, a *step*, a
-DataLoader and a :class:`~simcse_kit.config.LoopConfig`:
+The loop knows nothing about text or images. As in accelerate's examples, the caller
+builds what is trained before the loop: an Accelerator (:func:`make_accelerator`, the
+precision already decided), then :func:`prepare` seeds and builds AdamW and the linear
+schedule, and ``accelerator.prepare`` takes them with the model and the DataLoader.
+:func:`fit` then only loops:
 
 - a step is any callable ``step(model, batch, backward) -> loss`` that computes the
   loss, calls ``backward(loss)`` itself and returns the detached loss (GradCache calls
@@ -9,8 +12,9 @@ DataLoader and a :class:`~simcse_kit.config.LoopConfig`:
 - an evaluator is any callable ``evaluator(model) -> dict[str, float]`` with a
   ``primary_metric`` attribute naming the key that selects the best model (the
   sentence-transformers convention), run every ``eval_steps`` and at the end;
-- :class:`Checkpoints` owns the run's ``step-N`` folders (the full training state every
-  ``save_steps``, so that ``resume=True`` continues exactly) *and* the best model;
+- :class:`~simcse_kit.checkpoints.Checkpoints` owns the run's ``step-N`` folders (the
+  full training state every ``save_steps``, so that ``resume=True`` continues exactly)
+  *and* the best model;
 - the accelerator's experiment trackers (``cfg.report_to``) get the loop's numbers, the
   step's own ``metrics()`` and every evaluation against the step (:mod:`simcse_kit.tracking`).
 
@@ -19,18 +23,13 @@ Mixed precision, gradient accumulation and multi-process come from Accelerate.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
-import shutil
 import time
-import zipfile
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -41,76 +40,22 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+from simcse_kit.checkpoints import Checkpoints, LoopState
 from simcse_kit.config import AUTO, LoopConfig
 from simcse_kit.errors import ConfigError
-from simcse_kit.fastpath.bf16 import MasterWeightAdamW, bf16_training
+from simcse_kit.fastpath.bf16 import bf16_training
 from simcse_kit.fastpath.internals import reset_accelerate_state
-from simcse_kit.fileio import atomic_dir, remove_dir, replace_dir, storage_error
-from simcse_kit.guards import StepGuard, Stopped, StopSignals, collapse_reason
-from simcse_kit.model_checks import check_weights
+from simcse_kit.guards import StepGuard, Stopped, StopSignals
 from simcse_kit.pipeline import loader_options
-from simcse_kit.precision import PrecisionChoice, resolve_precision
+from simcse_kit.selection import Evaluator, Selection
 from simcse_kit.tracking import LoopLog, gradient_norm, tracker_names
 
 logger = logging.getLogger(__name__)
 
 Step = Callable[[nn.Module, Any, Callable[[torch.Tensor], None]], torch.Tensor]
-SaveModelFn = Callable[[nn.Module, Path, dict[str, float]], None]
-
-KEEP_CHECKPOINTS = 2  # the newest complete one, plus one in case the newest is bad
-LOOP_STATE = "loop_state.json"  # written last into a checkpoint: its presence marks it complete
-LOADER_RNG = "loader_generator.pt"
-BEST_SNAPSHOT = "best_model"  # a checkpoint's hard-linked copy of the best model at its step
-
-
-class Evaluator(Protocol):
-    """``evaluator(model) -> metrics``; ``metrics[evaluator.primary_metric]`` selects the best."""
-
-    primary_metric: str
-
-    def __call__(self, model: nn.Module) -> dict[str, float]: ...
-
-
-@dataclass
-class LoopState:
-    """What the loop has done so far (saved with checkpoints, returned at the end)."""
-
-    global_step: int = 0
-    epoch: int = 0
-    batches_in_epoch: int = 0  # micro-batches consumed in the current epoch
-    best_score: float = -math.inf
-    best_step: int = -1
-    rows_seen: int = 0  # batch rows trained on, all processes (text: sentences, V per example)
-    train_seconds: float = 0.0  # without evaluations and checkpoint saves
-    losses: list[tuple[int, float]] = field(default_factory=list)
-    evals: list[dict[str, float]] = field(default_factory=list)
-
-    def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, [tuple(v) for v in value] if key == "losses" else value)
 
 
 # --------------------------------------------------------------------------- building blocks
-
-
-C = TypeVar("C", bound=LoopConfig)
-
-
-def with_concrete_precision(cfg: C, cpu: bool | None = None) -> tuple[C, PrecisionChoice | None]:
-    """``cfg`` with ``auto`` precision settings decided for this machine (and the choice,
-    with its one-line reason); a config without ``auto`` comes back unchanged with None."""
-    fast = getattr(cfg, "fast_dropout", False)
-    if AUTO not in (cfg.mixed_precision, cfg.bf16_weights, fast):
-        return cfg, None
-    cpu = not torch.cuda.is_available() if cpu is None else cpu
-    choice = resolve_precision(cfg.mixed_precision, "cpu" if cpu else "cuda", bf16_weights=cfg.bf16_weights, fast_dropout=fast)
-    changes: dict[str, Any] = {"mixed_precision": choice.mixed_precision, "bf16_weights": choice.bf16_weights}
-    if hasattr(cfg, "fast_dropout"):
-        changes["fast_dropout"] = choice.fast_dropout
-    return replace(cfg, **changes), choice
 
 
 def loss_text(value: float) -> str:
@@ -133,7 +78,13 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
         cpu = not torch.cuda.is_available()
         if cpu and torch.backends.mps.is_available():
             logger.info("training on the CPU: an MPS device is present, but training is not verified on MPS")
-    cfg, _ = with_concrete_precision(cfg, cpu)
+    if AUTO in (cfg.mixed_precision, cfg.bf16_weights):
+        # Decided once, by the caller, before anything records the config (a text run:
+        # simcse_kit.run_folder.with_concrete_precision); optimiser and loop read the same values.
+        raise ValueError(
+            f"make_accelerator: mixed_precision = {cfg.mixed_precision!r}, bf16_weights = {cfg.bf16_weights!r}: "
+            "decide 'auto' for this machine first (simcse_kit.precision.resolve_precision)"
+        )
     # bf16 weights run the model in bf16 outright: autocast on top would only add casts.
     precision = "no" if cfg.bf16_model else cfg.mixed_precision
     # Accelerate keeps one process-wide state and refuses a second Accelerator with another
@@ -214,210 +165,107 @@ def batch_rows(batch: Any) -> int:
     return len(next(iter(batch.values()))) if isinstance(batch, Mapping) else len(batch)
 
 
-# --------------------------------------------------------------------------- checkpoints
+
+# --------------------------------------------------------------------------- the caller's side
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """``step-120`` -> 120; anything else (hidden temp or half-deleted folders) -> None."""
-    name = path.name
-    if not name.startswith("step-") or not name[5:].isdigit():
-        return None
-    return int(name[5:])
+@dataclass
+class Prepared:
+    """What :func:`fit` trains: the accelerator and what it prepared (:func:`prepare`).
 
-
-def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The newest complete checkpoint ``folder/step-N``, or None.
-
-    Only folders named ``step-N`` holding ``loop_state.json`` count: a checkpoint is
-    written into a hidden temp folder and renamed into place, so a kill mid-save leaves
-    only a temp folder, which is ignored here and deleted by the next save.
-    """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    done = [p for p in folder.iterdir() if checkpoint_step(p) is not None and (p / LOOP_STATE).is_file()]
-    return max(done, key=lambda p: checkpoint_step(p) or 0, default=None)
-
-
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """What is wrong with a complete-looking checkpoint folder (a truncated or corrupt
-    file: a disk that filled, a copy cut short), or None. Cheap: headers and zip
-    directories are read, no tensor."""
-    try:
-        json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return f"{ckpt / LOOP_STATE}: {exc}"
-    for path in sorted(ckpt.iterdir()):
-        # torch.save writes zip archives, whose directory sits at the end: a cut file has none.
-        if path.suffix in (".bin", ".pt", ".pkl") and path.is_file():
-            try:
-                zipfile.ZipFile(path).close()
-            except (OSError, zipfile.BadZipFile) as exc:
-                return f"{path}: {exc}"
-    for folder in (ckpt, ckpt / BEST_SNAPSHOT):
-        try:
-            check_weights(folder)
-        except ConfigError as exc:
-            return str(exc)
-    return None
-
-
-def link_tree(src: Path, dst: Path) -> None:
-    """Copy folder ``src`` to ``dst`` as hard links (a copy where linking fails).
-
-    Model folders are only ever replaced whole (built elsewhere, then renamed), never
-    edited in place, so files shared by links cannot change under a checkpoint.
+    Attributes:
+        accelerator: the run's Accelerator.
+        model: the model as ``accelerator.prepare`` returned it (``step`` gets this one).
+        optimizer: AdamW over the model's parameter groups, prepared.
+        scheduler: the linear warm-up and decay, prepared.
+        loader: the training batches, prepared (a share of them on each process).
+        n_steps: the optimiser steps the loop takes (the schedule's length).
+        generator: the loader's shuffling generator (``DataLoader(generator=...)``): each
+            epoch's order is drawn from it, so its state is checkpointed; None: no such one.
     """
 
-    def link(a: str, b: str) -> None:
-        try:
-            os.link(a, b)
-        except OSError:
-            shutil.copy2(a, b)
+    accelerator: Accelerator
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loader: DataLoader
+    n_steps: int
+    generator: torch.Generator | None
 
-    shutil.copytree(src, dst, copy_function=link, dirs_exist_ok=True)
 
+def prepare(model: nn.Module, loader: DataLoader, cfg: LoopConfig, accelerator: Accelerator | None = None) -> Prepared:
+    """Seed, build AdamW and the linear schedule, and prepare them with ``model`` and ``loader``.
 
-class Checkpoints:
-    """A run's checkpoint folder and its best model.
-
-    The full training state goes to ``folder/step-N`` (the newest :data:`KEEP_CHECKPOINTS`
-    kept); the best model so far to ``best_dir``. Each checkpoint carries a hard-linked
-    snapshot of ``best_dir`` as it was at that step: after a kill, ``best_dir`` may come
-    from steps that the resumed run redoes, and :meth:`restore` puts it back to the
-    checkpoint's best-so-far.
+    The order of accelerate's examples: optimizer and schedule exist before
+    ``accelerator.prepare`` sees them, the schedule sized by the prepared loader.
 
     Args:
-        folder: where the ``step-N`` folders go.
-        best_dir: where the best model goes; None: the best is tracked, not saved.
-        save_model: ``save_model(model, folder, metrics)`` writes ``model`` into the empty
-            ``folder`` (renamed to ``best_dir`` once written); ``metrics`` are the
-            evaluation's, with ``"step"``.
+        model: any ``nn.Module``.
+        loader: training batches, shuffled by the caller (a ``generator`` attribute is
+            checkpointed so that a resume redraws the order).
+        cfg: optimiser and loop settings, precision decided.
+        accelerator: the run's (e.g. built by the caller to register objects for
+            checkpointing); default a new one from ``cfg``.
     """
-
-    def __init__(self, folder: str | Path, best_dir: str | Path | None = None, save_model: SaveModelFn | None = None) -> None:
-        if (best_dir is None) != (save_model is None):
-            raise ValueError("Checkpoints: best_dir and save_model go together")
-        self.folder = Path(folder)
-        self.best_dir = Path(best_dir) if best_dir is not None else None
-        self.save_model = save_model
-
-    def latest(self) -> Path | None:
-        return latest_checkpoint(self.folder)
-
-    def intact(self) -> Path | None:
-        """The newest checkpoint that passes :func:`checkpoint_problem`, saying which newer
-        ones were skipped and why; None if there is none at all.
-
-        Raises:
-            ConfigError: there are checkpoints, but none intact.
-        """
-        done = (
-            sorted(
-                (p for p in self.folder.iterdir() if checkpoint_step(p) is not None and (p / LOOP_STATE).is_file()),
-                key=lambda p: checkpoint_step(p) or 0,
-                reverse=True,
-            )
-            if self.folder.is_dir()
-            else []
-        )
-        problems = []
-        for ckpt in done:
-            problem = checkpoint_problem(ckpt)
-            if problem is None:
-                if problems:
-                    logger.warning("resuming from %s, the newest intact checkpoint, instead: %s", ckpt, "; ".join(problems))
-                return ckpt
-            problems.append(f"{ckpt.name} is damaged ({problem})")
-        if problems:
-            raise ConfigError(
-                f"--resume: no intact checkpoint in {self.folder}: {'; '.join(problems)}; start over with --overwrite"
-            )
-        return None
-
-    def save_best(self, model: nn.Module, metrics: dict[str, float]) -> None:
-        """Replace ``best_dir`` whole with ``model`` (main process only)."""
-        if self.best_dir is None or self.save_model is None:
-            return
-        with atomic_dir(self.best_dir) as tmp:
-            self.save_model(model, tmp, metrics)
-
-    def save(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
-        """:meth:`write`; a write that fails for the disk's reasons (full, read-only)
-        removes the partial temp folder and raises a one-line StorageError naming it."""
-        try:
-            return self.write(accelerator, state, loader_rng)
-        except (OSError, RuntimeError) as exc:
-            partial = self.folder / f".step-{state.global_step}.tmp"
-            shutil.rmtree(partial, ignore_errors=True)  # it would keep the disk full for the next try
-            error = storage_error(exc, partial)
-            if error is None:
-                raise
-            raise error from None
-
-    def write(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
-        """Write the full training state to ``folder/step-N`` atomically; keep the newest two.
-
-        Model, optimizer, scheduler, scaler, registered objects and every process's RNG
-        states come from ``accelerator.save_state``; the loop position and best-so-far from
-        ``state``; the shuffling generator's state at the start of the current epoch from
-        ``loader_rng``. All processes must call this (``save_state`` writes per-process
-        files, so on several nodes ``folder`` must be on a shared filesystem).
-        """
-        final = self.folder / f"step-{state.global_step}"
-        # Not fileio.atomic_dir: every process writes into this folder, so its temp name
-        # must be the same on all of them (atomic_dir draws a random one).
-        tmp = self.folder / f".step-{state.global_step}.tmp"
-        if accelerator.is_main_process:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            for stale in self.folder.glob(".step-*"):  # leftovers of a killed save or delete
-                shutil.rmtree(stale, ignore_errors=True)
-        accelerator.wait_for_everyone()
-        accelerator.save_state(str(tmp))
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            if loader_rng is not None:
-                torch.save(loader_rng, tmp / LOADER_RNG)
-            if self.best_dir is not None and self.best_dir.is_dir():
-                link_tree(self.best_dir, tmp / BEST_SNAPSHOT)
-            (tmp / LOOP_STATE).write_text(json.dumps(state.state_dict()), encoding="utf-8")
-            replace_dir(tmp, final)  # a resumed run passing the same step again replaces it
-            done = sorted(
-                (p for p in self.folder.iterdir() if checkpoint_step(p) is not None), key=lambda p: checkpoint_step(p) or 0
-            )
-            for old in done[:-KEEP_CHECKPOINTS]:
-                remove_dir(old)
-            logger.info("saved training state at step %d to %s", state.global_step, final)
-        accelerator.wait_for_everyone()
-        return final
-
-    def restore(self, accelerator: Accelerator, state: LoopState, generator: torch.Generator | None) -> Path | None:
-        """Load the newest checkpoint into the prepared objects, ``state`` and the shuffling
-        ``generator``, and put ``best_dir`` back to its snapshot; None if there is none."""
-        if accelerator.is_main_process and self.folder.is_dir():
-            for stale in self.folder.glob(".step-*"):  # a failed save's leftovers (they may fill the disk)
-                shutil.rmtree(stale, ignore_errors=True)
-        ckpt = self.intact()
-        if ckpt is None:
-            logger.info("no checkpoint in %s: starting from the beginning", self.folder)
-            return None
-        accelerator.load_state(str(ckpt))
-        state.load_state_dict(json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8")))
-        if generator is not None and (ckpt / LOADER_RNG).is_file():
-            generator.set_state(torch.load(ckpt / LOADER_RNG))
-        if accelerator.is_main_process and self.best_dir is not None:
-            snapshot = ckpt / BEST_SNAPSHOT
-            if snapshot.is_dir():
-                with atomic_dir(self.best_dir) as tmp:
-                    link_tree(snapshot, tmp)
-            elif self.best_dir.exists():  # saved by steps after the checkpoint, before any best
-                remove_dir(self.best_dir)
-        accelerator.wait_for_everyone()
-        logger.info("resumed from %s (step %d, epoch %d, batch %d)", ckpt, state.global_step, state.epoch, state.batches_in_epoch)
-        return ckpt
+    accelerator = accelerator or make_accelerator(cfg)
+    set_seed(cfg.seed)
+    generator: torch.Generator | None = getattr(loader, "generator", None)
+    # The loader first: the schedule's length is the optimiser steps of the loader each
+    # process iterates (a share of the batches on several processes).
+    loader = accelerator.prepare(loader)
+    n_steps = total_steps(cfg, len(loader))
+    if accelerator.is_main_process:
+        logger.info("%d optimiser steps on %d process(es), %s", n_steps, accelerator.num_processes, accelerator.device)
+    # The model on its device before AdamW is built: bf16 weights' fp32 masters are made
+    # from it where it trains (prepare would move the model, not the masters).
+    if accelerator.device_placement:
+        model = model.to(accelerator.device)
+    optimizer = make_optimizer(model, cfg)
+    ticks = scheduler_ticks_per_step(accelerator, cfg)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps) * ticks, n_steps * ticks)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return Prepared(accelerator, model, optimizer, scheduler, loader, n_steps, generator)
 
 
 # --------------------------------------------------------------------------- the loop
+
+
+def epoch_batches(run: Prepared, cfg: LoopConfig, state: LoopState) -> Iterator[tuple[torch.Tensor | None, Any]]:
+    """The micro-batches left to train on, each with the shuffling generator's state at
+    the start of its epoch (what a checkpoint keeps, so a resume redraws that order).
+
+    Picks up at ``state``'s epoch and batch: on resume the restored generator redraws the
+    epoch's order and the batches already trained on are skipped, so the data position is
+    exact. No new epoch starts once ``run.n_steps`` steps are done.
+    """
+    skip = state.batches_in_epoch  # > 0 only when resumed mid-epoch
+    for epoch in range(state.epoch, cfg.num_epochs):
+        if state.global_step >= run.n_steps:  # also: resumed from a checkpoint of the last step
+            return
+        state.epoch = epoch
+        epoch_rng = run.generator.get_state() if run.generator is not None else None
+        batches = run.accelerator.skip_first_batches(run.loader, skip) if skip else run.loader
+        state.batches_in_epoch, skip = skip, 0
+        for batch in batches:
+            yield epoch_rng, batch
+
+
+def step_grad_norm(run: Prepared, cfg: LoopConfig, wanted: bool) -> torch.Tensor | None:
+    """At an optimiser step, the gradient norm: it comes with clipping (``cfg.max_grad_norm``);
+    without clipping it is computed only when ``wanted`` (a logged step). None otherwise."""
+    if not run.accelerator.sync_gradients:
+        return None
+    if cfg.max_grad_norm is not None:
+        return run.accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
+    if wanted:
+        run.accelerator.unscale_gradients()  # fp16: the true gradients' norm, as clipping sees it
+        return gradient_norm(run.model.parameters())
+    return None
+
+
+def due(every: int, step: int) -> bool:
+    """Whether something done every ``every`` optimiser steps (0: never) is due at ``step``."""
+    return every > 0 and step % every == 0
 
 
 class Stopwatch:
@@ -442,175 +290,96 @@ class Stopwatch:
             self.since = time.perf_counter()
 
 
-def fit(
-    model: nn.Module,
-    step: Step,
-    loader: DataLoader,
-    cfg: LoopConfig,
-    *,
-    accelerator: Accelerator | None = None,
-    evaluator: Evaluator | None = None,
-    checkpoints: Checkpoints | None = None,
-    resume: bool = False,
-    signals: StopSignals | None = None,
-) -> LoopState:
-    """Train ``model`` with AdamW + linear schedule; return the loop state.
+class Progress:
+    """What the loop shows and records per optimiser step: the progress bar and, every
+    ``cfg.log_steps``, the loss (in the state, and for the trackers: :class:`LoopLog`)."""
 
-    Args:
-        model: any ``nn.Module``; ``step`` decides how it is called.
-        step: ``step(model, batch, backward) -> detached loss``; it gets the prepared
-            model and Accelerate's ``backward`` (loss scaling, accumulation division).
-        loader: training batches, shuffled by the caller; a ``generator`` attribute
-            (``DataLoader(generator=...)``) is checkpointed so a resume redraws the order.
-        cfg: optimiser and loop settings.
-        accelerator: reuse one (e.g. built by the caller to register objects for
-            checkpointing); default a new one from ``cfg``.
-        evaluator: run on the unwrapped model in eval mode every ``cfg.eval_steps``
-            optimiser steps and at the end, on the main process; its primary metric
-            selects the best model (saved through ``checkpoints``).
-        checkpoints: where the best model and, every ``cfg.save_steps``, the full training
-            state go; None: nowhere.
-        resume: continue from the newest checkpoint (from the start if there is none).
-            Model, optimizer, scheduler, RNGs, the position in the epoch, the shuffling
-            order and the best-so-far are restored, so a resumed run on CPU ends exactly
-            as an uninterrupted one.
-        signals: installed stop signals (:class:`~simcse_kit.guards.StopSignals`): on
-            SIGTERM, SIGUSR1 or SIGINT the loop finishes the optimiser step, writes a
-            checkpoint and raises :class:`~simcse_kit.guards.Stopped`.
+    def __init__(self, run: Prepared, cfg: LoopConfig, step: Step, state: LoopState) -> None:
+        self.accelerator, self.cfg = run.accelerator, cfg
+        self.log = LoopLog(run.accelerator, cfg, step, state.rows_seen, state.train_seconds)
+        show_bar = cfg.progress_bar and run.accelerator.is_local_main_process
+        self.bar = tqdm(total=run.n_steps, initial=state.global_step, disable=not show_bar, desc="train")
+
+    def wants_grad_norm(self, state: LoopState) -> bool:
+        """Whether the coming optimiser step is logged to trackers (its gradient norm with it)."""
+        return self.log.active and is_log_step(self.cfg, state.global_step + 1)
+
+    def record(self, state: LoopState, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor | None, clock: Stopwatch) -> None:
+        self.bar.update(1)
+        if is_log_step(self.cfg, state.global_step):
+            # The mean over processes: each computed the loss of its own anchors.
+            value = self.accelerator.reduce(loss.detach().float(), reduction="mean").item()
+            state.losses.append((state.global_step, value))
+            clock.lap()  # the throughput so far
+            self.log.train(state.global_step, value, lr, grad_norm, state.rows_seen, state.train_seconds)
+            self.bar.set_postfix(loss=loss_text(value))
+
+    def close(self) -> None:
+        self.bar.close()
+        self.log.close()
+
+
+def fit(
+    run: Prepared, step: Step, cfg: LoopConfig, *, evaluator: Evaluator | None = None,
+    checkpoints: Checkpoints | None = None, resume: bool = False, signals: StopSignals | None = None,
+) -> LoopState:
+    """Train ``run.model`` for ``run.n_steps`` optimiser steps; return the loop state.
+
+    ``step`` gets the prepared model and Accelerate's ``backward``. ``evaluator`` runs every
+    ``cfg.eval_steps`` and at the end, selecting the best model (:class:`~simcse_kit.selection.Selection`);
+    ``checkpoints`` keeps it, and the full training state every ``cfg.save_steps``, which
+    ``resume`` continues from exactly (model, optimizer, schedule, RNGs, data position, best).
+    Installed ``signals`` (SIGTERM, SIGUSR1, SIGINT) end the optimiser step, write a checkpoint
+    and raise :class:`~simcse_kit.guards.Stopped`.
 
     Raises:
         Diverged: the loss (or, but under fp16, the gradient norm) is not finite; raised
             before that step's update, so checkpoints and the best model stay good.
     """
-    if evaluator is not None and not isinstance(getattr(evaluator, "primary_metric", None), str):
-        raise TypeError("fit: the evaluator needs a primary_metric attribute naming the key that selects the best model")
-    accelerator = accelerator or make_accelerator(cfg)
-    cfg, _ = with_concrete_precision(cfg, accelerator.device.type == "cpu")
-    set_seed(cfg.seed)
-    # The shuffling generator: each epoch's order is drawn from it, so its state at the
-    # epoch's start is part of the checkpoint.
-    generator: torch.Generator | None = getattr(loader, "generator", None)
-    # The loader first: the schedule's length is the optimiser steps of the loader each
-    # process iterates (a share of the batches on several processes).
-    loader = accelerator.prepare(loader)
-    n_steps = total_steps(cfg, len(loader))
-    if accelerator.is_main_process:
-        logger.info("%d optimiser steps on %d process(es), %s", n_steps, accelerator.num_processes, accelerator.device)
-    # The model on its device before AdamW is built: bf16 weights' fp32 masters are made
-    # from it where it trains (prepare would move the model, not the masters).
-    if accelerator.device_placement:
-        model = model.to(accelerator.device)
-    optimizer = make_optimizer(model, cfg)
-    # With bf16 weights the best model is saved from the fp32 masters, not their bf16 rounding.
-    fp32_weights = optimizer.fp32_model if isinstance(optimizer, MasterWeightAdamW) else nullcontext
-    ticks = scheduler_ticks_per_step(accelerator, cfg)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps) * ticks, n_steps * ticks)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    state = LoopState()
+    accelerator, model, optimizer, state = run.accelerator, run.model, run.optimizer, LoopState()
     if resume and checkpoints is not None:
-        checkpoints.restore(accelerator, state, generator)
-    log = LoopLog(accelerator, cfg, step, state.rows_seen, state.train_seconds)
+        checkpoints.restore(accelerator, state, run.generator)
+    progress = Progress(run, cfg, step, state)
     signals = signals or StopSignals()  # not installed: never requested
     hint = f" (train.learning_rate = {cfg.learning_rate}, train.mixed_precision = {cfg.mixed_precision})"
     guard = StepGuard(accelerator, signals, check_grad_norm=cfg.mixed_precision != "fp16", hint=hint)
-
-    def evaluate() -> None:
-        if evaluator is None:
-            return
-        model.eval()
-        if accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
-            metrics = {"step": float(state.global_step), **evaluator(unwrapped)}
-            state.evals.append(metrics)
-            log.evaluation(metrics)
-            score = metrics[evaluator.primary_metric]
-            if state.best_step < 0:
-                logger.info("step %d: %s = %.4f", state.global_step, evaluator.primary_metric, score)
-            else:
-                best = f"best {state.best_score:.4f} at step {state.best_step}"
-                logger.info("step %d: %s = %.4f (%s)", state.global_step, evaluator.primary_metric, score, best)
-            collapsed = collapse_reason(metrics, evaluator.primary_metric)
-            if collapsed:
-                logger.warning(
-                    "step %d: the model looks collapsed (%s); not a candidate for the best model", state.global_step, collapsed
-                )
-            elif score > state.best_score:
-                state.best_score, state.best_step = score, state.global_step
-                if checkpoints is not None:
-                    with fp32_weights(unwrapped):
-                        checkpoints.save_best(unwrapped, metrics)
-        accelerator.wait_for_everyone()
-        model.train()
-
-    show_bar = cfg.progress_bar and accelerator.is_local_main_process
-    bar = tqdm(total=n_steps, initial=state.global_step, disable=not show_bar, desc="train")
+    evaluate = Selection(accelerator, model, optimizer, evaluator, checkpoints, progress.log)
     model.train()
     if cfg.eval_at_start and state.global_step == 0 and not state.evals:
-        evaluate()  # step 0: the base model is a candidate for "best" like any checkpoint
+        evaluate(state)  # step 0: the base model is a candidate for "best" like any checkpoint
     clock = Stopwatch(state)
-    skip = state.batches_in_epoch  # > 0 only when resumed mid-epoch
-    stop = False
-    for epoch in range(state.epoch, cfg.num_epochs):
-        if state.global_step >= n_steps:  # also: resumed from a checkpoint of the last step
+    for epoch_rng, batch in epoch_batches(run, cfg, state):
+        with accelerator.accumulate(model):
+            loss = step(model, batch, accelerator.backward)
+            grad_norm = step_grad_norm(run, cfg, progress.wants_grad_norm(state))
+            # Before the update: a non-finite step never reaches the weights.
+            stop = accelerator.sync_gradients and guard(state.global_step + 1, loss, grad_norm)
+            lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it next)
+            optimizer.step()
+            run.scheduler.step()
+            optimizer.zero_grad()
+        state.rows_seen += batch_rows(batch) * accelerator.num_processes
+        state.batches_in_epoch += 1
+        if not accelerator.sync_gradients:  # mid-accumulation: no optimiser step yet
+            continue
+        state.global_step += 1
+        progress.record(state, loss, lr, grad_norm, clock)
+        last = state.global_step >= run.n_steps  # the final evaluation follows the loop
+        if due(cfg.eval_steps, state.global_step) and not last:
+            with clock.paused():
+                evaluate(state)
+        saved = None
+        if checkpoints is not None and (stop or (due(cfg.save_steps, state.global_step) and not last)):
+            with clock.paused():
+                saved = checkpoints.save(accelerator, state, epoch_rng)
+        if stop:  # a signal: a complete checkpoint of this step, then out (all processes agree on it)
+            progress.close()
+            raise Stopped(signals.requested or "a stop signal", state.global_step, saved)
+        if last:
             break
-        state.epoch = epoch
-        epoch_rng = generator.get_state() if generator is not None else None
-        # On resume, the restored generator redraws this epoch's order and the batches
-        # already trained on are skipped, so the data position is exact.
-        batches = accelerator.skip_first_batches(loader, skip) if skip else loader
-        state.batches_in_epoch, skip = skip, 0
-        for batch in batches:
-            with accelerator.accumulate(model):
-                loss = step(model, batch, accelerator.backward)
-                # The gradient norm comes with clipping; without it, it is computed for logged steps only.
-                grad_norm = None
-                if accelerator.sync_gradients and cfg.max_grad_norm is not None:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                elif log.active and accelerator.sync_gradients and is_log_step(cfg, state.global_step + 1):
-                    accelerator.unscale_gradients()  # fp16: the true gradients' norm, as clipping sees it
-                    grad_norm = gradient_norm(model.parameters())
-                if accelerator.sync_gradients:  # before the update: a non-finite step never reaches the weights
-                    stop = guard(state.global_step + 1, loss, grad_norm)
-                lr = optimizer.param_groups[0]["lr"]  # the rate this step uses (the scheduler moves it next)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            state.rows_seen += batch_rows(batch) * accelerator.num_processes
-            state.batches_in_epoch += 1
-            if not accelerator.sync_gradients:  # mid-accumulation: no optimiser step yet
-                continue
-            state.global_step += 1
-            bar.update(1)
-            if is_log_step(cfg, state.global_step):
-                # The mean over processes: each computed the loss of its own anchors.
-                value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
-                state.losses.append((state.global_step, value))
-                clock.lap()  # the throughput so far
-                log.train(state.global_step, value, lr, grad_norm, state.rows_seen, state.train_seconds)
-                bar.set_postfix(loss=loss_text(value))
-            last = state.global_step >= n_steps  # the final evaluation follows the loop
-            if cfg.eval_steps and state.global_step % cfg.eval_steps == 0 and not last:
-                with clock.paused():
-                    evaluate()
-            if checkpoints is not None and cfg.save_steps > 0 and state.global_step % cfg.save_steps == 0 and not last:
-                with clock.paused():
-                    checkpoints.save(accelerator, state, epoch_rng)
-            if stop:  # a signal: a complete checkpoint of this step, then out (all processes agree on it)
-                with clock.paused():
-                    saved = checkpoints.save(accelerator, state, epoch_rng) if checkpoints is not None else None
-                bar.close()
-                log.close()
-                raise Stopped(signals.requested or "a stop signal", state.global_step, saved)
-            if last:
-                break
     clock.lap()
-    bar.close()
-    evaluate()
-    log.close()
-    if evaluator is not None and state.best_step == 0 and state.global_step > 0:
-        logger.warning(
-            "no checkpoint beat the untouched model on %s (%.4f at step 0): the best model IS the base model",
-            evaluator.primary_metric,
-            state.best_score,
-        )
+    progress.bar.close()
+    evaluate(state)  # the final model is a candidate too
+    progress.log.close()
+    evaluate.warn_if_untouched_best(state)
     return state

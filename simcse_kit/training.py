@@ -11,9 +11,8 @@ with ``train.save_steps``, ``checkpoints/`` for ``--resume``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -21,36 +20,35 @@ from typing import Any
 
 import datasets
 import torch
-from accelerate import Accelerator, PartialState
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoConfig, AutoTokenizer
 
-from simcse_kit.architectures import max_tokens
-from simcse_kit.batch import VIEW_COLUMNS, view_prompts, views_per_example
-from simcse_kit.config import RunConfig, load_config, save_config
-from simcse_kit.data import ContrastiveCollator, load_train_dataset, mix_datasets
+from simcse_kit.batch import view_prompts, views_per_example
+from simcse_kit.checkpoints import Checkpoints, LoopState
+from simcse_kit.config import RunConfig
+from simcse_kit.data import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
 from simcse_kit.evaluation.encoding import prompted
-from simcse_kit.evaluation.readers import PAIR_READERS
 from simcse_kit.fastpath import enable_fast_dropout
-from simcse_kit.fileio import folder_contents, remove_dir, write_json_atomic
+from simcse_kit.fileio import write_json_atomic
 from simcse_kit.gradcache import GradCacheStep
-from simcse_kit.guards import LOCK_FILE, RunLock, StopSignals
-from simcse_kit.heap import apply_mmap_threshold
+from simcse_kit.guards import StopSignals
+from simcse_kit.heap import HeapChoice, apply_mmap_threshold
 from simcse_kit.inference import Encoder
-from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, check_weights
-from simcse_kit.modeling import SimCSEModel, resolve_model_path
+from simcse_kit.modeling import SimCSEModel
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
-from simcse_kit.objectives import SimCSEObjective, TeacherTargets
+from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.pipeline import loader_options
 from simcse_kit.plots import plot_training_curves
-from simcse_kit.precision import check_cuda_flags, set_tf32
-from simcse_kit.teacher import TeacherTable, load_teacher_table, pca_projection, teacher_texts
+from simcse_kit.precision import PrecisionChoice, check_cuda_flags, set_tf32
+from simcse_kit.run_folder import BEST_MODEL, CHECKPOINTS, LOGS, prepare_run_dir, with_concrete_precision
+from simcse_kit.run_inputs import load_checked_tokenizer, load_teacher, load_training_data
+from simcse_kit.teacher import TeacherTable
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
-from simcse_kit.trainer import Checkpoints, LoopState, Step, fit, latest_checkpoint, make_accelerator, with_concrete_precision
+from simcse_kit.trainer import Prepared, Step, fit, make_accelerator, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -58,21 +56,39 @@ logger = logging.getLogger(__name__)
 # to the last digit (different padding changes fp32 sums in the last bits).
 EVAL_BATCH_SIZE = 128
 
-# Settings that may change between a run and its --resume: they do not change what is
-# computed (where files go, progress display, loader workers, checkpoint frequency,
-# trackers, the allocator's mmap threshold).
-RESUME_MAY_DIFFER = (
-    "train.output_dir",
-    "train.progress_bar",
-    "data.num_workers",
-    "train.save_steps",
-    "train.report_to",
-    "train.mmap_threshold_mib",
-    "loss.teacher_cache_dir",
-)
-CHECKPOINTS = "checkpoints"
-LOGS = "logs"  # the experiment trackers' folder in the run folder
-BEST_MODEL = "best_model"
+@dataclass
+class Run(Prepared):
+    """A text run wired and not yet run (:func:`build_run`).
+
+    The accelerator with the prepared model, AdamW, schedule and loader (the fields of
+    :class:`~simcse_kit.trainer.Prepared`: ``fit(run, run.step, run.cfg.train)`` trains
+    it), plus what a text run adds around the loop.
+
+    Attributes:
+        cfg: the config, ``auto`` precision decided (what ``config.yaml`` records).
+        precision: how ``auto`` was decided; None where the config decided.
+        heap: the allocator setting applied (``train.mmap_threshold_mib``).
+        tokenizer: the model's tokenizer, checked against the model and the lengths.
+        objective: the loss (its ``masked_negatives`` count goes to metrics.json).
+        step: the loop's step: the objective, or GradCache or the momentum queue around it.
+        evaluator: dev selection (``evaluator(model) -> metrics``); None: built without.
+        final_sts: the STS table scored on the best model at the end; None: not scored.
+        checkpoints: the run folder's checkpoints and best model.
+        teacher: the teacher's vectors of the training sentences; None: no teacher.
+        tf32: whether fp32 matmuls run on TF32 tensor cores.
+    """
+
+    cfg: RunConfig
+    precision: PrecisionChoice | None
+    heap: HeapChoice
+    tokenizer: Any
+    objective: SimCSEObjective
+    step: Step
+    evaluator: ModelEvaluator | None
+    final_sts: STSEvaluator | None
+    checkpoints: Checkpoints
+    teacher: TeacherTable | None
+    tf32: bool
 
 
 def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
@@ -85,37 +101,61 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     until this returns or raises.
     """
     with ExitStack() as held:
-        return _train(cfg, overwrite, resume, held)
+        run = build_run(cfg)  # every input checked before the run folder is touched
+        out = prepare_run_dir(run.cfg, overwrite, resume, held)
+        start_tracking(run.accelerator, run.cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
+        # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
+        # handlers are back for the final evaluation: there is nothing left to checkpoint.
+        with StopSignals() as signals:
+            state = fit(
+                run, run.step, run.cfg.train, evaluator=run.evaluator, checkpoints=run.checkpoints, resume=resume, signals=signals
+            )
+        return finish(run, state, out)
 
 
-def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> dict[str, Any]:
-    # Everything that can be wrong with the inputs fails here, before the run folder is
-    # written: the training data, the dev and final STS files, the model folder.
-    dataset = load_training_data(cfg)
-    dev = (
-        RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE, prompts=cfg.data.prompts)  # type: ignore[arg-type]
-        if cfg.data.dev_format == "beir"
-        else DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
-    )
-    final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
+def build_run(
+    cfg: RunConfig, *, dataset: datasets.Dataset | None = None, evaluate: bool = True, cpu: bool | None = None
+) -> Run:
+    """Everything :func:`train` wires, built and prepared, nothing run and nothing written.
+
+    Everything that can be wrong with the inputs fails here: the training data, the dev
+    and final STS files, the model folder, the trackers' names, the teacher. ``auto``
+    precision is decided for this machine, so ``run.cfg`` is what ``config.yaml`` records.
+
+    Args:
+        cfg: the run's config.
+        dataset: train on this instead of ``cfg.data``'s files (columns as
+            :func:`~simcse_kit.data.load_train_dataset` makes them: ``sent0``, ...).
+        evaluate: build the dev evaluator and the final STS table; False: neither (no
+            dev selection, no STS files read).
+        cpu: train on the CPU; default: the CPU when CUDA is unavailable.
+    """
+    dataset = load_training_data(cfg) if dataset is None else dataset
+    dev = final_sts = None
+    if evaluate:
+        dev = (
+            RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE, prompts=cfg.data.prompts)  # type: ignore[arg-type]
+            if cfg.data.dev_format == "beir"
+            else DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
+        )
+        final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
     tokenizer = load_checked_tokenizer(cfg)
     tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
     # "auto" precision becomes what this machine computes fastest, before the run folder
     # records the config: config.yaml says what ran, and a resume on another machine that
     # would decide differently is refused rather than silently mixed.
-    train_cfg, precision = with_concrete_precision(cfg.train)
+    train_cfg, precision = with_concrete_precision(cfg.train, cpu)
     cfg = replace(cfg, train=train_cfg)
     # The teacher's vectors too (encoded once, or read from the cache): a teacher that
     # does not load, or cannot match the student, fails before the run folder exists.
     teacher = load_teacher(cfg, dataset)
-    out = prepare_run_dir(cfg, overwrite, resume, held)
+    out = Path(cfg.train.output_dir)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
 
-    accelerator = make_accelerator(cfg.train, logging_dir=out / LOGS)
+    accelerator = make_accelerator(cfg.train, cpu, logging_dir=out / LOGS)
     tf32 = set_tf32(accelerator.device)
     check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
-    start_tracking(accelerator, cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
     model = build_model(cfg)
     objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None)
     loader = make_loader(
@@ -128,29 +168,26 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
     # STS dev reads its sentences as queries; a retrieval dev split applies both prompts itself.
     query_prompt = (cfg.data.prompts or {}).get("query", "") if cfg.data.dev_format != "beir" else ""
-    evaluator = ModelEvaluator(
-        dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision, query_prompt
+    evaluator = (
+        ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision, query_prompt)
+        if dev is not None
+        else None
     )
+    table = teacher[1] if teacher else None
+    text = {"cfg": cfg, "precision": precision, "heap": heap, "tokenizer": tokenizer, "objective": objective, "step": step}
+    text |= {"evaluator": evaluator, "final_sts": final_sts, "checkpoints": checkpoints, "teacher": table, "tf32": tf32}
+    return Run(**vars(prepare(model, loader, cfg.train, accelerator)), **text)
 
-    # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
-    # handlers are back for the final evaluation: there is nothing left to checkpoint.
-    with StopSignals() as signals:
-        state = fit(
-            model,
-            step,
-            loader,
-            cfg.train,
-            accelerator=accelerator,
-            evaluator=evaluator,
-            checkpoints=checkpoints,
-            resume=resume,
-            signals=signals,
-        )
 
-    metrics = run_metrics(state, views_per_example(cfg.data.mode), objective.masked_negatives)
+def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
+    """After the loop: metrics.json, the best model's STS table, the figures; the metrics."""
+    cfg, accelerator, evaluator = run.cfg, run.accelerator, run.evaluator
+    if evaluator is None:
+        raise ValueError("finish: the run was built without its dev evaluator (build_run(evaluate=False))")
+    metrics = run_metrics(state, views_per_example(cfg.data.mode), run.objective.masked_negatives)
     metrics["precision"] = (
-        asdict(precision)
-        if precision is not None
+        asdict(run.precision)
+        if run.precision is not None
         else {
             "mixed_precision": cfg.train.mixed_precision,
             "bf16_weights": cfg.train.bf16_weights,
@@ -158,9 +195,9 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
             "reason": "set in the config",
         }
     )
-    metrics["memory"] = asdict(heap)
-    if teacher is not None:
-        table = teacher[1]
+    metrics["memory"] = asdict(run.heap)
+    if run.teacher is not None:
+        table = run.teacher
         metrics["teacher"] = {
             "model": cfg.loss.teacher,
             "loss": cfg.loss.teacher_loss,
@@ -170,18 +207,18 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
             "cache_hit": table.cache_hit,
             "seconds": table.seconds,
         }
-    metrics["speed"] = {"tf32": tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
-    if objective.masking:
-        logger.info("false-negative masking removed %d (anchor, candidate) entries", objective.masked_negatives)
+    metrics["speed"] = {"tf32": run.tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
+    if run.objective.masking:
+        logger.info("false-negative masking removed %d (anchor, candidate) entries", run.objective.masked_negatives)
     have_best = (out / BEST_MODEL).is_dir()
     if accelerator.is_main_process:
         if not have_best:  # every evaluation non-finite or collapsed (warned at each)
             logger.warning(
                 "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
             )
-        if final_sts is not None and have_best:
-            best = Encoder(SimCSEModel.load(out / BEST_MODEL), tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-            metrics["sts"] = final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
+        if run.final_sts is not None and have_best:
+            best = Encoder(SimCSEModel.load(out / BEST_MODEL), run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
+            metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
             accelerator.log(
                 {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
             )
@@ -196,84 +233,17 @@ def _train(cfg: RunConfig, overwrite: bool, resume: bool, held: ExitStack) -> di
         )
         write_json_atomic(out / "metrics.json", metrics)
         if have_best:  # the last line names only a folder that exists
-            best_at = (state.best_step, state.best_score, dev.path.name, out / BEST_MODEL)
+            best_at = (state.best_step, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
             logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
         else:
             logger.info("run finished without a best model: see the warnings above; metrics at %s", out / "metrics.json")
-        if final_sts is not None and have_best:
+        if run.final_sts is not None and have_best:
             print(format_table(metrics["sts"]))
     stop_tracking(accelerator)
     return metrics
 
 
-# --------------------------------------------------------------------------- the run folder
-
-
-def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
-    """``'section.key: saved -> requested'`` for each setting that would change the run.
-
-    A saved config records what ran, so ``auto`` precision settings in ``requested`` are
-    decided for this machine before comparing (a recipe's ``auto`` matches a run that
-    chose bf16 here, and not one that chose it on another machine's hardware)."""
-    saved, requested = (replace(c, train=with_concrete_precision(c.train)[0]) for c in (saved, requested))
-    out = []
-    old, new = saved.to_dict(), requested.to_dict()
-    for section, values in new.items():
-        for key, value in values.items():
-            dotted = f"{section}.{key}"
-            if dotted not in RESUME_MAY_DIFFER and old[section][key] != value:
-                out.append(f"{dotted}: {old[section][key]!r} -> {value!r}")
-    return out
-
-
-def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False, held: ExitStack | None = None) -> Path:
-    """Create the run folder; refuse to clobber a finished or unfinished run unless asked.
-
-    With ``resume`` the folder's saved ``config.yaml`` must match ``cfg`` in everything
-    but :data:`RESUME_MAY_DIFFER`; a folder with nothing in it yet starts afresh (so a
-    restart script may always pass ``--resume``). With ``held`` the folder is locked
-    first (:class:`~simcse_kit.guards.RunLock`, released when ``held`` closes): a second
-    run into it fails here, before it changes anything.
-    """
-    out = Path(cfg.train.output_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"config key 'train.output_dir' = {str(out)!r}: exists and is not a folder")
-    if resume and overwrite:
-        raise ConfigError("--resume and --overwrite exclude each other")
-    if held is not None:
-        held.enter_context(RunLock(out))
-    finished = (out / "metrics.json").exists()
-    if resume:
-        if finished:
-            raise ConfigError(f"{out} holds a finished run (metrics.json); nothing to resume")
-        saved_path = out / "config.yaml"
-        if saved_path.is_file():
-            diffs = config_differences(load_config(saved_path), cfg)
-            if diffs:
-                raise ConfigError(
-                    f"--resume: the requested config differs from {saved_path} in {'; '.join(diffs)}; "
-                    "resume with the same settings, or start a new run in another --output-dir"
-                )
-            return out
-        logger.warning("--resume: %s holds no run yet; starting from the beginning", out)
-    elif finished and not overwrite:
-        raise ConfigError(f"{out} already holds a finished run; choose another --output-dir or pass --overwrite")
-    elif not overwrite and latest_checkpoint(out / CHECKPOINTS) is not None:
-        raise ConfigError(
-            f"{out} holds an unfinished run ({latest_checkpoint(out / CHECKPOINTS)}); "
-            "pass --resume to continue it or --overwrite to start over"
-        )
-    if overwrite and not (out / "config.yaml").is_file() and folder_contents(out, ignore=(LOCK_FILE,)):
-        # --overwrite starts over in a run folder; a folder that is not one (no config.yaml) is left alone.
-        raise ConfigError(
-            f"{out}: --overwrite replaces only a simcse-kit run folder (with config.yaml) or an empty one; "
-            f"this one holds {', '.join(folder_contents(out, ignore=(LOCK_FILE,)))}: choose another --output-dir"
-        )
-    if overwrite and (out / CHECKPOINTS).exists():
-        remove_dir(out / CHECKPOINTS)  # a fresh run must never resume into the old one's state
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
-    return out
+# --------------------------------------------------------------------------- the pieces
 
 
 def save_best_model(
@@ -284,45 +254,6 @@ def save_best_model(
 
 
 # --------------------------------------------------------------------------- the pieces
-
-
-def load_checked_tokenizer(cfg: RunConfig) -> Any:
-    """The model's tokenizer, after checking that the model folder loads and takes the
-    configured lengths; raises ConfigError naming the key instead of a library trace."""
-    path = resolve_model_path(cfg.model.name_or_path)
-    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub id is "org/name"
-    if looks_local and not Path(path).expanduser().is_dir():
-        raise ConfigError(f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}: no such folder")
-    check_weights(path)  # truncated weights or a corrupt JSON file, named before the run folder exists
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        hf_config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        key = f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}"
-        raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
-    check_tokenizer_files(path)  # without them transformers builds a 5-token placeholder vocabulary
-    check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
-    limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
-    # A max_length below the special tokens' count is not applied at all: the tokenizer
-    # logs an error and returns the whole sentence (--max-seq-len 1 trained on full
-    # sentences); exactly that count leaves no word. So: at least one word's room.
-    least = tokenizer.num_special_tokens_to_add() + 1
-    for key in ("max_seq_len", "eval_max_seq_len"):
-        value = getattr(cfg.model, key)
-        if value < least:
-            raise ConfigError(
-                f"config key 'model.{key}' = {value}: must be at least {least} "
-                f"(the tokenizer adds {least - 1} special tokens; below that it would not truncate at all)"
-            )
-    for key in ("max_seq_len", "eval_max_seq_len"):
-        value = getattr(cfg.model, key)
-        if isinstance(limit, int) and value > limit:
-            raise ConfigError(f"config key 'model.{key}' = {value}: the model takes at most {limit} positions")
-    hidden, dims = getattr(hf_config, "hidden_size", None), cfg.loss.matryoshka_dims or []
-    if isinstance(hidden, int) and any(d > hidden for d in dims):
-        raise ConfigError(f"config key 'loss.matryoshka_dims' = {dims}: the model's embeddings have {hidden} dimensions")
-    return tokenizer
 
 
 def build_model(cfg: RunConfig) -> SimCSEModel:
@@ -350,58 +281,6 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
         model.encoder.compile(dynamic=True)
         logger.info("torch.compile: the encoder, dynamic shapes")
     return model
-
-
-def load_training_data(cfg: RunConfig) -> datasets.Dataset:
-    """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
-    the distinct sentences of that scored pair file, scores unused: a domain's unlabelled
-    text), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus)."""
-    data = cfg.data
-    sentences = None
-    if data.train_format != "auto":
-        pairs = PAIR_READERS[data.train_format](data.train_file)
-        sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
-    dataset = load_train_dataset(data.train_file, data.mode, data.max_train_samples, sentences=sentences)
-    if data.mix_file is not None and data.mix_ratio > 0:
-        general = load_train_dataset(data.mix_file, data.mode)
-        dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
-    return dataset
-
-
-def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTargets, TeacherTable] | None:
-    """With ``loss.teacher``: its vectors of every distinct training sentence (cached) and
-    the objective's teacher term; None without a teacher.
-
-    Several processes: the main process encodes (or reads the cache) first, the others
-    then read its cache. A wider teacher for ``embedding`` distillation is projected to
-    the student's width by PCA (``loss.teacher_projection: pca``) or refused.
-    """
-    loss = cfg.loss
-    if loss.teacher is None:
-        return None
-    texts = teacher_texts({name: dataset[name] for name in set(VIEW_COLUMNS[cfg.data.mode])}, cfg.data.mode)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    order = nullcontext()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        state = PartialState()
-        device, order = str(state.device), state.main_process_first()
-    with order:
-        table = load_teacher_table(
-            loss.teacher, texts, cache_dir=loss.teacher_cache_dir, device=device, show_progress=cfg.train.progress_bar
-        )
-    width = AutoConfig.from_pretrained(resolve_model_path(cfg.model.name_or_path)).hidden_size
-    projection = None
-    if loss.teacher_loss == "embedding" and table.width != width:
-        if loss.teacher_projection == "none":
-            raise ConfigError(
-                f"config key 'loss.teacher' = {loss.teacher!r}: its vectors are {table.width} wide and the student's {width}; "
-                "embedding distillation needs a projection (loss.teacher_projection: pca) or use loss.teacher_loss: similarity"
-            )
-        projection = pca_projection(table.vectors, width)
-    what = (loss.teacher_loss, loss.teacher, len(texts), table.width, loss.teacher_weight)
-    logger.info("teacher: %s distillation from %s (%d sentences, %d wide), weight %g", *what)
-    targets = TeacherTargets(table.vectors, loss.teacher_loss, loss.teacher_temperature, loss.teacher_weight, projection)
-    return targets, table
 
 
 def make_loader(

@@ -37,9 +37,20 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "onnx_encoder",
     ),
     2: ("packing", "modeling", "data"),
-    3: ("inference", "objectives", "negatives", "gradcache", "trainer", "mining", "teacher", "onnx_export"),
+    3: (
+        "inference",
+        "objectives",
+        "negatives",
+        "gradcache",
+        "trainer",
+        "checkpoints",
+        "selection",
+        "mining",
+        "teacher",
+        "onnx_export",
+    ),
     4: ("evaluation/",),
-    5: ("training", "export", "experiments"),
+    5: ("training", "run_inputs", "run_folder", "export", "experiments"),
     6: ("cli", "demos/"),
 }
 LAYER_OF = {name.rstrip("/"): layer for layer, names in LAYERS.items() for name in names}

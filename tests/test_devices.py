@@ -84,7 +84,7 @@ def test_auto_precision_on_cuda_follows_the_compute_capability(
 ) -> None:
     from simcse_kit.config import TrainConfig
     from simcse_kit.precision import resolve_eval_precision, resolve_precision
-    from simcse_kit.trainer import with_concrete_precision
+    from simcse_kit.run_folder import with_concrete_precision
 
     fake_gpu(monkeypatch, capability)
     choice = resolve_precision("auto", "cuda")
@@ -132,7 +132,7 @@ def test_bf16_masters_are_built_where_the_model_trains(monkeypatch: pytest.Monke
     monkeypatch.setattr(trainer, "bf16_training", bf16_training)
     cfg = LoopConfig(mixed_precision="bf16", bf16_weights=True, max_steps=2, eval_steps=0, progress_bar=False)
     accelerator = trainer.make_accelerator(cfg)
-    trainer.fit(model, mse_step, toy_loader(), cfg, accelerator=accelerator)
+    trainer.fit(trainer.prepare(model, toy_loader(), cfg, accelerator), mse_step, cfg)
     assert "masters" in events
     assert events.index(f"to {accelerator.device}") < events.index("masters"), events
 

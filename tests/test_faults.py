@@ -134,7 +134,7 @@ def test_a_second_run_into_a_locked_run_folder_fails_at_once_naming_the_holder(
 def test_divergence_stops_at_the_step_keeping_checkpoint_and_best_model(
     tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simcse_kit.trainer import latest_checkpoint
+    from simcse_kit.checkpoints import latest_checkpoint
 
     recipe = tiny_run.recipe("run", save_steps=1, eval_steps=1)
     out = tiny_run.folder / "run"
@@ -166,7 +166,7 @@ def test_a_collapsed_model_is_warned_about_and_never_selected(caplog: pytest.Log
     from torch import nn
 
     from simcse_kit.config import LoopConfig
-    from simcse_kit.trainer import fit
+    from simcse_kit.trainer import fit, prepare
 
     class Evaluator:
         primary_metric = "dev"
@@ -188,7 +188,7 @@ def test_a_collapsed_model_is_warned_about_and_never_selected(caplog: pytest.Log
     loader = torch.utils.data.DataLoader(torch.randn(4, 3), batch_size=2)
     cfg = LoopConfig(learning_rate=1e-3, eval_steps=1, progress_bar=False)
     with caplog.at_level("WARNING"):
-        state = fit(nn.Linear(3, 2), step, loader, cfg, evaluator=Evaluator())
+        state = fit(prepare(nn.Linear(3, 2), loader, cfg), step, cfg, evaluator=Evaluator())
     assert (state.best_step, state.best_score) == (0, 50.0)  # not step 1's 90 from a collapsed space
     collapsed = [r.getMessage() for r in caplog.records if "collapsed" in r.getMessage()]
     assert len(collapsed) == 2 and "uniformity" in collapsed[0] and "nan" in collapsed[1]
@@ -204,7 +204,7 @@ def test_sigterm_and_ctrl_c_checkpoint_and_resume_equals_an_uninterrupted_run(tm
 
     from test_resume import ENV, run_metrics, train_cmd
 
-    from simcse_kit.trainer import latest_checkpoint
+    from simcse_kit.checkpoints import latest_checkpoint
 
     STOPPED_STATUS = 75  # the documented status of a run stopped with a checkpoint (docs/bad_inputs.md)
     # --save-steps larger than the run (24 steps): only the stop writes a checkpoint.
@@ -475,10 +475,10 @@ def test_a_pipe_as_training_file_and_an_offline_hub_id_say_so(
 def test_a_run_without_a_usable_evaluation_names_no_missing_folder(
     tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import simcse_kit.trainer
+    import simcse_kit.selection
 
     # Every evaluation collapsed: no best model is ever saved.
-    monkeypatch.setattr(simcse_kit.trainer, "collapse_reason", lambda metrics, primary: "uniformity 0")
+    monkeypatch.setattr(simcse_kit.selection, "collapse_reason", lambda metrics, primary: "uniformity 0")
     recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=4, save_steps=0)
     out = tiny_run.folder / "run"
     with caplog.at_level("INFO"):

@@ -17,7 +17,7 @@ from simcse_kit.data import ContrastiveCollator
 from simcse_kit.gradcache import GradCacheStep, chunk_slices, effective_negatives
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.trainer import fit
+from simcse_kit.trainer import fit, prepare
 
 MODES = [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")]
 
@@ -166,7 +166,7 @@ def test_fit_hands_the_optimizer_full_batch_gradients(tiny_model_dir: Path) -> N
     loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=False, collate_fn=collator)
     hook = register_optimizer_step_pre_hook(before_optimizer_step)
     try:
-        state = fit(model, checked_step, loader, cfg)
+        state = fit(prepare(model, loader, cfg), checked_step, cfg)
     finally:
         hook.remove()
     assert state.global_step == 2 and len(handed) == len(reference) == len(seen_by_optimizer) == 2

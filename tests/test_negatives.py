@@ -409,8 +409,9 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
     from conftest import toy_sentences
     from torch.utils.data import DataLoader
 
+    from simcse_kit.checkpoints import Checkpoints
     from simcse_kit.config import LoopConfig
-    from simcse_kit.trainer import Checkpoints, fit, make_accelerator
+    from simcse_kit.trainer import fit, make_accelerator, prepare
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -439,7 +440,7 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
     evaluate.primary_metric = "score"  # type: ignore[attr-defined]
     step = MomentumQueueStep(objective, queue, accelerator)
     checkpoints = Checkpoints(out / "ckpt")
-    fit(model, step, loader, cfg, accelerator=accelerator, evaluator=evaluate, checkpoints=checkpoints, resume=resume)
+    fit(prepare(model, loader, cfg, accelerator), step, cfg, evaluator=evaluate, checkpoints=checkpoints, resume=resume)
     return {k: v.clone() for k, v in model.state_dict().items()}, {k: v.clone() for k, v in queue.state_dict().items()}
 
 

@@ -23,9 +23,9 @@ from simcse_kit.gradcache import GradCacheStep
 from simcse_kit.negatives import MomentumQueue, MomentumQueueStep
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.plots import pyplot, training_curves
+from simcse_kit.run_folder import LOGS, config_differences
 from simcse_kit.tracking import PROJECT, tracker_names
-from simcse_kit.trainer import fit, make_accelerator
-from simcse_kit.training import LOGS, config_differences
+from simcse_kit.trainer import fit, make_accelerator, prepare
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -93,7 +93,7 @@ def test_fit_logs_the_gradient_norm_before_clipping(tmp_path: Path, max_grad_nor
     F.mse_loss(reference(batch["ids"]).float(), batch["y"]).backward()
     expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in reference.parameters()])).item()
 
-    state = fit(model, mse_step, loader, cfg, accelerator=make_accelerator(cfg, cpu=True, logging_dir=tmp_path))
+    state = fit(prepare(model, loader, cfg, make_accelerator(cfg, cpu=True, logging_dir=tmp_path)), mse_step, cfg)
     scalars = read_scalars(tmp_path / PROJECT)
     assert [s for s, _ in scalars["train/grad_norm"]] == [s for s, _ in state.losses] == [1, 5, 10]
     assert scalars["train/grad_norm"][0][1] == pytest.approx(expected, rel=1e-5)

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from simcse_kit.checkpoints import LOOP_STATE, Checkpoints, LoopState, latest_checkpoint
 from simcse_kit.config import LoopConfig
-from simcse_kit.trainer import LOOP_STATE, Checkpoints, LoopState, fit, latest_checkpoint, make_accelerator
+from simcse_kit.trainer import fit, make_accelerator, prepare
 
 N_EXAMPLES = 40
 
@@ -101,7 +102,7 @@ def test_loss_falls_and_rows_are_counted() -> None:
     model = Toy()
     before = full_loss(model)
     cfg = LoopConfig(learning_rate=3e-2, num_epochs=6, log_steps=1, eval_steps=0, progress_bar=False)
-    state = fit(model, mse_step, toy_loader(), cfg)
+    state = fit(prepare(model, toy_loader(), cfg), mse_step, cfg)
     assert state.global_step == 6 * N_EXAMPLES // 4
     assert state.rows_seen == 6 * N_EXAMPLES
     assert [s for s, _ in state.losses] == list(range(1, 61))
@@ -111,7 +112,7 @@ def test_loss_falls_and_rows_are_counted() -> None:
 
 def test_max_steps_cuts_the_run() -> None:
     cfg = LoopConfig(num_epochs=5, max_steps=7, log_steps=3, eval_steps=0, progress_bar=False)
-    state = fit(Toy(), mse_step, toy_loader(), cfg)
+    state = fit(prepare(Toy(), toy_loader(), cfg), mse_step, cfg)
     assert state.global_step == 7 and state.epoch == 0 and state.batches_in_epoch == 7
     assert [s for s, _ in state.losses] == [1, 3, 6]  # every log_steps, and the first
 
@@ -121,8 +122,9 @@ def test_accumulation_equals_a_big_batch() -> None:
     divides each micro-batch loss by 2, and clipping sees the summed gradient."""
     cfg = LoopConfig(learning_rate=1e-2, num_epochs=2, max_grad_norm=0.05, eval_steps=0, progress_bar=False)
     small, big = Toy(dropout=0.0), Toy(dropout=0.0)
-    accumulated = fit(small, mse_step, toy_loader(4, shuffle=False), LoopConfig(**{**vars(cfg), "grad_accum": 2}))
-    whole = fit(big, mse_step, toy_loader(8, shuffle=False), cfg)
+    accumulating = LoopConfig(**{**vars(cfg), "grad_accum": 2})
+    accumulated = fit(prepare(small, toy_loader(4, shuffle=False), accumulating), mse_step, accumulating)
+    whole = fit(prepare(big, toy_loader(8, shuffle=False), cfg), mse_step, cfg)
     assert accumulated.global_step == whole.global_step == 10
     assert accumulated.rows_seen == whole.rows_seen == 2 * N_EXAMPLES
     for (name, a), b in zip(small.state_dict().items(), big.state_dict().values(), strict=True):
@@ -150,7 +152,7 @@ def test_evaluations_pick_the_best_model(tmp_path: Path) -> None:
 
     checkpoints = Checkpoints(tmp_path / "ckpt", tmp_path / "best", save)
     cfg = LoopConfig(num_epochs=1, eval_steps=2, eval_at_start=False, progress_bar=False)
-    state = fit(Toy(), mse_step, toy_loader(), cfg, evaluator=Scripted(), checkpoints=checkpoints)
+    state = fit(prepare(Toy(), toy_loader(), cfg), mse_step, cfg, evaluator=Scripted(), checkpoints=checkpoints)
     assert [e["step"] for e in state.evals] == [2.0, 4.0, 6.0, 8.0, 10.0]
     assert (state.best_step, state.best_score) == (8, 5.0)
     assert saves == [2.0, 4.0, 8.0]
@@ -176,8 +178,8 @@ def test_step_zero_is_a_candidate_and_wins_when_training_only_hurts(tmp_path: Pa
 
     checkpoints = Checkpoints(tmp_path / "ckpt", tmp_path / "best", save_toy)
     cfg = LoopConfig(learning_rate=3e-2, num_epochs=1, max_steps=6, eval_steps=2, progress_bar=False)
-    with caplog.at_level("WARNING", logger="simcse_kit.trainer"):
-        state = fit(Toy(), mse_step, toy_loader(), cfg, evaluator=Scripted(), checkpoints=checkpoints)
+    with caplog.at_level("WARNING", logger="simcse_kit.selection"):
+        state = fit(prepare(Toy(), toy_loader(), cfg), mse_step, cfg, evaluator=Scripted(), checkpoints=checkpoints)
     assert [e["step"] for e in state.evals] == [0.0, 2.0, 4.0, 6.0]
     assert (state.best_step, state.best_score) == (0, 9.0)
     saved = torch.load(tmp_path / "best" / "model.pt")
@@ -188,7 +190,8 @@ def test_step_zero_is_a_candidate_and_wins_when_training_only_hurts(tmp_path: Pa
 
 def test_evaluator_needs_a_primary_metric() -> None:
     with pytest.raises(TypeError, match="primary_metric"):
-        fit(Toy(), mse_step, toy_loader(), LoopConfig(progress_bar=False), evaluator=lambda m: {"score": 0.0})
+        cfg = LoopConfig(progress_bar=False)
+        fit(prepare(Toy(), toy_loader(), cfg), mse_step, cfg, evaluator=lambda m: {"score": 0.0})
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -261,7 +264,8 @@ def fit_run(out: Path, *, resume: bool, crash_at_eval: int | None, grad_accum: i
         bf16_weights=fast,
     )
     checkpoints = Checkpoints(out / "ckpt", out / "best", save_toy)
-    state = fit(model, mse_step, toy_loader(), cfg, evaluator=WeightsScore(crash_at_eval), checkpoints=checkpoints, resume=resume)
+    run = prepare(model, toy_loader(), cfg)
+    state = fit(run, mse_step, cfg, evaluator=WeightsScore(crash_at_eval), checkpoints=checkpoints, resume=resume)
     return state, {k: v.clone() for k, v in model.state_dict().items()}
 
 

@@ -21,7 +21,7 @@ from simcse_kit.evaluation import STSEvaluator
 from simcse_kit.inference import Encoder, load_encoder
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.trainer import fit
+from simcse_kit.trainer import fit, prepare
 from simcse_kit.training import EVAL_BATCH_SIZE, train
 
 
@@ -51,7 +51,7 @@ def test_three_modes_loss_falls(tmp_path: Path, tiny_model_dir: Path, mode: str,
 
     before = fixed_loss()
     cfg = LoopConfig(learning_rate=1e-3, num_epochs=4, progress_bar=False, eval_steps=0)
-    state = fit(model, objective, loader, cfg)
+    state = fit(prepare(model, loader, cfg), objective, cfg)
     after = fixed_loss()
     assert state.global_step == 16
     assert state.rows_seen == 128 * views

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from simcse_kit.config import LoopConfig
 from simcse_kit.fileio import save_figure
 from simcse_kit.losses import supcon
-from simcse_kit.trainer import fit, make_accelerator
+from simcse_kit.trainer import fit, make_accelerator, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def train_digits_model(
         collate_fn=ViewsCollator(views, cfg.seed),
         generator=torch.Generator().manual_seed(cfg.seed),
     )
-    state = fit(model, step, loader, loop_cfg, accelerator=make_accelerator(loop_cfg, cpu=True))
+    state = fit(prepare(model, loader, loop_cfg, make_accelerator(loop_cfg, cpu=True)), step, loop_cfg)
     logger.info("trained %d steps in %.1fs, last loss %.4f", state.global_step, state.train_seconds, state.losses[-1][1])
     return state.train_seconds
 
