@@ -109,7 +109,7 @@ def kit_result(args: argparse.Namespace) -> dict[str, Any]:
     }
     run = kit_recipe_run("unsup", overrides, sentences_for(args))
     probe = StampedStep(run.step)
-    fit(run.model, probe, run.loader, run.cfg.train, accelerator=run.accelerator)
+    fit(run, probe, run.cfg.train)
     w, s = args.warmup, args.steps
     if len(probe.stamps) <= w + s:
         raise RuntimeError(f"only {len(probe.stamps)} steps ran; need {w + s + 1}")

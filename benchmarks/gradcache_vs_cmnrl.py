@@ -106,8 +106,8 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
     }
     run = kit_recipe_run("unsup", overrides, sents)
     collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
-    run.loader.collate_fn = collator  # before fit: accelerator.prepare copies the loader's collate_fn
-    fit(run.model, run.step, run.loader, run.cfg.train, accelerator=run.accelerator)
+    run.loader.collate_fn = collator  # the prepared loader reads it when iterated
+    fit(run, run.step, run.cfg.train)
     train = run.cfg.train
     precision = {
         "mixed_precision": train.mixed_precision,

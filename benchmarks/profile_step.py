@@ -13,8 +13,8 @@ What it measures, per precision setting (``--settings``, default all three):
 * ``recipe-densegrad`` (only when asked): ``recipe`` with ``train.sparse_embedding_grad``
   off, the embedding tables' gradient a fresh dense table every backward.
 
-The step is the trainer's: the recipe's config goes through the functions ``simcse-kit
-train`` uses (``make_accelerator``, ``build_model``, ``make_step``) and
+The step is the trainer's: the recipe's config is built into a run by the function
+``simcse-kit train`` uses (:func:`simcse_kit.training.build_run`) and
 :func:`simcse_kit.trainer.fit` runs it, optimizer step, master-weight copy-back,
 scheduler and the collation of the next batch included (default model
 all-MiniLM-L6-v2, batch 64 sentences = 128 rows of ``wiki1m_head.txt``, max length 32,
@@ -98,6 +98,7 @@ if TYPE_CHECKING:
 
     from simcse_kit.config import RunConfig
     from simcse_kit.objectives import SimCSEObjective
+    from simcse_kit.training import Run
 
 # Config overrides per setting ("recipe": what the recipes' "auto" resolves to on a native-bf16 CPU).
 RECIPE = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"}
@@ -308,22 +309,25 @@ def run_config(args: argparse.Namespace, steps: int) -> RunConfig:
     return load_config(find_recipe(args.recipe), overrides | SETTINGS[args.worker])
 
 
-def repeating_loader(cfg: RunConfig, distinct: int, steps: int) -> Any:
-    """``steps`` batches cycling through ``distinct`` batches of wiki sentences, in order,
-    collated as the trainer collates them."""
+def fixed_order_run(cfg: RunConfig, distinct: int, steps: int) -> Run:
+    """The text run ``simcse-kit train`` would build from ``cfg`` (:func:`simcse_kit.training.build_run`:
+    precision, heap, accelerator, model, objective, step, AdamW, schedule), on ``distinct``
+    batches of wiki sentences repeated in order instead of shuffled, collated by the run's
+    own collator: ``steps`` batches."""
+    import datasets
     from torch.utils.data import DataLoader
-    from transformers import AutoTokenizer
 
-    from simcse_kit.data import ContrastiveCollator, read_sentences
-    from simcse_kit.modeling import resolve_model_path
+    from simcse_kit.data import read_sentences
+    from simcse_kit.training import build_run
 
     n = cfg.train.batch_size
-    sentences = read_sentences(WIKI)[: distinct * n]
-    repeats = -(-steps // distinct)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.name_or_path))
-    collate = ContrastiveCollator(tokenizer, cfg.data.mode, cfg.model.max_seq_len)
-    examples = [{"sent0": s} for s in sentences] * repeats
-    return DataLoader(examples, batch_size=n, shuffle=False, drop_last=True, collate_fn=collate)
+    sentences = read_sentences(WIKI)[: distinct * n] * -(-steps // distinct)
+    run = build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sentences}), evaluate=False, cpu=True)
+    fixed = DataLoader(
+        [{"sent0": s} for s in sentences], batch_size=n, shuffle=False, drop_last=True, collate_fn=run.loader.collate_fn
+    )
+    run.loader = run.accelerator.prepare(fixed)  # only the data order differs from the run
+    return run
 
 
 def step_flops(model: nn.Module, objective: SimCSEObjective, batches: list[dict[str, Any]]) -> float:
@@ -345,19 +349,16 @@ def worker(args: argparse.Namespace) -> None:
         return
     import transformers
 
-    from simcse_kit.objectives import SimCSEObjective
-    from simcse_kit.trainer import fit, make_accelerator
-    from simcse_kit.training import build_model, make_step
+    from simcse_kit.trainer import fit
 
     transformers.logging.set_verbosity_error()
     steps = args.warmup + args.timed + args.batches + 2  # + the profiler's warm-up step and the one that ends the last window
-    cfg = run_config(args, steps)  # every precision key explicit: nothing for with_concrete_precision to decide
-    accelerator = make_accelerator(cfg.train, cpu=True)
-    model = build_model(cfg)
-    objective = SimCSEObjective(cfg.data.mode, cfg.loss)
-    probe = ProfiledStep(make_step(cfg, model, objective, accelerator), args.warmup, args.timed, args.batches)
+    cfg = run_config(args, steps)  # every precision key explicit: nothing for "auto" to decide
+    run = fixed_order_run(cfg, args.batches, steps)
+    model, objective = run.model, run.objective
+    probe = ProfiledStep(run.step, args.warmup, args.timed, args.batches)
     with class_ranges(model, objective), probe.profiler:
-        fit(model, probe, repeating_loader(cfg, args.batches, steps), cfg.train, accelerator=accelerator)
+        fit(run, probe, run.cfg.train)
     events = list(probe.profiler.events())
     if cfg.train.fast_dropout and not any(ev.name == RANGE + "dropout" for ev in events):
         raise RuntimeError("fast dropout ran outside its profiler range: the dropout class would be empty")
