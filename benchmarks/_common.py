@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,15 +179,22 @@ class TimedCollator:
     """
 
     def __init__(
-        self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]], count: Callable[[dict[str, Any]], tuple[int, int]]
+        self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]] | None, count: Callable[[dict[str, Any]], tuple[int, int]]
     ) -> None:
-        self.collate = collate
+        self.collate = collate  # None: set by around()
         self.count = count
         self.stamps: list[float] = []
         self.sentences: list[int] = []
         self.tokens: list[int] = []
 
+    def around(self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> TimedCollator:
+        """This, timing ``collate`` (``build_run``'s ``wrap_collate``)."""
+        self.collate = collate
+        return self
+
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.collate is None:
+            raise RuntimeError("TimedCollator: no collate function to time (pass one, or use around())")
         self.stamps.append(time.perf_counter())
         batch = self.collate(features)
         sentences, tokens = self.count(batch)
@@ -213,11 +220,20 @@ class TimedCollator:
         }
 
 
+def module_command(script: str | Path) -> list[str]:
+    """The command of a fresh interpreter of benchmark ``script`` (a path, e.g. ``__file__``):
+    ``python -m benchmarks.NAME``. Run it with ``cwd=REPO``: ``-m`` puts the working folder
+    first on the module path, so the package imports from this checkout wherever the
+    parent was started."""
+    return [sys.executable, "-m", f"benchmarks.{Path(script).stem}"]
+
+
 def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter (clean RSS, clean Accelerate state);
-    ``env``: extra environment variables (read at the process's start)."""
+    """Run one measurement in a fresh interpreter of ``script`` (clean RSS, clean Accelerate
+    state; :func:`module_command`); ``env``: extra environment variables (read at the
+    process's start)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
-    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([*module_command(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise RuntimeError(f"worker {args} failed with status {proc.returncode}")
@@ -281,12 +297,14 @@ def save_results(path: Path, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str]) -> Any:
+def kit_recipe_run(
+    recipe: str, overrides: dict[str, Any], sentences: list[str], timer: TimedCollator | None = None
+) -> Any:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
     line), on the CPU, built as a text run is (``simcse_kit.training.build_run``: "auto"
     precision decided, ``mmap_threshold_mib`` applied) without dev selection or run folder;
-    ``fit(run, run.step, run.cfg.train)`` trains it."""
+    ``fit(run, run.step, run.cfg.train)`` trains it; ``timer`` stamps every batch it collates."""
     import datasets
 
     from simcse_kit.config import load_config
@@ -296,7 +314,72 @@ def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str])
     opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides
     cfg = load_config(find_recipe(recipe), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in opts.items()})
-    return build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sentences}), evaluate=False, cpu=True)
+    dataset = datasets.Dataset.from_dict({"sent0": sentences})
+    return build_run(cfg, dataset=dataset, evaluate=False, cpu=True, wrap_collate=timer.around if timer else None)
+
+
+def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float:
+    """Best-of-``repeats`` GFLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` on torch's threads,
+    after one warm-up call (oneDNN picks and caches its kernel). Not
+    ``simcse_kit.precision.cpu_matmul_speeds``: that probe times one thread within a few
+    milliseconds, as a run's start-up must; this times what the machine can do."""
+    import torch
+
+    a = torch.randn(m, k).to(dtype)
+    b = torch.randn(k, n).to(dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best / 1e9
+
+
+def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
+    """Mean matmul FLOPs of one forward + backward, ``objective.step(model, batch).backward()``,
+    over ``batches``, as torch's ``FlopCounterMode`` counts them (whatever the precision);
+    the gradients are dropped afterwards."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for batch in batches:
+            objective.step(model, batch).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / len(batches)
+
+
+def seeds_table(
+    rows: Mapping[str, Mapping[int, Mapping[str, float]]], columns: Mapping[str, str], digits: Mapping[str, int] | None = None
+) -> tuple[str, dict[str, dict[str, Any]]]:
+    """A multi-seed benchmark's markdown table, through the library's formatter
+    (``simcse_kit.evaluation.tables.format_rows``): one row per config with its seed count
+    and, per column, the mean ± std over seeds (the mean alone for one seed, ``–`` where
+    the config has no such result).
+
+    Args:
+        rows: config -> seed -> that run's results.
+        columns: result key -> header, in column order.
+        digits: decimals per result key (default 2).
+
+    Returns:
+        The table, and per config its ``mean``, ``std``, seed count ``n`` and ``per_seed``.
+    """
+    from simcse_kit.evaluation.tables import format_rows
+    from simcse_kit.experiments import aggregate
+
+    table, stats = [], {}
+    for name, per_seed in rows.items():
+        mean, std = aggregate(list(per_seed.values()))
+        stats[name] = {"mean": mean, "std": std, "n": len(per_seed), "per_seed": {str(k): v for k, v in per_seed.items()}}
+        row = {"config": name, "seeds": str(len(per_seed))}
+        for key in columns:
+            d = (digits or {}).get(key, 2)
+            spread = f" ± {std[key]:.{d}f}" if len(per_seed) > 1 and key in std else ""
+            row[key] = f"{mean[key]:.{d}f}{spread}" if key in mean else "–"
+        table.append(row)
+    return format_rows(table, {"config": "config", "seeds": "seeds", **columns}, markdown=True, label="config"), stats
 
 
 def emit(result: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from _common import ISA_LIMITS, REPO, check_quiet, cpu_class, cpu_flags, machine, save_results, spread
+from benchmarks._common import ISA_LIMITS, REPO, check_quiet, cpu_class, cpu_flags, machine, save_results, spread
 
 RESULTS = REPO / "benchmarks" / "results"
 

@@ -1,8 +1,8 @@
 """Time of one AdamW step on the default model's parameters: per-parameter loop, foreach, fused.
 
-The parameters are those the unsup recipe trains (all-MiniLM-L6-v2 as
-``simcse_kit.training.build_model`` builds it: 101 tensors, 22.6M values; the
-transformer's own pooler is frozen), in the optimiser groups of
+The parameters are those the unsup recipe trains (all-MiniLM-L6-v2 as a text run builds
+it, ``simcse_kit.training.build_run``: 101 tensors, 22.6M values; the transformer's own
+pooler is frozen), in the optimiser groups of
 ``simcse_kit.trainer.param_groups``, lr 3e-5, with random gradients set once (a step
 never clears them). Variants:
 
@@ -11,45 +11,46 @@ never clears them). Variants:
 * ``foreach``: ``foreach=True``, the multi-tensor kernels;
 * ``fused``: ``fused=True``, one fused kernel (simcse-kit's fp32 path: ``make_optimizer``
   builds exactly this when the model is not in bf16);
-* ``kit``: the optimiser simcse-kit builds in the recipes' setting on a native-bf16 CPU
-  (``simcse_kit.trainer.make_optimizer`` with bf16 weights: the model cast to bf16,
+* ``kit``: the optimiser a text run builds in the recipes' setting on a native-bf16 CPU
+  (``build_run``'s, i.e. ``simcse_kit.trainer.make_optimizer`` with bf16 weights, prepared: the model cast to bf16,
   embedding tables kept fp32, ``MasterWeightAdamW`` fused over fp32 masters), with bf16
   gradients; its step is the whole optimiser step of a training step: gradients
   widened to fp32, the fused update, the bf16 weights re-rounded from the masters;
 * ``kit-loop``: the same master-weight path built with ``fused=False``
   (``simcse_kit.fastpath.bf16.bf16_training``), i.e. without the fused kernel.
 
-Each variant gets a fresh copy of the model and optimiser; ``--warmup`` steps, then
-the median (and minimum) of ``--steps`` timed ``optimizer.step()`` calls. Variants
-alternate over ``--rounds`` so a change of load on the machine hits all of them; the
+Each variant gets a fresh run (its model seeded: the same every time) and optimiser;
+``--warmup`` steps, then the median (and minimum) of ``--steps`` timed
+``optimizer.step()`` calls. Variants alternate over ``--rounds`` so a change of load on the machine hits all of them; the
 median is over all rounds' steps. ``zero_grad`` is not timed (it only drops references).
 
 Usage::
 
-    .venv/bin/python benchmarks/adamw_step.py                  # ~30 s on 2 cores
-    .venv/bin/python benchmarks/adamw_step.py --rounds 1 --steps 5 --variants loop,fused
+    .venv/bin/python -m benchmarks.adamw_step                  # ~30 s on 2 cores
+    .venv/bin/python -m benchmarks.adamw_step --rounds 1 --steps 5 --variants loop,fused
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine, setup_threads  # noqa: E402
+from benchmarks._common import REPO, machine, setup_threads
 
 RECIPE = REPO / "train" / "unsup.yaml"
 VARIANTS = ("loop", "foreach", "fused", "kit", "kit-loop")
 LR = 3e-5
+# The recipe with bf16 weights forced on, so "kit" is the native-bf16 CPU path whatever this
+# machine's probe would decide (fast dropout does not touch the optimiser); the other
+# variants start from the fp32 model.
+KIT = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "false", "report_to": "none"}
+FP32 = KIT | {"mixed_precision": "no", "bf16_weights": "false"}
 
 
 def set_random_grads(model: nn.Module, seed: int) -> None:
@@ -60,22 +61,30 @@ def set_random_grads(model: nn.Module, seed: int) -> None:
             p.grad = (torch.randn(p.shape, generator=gen) * 1e-3).to(p.dtype)
 
 
-def build_optimizer(variant: str, model: nn.Module, cfg: Any) -> torch.optim.Optimizer:
-    """``variant``'s optimiser over ``model`` (which the kit variants cast to bf16)."""
-    from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.trainer import make_optimizer, param_groups
+def build_optimizer(variant: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A fresh run's model (``build_run``, on one example: only its parameters matter) and
+    ``variant``'s optimiser over it (the kit variants cast the model to bf16)."""
+    import datasets
 
-    groups = param_groups(model, cfg.weight_decay)
-    if variant == "loop":
-        return torch.optim.AdamW(groups, lr=LR, foreach=False)
-    if variant == "foreach":
-        return torch.optim.AdamW(groups, lr=LR, foreach=True)
-    if variant == "fused":
-        return torch.optim.AdamW(groups, lr=LR, fused=True)
+    from simcse_kit.config import load_config
+    from simcse_kit.fastpath.bf16 import bf16_training
+    from simcse_kit.trainer import param_groups
+    from simcse_kit.training import build_run
+
+    cfg = load_config(RECIPE, KIT if variant == "kit" else FP32)
+    run = build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": ["a man plays a guitar"]}), evaluate=False, cpu=True)
+    model = run.accelerator.unwrap_model(run.model)
     if variant == "kit":
-        return make_optimizer(model, cfg)
+        return model, run.optimizer  # the optimiser the run's loop steps
+    groups = param_groups(model, cfg.train.weight_decay)
+    if variant == "loop":
+        return model, torch.optim.AdamW(groups, lr=LR, foreach=False)
+    if variant == "foreach":
+        return model, torch.optim.AdamW(groups, lr=LR, foreach=True)
+    if variant == "fused":
+        return model, torch.optim.AdamW(groups, lr=LR, fused=True)
     if variant == "kit-loop":
-        return bf16_training(model, groups, lr=LR, fused=False)
+        return model, bf16_training(model, groups, lr=LR, fused=False)
     raise ValueError(f"unknown variant {variant!r}")
 
 
@@ -106,23 +115,16 @@ def main() -> None:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
     setup_threads(args.threads)
 
-    from simcse_kit.config import load_config
-    from simcse_kit.training import build_model
-
-    # The recipe's model with bf16 weights forced on, so "kit" is the native-bf16 CPU path
-    # whatever this machine's probe would decide; fast dropout does not touch the optimiser.
-    overrides = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "false", "report_to": "none"}
-    cfg = load_config(RECIPE, overrides)
-    base = build_model(cfg)  # fp32; each variant works on its own copy
+    base, _ = build_optimizer("fused")
     n_tensors = sum(1 for p in base.parameters() if p.requires_grad)
     n_values = sum(p.numel() for p in base.parameters() if p.requires_grad)
     print(f"{n_tensors} trainable tensors, {n_values / 1e6:.2f}M values; {args.threads} threads", flush=True)
+    del base
 
     times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.rounds):
         for v in variants:
-            model = copy.deepcopy(base)
-            optimizer = build_optimizer(v, model, cfg.train)  # before the grads: the kit ones cast the model
+            model, optimizer = build_optimizer(v)  # before the grads: the kit ones cast the model
             set_random_grads(model, seed=r)
             ms = time_steps(optimizer, args.warmup, args.steps)
             times[v].extend(ms)

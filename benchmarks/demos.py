@@ -1,6 +1,6 @@
 """Run the image demo (and the 2-D toy) and print the tables for BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/demos.py --output-dir runs/demos/bench
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.demos --output-dir runs/demos/bench
 
 Wall-clock times include everything a user of ``simcse-kit demo`` waits for.
 """

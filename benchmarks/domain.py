@@ -35,11 +35,11 @@ stays the recipe's).
 
 Usage::
 
-    .venv/bin/python benchmarks/domain.py                      # 3 seeds, both domains: hours on 2 cores
-    .venv/bin/python benchmarks/domain.py --variants domain tau0.1 lr1e-5 fnt0.8 --peers none
-    .venv/bin/python benchmarks/domain.py --domains sick --seeds 1 --steps 20 --peers mnrl   # smoke run
+    .venv/bin/python -m benchmarks.domain                      # 3 seeds, both domains: hours on 2 cores
+    .venv/bin/python -m benchmarks.domain --variants domain tau0.1 lr1e-5 fnt0.8 --peers none
+    .venv/bin/python -m benchmarks.domain --domains sick --seeds 1 --steps 20 --peers mnrl   # smoke run
     # the one-seed dev-only sweep of SWEEP's variants (~30 min on 2 cores)
-    .venv/bin/python benchmarks/domain.py --dev-only --seeds 1
+    .venv/bin/python -m benchmarks.domain --dev-only --seeds 1
 """
 
 from __future__ import annotations
@@ -47,15 +47,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, WIKI, machine, setup_run  # noqa: E402
-from results import run_base  # noqa: E402
-from st_peers import LOSSES, dev_curve, run_st  # noqa: E402
+from benchmarks._common import REPO, WIKI, machine, setup_run
+from benchmarks.results import run_base
+from benchmarks.st_peers import LOSSES, dev_curve, run_st
 
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark"}  # the domain's test column of the STS table
 VARIANTS: dict[str, dict[str, str]] = {

@@ -14,7 +14,7 @@ Median milliseconds over ``--reps`` calls after one warm-up, alternating impleme
 
 Usage::
 
-    .venv/bin/python benchmarks/dropout_cost.py          # ~10 s
+    .venv/bin/python -m benchmarks.dropout_cost          # ~10 s
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, setup_threads  # noqa: E402
+from benchmarks._common import machine, setup_threads
 
 
 def main() -> None:

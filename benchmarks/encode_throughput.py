@@ -21,14 +21,13 @@ cost accuracy.
 
 Usage::
 
-    .venv/bin/python benchmarks/encode_throughput.py            # ~4 min on 2 cores
-    .venv/bin/python benchmarks/encode_throughput.py --rounds 1 --limit 500 --allow-busy --json /tmp/e.json   # smoke
+    .venv/bin/python -m benchmarks.encode_throughput            # ~4 min on 2 cores
+    .venv/bin/python -m benchmarks.encode_throughput --rounds 1 --limit 500 --allow-busy --json /tmp/e.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,9 +35,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, emit, paired_ratios, peak_rss_mib, run_rounds, setup_threads  # noqa: E402
-from _harness import add_options, keep, print_spread, start, summary_of, values  # noqa: E402
+from benchmarks._common import DATA, emit, paired_ratios, peak_rss_mib, run_rounds, setup_threads
+from benchmarks._harness import add_options, keep, print_spread, start, summary_of, values
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16")
 PAIRS = (("kit-fp32", "st-fp32"), ("kit-bf16", "st-fp32"), ("kit-bf16", "st-bf16"))

@@ -14,8 +14,9 @@ Per round, each in a fresh interpreter, alternating (``_common.run_rounds``):
   and when asked ``kit-bf16`` (autocast): the loop's step function is stamped at every
   call; the ``--steps`` steps after ``--warmup`` take ``stamp[w + s] - stamp[w]``
   seconds, and their batches' matrix-product FLOPs are counted afterwards by
-  ``torch.utils.flop_counter.FlopCounterMode`` over one forward + backward of exactly
-  those batches (linear, bmm, attention; elementwise work is not counted, as usual for MFU).
+  ``torch.utils.flop_counter.FlopCounterMode`` over one forward + backward of the
+  objective on exactly those batches (``_common.step_flops``: linear, bmm, attention;
+  elementwise work is not counted, as usual for MFU).
 
 Achieved GFLOP/s = counted FLOPs / measured seconds; its share of the peak is taken within
 each round against the peak of the precision the run used (bf16 for bf16 autocast or
@@ -24,41 +25,34 @@ the bf16 and of the fp32 peak are both kept in the JSON.
 
 Usage::
 
-    .venv/bin/python benchmarks/flops.py                   # 3 rounds, ~4 min on 2 quiet cores
-    .venv/bin/python benchmarks/flops.py --isa avx2        # AVX2 kernels only
-    .venv/bin/python benchmarks/flops.py --rounds 1 --steps 2 --warmup 1 --allow-busy --json /tmp/f.json   # smoke
+    .venv/bin/python -m benchmarks.flops                   # 3 rounds, ~4 min on 2 quiet cores
+    .venv/bin/python -m benchmarks.flops --isa avx2        # AVX2 kernels only
+    .venv/bin/python -m benchmarks.flops --rounds 1 --steps 2 --warmup 1 --allow-busy --json /tmp/f.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, kit_recipe_run, paired_ratios, peak_rss_mib, run_rounds, setup_threads, spread  # noqa: E402
-from _harness import add_options, keep, print_spread, start, summary_of, values  # noqa: E402
+from benchmarks._common import (
+    emit,
+    kit_recipe_run,
+    matmul_gflops,
+    paired_ratios,
+    peak_rss_mib,
+    run_rounds,
+    setup_threads,
+    spread,
+    step_flops,
+)
+from benchmarks._harness import add_options, keep, print_spread, start, summary_of, values
 
 PEAKS = ("peak-bf16", "peak-fp32")
 KITS = ("kit-auto", "kit-fp32", "kit-bf16")
 DEFAULT_VARIANTS = "peak-bf16,peak-fp32,kit-auto,kit-fp32"
-
-
-def matmul_gflops(n: int, dtype: object, repeats: int = 5) -> float:
-    """Best-of-``repeats`` GFLOP/s of an ``n x n`` by ``n x n`` product."""
-    import torch
-
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    a @ b  # warm-up: oneDNN picks and caches its kernel
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
-    return best
 
 
 def peak_result(variant: str, n: int) -> dict[str, Any]:
@@ -66,7 +60,7 @@ def peak_result(variant: str, n: int) -> dict[str, Any]:
     import torch
 
     dtype = {"peak-bf16": torch.bfloat16, "peak-fp32": torch.float32}[variant]
-    return {"variant": variant, "gflops": matmul_gflops(n, dtype), "n": n}
+    return {"variant": variant, "gflops": matmul_gflops(n, n, n, dtype), "n": n}
 
 
 class StampedStep:
@@ -83,22 +77,9 @@ class StampedStep:
         return self.step(model, batch, backward)
 
 
-def counted_flops(step: Any, model: Any, batches: list[dict[str, Any]]) -> float:
-    """Matrix-product FLOPs of one forward + backward of ``step`` on each of ``batches``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        for batch in batches:
-            step(model, batch, lambda loss: loss.backward())
-    model.zero_grad(set_to_none=True)
-    return float(counter.get_total_flops())
-
-
 def kit_result(args: argparse.Namespace) -> dict[str, Any]:
     """A ``kit-*`` worker's result: the recipe's loop on fresh batches, its achieved GFLOP/s."""
-    from train_throughput import KIT_PRECISION, sentences_for
-
+    from benchmarks.train_throughput import KIT_PRECISION, sentences_for
     from simcse_kit.trainer import fit
 
     overrides = {
@@ -115,7 +96,7 @@ def kit_result(args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"only {len(probe.stamps)} steps ran; need {w + s + 1}")
     seconds = probe.stamps[w + s] - probe.stamps[w]
     measured = probe.batches[w : w + s]
-    flops = counted_flops(run.step, run.model, measured)
+    flops = step_flops(run.model, run.objective, measured) * len(measured)
     train = run.cfg.train
     bf16 = train.mixed_precision == "bf16" or train.bf16_weights
     return {

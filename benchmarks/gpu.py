@@ -30,9 +30,9 @@ its numbers mean nothing.
 Usage::
 
     # on a GPU machine (about 15-25 min on an H100 for the default 3 rounds)
-    .venv/bin/python benchmarks/gpu.py --out runs/benchmarks/gpu.json
+    .venv/bin/python -m benchmarks.gpu --out runs/benchmarks/gpu.json
     # CPU smoke (a few seconds)
-    .venv/bin/python benchmarks/gpu.py --cpu-smoke --out /tmp/gpu_smoke.json
+    .venv/bin/python -m benchmarks.gpu --cpu-smoke --out /tmp/gpu_smoke.json
 """
 
 from __future__ import annotations
@@ -40,15 +40,24 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, CpuActivity, emit, machine, paired_ratios, peak_rss_mib, run_rounds, save_results, setup_threads, spread  # noqa: E402
+from benchmarks._common import (
+    WIKI,
+    CpuActivity,
+    emit,
+    machine,
+    paired_ratios,
+    peak_rss_mib,
+    run_rounds,
+    save_results,
+    setup_threads,
+    spread,
+)
 
 SCRIPT = Path(__file__).resolve()
 
@@ -194,16 +203,14 @@ def peak_memory() -> tuple[float, str]:
 
 
 def run_kit(job: Job, folder: str, sents: list[str], packing: bool, workers: int, args: argparse.Namespace) -> dict[str, Any]:
-    """simcse-kit's unsup recipe through its own loop (``fit``), timed between two steps."""
-    from dataclasses import replace
-
+    """simcse-kit's unsup recipe built as a text run is (``build_run``) and trained by its
+    own loop (``fit``), timed between two steps."""
     import datasets
 
     from simcse_kit.config import load_config
-    from simcse_kit.objectives import SimCSEObjective
     from simcse_kit.recipes import find_recipe
-    from simcse_kit.trainer import fit, make_accelerator, with_concrete_precision
-    from simcse_kit.training import build_model, load_checked_tokenizer, make_loader, make_step
+    from simcse_kit.trainer import fit
+    from simcse_kit.training import build_run
 
     total = args.warmup + args.steps + 1
     overrides = {
@@ -223,30 +230,23 @@ def run_kit(job: Job, folder: str, sents: list[str], packing: bool, workers: int
         "train.mixed_precision": "auto" if cuda() else "no",
     }
     cfg = load_config(find_recipe("unsup"), {k: str(v) for k, v in overrides.items()})
-    train_cfg, _ = with_concrete_precision(cfg.train)
-    cfg = replace(cfg, train=train_cfg)
-    accelerator = make_accelerator(cfg.train)
-    model = build_model(cfg)
-    tokenizer = load_checked_tokenizer(cfg)
-    loader = make_loader(
-        cfg, datasets.Dataset.from_dict({"sent0": sents}), tokenizer, accelerator.num_processes, accelerator.device
-    )
-    objective_step = make_step(cfg, model, SimCSEObjective(cfg.data.mode, cfg.loss), accelerator)
+    run = build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sents}), evaluate=False)
     clock = StepClock(args.warmup, args.warmup + args.steps)
     calls = [0]
 
     def step(m: Any, batch: dict[str, Any], backward: Any = None) -> Any:
         clock.at(calls[0])  # reads nothing from the batch: the step keeps its own synchronisation
         calls[0] += 1
-        return objective_step(m, batch, backward)
+        return run.step(m, batch, backward)
 
     reset_peak()
-    fit(model, step, loader, cfg.train, accelerator=accelerator)
+    fit(run, step, run.cfg.train)
+    model = run.accelerator.unwrap_model(run.model)
     return {
         "seconds": clock.seconds(),
         "sentences": 2 * job.batch_size * args.steps,
-        "flops": step_flops(model.encoder.config, real_lengths(tokenizer, sents, job, args)),
-        "precision": cfg.train.mixed_precision,
+        "flops": step_flops(model.encoder.config, real_lengths(run.tokenizer, sents, job, args)),
+        "precision": run.cfg.train.mixed_precision,
         "packing_active": bool(model.packing),
     }
 

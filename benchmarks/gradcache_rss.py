@@ -25,8 +25,8 @@ run-to-run spread (``_harness.difference``), "within spread" otherwise.
 
 Usage::
 
-    .venv/bin/python benchmarks/gradcache_rss.py                  # ~15 min on 2 cores
-    .venv/bin/python benchmarks/gradcache_rss.py --rounds 1 --batch-size 64 --chunk 32 --steps 2 --allow-busy \
+    .venv/bin/python -m benchmarks.gradcache_rss                  # ~15 min on 2 cores
+    .venv/bin/python -m benchmarks.gradcache_rss --rounds 1 --batch-size 64 --chunk 32 --steps 2 --allow-busy \
         --json /tmp/g.json   # smoke
 """
 
@@ -35,15 +35,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, emit, kit_recipe_run, paired_ratios, run_rounds, setup_threads  # noqa: E402
-from _harness import add_options, difference, keep, print_spread, start, summary_of, values  # noqa: E402
+from benchmarks._common import WIKI, emit, kit_recipe_run, paired_ratios, run_rounds, setup_threads
+from benchmarks._harness import add_options, difference, keep, print_spread, start, summary_of, values
 
 # name -> (train.mmap_threshold_mib, extra environment variables)
 VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {

@@ -43,8 +43,8 @@ spread" otherwise.
 
 Usage::
 
-    .venv/bin/python benchmarks/gradcache_vs_cmnrl.py            # batch 1024: ~2.5 h on 2 cores
-    .venv/bin/python benchmarks/gradcache_vs_cmnrl.py --rounds 1 --batch-size 64 --steps 2 --warmup 1 --allow-busy \
+    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl            # batch 1024: ~2.5 h on 2 cores
+    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl --rounds 1 --batch-size 64 --steps 2 --warmup 1 --allow-busy \
         --json /tmp/g.json   # smoke
 """
 
@@ -52,12 +52,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from benchmarks._common import (
     WIKI,
     TimedCollator,
     emit,
@@ -68,7 +66,7 @@ from _common import (  # noqa: E402
     setup_threads,
     st_pair_throughput,
 )
-from _harness import add_options, difference, keep, start, summary_of, values  # noqa: E402
+from benchmarks._harness import add_options, difference, keep, start, summary_of, values
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-auto")
 # kit-auto with train.mmap_threshold_mib 2 (freed blocks of 2 MiB or more go back to the OS).
@@ -112,10 +110,8 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
         "mmap_threshold_mib": args.mmap_threshold_mib,
         "max_steps": args.warmup + args.steps + 2,
     }
-    run = kit_recipe_run("unsup", overrides, sents)
-    collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
-    # The prepared loader iterates the DataLoader it wraps (``base_dataloader``): its collate_fn is the one called.
-    getattr(run.loader, "base_dataloader", run.loader).collate_fn = collator
+    collator = TimedCollator(None, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
+    run = kit_recipe_run("unsup", overrides, sents, timer=collator)
     fit(run, run.step, run.cfg.train)
     train = run.cfg.train
     precision = {

@@ -18,21 +18,19 @@ model:
 
 Usage::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/hub_vs_senteval.py      # ~15-30 min on 2 cores
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/hub_vs_senteval.py --json out.json
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.hub_vs_senteval      # ~15-30 min on 2 cores
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.hub_vs_senteval --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, machine, setup_threads  # noqa: E402
+from benchmarks._common import DATA, machine, setup_threads
 
 VARIANTS = ("senteval", "hub-same", "hub-raw", "sick-all")
 

@@ -8,7 +8,7 @@ model.
 
 Usage (the retrieval tasks from ``simcse-kit retrieval-tasks OUT``)::
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/matryoshka_dims.py \\
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.matryoshka_dims \\
         --models all-MiniLM-L6-v2 runs/mrl runs/plain --retrieval OUT/stsb-similar OUT/mrpc-paraphrase \\
         --dims 384 256 128 64 --json dims.json
 """
@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, machine, setup_run  # noqa: E402
+from benchmarks._common import DATA, machine, setup_run
 
 
 def memo(encode):  # noqa: ANN001, ANN201 - an Encode in, an Encode out

@@ -20,21 +20,19 @@ when it exceeds that run-to-run spread (``_harness.difference``); otherwise it i
 
 Usage::
 
-    .venv/bin/python benchmarks/memory.py                       # ~25 min on 2 cores
-    .venv/bin/python benchmarks/memory.py --batch-sizes 64 128 --precision fp32
-    .venv/bin/python benchmarks/memory.py --rounds 1 --batch-sizes 16 --chunk 8 --allow-busy --json /tmp/m.json   # smoke
+    .venv/bin/python -m benchmarks.memory                       # ~25 min on 2 cores
+    .venv/bin/python -m benchmarks.memory --batch-sizes 64 128 --precision fp32
+    .venv/bin/python -m benchmarks.memory --rounds 1 --batch-sizes 16 --chunk 8 --allow-busy --json /tmp/m.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, peak_rss_mib, run_rounds, setup_threads  # noqa: E402
-from _harness import add_options, difference, keep, print_spread, start, summary_of, values  # noqa: E402
+from benchmarks._common import emit, peak_rss_mib, run_rounds, setup_threads
+from benchmarks._harness import add_options, difference, keep, print_spread, start, summary_of, values
 
 
 def variant_name(batch: int, chunk: int) -> str:
@@ -64,7 +62,8 @@ def points(args: argparse.Namespace) -> list[str]:
 def worker(args: argparse.Namespace) -> None:
     setup_threads(args.threads)
     import transformers
-    from train_throughput import sentences_for, worker_kit
+
+    from benchmarks.train_throughput import sentences_for, worker_kit
 
     transformers.logging.set_verbosity_error()
     args.batch_size, args.grad_cache_chunk = parse_variant(args.worker)

@@ -17,8 +17,8 @@ saved with the raw numbers in ``OUTPUT_DIR/mining.{md,json}``.
 
 Usage::
 
-    .venv/bin/python benchmarks/mining.py                         # ~35 min on 2 cores
-    .venv/bin/python benchmarks/mining.py --seeds 1 --steps 4     # smoke run
+    .venv/bin/python -m benchmarks.mining                         # ~35 min on 2 cores
+    .venv/bin/python -m benchmarks.mining --seeds 1 --steps 4     # smoke run
 """
 
 from __future__ import annotations
@@ -28,14 +28,12 @@ import csv
 import io
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, REPO, machine, setup_run  # noqa: E402
-from st_peers import dev_curve  # noqa: E402
+from benchmarks._common import DATA, REPO, machine, setup_run
+from benchmarks.st_peers import dev_curve
 
 TRIPLETS = DATA / "train" / "snli_triplets.csv"
 CONFIGS = ("sup", "sup+mined", "hardneg")

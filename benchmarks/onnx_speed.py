@@ -21,8 +21,8 @@ sentences at batch 128 and reports its peak RSS; the same for simcse-kit's torch
 
 Usage::
 
-    .venv/bin/python benchmarks/onnx_speed.py                  # ~15 min on 2 busy cores
-    .venv/bin/python benchmarks/onnx_speed.py --avx2-torch --rounds 5
+    .venv/bin/python -m benchmarks.onnx_speed                  # ~15 min on 2 busy cores
+    .venv/bin/python -m benchmarks.onnx_speed --avx2-torch --rounds 5
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, REPO, emit, machine  # noqa: E402
+from benchmarks._common import DATA, REPO, emit, machine, module_command  # noqa: E402
 
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed.json"
@@ -149,7 +148,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run_worker(args: argparse.Namespace, name: str, sentences_file: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, f"--worker={name}", f"--threads={args.threads}", f"--sentences-file={sentences_file}"]
+    cmd = [*module_command(__file__), f"--worker={name}", f"--threads={args.threads}", f"--sentences-file={sentences_file}"]
     cmd += [f"--export={args.work_dir / 'export'}", f"--source={args.work_dir / 'minilm-as-simcse'}"]
     cmd += [f"--latency-sentences={args.latency_sentences}", f"--batch-size={args.batch_size}"]
     full_env = os.environ | {"OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -2,7 +2,7 @@
 
 Pure counting with the default model's tokenizer (all-MiniLM-L6-v2); no model forward.
 
-(a) Training. The unsup recipe's own loader (``simcse_kit.training.make_loader``:
+(a) Training. The unsup recipe's own loader (``simcse_kit.training.build_run``'s, as prepared:
 ``wiki1m_head.txt``, shuffled with ``--seed``, batches of ``--batch-size`` examples,
 collated by ``ContrastiveCollator`` into ``[a, a, b, b, ...]`` rows, each batch padded
 to its longest row, at most ``--max-seq-len`` tokens). For every batch of one epoch
@@ -22,15 +22,14 @@ Share = padded positions / all positions, summed over the batches.
 
 Usage::
 
-    .venv/bin/python benchmarks/padding.py                 # ~15 s on 2 cores
-    .venv/bin/python benchmarks/padding.py --batches 20 --json padding.json
+    .venv/bin/python -m benchmarks.padding                 # ~15 s on 2 cores
+    .venv/bin/python -m benchmarks.padding --batches 20 --json padding.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, REPO, machine, setup_threads  # noqa: E402
+from benchmarks._common import DATA, REPO, machine, setup_threads
 
 RECIPE = REPO / "train" / "unsup.yaml"
 STSB = DATA / "senteval" / "STS" / "STSBenchmark"
@@ -53,11 +51,11 @@ def training_padding(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]
     """Positions of the recipe's training batches, padded and as the model packs them."""
     from simcse_kit.config import load_config
     from simcse_kit.packing import pack
-    from simcse_kit.training import load_training_data, make_loader
+    from simcse_kit.training import build_run
 
     overrides = {"batch_size": str(args.batch_size), "max_seq_len": str(args.max_seq_len), "seed": str(args.seed)}
     cfg = load_config(RECIPE, overrides | {"report_to": "none"})
-    loader = make_loader(cfg, load_training_data(cfg), tokenizer, num_processes=1)
+    loader = build_run(cfg, evaluate=False, cpu=True).loader  # the run's own loader, as its loop iterates it
     pad_id = tokenizer.pad_token_id or 0
     batches = tokens = padded_positions = packed_positions = run_padded = 0
     for batch in islice(loader, args.batches):
@@ -120,7 +118,7 @@ def encoding_padding(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]
     tokens = sum(lengths)
     by_chars = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
     recorder = RecordingModel()
-    Encoder(recorder, tokenizer, args.encode_max_seq_len).encode(sentences, batch_size=n)
+    Encoder(recorder, tokenizer, args.encode_max_seq_len, "cpu").encode(sentences, batch_size=n)  # no parameters to infer it from
     if sum(int(m.sum()) for m in recorder.masks) != tokens:
         raise RuntimeError("Encoder's batches hold other tokens than counted here")
     positions = {

@@ -12,7 +12,7 @@ Each setting runs in its own interpreter because oneDNN reads the variable once.
 
 Usage::
 
-    .venv/bin/python benchmarks/precision.py        # ~20 s on 2 cores
+    .venv/bin/python -m benchmarks.precision        # ~20 s on 2 cores
 """
 
 from __future__ import annotations
@@ -25,27 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, emit, machine, setup_threads  # noqa: E402
+from benchmarks._common import REPO, emit, machine, matmul_gflops, module_command, setup_threads
 
 # (name, m, k, n) with m = tokens: the attention projections and the feed-forward pair.
 SHAPES = (("qkv/out proj", 384, 384), ("ffn up", 384, 1536), ("ffn down", 1536, 384))
 ISA_SETTINGS = (None, "AVX2")
-
-
-def matmul_gflops(m: int, k: int, n: int, dtype: object, repeats: int) -> float:
-    """Best-of-``repeats`` GFLOP/s of ``[m, k] @ [k, n]`` after one warm-up call."""
-    import torch
-
-    a = torch.randn(m, k).to(dtype)
-    b = torch.randn(k, n).to(dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * m * k * n / best / 1e9
 
 
 def worker(tokens: int, repeats: int, threads: int) -> None:
@@ -84,7 +68,7 @@ def worker(tokens: int, repeats: int, threads: int) -> None:
 def run_setting(isa: str | None, args: argparse.Namespace) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
     env |= {"OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"} | ({"ONEDNN_MAX_CPU_ISA": isa} if isa else {})
-    cmd = [sys.executable, __file__, "--worker", f"--tokens={args.tokens}", f"--repeats={args.repeats}"]
+    cmd = [*module_command(__file__), "--worker", f"--tokens={args.tokens}", f"--repeats={args.repeats}"]
     proc = subprocess.run([*cmd, f"--threads={args.threads}"], env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])

@@ -8,7 +8,7 @@ Each run is ``simcse-kit train train/unsup.yaml`` in its own process (oneDNN rea
 variable once) for ``--steps`` optimiser steps; the speed is metrics.json's
 ``sentences_per_second`` (training time only: evaluations are excluded).
 
-    python benchmarks/precision_auto.py [--steps 30] [--skip-forced-bf16]
+    python -m benchmarks.precision_auto [--steps 30] [--skip-forced-bf16]
 """
 
 from __future__ import annotations

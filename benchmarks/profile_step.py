@@ -68,9 +68,9 @@ machine and the CPU other processes used, and the summary gives median and range
 
 Usage::
 
-    .venv/bin/python benchmarks/profile_step.py                          # ~5 min on 2 quiet cores
-    .venv/bin/python benchmarks/profile_step.py --settings recipe --json profile.json
-    .venv/bin/python benchmarks/profile_step.py --rounds 1 --batches 1 --warmup 1 --timed 1 --batch-size 8 --allow-busy \
+    .venv/bin/python -m benchmarks.profile_step                          # ~5 min on 2 quiet cores
+    .venv/bin/python -m benchmarks.profile_step --settings recipe --json profile.json
+    .venv/bin/python -m benchmarks.profile_step --rounds 1 --batches 1 --warmup 1 --timed 1 --batch-size 8 --allow-busy \
         --json /tmp/p.json   # smoke
 """
 
@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -87,10 +86,9 @@ from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WIKI, emit, peak_rss_mib, run_rounds, setup_threads, spread  # noqa: E402
-from _harness import add_options, keep, print_spread, start  # noqa: E402
-from flops import peak_result  # noqa: E402
+from benchmarks._common import WIKI, emit, peak_rss_mib, run_rounds, setup_threads, spread, step_flops
+from benchmarks._harness import add_options, keep, print_spread, start
+from benchmarks.flops import peak_result
 
 if TYPE_CHECKING:
     from torch import nn
@@ -328,18 +326,6 @@ def fixed_order_run(cfg: RunConfig, distinct: int, steps: int) -> Run:
     )
     run.loader = run.accelerator.prepare(fixed)  # only the data order differs from the run
     return run
-
-
-def step_flops(model: nn.Module, objective: SimCSEObjective, batches: list[dict[str, Any]]) -> float:
-    """Mean matmul FLOPs of forward + backward over ``batches``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        for batch in batches:
-            objective.step(model, batch).backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / len(batches)
 
 
 def worker(args: argparse.Namespace) -> None:

@@ -8,8 +8,8 @@ and is replaced whole; edit the JSON's producer, never the block.
 
 Usage::
 
-    .venv/bin/python benchmarks/report.py            # rewrite the blocks
-    .venv/bin/python benchmarks/report.py --check    # exit 1 if any block is stale
+    .venv/bin/python -m benchmarks.report            # rewrite the blocks
+    .venv/bin/python -m benchmarks.report --check    # exit 1 if any block is stale
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def throughput_table() -> str:
 
 
 def _command(args: dict[str, Any]) -> str:
-    parts = ["python benchmarks/train_throughput.py"]
+    parts = ["python -m benchmarks.train_throughput"]
     if args.get("isa") == "avx2":
         parts.append("--isa avx2")
     parts.append(f"--variants {args['variants']}")
@@ -161,7 +161,7 @@ def main() -> int:
             if not args.check:
                 path.write_text(new)
     if args.check and stale:
-        print(f"stale generated blocks in {', '.join(stale)}: run benchmarks/report.py", file=sys.stderr)
+        print(f"stale generated blocks in {', '.join(stale)}: run python -m benchmarks.report", file=sys.stderr)
         return 1
     return 0
 

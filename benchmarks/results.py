@@ -33,9 +33,9 @@ hard-negative training, and whether it reaches the +0.5 target.
 Usage::
 
     # full budget (one epoch: 186 unsup steps, 91 hardneg steps): hours on 2 CPU cores
-    .venv/bin/python benchmarks/results.py
+    .venv/bin/python -m benchmarks.results
     # a smoke run at a tiny budget
-    .venv/bin/python benchmarks/results.py --configs st-unsup kit-unsup --seeds 1 --max-train-samples 640
+    .venv/bin/python -m benchmarks.results --configs st-unsup kit-unsup --seeds 1 --max-train-samples 640
 """
 
 from __future__ import annotations
@@ -43,14 +43,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, REPO, machine, setup_run  # noqa: E402
-from st_peers import run_st  # noqa: E402
+from benchmarks._common import DATA, REPO, machine, seeds_table, setup_run
+from benchmarks.st_peers import run_st
 
 RECIPES = {"unsup": REPO / "train" / "unsup.yaml", "sup": REPO / "train" / "sup.yaml", "hardneg": REPO / "train" / "hardneg.yaml"}
 OPTIONS = {
@@ -126,18 +124,11 @@ def run_base(args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]
 
 
 def markdown(rows: dict[str, dict[int, dict[str, float]]]) -> tuple[str, dict[str, Any]]:
-    from simcse_kit.experiments import TABLE_HEADERS, TABLE_KEYS, aggregate
+    from simcse_kit.experiments import TABLE_HEADERS, TABLE_KEYS
 
-    keys, headers = (*TABLE_KEYS, "best_stsb_dev"), (*TABLE_HEADERS, "STS-B dev (selection)")
-    lines = ["| config | seeds | " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * len(headers)]
-    stats: dict[str, Any] = {}
-    for name, per_seed in rows.items():
-        mean, std = aggregate(list(per_seed.values()))
-        stats[name] = {"mean": mean, "std": std, "n": len(per_seed), "per_seed": {str(k): v for k, v in per_seed.items()}}
-        cells = [
-            "–" if k not in mean else f"{mean[k]:.2f} ± {std[k]:.2f}" if len(per_seed) > 1 else f"{mean[k]:.2f}" for k in keys
-        ]
-        lines.append(f"| {name} | {len(per_seed)} | " + " | ".join(cells) + " |")
+    columns = dict(zip((*TABLE_KEYS, "best_stsb_dev"), (*TABLE_HEADERS, "STS-B dev (selection)"), strict=True))
+    table, stats = seeds_table(rows, columns)
+    lines = [table]
     for family, baseline in (("unsup", "st-unsup"), ("hardneg", "st-hardneg")):
         kit = {n: s for n, s in stats.items() if n.startswith(f"kit-{family}")}
         if baseline not in stats or not kit:

@@ -40,9 +40,9 @@ this script trains the peers of one recipe and prints their table.
 Usage::
 
     # the three peers of the SICK domain recipe, 3 seeds (an estimate: 3-6 min per run on 2 quiet cores)
-    .venv/bin/python benchmarks/st_peers.py train/domain/sick.yaml --output-dir runs/benchmarks/st_peers
+    .venv/bin/python -m benchmarks.st_peers train/domain/sick.yaml --output-dir runs/benchmarks/st_peers
     # a smoke run
-    .venv/bin/python benchmarks/st_peers.py train/domain/sick.yaml --losses tsdae --seeds 1 --steps 2 --eval-steps 1
+    .venv/bin/python -m benchmarks.st_peers train/domain/sick.yaml --losses tsdae --seeds 1 --steps 2 --eval-steps 1
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ import functools
 import json
 import logging
 import random
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -65,8 +64,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, setup_run  # noqa: E402
+from benchmarks._common import REPO, setup_run
 
 LOSSES = ("mnrl", "tsdae", "ct", "mse")  # mse: MSELoss distillation from the recipe's loss.teacher
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)

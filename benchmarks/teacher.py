@@ -20,8 +20,8 @@ and a finished seed is reused, so the table can be built over several sessions.
 
 Usage::
 
-    .venv/bin/python benchmarks/teacher.py --teacher /path/to/all-mpnet-base-v2          # hours on 2 cores
-    .venv/bin/python benchmarks/teacher.py --teacher DIR --domains stsb --seeds 1 --lrs 3e-5 --rows kit-similarity
+    .venv/bin/python -m benchmarks.teacher --teacher /path/to/all-mpnet-base-v2          # hours on 2 cores
+    .venv/bin/python -m benchmarks.teacher --teacher DIR --domains stsb --seeds 1 --lrs 3e-5 --rows kit-similarity
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DATA, REPO, machine, setup_run  # noqa: E402
-from domain import TARGET  # noqa: E402
-from st_peers import run_st  # noqa: E402
+from benchmarks._common import DATA, REPO, machine, setup_run
+from benchmarks.domain import TARGET
+from benchmarks.st_peers import run_st
 
 logger = logging.getLogger("teacher")
 

@@ -27,20 +27,18 @@ newer one. ``benchmarks/report.py`` turns the JSON into the tables of BENCHMARKS
 
 Usage::
 
-    .venv/bin/python benchmarks/train_throughput.py                  # this CPU, ~10 min on 2 cores
-    .venv/bin/python benchmarks/train_throughput.py --isa avx2 --variants st-fp32,kit-auto
-    .venv/bin/python benchmarks/train_throughput.py --rounds 1 --steps 3 --warmup 1 --variants kit-auto --json /tmp/x.json
+    .venv/bin/python -m benchmarks.train_throughput                  # this CPU, ~10 min on 2 cores
+    .venv/bin/python -m benchmarks.train_throughput --isa avx2 --variants st-fp32,kit-auto
+    .venv/bin/python -m benchmarks.train_throughput --rounds 1 --steps 3 --warmup 1 --variants kit-auto --json /tmp/x.json
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from benchmarks._common import (
     ISA_LIMITS,
     REPO,
     WIKI,
@@ -96,9 +94,8 @@ def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest:
         **({"sparse_embedding_grad": False} if "densegrad" in rest else {}),
         **KIT_PRECISION[precision],
     }
-    run = kit_recipe_run("unsup", overrides, sents)
-    collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
-    run.loader.collate_fn = collator
+    collator = TimedCollator(None, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
+    run = kit_recipe_run("unsup", overrides, sents, timer=collator)
     fit(run, run.step, run.cfg.train)
     decided = {
         "mixed_precision": run.cfg.train.mixed_precision,

@@ -104,8 +104,8 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
 
 
 def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
-    """AdamW, fused into one kernel where the parameters' device allows (on CPU it takes
-    the default model's AdamW step from ~59 to ~8 ms, benchmarks/adamw_step.py); with
+    """AdamW, fused into one kernel where the parameters' device allows (the per-parameter
+    loop it replaces is several times slower on CPU: ``python -m benchmarks.adamw_step``); with
     ``cfg.bf16_model`` the model is cast to bf16 (embedding tables excepted) and AdamW
     keeps fp32 masters (:func:`simcse_kit.fastpath.bf16.bf16_training`), its embedding
     tables' gradients in kept dense buffers as ``cfg.sparse_embedding_grad`` says."""
@@ -263,6 +263,14 @@ def step_grad_norm(run: Prepared, cfg: LoopConfig, wanted: bool) -> torch.Tensor
     return None
 
 
+def step_guard(accelerator: Accelerator, cfg: LoopConfig, signals: StopSignals | None) -> StepGuard:
+    """The loop's check at each optimiser step: a stop requested through ``signals`` (None:
+    never), a non-finite loss or (but under fp16, whose loss scaler skips such steps by
+    design) gradient norm; the message names the settings worth checking."""
+    hint = f" (train.learning_rate = {cfg.learning_rate}, train.mixed_precision = {cfg.mixed_precision})"
+    return StepGuard(accelerator, signals or StopSignals(), check_grad_norm=cfg.mixed_precision != "fp16", hint=hint)
+
+
 def due(every: int, step: int) -> bool:
     """Whether something done every ``every`` optimiser steps (0: never) is due at ``step``."""
     return every > 0 and step % every == 0
@@ -340,9 +348,7 @@ def fit(
     if resume and checkpoints is not None:
         checkpoints.restore(accelerator, state, run.generator)
     progress = Progress(run, cfg, step, state)
-    signals = signals or StopSignals()  # not installed: never requested
-    hint = f" (train.learning_rate = {cfg.learning_rate}, train.mixed_precision = {cfg.mixed_precision})"
-    guard = StepGuard(accelerator, signals, check_grad_norm=cfg.mixed_precision != "fp16", hint=hint)
+    guard = step_guard(accelerator, cfg, signals)
     evaluate = Selection(accelerator, model, optimizer, evaluator, checkpoints, progress.log)
     model.train()
     if cfg.eval_at_start and state.global_step == 0 and not state.evals:
@@ -374,7 +380,7 @@ def fit(
                 saved = checkpoints.save(accelerator, state, epoch_rng)
         if stop:  # a signal: a complete checkpoint of this step, then out (all processes agree on it)
             progress.close()
-            raise Stopped(signals.requested or "a stop signal", state.global_step, saved)
+            raise Stopped(guard.signals.requested or "a stop signal", state.global_step, saved)
         if last:
             break
     clock.lap()

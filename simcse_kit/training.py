@@ -114,7 +114,12 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
 
 
 def build_run(
-    cfg: RunConfig, *, dataset: datasets.Dataset | None = None, evaluate: bool = True, cpu: bool | None = None
+    cfg: RunConfig,
+    *,
+    dataset: datasets.Dataset | None = None,
+    evaluate: bool = True,
+    cpu: bool | None = None,
+    wrap_collate: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
 ) -> Run:
     """Everything :func:`train` wires, built and prepared, nothing run and nothing written.
 
@@ -129,6 +134,9 @@ def build_run(
         evaluate: build the dev evaluator and the final STS table; False: neither (no
             dev selection, no STS files read).
         cpu: train on the CPU; default: the CPU when CUDA is unavailable.
+        wrap_collate: ``wrap_collate(collate) -> collate``, applied before the loader is
+            prepared (Accelerate's loader calls the function it was given), e.g. to time
+            each batch.
     """
     dataset = load_training_data(cfg) if dataset is None else dataset
     dev = final_sts = None
@@ -161,6 +169,8 @@ def build_run(
     loader = make_loader(
         cfg, dataset, tokenizer, accelerator.num_processes, accelerator.device, teacher[1].index if teacher else None
     )
+    if wrap_collate is not None:
+        loader.collate_fn = wrap_collate(loader.collate_fn)
     step = make_step(cfg, model, objective, accelerator)
     extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     if cfg.data.prompts:  # recorded with the model: evaluation and the export use them

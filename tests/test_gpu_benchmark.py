@@ -10,13 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmarks import gpu
 
 
 def test_gpu_benchmark_smoke_writes_its_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(BENCH))
-    import gpu
-
     out = tmp_path / "gpu.json"
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--cpu-smoke", "--out", str(out)])
     threads = torch.get_num_threads()
@@ -41,8 +38,6 @@ def test_gpu_benchmark_smoke_writes_its_table(tmp_path: Path, monkeypatch: pytes
 
 def test_flops_known_answer() -> None:
     """3 x (2 x linear params + 4 x layers x hidden x length) per token, summed over sentences."""
-    sys.path.insert(0, str(BENCH))
-    import gpu
     from transformers import BertConfig
 
     config = BertConfig(hidden_size=4, num_hidden_layers=2, intermediate_size=8)

@@ -315,3 +315,11 @@ def test_runs_with_different_precisions_in_one_process() -> None:
         assert not torch.is_autocast_enabled("cpu")
     third = make_accelerator(LoopConfig(mixed_precision="bf16", bf16_weights=True), cpu=True)
     assert str(third.mixed_precision) == "no"  # bf16 weights: the model itself is bf16, no autocast
+
+
+def test_make_accelerator_wants_the_precision_decided() -> None:
+    """"auto" is decided once, by the caller, before the config is recorded: the loop, the
+    optimiser and the accelerator then read the same values (not three decisions)."""
+    for cfg in (LoopConfig(mixed_precision="auto"), LoopConfig(mixed_precision="bf16", bf16_weights="auto")):
+        with pytest.raises(ValueError, match="decide 'auto'"):
+            make_accelerator(cfg, cpu=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from simcse_kit.inference import Encoder, load_encoder
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.trainer import fit, prepare
-from simcse_kit.training import EVAL_BATCH_SIZE, train
+from simcse_kit.training import EVAL_BATCH_SIZE, build_run, train
 
 
 @pytest.mark.parametrize(
@@ -102,6 +103,31 @@ def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
     assert load_config(run / "config.yaml") == replace(cfg, train=replace(cfg.train, fast_dropout=False, bf16_weights=False))
     assert (run / "alignment_uniformity.png").stat().st_size > 0
     assert not (run / "checkpoints").exists()
+
+
+def test_build_run_wires_what_train_runs_without_running_it(tiny_run: TinyRun) -> None:
+    """``build_run`` builds and prepares every piece and writes nothing; fitting what it
+    returns is the run ``train`` runs (the same losses and dev scores, step for step)."""
+    overrides = {"save_steps": 0, "num_epochs": 1, "eval_steps": 3, "warmup_ratio": 0.25, "weight_decay": 0.01}
+    cfg = tiny_run.config("built", **overrides)
+    collated: list[int] = []
+
+    def counting(collate: Callable[..., dict]) -> Callable[..., dict]:
+        return lambda features: collated.append(len(features)) or collate(features)
+
+    run = build_run(cfg, wrap_collate=counting)
+    assert not Path(cfg.train.output_dir).exists()  # no run folder, no lock, no config.yaml
+    assert run.cfg.train.fast_dropout is False and cfg.train.fast_dropout == "auto"  # decided once, here
+    assert run.n_steps == 8 and run.evaluator is not None and run.final_sts is not None
+    assert isinstance(run.accelerator.unwrap_model(run.model), SimCSEModel)
+    decay, no_decay = run.optimizer.param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
+    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert run.optimizer.param_groups[0]["lr"] == 0.0  # warm-up: the schedule starts at 0
+    state = fit(run, run.step, run.cfg.train, evaluator=run.evaluator)
+    reference = train(tiny_run.config("ref", **overrides))
+    assert state.losses == reference["losses"] and state.evals == reference["evals"]
+    assert collated == [8] * 8  # the prepared loader calls the wrapped collate function
 
 
 def test_unsup_batch_is_each_sentence_twice(tiny_model_dir: Path) -> None:

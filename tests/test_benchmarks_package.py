@@ -1,0 +1,62 @@
+"""benchmarks/ is a package run as ``python -m benchmarks.NAME``: no script edits
+``sys.path``, every one imports as ``benchmarks.NAME``, and the helpers the scripts share
+(``benchmarks/_common.py``) give known answers."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from benchmarks._common import REPO, module_command, seeds_table, step_flops
+
+SCRIPTS = sorted(p for p in (REPO / "benchmarks").glob("*.py") if p.name != "__init__.py")
+
+
+def test_no_benchmark_edits_sys_path() -> None:
+    edits = [p.name for p in SCRIPTS if "sys.path" in p.read_text(encoding="utf-8")]
+    assert not edits, f"benchmarks that edit sys.path: {edits}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_every_benchmark_imports_from_the_package(script: Path) -> None:
+    module = importlib.import_module(f"benchmarks.{script.stem}")
+    assert Path(module.__file__).resolve() == script.resolve()
+
+
+def test_a_fresh_interpreter_runs_the_module() -> None:
+    assert module_command(REPO / "benchmarks" / "gpu.py") == [sys.executable, "-m", "benchmarks.gpu"]
+
+
+def test_seeds_table_known_answer() -> None:
+    rows = {
+        "kit": {1: {"avg": 70.0, "STSBenchmark": 80.0}, 2: {"avg": 72.0, "STSBenchmark": 81.0}},
+        "base": {0: {"avg": 65.125, "best_step": 3.0}},
+    }
+    table, stats = seeds_table(rows, {"avg": "Avg.", "STSBenchmark": "STS-B", "best_step": "best step"}, {"best_step": 0})
+    assert table.splitlines() == [
+        "| config | seeds | Avg. | STS-B | best step |",
+        "|---|---:|---:|---:|---:|",
+        "| kit | 2 | 71.00 ± 1.41 | 80.50 ± 0.71 | – |",  # sample std over the seeds
+        "| base | 1 | 65.12 | – | 3 |",
+    ]
+    assert stats["kit"]["n"] == 2 and stats["kit"]["per_seed"]["2"]["avg"] == 72.0
+    assert stats["kit"]["mean"]["avg"] == pytest.approx(71.0)
+
+
+def test_step_flops_counts_forward_and_backward_matmuls() -> None:
+    """Linear [8, 4] -> [8, 3]: 2*8*4*3 FLOPs forward, the same again for the weight's
+    gradient (the input needs none)."""
+
+    class SquaredOutput:
+        def step(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+            return model(batch).pow(2).sum()
+
+    model = nn.Linear(4, 3, bias=False)
+    flops = step_flops(model, SquaredOutput(), [torch.randn(8, 4), torch.randn(8, 4)])
+    assert flops == 2 * (2 * 8 * 4 * 3)
+    assert model.weight.grad is None
