@@ -12,6 +12,8 @@ rule for memory claims: a difference counts only when it exceeds the run-to-run 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,8 @@ def keep(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Path:
     klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
     info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})
     out = args.json or RESULTS / f"{name}-{klass}.json"
-    save_results(out, {"machine": info, "args": vars(args), **record})
+    command = " ".join(["python -m benchmarks." + name, shlex.join(sys.argv[1:])]).strip()
+    save_results(out, {"machine": info, "args": vars(args), "command": command, **record})
     return out
 
 
