@@ -48,6 +48,7 @@ def keep(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Path:
     _, flags = cpu_flags()
     klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
     info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})
+    info["torch_threads"] = args.threads  # the workers' (this process never set its own)
     out = args.json or RESULTS / f"{name}-{klass}.json"
     command = " ".join(["python -m benchmarks." + name, shlex.join(sys.argv[1:])]).strip()
     save_results(out, {"machine": info, "args": vars(args), "command": command, **record})

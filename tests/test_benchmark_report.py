@@ -248,3 +248,24 @@ def test_memory_points_and_their_names() -> None:
     # No GradCache at 64 (one chunk of 128 rows holds all 2 x 64), no plain run above 256.
     assert memory.points(args) == ["b64", "b256", "b256-gc128", "b1024-gc128"]
     assert memory.parse_variant("b1024-gc128") == (1024, 128) and memory.parse_variant("b64") == (64, 0)
+
+
+def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> None:
+    """flops.py's matmul-peak variant end to end (fresh interpreters, seconds): each round
+    kept with its CPU activity, the machine and the command, and the summary their median."""
+    out = tmp_path / "peak.json"
+    argv = ["--rounds", "2", "--variants", "peak-fp32", "--n", "64", "--threads", "1", "--allow-busy", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.flops", *argv], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert [(r["round"], r["variant"], r["n"]) for r in record["runs"]] == [(0, "peak-fp32", 64), (1, "peak-fp32", 64)]
+    assert all({"other_cpu_share", "busy", "load_avg_before", "load_avg_after"} <= set(r["activity"]) for r in record["runs"])
+    assert record["command"] == "python -m benchmarks.flops " + " ".join(argv)
+    assert record["machine"]["torch_threads"] == 1 and record["args"]["rounds"] == 2
+    gflops = [r["gflops"] for r in record["runs"]]
+    assert record["summary"]["peak-fp32"]["gflops"] == pytest.approx(
+        {"median": statistics.median(gflops), "min": min(gflops), "max": max(gflops), "n": 2}
+        | {"half_range_pct": 100 * (max(gflops) - min(gflops)) / 2 / statistics.median(gflops)}
+    )
