@@ -33,6 +33,21 @@ def add_options(parser: argparse.ArgumentParser, name: str, rounds: int = 3) -> 
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
 
 
+def chosen(parser: argparse.ArgumentParser, text: str, allowed: tuple[str, ...] | list[str]) -> list[str]:
+    """The comma-separated variants of ``text``, in order; a usage error naming any not in
+    ``allowed`` (before anything runs: a variant costs minutes)."""
+    names = [name for name in text.split(",") if name]
+    unknown = [name for name in names if name not in allowed]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(allowed)}")
+    return names
+
+
+def forwarded(args: argparse.Namespace, *options: str) -> list[str]:
+    """``--option=value`` for each of ``options`` (dashed names), as the workers get them."""
+    return [f"--{name}={getattr(args, name.replace('-', '_'))}" for name in options]
+
+
 def start(args: argparse.Namespace) -> dict[str, str]:
     """Refuse a busy machine (unless ``--allow-busy``); the workers' extra environment
     (the AVX2 kernel limits with ``--isa avx2``)."""

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import DATA, emit, paired_ratios, peak_rss_mib, run_rounds, setup_threads
-from benchmarks._harness import add_options, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start, summary_of, values
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16")
 PAIRS = (("kit-fp32", "st-fp32"), ("kit-bf16", "st-fp32"), ("kit-bf16", "st-bf16"))
@@ -143,13 +143,10 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
+    variants = chosen(parser, args.variants, VARIANTS)
     env = start(args)
     with tempfile.TemporaryDirectory(prefix="encode_throughput-") as emb_dir:
-        common = [f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("batch-size", "max-seq-len", "threads")]
+        common = forwarded(args, "batch-size", "max-seq-len", "threads")
         common += [f"--emb-dir={emb_dir}"] + ([f"--limit={args.limit}"] if args.limit else [])
         runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
         agreement(runs, Path(emb_dir))

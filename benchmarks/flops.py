@@ -48,7 +48,7 @@ from benchmarks._common import (
     spread,
     step_flops,
 )
-from benchmarks._harness import add_options, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start, summary_of, values
 
 PEAKS = ("peak-bf16", "peak-fp32")
 KITS = ("kit-auto", "kit-fp32", "kit-bf16")
@@ -157,13 +157,9 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(PEAKS) - set(KITS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {PEAKS + KITS}")
+    variants = chosen(parser, args.variants, PEAKS + KITS)
     env = start(args)
-    names = ("steps", "warmup", "batch-size", "max-seq-len", "threads", "n")
-    common = [f"--{k}={getattr(args, k.replace('-', '_'))}" for k in names]
+    common = forwarded(args, "steps", "warmup", "batch-size", "max-seq-len", "threads", "n")
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env, metric="gflops")
     summary = summarise(runs, variants)
     print(f"\nunsup recipe, batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads, fresh batches")

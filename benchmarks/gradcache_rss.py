@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import WIKI, emit, kit_recipe_run, paired_ratios, run_rounds, setup_threads
-from benchmarks._harness import add_options, difference, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, chosen, difference, forwarded, keep, print_spread, start, summary_of, values
 
 # name -> (train.mmap_threshold_mib, extra environment variables)
 VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {
@@ -142,12 +142,9 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    names = [n for n in args.variants.split(",") if n]
-    unknown = [name for name in names if name not in VARIANTS]
-    if unknown:  # before any variant runs: each costs minutes
-        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
+    names = chosen(parser, args.variants, list(VARIANTS))
     env = start(args)
-    shared = [f"--batch-size={args.batch_size}", f"--chunk={args.chunk}", f"--steps={args.steps}", f"--threads={args.threads}"]
+    shared = forwarded(args, "batch-size", "chunk", "steps", "threads")
     runs = run_rounds(Path(__file__), names, shared, args.rounds, args.threads, env=env, metric="peak_rss_mib")
     chunks = f"GradCache chunks of {args.chunk} rows" if args.chunk else "no GradCache"
     print(f"\nbatch {args.batch_size}, {chunks}, {args.steps} steps, {args.threads} threads\n")

@@ -66,7 +66,7 @@ from benchmarks._common import (
     setup_threads,
     st_pair_throughput,
 )
-from benchmarks._harness import add_options, difference, keep, start, summary_of, values
+from benchmarks._harness import add_options, chosen, difference, forwarded, keep, start, summary_of, values
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-auto")
 # kit-auto with train.mmap_threshold_mib 2 (freed blocks of 2 MiB or more go back to the OS).
@@ -208,17 +208,11 @@ def main() -> None:
         worker(args)
         return
 
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS) - set(ABLATIONS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS + ABLATIONS}")
+    variants = chosen(parser, args.variants, VARIANTS + ABLATIONS)
     if args.chunk % 2:
         parser.error("--chunk must be even: simcse-kit's chunks hold whole examples (2 rows each)")
     env = start(args)
-    common = [
-        f"--{k}={getattr(args, k.replace('-', '_'))}"
-        for k in ("steps", "warmup", "batch-size", "chunk", "max-seq-len", "threads")
-    ]
+    common = forwarded(args, "steps", "warmup", "batch-size", "chunk", "max-seq-len", "threads")
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
     summary = summarise(runs, variants)
     comparisons = compare(runs, variants)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import emit, peak_rss_mib, run_rounds, setup_threads
-from benchmarks._harness import add_options, difference, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, difference, forwarded, keep, print_spread, start, summary_of, values
 
 
 def variant_name(batch: int, chunk: int) -> str:
@@ -109,7 +109,7 @@ def main() -> None:
         return
     variants = points(args)
     env = start(args)
-    common = [f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("precision", "threads", "steps", "warmup", "max-seq-len")]
+    common = forwarded(args, "precision", "threads", "steps", "warmup", "max-seq-len")
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env, metric="peak_rss_mib")
     summary = summary_of(runs, variants, ("peak_rss_mib", "sentences_per_s"))
     diffs = comparisons(runs, variants)

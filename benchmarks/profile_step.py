@@ -87,7 +87,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks._common import WIKI, emit, peak_rss_mib, run_rounds, setup_threads, spread, step_flops
-from benchmarks._harness import add_options, keep, print_spread, start
+from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start
 from benchmarks.flops import peak_result
 
 if TYPE_CHECKING:
@@ -470,10 +470,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    settings = [s for s in args.settings.split(",") if s]
-    unknown = set(settings) - set(SETTINGS)
-    if unknown:
-        parser.error(f"unknown settings {sorted(unknown)}; choose from {tuple(SETTINGS)}")
+    settings = chosen(parser, args.settings, list(SETTINGS))
     if min(args.batches, args.timed) < 1 or args.warmup < args.batches:
         parser.error("--batches and --timed must be at least 1, --warmup at least --batches (every shape seen before timing)")
 
@@ -488,8 +485,7 @@ def main() -> None:
         f"step: recipe {args.recipe}, batch {args.batch_size}, max len {args.max_seq_len}, {args.batches} distinct batches, "
         f"{args.warmup} warm-up + {args.timed} timed + {args.batches} profiled steps; {figure}"
     )
-    common = [f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("recipe", "threads", "batch-size", "max-seq-len")]
-    common += [f"--{k}={getattr(args, k)}" for k in ("batches", "warmup", "timed", "n")]
+    common = forwarded(args, "recipe", "threads", "batch-size", "max-seq-len", "batches", "warmup", "timed", "n")
     common += ["--no-packing"] if args.no_packing else []
     runs = run_rounds(Path(__file__), [PEAK, *settings], common, args.rounds, args.threads, env=env, metric="gflops")
     peaks = {x["round"]: x["gflops"] for x in runs if x["variant"] == PEAK}
