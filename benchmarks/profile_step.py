@@ -46,8 +46,8 @@ Method:
   profiled batches (after the run, same model and setting; matrix products only).
   Matmul GFLOP/s = those FLOPs / the profiled time of the product kernels
   (``aten::mm``/``addmm``/``bmm``); the step's GFLOP/s = FLOPs / the median step;
-  both as a share of the bf16 matmul peak measured at the start of this run
-  (``flops.matmul_gflops``, ``--n`` square).
+  both as a share of the bf16 matmul peak measured in the same round (the ``peak-bf16``
+  worker, ``flops.peak_result``: ``--n`` square).
 * Upper bounds, from the class shares applied to the median step: if every class but
   matmul/linear cost nothing, and if the product kernels ran at the bf16 peak (the rest
   as measured). If neither reaches a wanted speed-up (the issue's 1.3x), no tuning of
