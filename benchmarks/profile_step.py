@@ -442,6 +442,16 @@ SUMMARY_KEYS = (
 )
 
 
+def add_derived(runs: list[dict[str, Any]]) -> dict[int, float]:
+    """Give each setting's run its :func:`derive` numbers against its round's bf16 peak;
+    the peaks by round."""
+    peaks = {x["round"]: x["gflops"] for x in runs if x["variant"] == PEAK}
+    for x in runs:
+        if x["variant"] != PEAK:
+            x["derived"] = derive(x, peaks[x["round"]])
+    return peaks
+
+
 def summarise(runs: list[dict[str, Any]], settings: list[str]) -> dict[str, Any]:
     """Per setting, median and range over the rounds of each derived number; the speed-ups
     the two bounds allow (median step / median bound)."""
@@ -488,10 +498,7 @@ def main() -> None:
     common = forwarded(args, "recipe", "threads", "batch-size", "max-seq-len", "batches", "warmup", "timed", "n")
     common += ["--no-packing"] if args.no_packing else []
     runs = run_rounds(Path(__file__), [PEAK, *settings], common, args.rounds, args.threads, env=env, metric="gflops")
-    peaks = {x["round"]: x["gflops"] for x in runs if x["variant"] == PEAK}
-    for x in runs:
-        if x["variant"] != PEAK:
-            x["derived"] = derive(x, peaks[x["round"]])
+    peaks = add_derived(runs)
     last = args.rounds - 1
     print(f"\nthe last round's profile (bf16 matmul peak {peaks[last]:.0f} GFLOP/s, {args.n}^3, {args.threads} threads):")
     for x in runs:
