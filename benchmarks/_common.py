@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+DATA = Path(os.environ.get("SIMCSE_KIT_DATA") or REPO.parent / "shared" / "data")  # the kit's own data-root variable
 WIKI = DATA / "train" / "wiki1m_head.txt"
 
 

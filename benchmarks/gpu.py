@@ -10,6 +10,7 @@ encode 2 x batch sentences a step. Variants, alternated over ``--rounds`` rounds
 
 * ``kit-pack-wN``: simcse-kit with packing (the default), ``data.num_workers = N``;
 * ``kit-pad-wN``: simcse-kit with ``model.packing: false``;
+* ``kit-padc-wN`` / ``kit-packc-wN``: the same with ``train.compile: true`` (opt-in; ``--variants``);
 * ``st-wN``: the sentence-transformers trainer, ``dataloader_num_workers = N``.
 
 Jobs (``--jobs``): ``minilm-b64-l32`` and ``minilm-b512-l32`` (the main job's model,
@@ -108,12 +109,15 @@ def cuda() -> bool:
 
 def sentences(n: int, seed: int) -> list[str]:
     """``n`` training sentences: Wikipedia's head where the shared data is, else made up."""
+    rng = random.Random(seed)
     if WIKI.is_file():
         with WIKI.open(encoding="utf-8") as f:
-            lines = [line.strip() for _, line in zip(range(4 * n), f, strict=False) if line.strip()]
-        if len(lines) >= n:
-            return random.Random(seed).sample(lines, n)
-    rng = random.Random(seed)
+            lines = [line.strip() for line in f if line.strip()]
+        # The head has ~12k lines and batch 512 x 42 steps needs more: shuffled passes, as epochs would.
+        out: list[str] = []
+        while len(out) < n:
+            out += rng.sample(lines, len(lines))
+        return out[:n]
     words = "the a man woman dog plays runs reads guitar park city river old new red small music".split()
     return [" ".join(rng.choice(words) for _ in range(rng.randint(3, 40))) for _ in range(n)]
 
@@ -202,7 +206,9 @@ def peak_memory() -> tuple[float, str]:
     return peak_rss_mib(), "process_peak_rss"
 
 
-def run_kit(job: Job, folder: str, sents: list[str], packing: bool, workers: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_kit(
+    job: Job, folder: str, sents: list[str], packing: bool, workers: int, args: argparse.Namespace, compile_: bool = False
+) -> dict[str, Any]:
     """simcse-kit's unsup recipe built as a text run is (``build_run``) and trained by its
     own loop (``fit``), timed between two steps."""
     import datasets
@@ -216,6 +222,7 @@ def run_kit(job: Job, folder: str, sents: list[str], packing: bool, workers: int
     overrides = {
         "model.name_or_path": folder,
         "model.packing": str(packing).lower(),
+        "train.compile": str(compile_).lower(),
         "model.max_seq_len": job.max_seq_len,
         "data.num_workers": workers,
         "train.batch_size": job.batch_size,
@@ -232,10 +239,15 @@ def run_kit(job: Job, folder: str, sents: list[str], packing: bool, workers: int
     cfg = load_config(find_recipe("unsup"), {k: str(v) for k, v in overrides.items()})
     run = build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sents}), evaluate=False)
     clock = StepClock(args.warmup, args.warmup + args.steps)
+    syncs = SyncCounter() if getattr(args, "sync_debug", False) and cuda() else None
     calls = [0]
 
     def step(m: Any, batch: dict[str, Any], backward: Any = None) -> Any:
+        if syncs is not None and calls[0] == args.warmup + args.steps:
+            syncs.stop()
         clock.at(calls[0])  # reads nothing from the batch: the step keeps its own synchronisation
+        if syncs is not None and calls[0] == args.warmup:
+            syncs.start()  # after the clock's own synchronize: counts the steps' syncs alone
         calls[0] += 1
         return run.step(m, batch, backward)
 
@@ -248,6 +260,7 @@ def run_kit(job: Job, folder: str, sents: list[str], packing: bool, workers: int
         "flops": step_flops(model.encoder.config, real_lengths(run.tokenizer, sents, job, args)),
         "precision": run.cfg.train.mixed_precision,
         "packing_active": bool(model.packing),
+        "syncs": None if syncs is None else syncs.where,
     }
 
 
@@ -316,7 +329,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     folder = args.model_folder or model_folder(job)
     reset_accelerate_state()  # in-process runs: each variant starts from a clean Accelerate state
     if kind == "kit":
-        res = run_kit(job, folder, sents, packing=rest.startswith("pack"), workers=workers, args=args)
+        mode = rest.split("-w")[0]  # pack, pad, packc, padc
+        packing, compile_ = mode.startswith("pack"), mode.endswith("c")
+        res = run_kit(job, folder, sents, packing=packing, workers=workers, args=args, compile_=compile_)
     else:
         res = run_st(job, folder, sents, workers=workers, args=args)
     reset_accelerate_state()
@@ -337,6 +352,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "memory_kind": kind_of_memory,
         "model_tflops_per_s": flops_per_s / 1e12,
         "mfu": None if peak is None else flops_per_s / peak,
+        "syncs": res.get("syncs"),
     }
 
 
@@ -362,11 +378,51 @@ def summarise(runs: list[dict[str, Any]], variants: list[str], workers: list[int
             "peak_memory_mib": max(x["peak_memory_mib"] for x in mine),
             "mfu": spread([x["mfu"] for x in mine]) if all(x["mfu"] is not None for x in mine) else None,
         }
-    for w in workers:
-        for kit in (f"kit-pack-w{w}", f"kit-pad-w{w}"):
-            summary[f"{kit}/st-w{w}"] = paired_ratios(runs, kit, f"st-w{w}")
-        summary[f"kit-pack-w{w}/kit-pad-w{w}"] = paired_ratios(runs, f"kit-pack-w{w}", f"kit-pad-w{w}")
+    for v in variants:  # each kit variant against the peer with the same workers, and packing against padding
+        kind, _, w = v.rpartition("-w")
+        if kind.startswith("kit") and f"st-w{w}" in variants:
+            summary[f"{v}/st-w{w}"] = paired_ratios(runs, v, f"st-w{w}")
+        pad = v.replace("-pack", "-pad")
+        if "-pack" in v and pad in variants:
+            summary[f"{v}/{pad}"] = paired_ratios(runs, v, pad)
     return summary
+
+
+class SyncCounter:
+    """Counts device-to-host synchronisations (``torch.cuda.set_sync_debug_mode("warn")``)
+    between :meth:`start` and :meth:`stop`, with the first library frame of each."""
+
+    def __init__(self) -> None:
+        self.where: dict[str, int] = {}
+        self._previous: Any = None
+
+    def start(self) -> None:
+        import warnings
+
+        import torch
+
+        self._previous = warnings.showwarning
+        warnings.simplefilter("always")
+        warnings.showwarning = self._record  # type: ignore[assignment]
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def stop(self) -> None:
+        import warnings
+
+        import torch
+
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = self._previous
+
+    def _record(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        import traceback
+
+        if "synchronizing" not in str(message):
+            return self._previous(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename and "warnings" not in f.filename]
+        top = frames[-1] if frames else None
+        key = f"{Path(top.filename).name}:{top.lineno} {top.line}" if top else "?"
+        self.where[key] = self.where.get(key, 0) + 1
 
 
 def main() -> None:
@@ -374,6 +430,8 @@ def main() -> None:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes, 1 round, in-process (default without CUDA)")
     parser.add_argument("--jobs", nargs="*", default=None, help=f"default: {[j.name for j in GPU_JOBS]}")
     parser.add_argument("--workers", nargs="*", type=int, default=None, help="DataLoader workers to compare (GPU: 0 4)")
+    parser.add_argument("--variants", nargs="*", default=None, help="explicit variants, e.g. kit-padc-w4 st-w4")
+    parser.add_argument("--sync-debug", action="store_true", help="count device-to-host syncs in the timed kit steps")
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (GPU: 3)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -399,7 +457,7 @@ def main() -> None:
         emit(worker(args))
         return
     jobs = [parse_job(j) for j in args.jobs] if args.jobs else SMOKE_JOBS if smoke else GPU_JOBS
-    variants = [f"{kind}-w{w}" for w in args.workers for kind in ("kit-pack", "kit-pad", "st")]
+    variants = args.variants or [f"{kind}-w{w}" for w in args.workers for kind in ("kit-pack", "kit-pad", "st")]
     record: dict[str, Any] = {
         "machine": machine(),
         "device": device_peak()[0],
@@ -415,7 +473,7 @@ def main() -> None:
         else:
             runs = run_rounds(SCRIPT, variants, common, args.rounds, args.threads)
         record["jobs"][job.name] = {"runs": runs, "summary": summarise(runs, variants, args.workers)}
-    save_results(args.out, record)
+        save_results(args.out, record)  # after every job: a run stopped at a time limit keeps what it finished
 
 
 if __name__ == "__main__":

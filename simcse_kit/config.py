@@ -60,8 +60,9 @@ class ModelConfig:
     attn_implementation: str = "auto"
     # Run the encoder on packed rows instead of padded ones where the model is verified
     # to give the same token states (simcse_kit.packing): same loss, about a third less
-    # work at max_seq_len 32 on Wikipedia sentences.
-    packing: bool = True
+    # work at max_seq_len 32 on Wikipedia sentences. null (auto): on the CPU, off on CUDA
+    # (where benchmarks/gpu.py measured padding faster); true/false: as set, on any device.
+    packing: bool | None = None
 
 
 @dataclass
@@ -77,7 +78,9 @@ class DataConfig:
     # default: ../shared/data beside a source checkout (simcse_kit.recipes).
     data_root: str | None = None
     max_train_samples: int | None = None  # use only the first N training examples (None: all)
-    num_workers: int = 0  # DataLoader worker processes for tokenisation (0: in the training process)
+    # DataLoader worker processes for tokenisation (0: in the training process). null (auto):
+    # 0 on the CPU (workers take the step's cores), 8 on CUDA (measured: benchmarks/gpu.py).
+    num_workers: int | None = None
     # "auto": by mode and file suffix (simcse_kit.data); "stsb" / "sick": train_file is a scored
     # pair file of that format whose distinct sentences become the unsup corpus (scores unused).
     train_format: str = "auto"

@@ -27,6 +27,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -159,23 +160,44 @@ def _finite(value: torch.Tensor | float | None) -> bool:
 class StepGuard:
     """One check per optimiser step: stop requested anywhere? non-finite anywhere?
 
+    On the CPU (and across processes) each step is checked before its update. On one CUDA
+    device, reading a flag back every step would stall the host on the device each step,
+    so the flags are gathered on the device and read only on the steps ``due(step)``
+    names: the loop passes its log, evaluation and checkpoint steps (which read the device
+    anyway), so no non-finite weights are ever evaluated or saved; the error names the
+    first non-finite step.
+
     Args:
         accelerator: the run's Accelerator (its device and process count).
         signals: the run's :class:`StopSignals`.
         check_grad_norm: also treat a non-finite gradient norm as divergence (off under
             fp16, where the loss scaler skips steps with overflowing gradients by design).
         hint: the settings worth checking, for the message (learning rate, temperature, ...).
+        due: on one CUDA device, the steps whose flags are read back (default: every step).
     """
 
-    def __init__(self, accelerator: Any, signals: StopSignals, check_grad_norm: bool = True, hint: str = "") -> None:
+    def __init__(
+        self,
+        accelerator: Any,
+        signals: StopSignals,
+        check_grad_norm: bool = True,
+        hint: str = "",
+        due: Callable[[int], bool] | None = None,
+    ) -> None:
         self.accelerator = accelerator
         self.signals = signals
         self.check_grad_norm = check_grad_norm
         self.hint = hint
+        device = torch.device(getattr(accelerator, "device", "cpu"))
+        self.deferred = due is not None and device.type == "cuda" and accelerator.num_processes == 1
+        self.due = due
+        self._first_bad: torch.Tensor | None = None  # on the device: the first non-finite step, 0 if none
 
     def __call__(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> bool:
         """Raise :class:`Diverged` on a non-finite loss (or gradient norm); return whether
         to stop after this step. ``step`` is the optimiser step being taken (1-based)."""
+        if self.deferred and isinstance(loss, torch.Tensor):
+            return self._deferred(step, loss, grad_norm)
         bad = not _finite(loss) or (self.check_grad_norm and not _finite(grad_norm))
         flags = [float(self.signals.requested is not None), float(bad)]
         if self.accelerator.num_processes > 1:
@@ -184,14 +206,35 @@ class StepGuard:
             torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
             flags = tensor.tolist()
         if flags[1]:
-            value = float(loss.detach().float().mean()) if isinstance(loss, torch.Tensor) else loss
-            norm = "" if grad_norm is None else f", gradient norm {float(grad_norm)}"
-            raise Diverged(
-                f"training diverged at step {step}: loss {value}{norm} (not finite). Likely causes: a learning rate "
-                f"too high, a temperature too low, or fp16 overflow{self.hint}. Stopped before this step's update: "
-                "the last checkpoint and the best model so far are kept"
-            )
+            self._raise(step, step, loss, grad_norm)
         return bool(flags[0])
+
+    def _deferred(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | float | None) -> bool:
+        ok = torch.isfinite(loss.detach()).all()
+        if self.check_grad_norm and isinstance(grad_norm, torch.Tensor):
+            ok = ok & torch.isfinite(grad_norm.detach()).all()
+        elif self.check_grad_norm and grad_norm is not None and not math.isfinite(grad_norm):
+            ok = torch.zeros((), dtype=torch.bool, device=loss.device)
+        if self._first_bad is None:
+            self._first_bad = torch.zeros((), dtype=torch.long, device=loss.device)
+        # The first bad step stays; a good step leaves the flag as it was (all on the device).
+        self._first_bad = torch.where((self._first_bad == 0) & ~ok, step, self._first_bad)
+        assert self.due is not None
+        if self.due(step):
+            first = int(self._first_bad)  # the one read-back, on a step that reads the device anyway
+            if first:
+                self._raise(first, step, loss, grad_norm)
+        return self.signals.requested is not None
+
+    def _raise(self, first: int, step: int, loss: torch.Tensor | float, grad_norm: torch.Tensor | float | None) -> None:
+        value = float(loss.detach().float().mean()) if isinstance(loss, torch.Tensor) else loss
+        norm = "" if grad_norm is None else f", gradient norm {float(grad_norm)}"
+        where = f"step {step}" if first == step else f"step {first} (found at step {step}, before any evaluation or checkpoint)"
+        raise Diverged(
+            f"training diverged at {where}: loss {value}{norm} (not finite). Likely causes: a learning rate "
+            f"too high, a temperature too low, or fp16 overflow{self.hint}. Stopped before this step's update: "
+            "the last checkpoint and the best model so far are kept"
+        )
 
 
 def collapse_reason(metrics: dict[str, float], primary: str) -> str | None:

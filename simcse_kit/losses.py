@@ -92,8 +92,9 @@ def cross_entropy_from_logits(
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
     if exclude is not None:
-        exclude = exclude.clone()
-        exclude[torch.arange(logits.shape[0], device=logits.device), positive] = False
+        # By comparison, not index_put: on CUDA an index assignment reads the device back.
+        columns = torch.arange(logits.shape[1], device=logits.device)
+        exclude = exclude & (columns[None, :] != positive[:, None])
         logits = logits.masked_fill(exclude, torch.finfo(logits.dtype).min)
     return F.cross_entropy(logits, positive, reduction=reduction)
 
@@ -350,10 +351,9 @@ def view_labels(n_rows: int, offset: int = 0, device: torch.device | str | None 
 
 def self_mask(n_rows: int, n_columns: int, offset: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
     """``[N, M]`` bool, True at ``(i, offset + i)``: each anchor's own row among the candidates."""
-    mask = torch.zeros(n_rows, n_columns, dtype=torch.bool, device=device)
     rows = torch.arange(n_rows, device=device)
-    mask[rows, rows + offset] = True
-    return mask
+    columns = torch.arange(n_columns, device=device)
+    return columns[None, :] == rows[:, None] + offset  # no index assignment: no device read-back
 
 
 def info_nce_views(

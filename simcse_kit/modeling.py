@@ -262,7 +262,10 @@ class SimCSEModel(nn.Module):
             architectures.check_dropout(encoder, cfg.dropout)  # every site, not just the keys we set
         else:
             architectures.warn_if_no_dropout(encoder)
-        return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=cfg.packing, attn_implementation=attn)
+        # packing None (auto) is resolved per device before a training model is built
+        # (training.with_device_defaults); elsewhere auto means the CPU's choice, on.
+        packing = cfg.packing is not False
+        return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=packing, attn_implementation=attn)
 
     @classmethod
     def load(cls, path: str | Path, attn_implementation: str = architectures.AUTO, precision: str = "no") -> SimCSEModel:

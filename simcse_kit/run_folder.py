@@ -3,13 +3,16 @@
 A run folder holds ``config.yaml``, the resolved config as it ran, with ``auto``
 precision decided for the machine (:func:`with_concrete_precision`): it says what ran,
 and ``--resume`` compares it with the requested config (:func:`config_differences`) and
-refuses a run that would compute something else. :func:`prepare_run_dir` refuses to
-clobber a finished or unfinished run unless asked.
+refuses a run that would compute something else. The device's ``null`` (auto) settings
+(:func:`with_device_defaults`: loader workers, packing) are decided where the run starts
+and stay ``null`` in it: a resume on another device decides them there.
+:func:`prepare_run_dir` refuses to clobber a finished or unfinished run unless asked.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +61,35 @@ def with_concrete_precision(cfg: TrainConfig, cpu: bool | None = None) -> tuple[
     )
     decided = replace(cfg, mixed_precision=choice.mixed_precision, bf16_weights=choice.bf16_weights)
     return replace(decided, fast_dropout=choice.fast_dropout), choice
+
+
+# benchmarks/gpu.py on an H100 (BENCHMARKS.md, the main job's model at batch 512, length
+# 32): the collator's tokenisation in 4 worker processes gave 4.5x the sentences/s of none,
+# 8 workers another 1.4x.
+CUDA_WORKERS = 8
+
+
+def with_device_defaults(cfg: RunConfig, device: torch.device | str, num_processes: int = 1) -> RunConfig:
+    """``cfg`` with its device-dependent ``null`` (auto) settings made concrete, each
+    choice logged: ``data.num_workers`` (0 on the CPU, :data:`CUDA_WORKERS` on CUDA, at
+    most this process's share of the cores less one) and ``model.packing`` (on for the CPU; off on CUDA, where
+    ``benchmarks/gpu.py`` measured padded batches faster at every shape it ran)."""
+    cuda = torch.device(device).type == "cuda"
+    workers = cfg.data.num_workers
+    if workers is None:
+        share = (os.cpu_count() or 1) // max(1, num_processes)
+        workers = min(CUDA_WORKERS, max(0, share - 1)) if cuda else 0
+        logger.info("data.num_workers auto -> %d on %s", workers, torch.device(device).type)
+    packing = cfg.model.packing
+    if packing is None:
+        packing = not cuda
+        logger.info(
+            "model.packing auto -> %s on %s%s",
+            packing,
+            torch.device(device).type,
+            " (padding measured faster there: BENCHMARKS.md, GPU section)" if cuda else "",
+        )
+    return replace(cfg, data=replace(cfg.data, num_workers=workers), model=replace(cfg.model, packing=packing))
 
 
 def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:

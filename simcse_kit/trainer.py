@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,12 @@ def scheduler_ticks_per_step(accelerator: Accelerator, cfg: LoopConfig) -> int:
     return 1 if accelerator.split_batches else accelerator.num_processes
 
 
+def due_step(cfg: LoopConfig, step: int, n_steps: int) -> bool:
+    """Whether optimiser step ``step`` reads the device anyway (log, evaluation, checkpoint
+    or last step): where a CUDA run's divergence flags are read back."""
+    return is_log_step(cfg, step) or step >= n_steps or due(cfg.eval_steps, step) or due(cfg.save_steps, step)
+
+
 def is_log_step(cfg: LoopConfig, step: int) -> bool:
     """Whether optimiser step ``step`` records its loss (and reports to trackers): the
     first step, then every ``cfg.log_steps``."""
@@ -263,12 +270,14 @@ def step_grad_norm(run: Prepared, cfg: LoopConfig, wanted: bool) -> torch.Tensor
     return None
 
 
-def step_guard(accelerator: Accelerator, cfg: LoopConfig, signals: StopSignals | None) -> StepGuard:
+def step_guard(accelerator: Accelerator, cfg: LoopConfig, n_steps: int, signals: StopSignals | None) -> StepGuard:
     """The loop's check at each optimiser step: a stop requested through ``signals`` (None:
     never), a non-finite loss or (but under fp16, whose loss scaler skips such steps by
-    design) gradient norm; the message names the settings worth checking."""
+    design) gradient norm, read back on one CUDA device only on :func:`due_step` steps;
+    the message names the settings worth checking."""
     hint = f" (train.learning_rate = {cfg.learning_rate}, train.mixed_precision = {cfg.mixed_precision})"
-    return StepGuard(accelerator, signals or StopSignals(), check_grad_norm=cfg.mixed_precision != "fp16", hint=hint)
+    check_grad_norm, due = cfg.mixed_precision != "fp16", partial(due_step, cfg, n_steps=n_steps)
+    return StepGuard(accelerator, signals or StopSignals(), check_grad_norm=check_grad_norm, hint=hint, due=due)
 
 
 def due(every: int, step: int) -> bool:
@@ -348,7 +357,7 @@ def fit(
     if resume and checkpoints is not None:
         checkpoints.restore(accelerator, state, run.generator)
     progress = Progress(run, cfg, step, state)
-    guard = step_guard(accelerator, cfg, signals)
+    guard = step_guard(accelerator, cfg, run.n_steps, signals)
     evaluate = Selection(accelerator, model, optimizer, evaluator, checkpoints, progress.log)
     model.train()
     if cfg.eval_at_start and state.global_step == 0 and not state.evals:

@@ -44,7 +44,7 @@ from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.pipeline import loader_options
 from simcse_kit.plots import plot_training_curves
 from simcse_kit.precision import PrecisionChoice, check_cuda_flags, set_tf32
-from simcse_kit.run_folder import BEST_MODEL, CHECKPOINTS, LOGS, prepare_run_dir, with_concrete_precision
+from simcse_kit.run_folder import BEST_MODEL, CHECKPOINTS, LOGS, prepare_run_dir, with_concrete_precision, with_device_defaults
 from simcse_kit.run_inputs import load_checked_tokenizer, load_teacher, load_training_data
 from simcse_kit.teacher import TeacherTable
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
@@ -65,7 +65,10 @@ class Run(Prepared):
     it), plus what a text run adds around the loop.
 
     Attributes:
-        cfg: the config, ``auto`` precision decided (what ``config.yaml`` records).
+        cfg: the config as the run uses it: ``auto`` precision and the device's ``null``
+            (auto) settings decided (:func:`with_device_defaults`).
+        recorded: the config as ``config.yaml`` records it: ``auto`` precision decided, the
+            device's auto settings left auto (a resume on another device decides them there).
         precision: how ``auto`` was decided; None where the config decided.
         heap: the allocator setting applied (``train.mmap_threshold_mib``).
         tokenizer: the model's tokenizer, checked against the model and the lengths.
@@ -79,6 +82,7 @@ class Run(Prepared):
     """
 
     cfg: RunConfig
+    recorded: RunConfig
     precision: PrecisionChoice | None
     heap: HeapChoice
     tokenizer: Any
@@ -102,7 +106,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     """
     with ExitStack() as held:
         run = build_run(cfg)  # every input checked before the run folder is touched
-        out = prepare_run_dir(run.cfg, overwrite, resume, held)
+        out = prepare_run_dir(run.recorded, overwrite, resume, held)
         start_tracking(run.accelerator, run.cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
         # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
         # handlers are back for the final evaluation: there is nothing left to checkpoint.
@@ -125,7 +129,8 @@ def build_run(
 
     Everything that can be wrong with the inputs fails here: the training data, the dev
     and final STS files, the model folder, the trackers' names, the teacher. ``auto``
-    precision is decided for this machine, so ``run.cfg`` is what ``config.yaml`` records.
+    precision is decided for this machine (``run.recorded``: what ``config.yaml`` records),
+    then the device's ``null`` settings (``run.cfg``: what the run uses).
 
     Args:
         cfg: the run's config.
@@ -162,6 +167,8 @@ def build_run(
     logger.info("memory: %s", heap.reason)
 
     accelerator = make_accelerator(cfg.train, cpu, logging_dir=out / LOGS)
+    recorded = cfg  # config.yaml: the device's auto settings stay auto (each machine decides them)
+    cfg = with_device_defaults(cfg, accelerator.device, accelerator.num_processes)
     tf32 = set_tf32(accelerator.device)
     check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
     model = build_model(cfg)
@@ -183,10 +190,11 @@ def build_run(
         if dev is not None
         else None
     )
-    table = teacher[1] if teacher else None
-    text = {"cfg": cfg, "precision": precision, "heap": heap, "tokenizer": tokenizer, "objective": objective, "step": step}
-    text |= {"evaluator": evaluator, "final_sts": final_sts, "checkpoints": checkpoints, "teacher": table, "tf32": tf32}
-    return Run(**vars(prepare(model, loader, cfg.train, accelerator)), **text)
+    return Run(
+        **vars(prepare(model, loader, cfg.train, accelerator)),
+        cfg=cfg, recorded=recorded, precision=precision, heap=heap, tokenizer=tokenizer, objective=objective, step=step,
+        evaluator=evaluator, final_sts=final_sts, checkpoints=checkpoints, teacher=teacher[1] if teacher else None, tf32=tf32,
+    )
 
 
 def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
@@ -217,7 +225,8 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             "cache_hit": table.cache_hit,
             "seconds": table.seconds,
         }
-    metrics["speed"] = {"tf32": run.tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
+    speed = {"tf32": run.tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
+    metrics["speed"] = speed | {"packing": cfg.model.packing}
     if run.objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", run.objective.masked_negatives)
     have_best = (out / BEST_MODEL).is_dir()
@@ -308,7 +317,7 @@ def make_loader(
     ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``."""
     options = loader_options(device)
     logger.info(
-        "input pipeline: %d worker process(es); pinned memory and asynchronous copies %s",
+        "input pipeline: %s worker process(es); pinned memory and asynchronous copies %s",
         cfg.data.num_workers,
         "on" if options.pin_memory else "off (not CUDA)",
     )
@@ -322,7 +331,7 @@ def make_loader(
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
         teacher_index=teacher_index,
-        packing_plan=cfg.model.packing,
+        packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
     )
     return DataLoader(
         dataset,
@@ -331,7 +340,7 @@ def make_loader(
         drop_last=len(dataset) >= per_process,  # a short last batch has too few negatives
         collate_fn=collator,
         generator=torch.Generator().manual_seed(cfg.train.seed),
-        num_workers=cfg.data.num_workers,
+        num_workers=cfg.data.num_workers or 0,  # auto (None) not made concrete: the CPU's 0
         pin_memory=options.pin_memory,
     )
 

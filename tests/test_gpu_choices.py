@@ -66,3 +66,42 @@ def test_queue_fill_is_mirrored_on_the_host_and_restored() -> None:
     assert fresh.negatives()[0].shape[0] == 0
     fresh.load_state_dict(queue.state_dict())  # a resume: the host mirror follows the buffer
     assert fresh.negatives()[0].shape[0] == 4
+
+
+class _CudaAccelerator:
+    """What StepGuard reads of an Accelerator, claiming one CUDA device (tensors stay on the CPU)."""
+
+    device = torch.device("cuda:0")
+    num_processes = 1
+
+
+def test_step_guard_on_cuda_reads_the_device_only_on_due_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One CUDA device: no read-back on ordinary steps (patched .item/.tolist/bool/int
+    raise), the first non-finite step named at the next due step, before its update."""
+    from simcse_kit.guards import Diverged, StepGuard, StopSignals
+
+    guard = StepGuard(_CudaAccelerator(), StopSignals(), due=lambda step: step % 5 == 0)
+    assert guard.deferred
+    losses = [1.0, 2.0, float("nan"), 1.0, 1.0]
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__"):
+            m.setattr(torch.Tensor, name, lambda *a, _n=name: pytest.fail(f"host read-back via {_n}"))
+        for step, value in enumerate(losses[:4], start=1):
+            assert guard(step, torch.tensor(value), torch.tensor(1.0)) is False
+    with pytest.raises(Diverged, match=r"step 3 \(found at step 5"):
+        guard(5, torch.tensor(losses[4]), torch.tensor(1.0))
+    # A non-finite gradient norm counts too, and a due step that is itself bad is named alone.
+    fresh = StepGuard(_CudaAccelerator(), StopSignals(), due=lambda step: True)
+    with pytest.raises(Diverged, match=r"diverged at step 1: "):
+        fresh(1, torch.tensor(0.5), torch.tensor(float("inf")))
+    # Without a due predicate (or on the CPU) every step is checked before its update, as before.
+    assert not StepGuard(_CudaAccelerator(), StopSignals()).deferred
+
+
+def test_due_steps_are_the_loops_log_eval_save_and_last_steps() -> None:
+    from simcse_kit.config import LoopConfig
+    from simcse_kit.trainer import due_step
+
+    cfg = LoopConfig(log_steps=10, eval_steps=25, save_steps=0)
+    due = [s for s in range(1, 61) if due_step(cfg, s, n_steps=57)]
+    assert due == [1, 10, 20, 25, 30, 40, 50, 57, 58, 59, 60]

@@ -81,8 +81,8 @@ def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
         "speed",
         "sts",
     }
-    # CPU: no TF32; compile off by default; the loader's workers as configured
-    assert metrics["speed"] == {"tf32": False, "compile": False, "num_workers": 0}
+    # CPU: no TF32; compile off by default; auto workers and packing as decided for the CPU
+    assert metrics["speed"] == {"tf32": False, "compile": False, "num_workers": 0, "packing": True}
     # mmap_threshold_mib unset: malloc left as it comes, and said so
     assert metrics["memory"]["mmap_threshold_mib"] is None and "malloc as it is" in metrics["memory"]["reason"]
     # fast_dropout "auto" at mixed_precision "no": decided (off) and recorded with its reason
