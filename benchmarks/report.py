@@ -202,7 +202,11 @@ def flops_table() -> str:
         for v in (v for v in _variants(rec) if v.startswith("kit-")):
             own = s[v]["own_peak"].removeprefix("peak-")
             share = s[v]["share_of_own_peak"]
-            share_text = f"**{100 * share['median']:.1f}%** of {own} ({100 * share['min']:.1f}–{100 * share['max']:.1f}%)"
+            share_text = (
+                f"**{100 * share['median']:.1f}%** of {own} ({100 * share['min']:.1f}–{100 * share['max']:.1f}%)"
+                if share
+                else f"– ({own} peak not measured)"
+            )
             rows.append(
                 f"| {klass} | {v} | {_precision(s[v]['precision'])} | {_range(s[v]['gflops'], 0)} | {share_text} | "
                 f"{peaks[0]} | {peaks[1]} | {_busy(rec)} |"
