@@ -337,7 +337,8 @@ def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float
 
 
 def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
-    """Mean matmul FLOPs of one forward + backward, ``objective.step(model, batch).backward()``,
+    """Mean matmul FLOPs of one forward + backward (``objective.step(model, batch)``: with no
+    ``backward`` a step calls ``loss.backward()`` itself, simcse_kit.steps),
     over ``batches``, as torch's ``FlopCounterMode`` counts them (whatever the precision);
     the gradients are dropped afterwards."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -345,7 +346,7 @@ def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
     counter = FlopCounterMode(display=False)
     with counter:
         for batch in batches:
-            objective.step(model, batch).backward()
+            objective.step(model, batch)
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / len(batches)
 

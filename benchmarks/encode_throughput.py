@@ -2,40 +2,49 @@
 
 Same model (the default all-MiniLM-L6-v2, mean pooling), same sentences (every
 sentence of STS Benchmark dev + test, SentEval layout), same batch size and max
-length, same thread count, in one process. Variants alternate round by round:
+length, same thread count. Variants:
 
 * ``st-fp32``: ``SentenceTransformer.encode`` as shipped;
 * ``st-bf16``: the same under ``torch.autocast("cpu", bfloat16)``;
 * ``kit-fp32``: ``simcse_kit.inference.Encoder`` (precision ``"no"``, the default);
 * ``kit-bf16``: ``Encoder(..., precision="bf16")``.
 
-It also checks the embeddings agree (cosine of each kit vector with ST's) and, with
-``--sts``, scores STS-B test with each variant so a faster precision is seen not to
+The harness (``_harness``): each variant runs in a fresh interpreter (a warm-up call of
+two batches, then one timed pass over all the sentences), the variants alternate over
+``--rounds`` (default 3; ``_common.run_rounds``), the run refuses a busy machine unless
+``--allow-busy``, ``--isa avx2`` limits the kernels to AVX2, and every round is kept in
+``benchmarks/results/encode_throughput-<cpu class>.json`` with the machine; ratios are
+taken within each round and summarised by median and range. Each round also checks that
+the embeddings agree (the smallest cosine of a variant's vector with ``st-fp32``'s of the
+same round) and scores STS-B test with each variant, so a faster precision is seen not to
 cost accuracy.
 
 Usage::
 
-    .venv/bin/python -m benchmarks.encode_throughput            # ~2 min on 2 cores
-    .venv/bin/python -m benchmarks.encode_throughput --rounds 1 --limit 500
+    .venv/bin/python -m benchmarks.encode_throughput            # ~4 min on 2 cores
+    .venv/bin/python -m benchmarks.encode_throughput --rounds 1 --limit 500 --allow-busy --json /tmp/e.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from benchmarks._common import DATA, machine, setup_threads
+from benchmarks._common import DATA, emit, paired_ratios, peak_rss_mib, run_rounds, setup_threads
+from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start, summary_of, values
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16")
+PAIRS = (("kit-fp32", "st-fp32"), ("kit-bf16", "st-fp32"), ("kit-bf16", "st-bf16"))
 
 
-def sts_sentences() -> tuple[list[str], list[tuple[int, int, float]]]:
-    """Unique STS-B dev+test sentences, and the test pairs as indices into them."""
+def sts_sentences(limit: int | None = None) -> tuple[list[str], list[tuple[int, int, float]]]:
+    """Unique STS-B dev+test sentences (the first ``limit``), and the test pairs among
+    them as indices into them."""
     from simcse_kit.evaluation import read_stsb
 
     folder = DATA / "senteval" / "STS" / "STSBenchmark"
@@ -44,96 +53,116 @@ def sts_sentences() -> tuple[list[str], list[tuple[int, int, float]]]:
     for s in dev.sentences1 + dev.sentences2 + test.sentences1 + test.sentences2:
         index.setdefault(s, len(index))
     pairs = [(index[a], index[b], float(g)) for a, b, g in zip(test.sentences1, test.sentences2, test.scores, strict=True)]
+    if limit:
+        return list(index)[:limit], [p for p in pairs if p[0] < limit and p[1] < limit]
     return list(index), pairs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--max-seq-len", type=int, default=256)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--limit", type=int, default=None, help="encode only the first N sentences")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    setup_threads(args.threads)
-
+def encoder(args: argparse.Namespace) -> Any:
+    """The variant's ``encode(sentences) -> (n, 384) fp32 tensor``."""
     import torch
-    from scipy.stats import spearmanr
-    from sentence_transformers import SentenceTransformer
-    from transformers import AutoModel, AutoTokenizer
 
-    from simcse_kit.inference import Encoder
-    from simcse_kit.modeling import SimCSEModel, resolve_model_path
+    from simcse_kit.modeling import resolve_model_path
 
+    framework, precision = args.worker.split("-")
     path = resolve_model_path("all-MiniLM-L6-v2")
-    sentences, pairs = sts_sentences()
-    if args.limit:
-        sentences = sentences[: args.limit]
-        pairs = [p for p in pairs if p[0] < args.limit and p[1] < args.limit]
-    st = SentenceTransformer(path, device="cpu")
-    st.max_seq_length = args.max_seq_len
-    kit_model = SimCSEModel(AutoModel.from_pretrained(path, attn_implementation="sdpa"), "avg", "none", args.max_seq_len)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    kit = {p: Encoder(kit_model, tokenizer, args.max_seq_len, "cpu", p) for p in ("no", "bf16")}
+    if framework == "st":
+        from sentence_transformers import SentenceTransformer
 
-    def st_encode(bf16: bool) -> Callable[[list[str]], torch.Tensor]:
+        st = SentenceTransformer(path, device="cpu")
+        st.max_seq_length = args.max_seq_len
+
         def run(s: list[str]) -> torch.Tensor:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 out = st.encode(s, batch_size=args.batch_size, convert_to_tensor=True, show_progress_bar=False)
             return out.float()
 
         return run
+    from transformers import AutoModel, AutoTokenizer
 
-    encoders: dict[str, Callable[[list[str]], torch.Tensor]] = {
-        "st-fp32": st_encode(False),
-        "st-bf16": st_encode(True),
-        "kit-fp32": lambda s: kit["no"].encode(s, batch_size=args.batch_size),
-        "kit-bf16": lambda s: kit["bf16"].encode(s, batch_size=args.batch_size),
-    }
-    variants = [v for v in args.variants.split(",") if v]
-    for v in variants:  # warm-up: first-call allocations, oneDNN kernel selection
-        encoders[v](sentences[: 2 * args.batch_size])
+    from simcse_kit.inference import Encoder
+    from simcse_kit.modeling import SimCSEModel
 
-    seconds = {v: 0.0 for v in variants}
-    embeddings: dict[str, torch.Tensor] = {}
-    for r in range(args.rounds):
-        for v in variants:
-            start = time.perf_counter()
-            embeddings[v] = encoders[v](sentences)
-            took = time.perf_counter() - start
-            seconds[v] += took
-            print(f"round {r} {v:9s} {len(sentences) / took:8.1f} sent/s", flush=True)
+    model = SimCSEModel(AutoModel.from_pretrained(path, attn_implementation="sdpa"), "avg", "none", args.max_seq_len)
+    kit = Encoder(model, AutoTokenizer.from_pretrained(path), args.max_seq_len, "cpu", "no" if precision == "fp32" else "bf16")
+    return lambda s: kit.encode(s, batch_size=args.batch_size)
 
-    def sts_b(emb: torch.Tensor) -> float:
-        e = torch.nn.functional.normalize(emb, dim=-1)
-        a = torch.tensor([p[0] for p in pairs])
-        b = torch.tensor([p[1] for p in pairs])
-        cos = (e[a] * e[b]).sum(-1).numpy()
-        return float(spearmanr(cos, np.array([p[2] for p in pairs])).statistic * 100)
 
-    ref = embeddings.get("st-fp32")
-    summary = {}
-    print(
-        f"\n{len(sentences)} sentences, batch {args.batch_size}, max len {args.max_seq_len}, "
-        f"{args.threads} threads, {args.rounds} rounds"
+def sts_b(emb: np.ndarray, pairs: list[tuple[int, int, float]]) -> float:
+    """STS-B test Spearman x 100 of cosine similarities."""
+    from scipy.stats import spearmanr
+
+    e = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    a, b = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    cos = (e[a] * e[b]).sum(-1)
+    return float(spearmanr(cos, np.array([p[2] for p in pairs])).statistic * 100)
+
+
+def worker(args: argparse.Namespace) -> None:
+    setup_threads(args.threads)
+    sentences, pairs = sts_sentences(args.limit)
+    encode = encoder(args)
+    encode(sentences[: 2 * args.batch_size])  # warm-up: first-call allocations, oneDNN kernel selection
+    start = time.perf_counter()
+    emb = encode(sentences).numpy()
+    seconds = time.perf_counter() - start
+    np.save(Path(args.emb_dir) / f"{args.worker}-{args.offset}.npy", emb)
+    emit(
+        {
+            "variant": args.worker,
+            "sentences": len(sentences),
+            "seconds": seconds,
+            "sentences_per_s": len(sentences) / seconds,
+            "stsb_test": sts_b(emb, pairs),
+            "peak_rss_mib": peak_rss_mib(),
+        }
     )
-    print(f"{'variant':10s} {'sent/s':>9s} {'STS-B test':>10s} {'min cos vs st-fp32':>19s}")
-    for v in variants:
-        rate = args.rounds * len(sentences) / seconds[v]
-        agree = float(torch.nn.functional.cosine_similarity(embeddings[v], ref).min()) if ref is not None else float("nan")
-        summary[v] = {"sentences_per_s": rate, "stsb_test": sts_b(embeddings[v]), "min_cos_vs_st_fp32": agree}
-        print(f"{v:10s} {rate:9.1f} {summary[v]['stsb_test']:10.2f} {agree:19.5f}")
-    ratios = {}
-    for ours, theirs in (("kit-fp32", "st-fp32"), ("kit-bf16", "st-fp32"), ("kit-bf16", "st-bf16")):
-        if ours in summary and theirs in summary:
-            ratios[f"{ours}/{theirs}"] = summary[ours]["sentences_per_s"] / summary[theirs]["sentences_per_s"]
-            print(f"{ours} / {theirs} = {ratios[f'{ours}/{theirs}']:.2f}x")
-    if args.json:
-        args.json.write_text(
-            json.dumps({"machine": machine(), "args": vars(args), "summary": summary, "ratios": ratios}, indent=2, default=str)
-        )
+
+
+def agreement(runs: list[dict[str, Any]], emb_dir: Path) -> None:
+    """Add each run's smallest cosine with ``st-fp32``'s vectors of the same round."""
+    for x in runs:
+        ref = emb_dir / f"st-fp32-{x['round']}.npy"
+        if not ref.exists():
+            continue
+        a, b = np.load(emb_dir / f"{x['variant']}-{x['round']}.npy"), np.load(ref)
+        cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        x["min_cos_vs_st_fp32"] = float(cos.min())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--limit", type=int, default=None, help="encode only the first N sentences")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--emb-dir", default=None, help=argparse.SUPPRESS)
+    add_options(parser, "encode_throughput")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    variants = chosen(parser, args.variants, VARIANTS)
+    env = start(args)
+    with tempfile.TemporaryDirectory(prefix="encode_throughput-") as emb_dir:
+        common = forwarded(args, "batch-size", "max-seq-len", "threads")
+        common += [f"--emb-dir={emb_dir}"] + ([f"--limit={args.limit}"] if args.limit else [])
+        runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
+        agreement(runs, Path(emb_dir))
+    keys = ("sentences_per_s", "stsb_test") + (("min_cos_vs_st_fp32",) if "st-fp32" in variants else ())
+    summary = summary_of(runs, variants, keys)
+    ratios = {f"{a}/{b}": paired_ratios(runs, a, b) for a, b in PAIRS if a in variants and b in variants}
+    n = values(runs, variants[0], "sentences")[0]
+    print(f"\n{n} sentences, batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads, {args.rounds} rounds")
+    for v, s in summary.items():
+        print_spread(f"{v} sent/s", s["sentences_per_s"], "sent/s")
+        agree = f", min cos vs st-fp32 {s['min_cos_vs_st_fp32']['min']:.5f}" if "min_cos_vs_st_fp32" in s else ""
+        print(f"  STS-B test {s['stsb_test']['median']:.2f}{agree}")
+    for name, r in ratios.items():
+        if r:
+            print_spread(name, r, "x", digits=2)
+    keep("encode_throughput", args, {"runs": runs, "summary": summary, "ratios": ratios})
 
 
 if __name__ == "__main__":

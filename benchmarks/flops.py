@@ -1,121 +1,173 @@
-"""How close a training step comes to the machine's bf16 matmul peak.
+"""Share of the matmul peak that a real training run reaches (model FLOP utilisation).
 
-1. Peak: the best of several large square ``bf16`` matmuls (and ``fp32`` for
-   reference) at the given thread count, in GFLOP/s (2 n^3 per product).
-2. Step FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over one forward +
-   backward of the default model on a real unsup batch (batch 64 = 128 rows, max
-   length 32). It counts matmul-like ops (linear, bmm, attention); elementwise
-   work (GELU, LayerNorm, dropout, AdamW) is not counted, as is usual for MFU.
-3. Step rate: ``train_throughput.py``'s simcse-kit workers (the real loop): ``fast``
-   (the recipes' setting: bf16 weights, fast dropout) and ``fp32``, in padded tokens
-   per second of the collated batches.
+A real run, not a steady state: the ``unsup`` recipe's own loop (``_common.kit_recipe_run``
++ ``simcse_kit.trainer.fit``: collation, packing, forward, backward, AdamW, scheduler),
+every step on a fresh batch of ``wiki1m_head.txt`` (a different slice each round),
+packed as the run packs it, so oneDNN meets new shapes as it does in training (unlike
+``profile_step.py``'s repeated batches, whose figure is a steady state and labelled so).
 
-The model runs on packed rows (``simcse_kit.packing``), so the counted FLOPs are the
-ones executed on the batch's real tokens, spread over its padded tokens. Achieved
-FLOP/s = counted FLOPs per padded token x padded tokens per second; the fraction of
-the bf16 peak is the model FLOP utilisation (MFU).
+Per round, each in a fresh interpreter, alternating (``_common.run_rounds``):
+
+* ``peak-bf16``, ``peak-fp32``: the best of several ``--n`` square matmuls
+  (2 n^3 FLOPs each) at ``--threads``: the machine's matmul peak in that round;
+* ``kit-auto`` (the recipe as shipped: ``mixed_precision: auto`` decides), ``kit-fp32``,
+  and when asked ``kit-bf16`` (autocast): the loop's step function is stamped at every
+  call; the ``--steps`` steps after ``--warmup`` take ``stamp[w + s] - stamp[w]``
+  seconds, and their batches' matrix-product FLOPs are counted afterwards by
+  ``torch.utils.flop_counter.FlopCounterMode`` over one forward + backward of the
+  objective on exactly those batches (``_common.step_flops``: linear, bmm, attention;
+  elementwise work is not counted, as usual for MFU).
+
+Achieved GFLOP/s = counted FLOPs / measured seconds; its share of the peak is taken within
+each round against the peak of the precision the run used (bf16 for bf16 autocast or
+weights, fp32 otherwise), and summarised by median and range over the rounds. The share of
+the bf16 and of the fp32 peak are both kept in the JSON.
 
 Usage::
 
-    .venv/bin/python -m benchmarks.flops          # ~2 min on 2 cores
+    .venv/bin/python -m benchmarks.flops                   # 3 rounds, ~4 min on 2 quiet cores
+    .venv/bin/python -m benchmarks.flops --isa avx2        # AVX2 kernels only
+    .venv/bin/python -m benchmarks.flops --rounds 1 --steps 2 --warmup 1 --allow-busy --json /tmp/f.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
+from typing import Any
 
-from benchmarks._common import WIKI, machine, run_worker, setup_threads
+from benchmarks._common import (
+    emit,
+    kit_recipe_run,
+    matmul_gflops,
+    paired_ratios,
+    peak_rss_mib,
+    run_rounds,
+    setup_threads,
+    spread,
+    step_flops,
+)
+from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start, summary_of, values
 
-TRAIN = Path(__file__).resolve().parent / "train_throughput.py"
+PEAKS = ("peak-bf16", "peak-fp32")
+KITS = ("kit-auto", "kit-fp32", "kit-bf16")
+DEFAULT_VARIANTS = "peak-bf16,peak-fp32,kit-auto,kit-fp32"
 
 
-def matmul_gflops(n: int, dtype: object, repeats: int = 5) -> float:
-    """Best-of-``repeats`` GFLOP/s of an ``n x n`` by ``n x n`` product."""
+def peak_result(variant: str, n: int) -> dict[str, Any]:
+    """A ``peak-bf16`` / ``peak-fp32`` worker's result: ``gflops`` of the ``n``-square matmul."""
     import torch
 
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    a @ b  # warm-up: oneDNN picks and caches its kernel
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = max(best, 2 * n**3 / (time.perf_counter() - start) / 1e9)
-    return best
+    dtype = {"peak-bf16": torch.bfloat16, "peak-fp32": torch.float32}[variant]
+    return {"variant": variant, "gflops": matmul_gflops(n, n, n, dtype), "n": n}
 
 
-def step_flops(batch_size: int, max_seq_len: int, batches: int = 8) -> tuple[float, int]:
-    """Matmul FLOPs of ``batches`` forward+backward passes on real batches (packing
-    varies from batch to batch), and their padded tokens."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-    from transformers import AutoTokenizer
+class StampedStep:
+    """The loop's step, wrapped: the time of each call and the batch it got."""
 
-    from simcse_kit.config import LossConfig, ModelConfig
-    from simcse_kit.data import ContrastiveCollator, read_sentences
-    from simcse_kit.modeling import SimCSEModel, resolve_model_path
-    from simcse_kit.objectives import SimCSEObjective
+    def __init__(self, step: Any) -> None:
+        self.step = step
+        self.stamps: list[float] = []
+        self.batches: list[dict[str, Any]] = []
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))
-    model = SimCSEModel.from_config(ModelConfig(max_seq_len=max_seq_len)).train()
-    objective = SimCSEObjective("unsup", LossConfig())
-    sents = read_sentences(WIKI)
-    collate = ContrastiveCollator(tokenizer, "unsup", max_seq_len)
-    counter = FlopCounterMode(display=False)
-    tokens = 0
-    with counter, torch.autocast("cpu", dtype=torch.bfloat16):
-        for i in range(batches):
-            batch = collate([{"sent0": s} for s in sents[i * batch_size : (i + 1) * batch_size]])
-            objective.step(model, batch)  # backward=None: loss.backward()
-            tokens += int(batch["input_ids"].numel())
-    return float(counter.get_total_flops()), tokens
+    def __call__(self, model: Any, batch: dict[str, Any], backward: Any) -> Any:
+        self.stamps.append(time.perf_counter())
+        self.batches.append(batch)
+        return self.step(model, batch, backward)
+
+
+def kit_result(args: argparse.Namespace) -> dict[str, Any]:
+    """A ``kit-*`` worker's result: the recipe's loop on fresh batches, its achieved GFLOP/s."""
+    from benchmarks.train_throughput import KIT_PRECISION, sentences_for
+    from simcse_kit.trainer import fit
+
+    overrides = {
+        "batch_size": args.batch_size,
+        "max_seq_len": args.max_seq_len,
+        "max_steps": args.warmup + args.steps + 2,
+        **KIT_PRECISION[args.worker.removeprefix("kit-")],
+    }
+    run = kit_recipe_run("unsup", overrides, sentences_for(args))
+    probe = StampedStep(run.step)
+    fit(run, probe, run.cfg.train)
+    w, s = args.warmup, args.steps
+    if len(probe.stamps) <= w + s:
+        raise RuntimeError(f"only {len(probe.stamps)} steps ran; need {w + s + 1}")
+    seconds = probe.stamps[w + s] - probe.stamps[w]
+    measured = probe.batches[w : w + s]
+    flops = step_flops(run.model, run.objective, measured) * len(measured)
+    train = run.cfg.train
+    bf16 = train.mixed_precision == "bf16" or train.bf16_weights
+    return {
+        "variant": args.worker,
+        "gflops": flops / seconds / 1e9,
+        "flops": flops,
+        "seconds": seconds,
+        "steps": s,
+        "padded_tokens": sum(int(b["input_ids"].numel()) for b in measured),
+        "real_tokens": sum(int(b["attention_mask"].sum()) for b in measured),
+        "own_peak": "peak-bf16" if bf16 else "peak-fp32",
+        "precision": {
+            "mixed_precision": train.mixed_precision,
+            "bf16_weights": train.bf16_weights,
+            "fast_dropout": train.fast_dropout,
+            "reason": getattr(run.precision, "reason", None) or "set in the config",
+        },
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def worker(args: argparse.Namespace) -> None:
+    setup_threads(args.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    emit(peak_result(args.worker, args.n) if args.worker in PEAKS else kit_result(args))
+
+
+def summarise(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, Any]:
+    """GFLOP/s per variant; per kit variant its share of each peak and of its own, paired by round."""
+    summary: dict[str, Any] = summary_of(runs, variants, ("gflops",))
+    for v in (v for v in variants if v in KITS):
+        own = values(runs, v, "own_peak")[-1]
+        for peak in PEAKS:
+            if peak in variants:
+                summary[v][f"share_of_{peak}"] = paired_ratios(runs, v, peak, "gflops")
+        summary[v] |= {
+            "own_peak": own,
+            "share_of_own_peak": summary[v].get(f"share_of_{own}"),
+            "gflop_per_step": spread([x["flops"] / x["steps"] / 1e9 for x in runs if x["variant"] == v]),
+            "precision": values(runs, v, "precision")[-1],
+        }
+    return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per kit variant per round")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--n", type=int, default=2048, help="matmul size for the peak")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--n", type=int, default=2048, help="matmul size for the peaks")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated subset of {PEAKS + KITS}")
+    add_options(parser, "flops")
     args = parser.parse_args()
-    setup_threads(args.threads)
-    import torch
-
-    peak_bf16 = matmul_gflops(args.n, torch.bfloat16)
-    peak_fp32 = matmul_gflops(args.n, torch.float32)
-    print(
-        f"matmul {args.n}^3, {args.threads} threads: bf16 {peak_bf16:.0f} GFLOP/s, "
-        f"fp32 {peak_fp32:.0f} GFLOP/s ({peak_bf16 / peak_fp32:.1f}x)"
-    )
-
-    flops, tokens = step_flops(64, 32)
-    per_step = flops / 8
-    print(
-        f"one step (batch 64 = 128 rows, len 32, packed; mean of 8 batches): {per_step / 1e9:.1f} GFLOP counted, "
-        f"{flops / tokens / 1e6:.2f} MFLOP per padded token"
-    )
-
-    result: dict[str, object] = {
-        "machine": machine(),
-        "peak_bf16_gflops": peak_bf16,
-        "peak_fp32_gflops": peak_fp32,
-        "step_gflop": per_step / 1e9,
-    }
-    for precision in ("fast", "fp32"):
-        res = run_worker(
-            TRAIN, [f"--worker=kit-{precision}", f"--steps={args.steps}", "--warmup=2", f"--threads={args.threads}"], args.threads
-        )
-        achieved = flops / tokens * res["padded_tokens_per_s"] / 1e9
-        print(
-            f"kit-{precision} training: {res['padded_tokens_per_s']:.0f} padded tok/s -> {achieved:.0f} GFLOP/s "
-            f"= {100 * achieved / peak_bf16:.1f}% of the bf16 matmul peak ({100 * achieved / peak_fp32:.1f}% of fp32's)"
-        )
-        result[f"kit_{precision}"] = res | {"achieved_gflops": achieved, "fraction_of_bf16_peak": achieved / peak_bf16}
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+    if args.worker:
+        worker(args)
+        return
+    variants = chosen(parser, args.variants, PEAKS + KITS)
+    env = start(args)
+    common = forwarded(args, "steps", "warmup", "batch-size", "max-seq-len", "threads", "n")
+    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env, metric="gflops")
+    summary = summarise(runs, variants)
+    print(f"\nunsup recipe, batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads, fresh batches")
+    for v, s in summary.items():
+        print_spread(f"{v} GFLOP/s", s["gflops"], "GFLOP/s")
+        if s.get("share_of_own_peak"):
+            print_spread(f"  share of {s['own_peak']}", s["share_of_own_peak"], "", digits=3)
+    keep("flops", args, {"figure": "real run: fresh batches, the run's packed shapes", "runs": runs, "summary": summary})
 
 
 if __name__ == "__main__":

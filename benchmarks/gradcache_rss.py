@@ -16,23 +16,32 @@ every 5 ms, so each step's peak is seen, not only its end. Variants:
 Each step's wall time is recorded too (the price of fresh mappings). ``--chunk 0`` measures
 a plain (non-GradCache) run the same way.
 
+The harness (``_harness``): the variants alternate over ``--rounds`` (default 3), each in a
+fresh interpreter; the run refuses a busy machine unless ``--allow-busy``; ``--isa avx2``
+limits the kernels to AVX2; every round is kept in
+``benchmarks/results/gradcache_rss-<cpu class>.json``. RSS moves between runs of the same
+variant, so each variant's difference from ``default`` is claimed only when it exceeds that
+run-to-run spread (``_harness.difference``), "within spread" otherwise.
+
 Usage::
 
-    .venv/bin/python -m benchmarks.gradcache_rss                  # ~5 min on 2 cores
-    .venv/bin/python -m benchmarks.gradcache_rss --batch-size 64 --chunk 32 --steps 2   # smoke
+    .venv/bin/python -m benchmarks.gradcache_rss                  # ~15 min on 2 cores
+    .venv/bin/python -m benchmarks.gradcache_rss --rounds 1 --batch-size 64 --chunk 32 --steps 2 --allow-busy \
+        --json /tmp/g.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import resource
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import WIKI, emit, kit_recipe_run, machine, run_worker, setup_threads
+from benchmarks._common import WIKI, emit, kit_recipe_run, paired_ratios, run_rounds, setup_threads
+from benchmarks._harness import add_options, chosen, difference, forwarded, keep, print_spread, start, summary_of, values
 
 # name -> (train.mmap_threshold_mib, extra environment variables)
 VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {
@@ -68,6 +77,7 @@ class PeakSampler:
 
 
 def worker(args: argparse.Namespace) -> None:
+    os.environ.update(VARIANTS[args.worker][1])  # before torch loads oneDNN
     setup_threads(args.threads)
     from simcse_kit.trainer import fit
 
@@ -92,7 +102,32 @@ def worker(args: argparse.Namespace) -> None:
     start = rss_mib()
     fit(run, measured, run.cfg.train)
     heap = {"mmap_threshold_mib": run.heap.mmap_threshold_mib, "reason": run.heap.reason}
-    emit({"start": start, "steps": steps, "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "heap": heap})
+    later = [x["seconds"] for x in steps[1:]] or [steps[0]["seconds"]]
+    emit(
+        {
+            "variant": args.worker,
+            "start": start,
+            "steps": steps,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "max_step_peak_mib": max(x["peak"] for x in steps),
+            "after_last_mib": steps[-1]["after"],
+            "s_per_step": sum(later) / len(later),  # after the first step
+            "heap": heap,
+        }
+    )
+
+
+def comparisons(runs: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each variant against ``default``: peak RSS and RSS after the last step as differences
+    judged against the run-to-run spread, the step time as a ratio paired by round."""
+    if "default" not in names:
+        return {}
+    out = {}
+    for name in (n for n in names if n != "default"):
+        out[name] = {
+            key: difference(values(runs, name, key), values(runs, "default", key)) for key in ("peak_rss_mib", "after_last_mib")
+        } | {"s_per_step_ratio": paired_ratios(runs, name, "default", "s_per_step")}
+    return out
 
 
 def main() -> None:
@@ -102,30 +137,33 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma-separated, of {list(VARIANTS)}")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    add_options(parser, "gradcache_rss")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    names = args.variants.split(",")
-    unknown = [name for name in names if name not in VARIANTS]
-    if unknown:  # before any variant runs: each costs minutes
-        parser.error(f"unknown variants {unknown}; choose from {list(VARIANTS)}")
-    results = {}
-    shared = [f"--batch-size={args.batch_size}", f"--chunk={args.chunk}", f"--steps={args.steps}", f"--threads={args.threads}"]
-    for name in names:
-        results[name] = run_worker(Path(__file__), [*shared, f"--worker={name}"], args.threads, env=VARIANTS[name][1])
+    names = chosen(parser, args.variants, list(VARIANTS))
+    env = start(args)
+    shared = forwarded(args, "batch-size", "chunk", "steps", "threads")
+    runs = run_rounds(Path(__file__), names, shared, args.rounds, args.threads, env=env, metric="peak_rss_mib")
     chunks = f"GradCache chunks of {args.chunk} rows" if args.chunk else "no GradCache"
-    print(f"batch {args.batch_size}, {chunks}, {args.steps} steps, {args.threads} threads\n")
-    print("| variant | RSS after model MiB | each step: peak / after MiB | peak RSS MiB | s/step after the first |")
-    print("|---|---:|---|---:|---:|")
-    for name, r in results.items():
+    print(f"\nbatch {args.batch_size}, {chunks}, {args.steps} steps, {args.threads} threads\n")
+    print("| round | variant | RSS after model MiB | each step: peak / after MiB | peak RSS MiB | s/step after the first |")
+    print("|---|---|---:|---|---:|---:|")
+    for r in runs:
         per_step = ", ".join(f"{s['peak']:.0f} / {s['after']:.0f}" for s in r["steps"])
-        later = [s["seconds"] for s in r["steps"][1:]] or [r["steps"][0]["seconds"]]
-        print(f"| {name} | {r['start']:.0f} | {per_step} | {r['ru_maxrss']:.0f} | {sum(later) / len(later):.3f} |")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"machine": machine(), "args": vars(args), "results": results}, indent=2, default=str))
+        rss, seconds = r["peak_rss_mib"], r["s_per_step"]
+        print(f"| {r['round']} | {r['variant']} | {r['start']:.0f} | {per_step} | {rss:.0f} | {seconds:.3f} |")
+    summary = summary_of(runs, names, ("peak_rss_mib", "max_step_peak_mib", "after_last_mib", "s_per_step"))
+    diffs = comparisons(runs, names)
+    print()
+    for name, s in summary.items():
+        print_spread(f"{name} peak RSS", s["peak_rss_mib"], "MiB", digits=0)
+    for name, c in diffs.items():
+        for key, d in c.items():
+            if key != "s_per_step_ratio":
+                print(f"{name} - default {key:16s} {d['difference']:+7.0f} MiB (spread {d['spread']:.0f} MiB): {d['verdict']}")
+    keep("gradcache_rss", args, {"runs": runs, "summary": summary, "comparisons": diffs})
 
 
 if __name__ == "__main__":

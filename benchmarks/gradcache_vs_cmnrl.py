@@ -6,8 +6,8 @@ max length 32, temperature 0.05 (scale 20), lr 3e-5, both toolkits caching gradi
 that only one mini-batch's activations live at a time:
 
 * simcse-kit: the unsup recipe (train/unsup.yaml) with ``train.grad_cache_chunk`` =
-  ``--chunk`` rows, built as a run builds it (``simcse_kit.training``: ``build_model``,
-  ``make_loader``, ``make_step`` -> ``GradCacheStep``, then ``trainer.fit``);
+  ``--chunk`` rows, built as a run builds it (``simcse_kit.training.build_run``, through
+  ``_common.kit_recipe_run``: the step is a ``GradCacheStep``), then ``trainer.fit``;
 * sentence-transformers: ``SentenceTransformerTrainer`` with
   ``CachedMultipleNegativesRankingLoss(scale=20, mini_batch_size=--chunk)`` on
   ``(anchor, positive)`` = the same sentence twice (its documented unsupervised-SimCSE
@@ -23,27 +23,34 @@ mini-batch's all-padding columns; simcse-kit also packs its rows (``model.packin
 The losses differ as in ``train_throughput.py`` (2N-view InfoNCE vs z1 . z2^T); at this
 batch the loss is still a small part of the step.
 
-Variants, each in a fresh interpreter (clean RSS), alternating over ``--rounds``:
+Variants, each in a fresh interpreter (clean RSS), alternating over ``--rounds`` (default 3):
 ``st-fp32`` (CachedMNRL, its default precision), ``kit-fp32`` (``mixed_precision no``),
 ``st-bf16`` (``bf16=True``), ``kit-auto`` (the recipe's ``mixed_precision auto``: on a
-native-bf16 CPU, bf16 weights with fp32 masters and fast dropout; the resolved choice is
-recorded). Per variant: sentences (rows) per second over ``--steps`` optimiser steps
-after ``--warmup``, timed by the collate calls (``_common.TimedCollator``, as in
-``train_throughput.py``), and the process's peak RSS (start-up, model, optimiser state
-and all). wiki1m_head has 11,914 sentences, fewer than 25 batches of 1024 need, so each
-run reads it in several shuffled passes (duplicates across passes do not change the
-work of a step).
+native-bf16 CPU, bf16 weights with fp32 master weights and fast dropout; the resolved
+choice is recorded). Per variant: sentences (rows) per second over ``--steps`` optimiser
+steps after ``--warmup``, timed by the collate calls (``_common.TimedCollator``, as in
+``train_throughput.py``), and the process's peak RSS (start-up, model, optimiser state and
+all). wiki1m_head has 11,914 sentences, fewer than 25 batches of 1024 need, so each run
+reads it in several shuffled passes (duplicates across passes do not change the work of a
+step).
+
+The harness (``_harness``): the run refuses a busy machine unless ``--allow-busy``;
+``--isa avx2`` limits the kernels to AVX2; every round is kept in
+``benchmarks/results/gradcache_vs_cmnrl-<cpu class>.json`` with the machine. Speed ratios
+are taken within each round and summarised by median and range; a peak-RSS difference is
+claimed only when it exceeds the run-to-run spread (``_harness.difference``), "within
+spread" otherwise.
 
 Usage::
 
-    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl            # batch 1024: ~50 min on 2 cores
-    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl --batch-size 64 --steps 2 --warmup 1   # smoke
+    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl            # batch 1024: ~2.5 h on 2 cores
+    .venv/bin/python -m benchmarks.gradcache_vs_cmnrl --rounds 1 --batch-size 64 --steps 2 --warmup 1 --allow-busy \
+        --json /tmp/g.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -53,12 +60,13 @@ from benchmarks._common import (
     TimedCollator,
     emit,
     kit_recipe_run,
-    machine,
+    paired_ratios,
     peak_rss_mib,
     run_rounds,
     setup_threads,
     st_pair_throughput,
 )
+from benchmarks._harness import add_options, chosen, difference, forwarded, keep, start, summary_of, values
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-auto")
 # kit-auto with train.mmap_threshold_mib 2 (freed blocks of 2 MiB or more go back to the OS).
@@ -102,10 +110,9 @@ def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
         "mmap_threshold_mib": args.mmap_threshold_mib,
         "max_steps": args.warmup + args.steps + 2,
     }
-    run = kit_recipe_run("unsup", overrides, sents)
-    collator = TimedCollator(run.loader.collate_fn, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
-    run.loader.collate_fn = collator  # before fit: accelerator.prepare copies the loader's collate_fn
-    fit(run.model, run.step, run.loader, run.cfg.train, accelerator=run.accelerator)
+    collator = TimedCollator(None, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
+    run = kit_recipe_run("unsup", overrides, sents, timer=collator)
+    fit(run, run.step, run.cfg.train)
     train = run.cfg.train
     precision = {
         "mixed_precision": train.mixed_precision,
@@ -143,83 +150,74 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def summarise(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[str, Any]]:
-    """Per variant: sentences/s over all its measured seconds, the largest peak RSS."""
-    out = {}
+    """Per variant: median and range of sentences/s and of peak RSS over the rounds."""
+    summary = summary_of(runs, variants, ("sentences_per_s", "peak_rss_mib"))
     for v in variants:
-        mine = [x for x in runs if x["variant"] == v]
-        seconds = sum(x["seconds"] for x in mine)
-        out[v] = {
-            "sentences_per_s": sum(x["sentences"] for x in mine) / seconds,
-            "peak_rss_mib": max(x["peak_rss_mib"] for x in mine),
-            "precision": mine[-1]["precision"]["reason"],
-        }
+        summary[v]["precision"] = values(runs, v, "precision")[-1]["reason"]
+    return summary
+
+
+def compare(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[str, Any]]:
+    """Per (simcse-kit, CachedMNRL) pair: the speed ratio paired by round, and the peak-RSS
+    difference judged against the run-to-run spread."""
+    out = {}
+    for kit, st in PAIRS:
+        if kit in variants and st in variants:
+            rss = difference(values(runs, kit, "peak_rss_mib"), values(runs, st, "peak_rss_mib"))
+            out[f"{kit}/{st}"] = {"speed_ratio": paired_ratios(runs, kit, st), "rss": rss}
     return out
 
 
-def print_tables(args: argparse.Namespace, summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """The markdown tables; returns the kit/ST comparisons."""
+def print_tables(args: argparse.Namespace, summary: dict[str, dict[str, Any]], comparisons: dict[str, dict[str, Any]]) -> None:
+    """The markdown tables: medians (range) per variant, then the pairs."""
     print(
         f"\nbatch {args.batch_size} examples, max len {args.max_seq_len}, mini-batch {args.chunk} sequences, "
-        f"{args.threads} threads, {args.rounds} x {args.steps} measured steps\n"
+        f"{args.threads} threads, {args.rounds} rounds x {args.steps} measured steps\n"
     )
     print("| variant | precision | sentences/s | peak RSS MiB |")
     print("|---|---|---:|---:|")
     for v, s in summary.items():
-        print(f"| {v} | {s['precision']} | {s['sentences_per_s']:.1f} | {s['peak_rss_mib']:.0f} |")
-    comparisons: dict[str, dict[str, float]] = {}
-    rows = []
-    for kit, st in PAIRS:
-        if kit in summary and st in summary:
-            a, b = summary[kit], summary[st]
-            comparisons[f"{kit}/{st}"] = {
-                "speed_ratio": a["sentences_per_s"] / b["sentences_per_s"],
-                "rss_ratio": a["peak_rss_mib"] / b["peak_rss_mib"],
-                "rss_difference_mib": a["peak_rss_mib"] - b["peak_rss_mib"],
-            }
-            rows.append((kit, st, comparisons[f"{kit}/{st}"]))
-    if rows:
-        print("\n| simcse-kit / CachedMNRL | speed | peak RSS | RSS difference MiB |")
-        print("|---|---:|---:|---:|")
-        for kit, st, c in rows:
-            print(f"| {kit} / {st} | {c['speed_ratio']:.2f}x | {c['rss_ratio']:.2f}x | {c['rss_difference_mib']:+.0f} |")
-    return comparisons
+        sps, rss = s["sentences_per_s"], s["peak_rss_mib"]
+        print(
+            f"| {v} | {s['precision']} | {sps['median']:.1f} ({sps['min']:.1f}–{sps['max']:.1f}) | "
+            f"{rss['median']:.0f} ({rss['min']:.0f}–{rss['max']:.0f}) |"
+        )
+    if comparisons:
+        print("\n| simcse-kit / CachedMNRL | speed | peak RSS difference MiB | RSS spread MiB | RSS verdict |")
+        print("|---|---:|---:|---:|---|")
+        for name, c in comparisons.items():
+            r, d = c["speed_ratio"], c["rss"]
+            print(
+                f"| {name} | {r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f}) | {d['difference']:+.0f} | "
+                f"{d['spread']:.0f} | {d['verdict']} |"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="measured steps per variant per round")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
-    parser.add_argument("--rounds", type=int, default=1, help="A/B alternations")
     parser.add_argument("--batch-size", type=int, default=1024, help="examples per step")
     parser.add_argument("--chunk", type=int, default=128, help="sequences per forward pass, both toolkits")
     parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
-    parser.add_argument("--json", type=Path, default=None, help="write all results here")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS + ABLATIONS}")
+    add_options(parser, "gradcache_vs_cmnrl")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
 
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS) - set(ABLATIONS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS + ABLATIONS}")
+    variants = chosen(parser, args.variants, VARIANTS + ABLATIONS)
     if args.chunk % 2:
         parser.error("--chunk must be even: simcse-kit's chunks hold whole examples (2 rows each)")
-    common = [
-        f"--{k}={getattr(args, k.replace('-', '_'))}"
-        for k in ("steps", "warmup", "batch-size", "chunk", "max-seq-len", "threads")
-    ]
-    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads)
-
+    env = start(args)
+    common = forwarded(args, "steps", "warmup", "batch-size", "chunk", "max-seq-len", "threads")
+    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
     summary = summarise(runs, variants)
-    comparisons = print_tables(args, summary)
-    if args.json:
-        result = {"machine": machine(), "args": vars(args), "runs": runs, "summary": summary, "comparisons": comparisons}
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+    comparisons = compare(runs, variants)
+    print_tables(args, summary, comparisons)
+    keep("gradcache_vs_cmnrl", args, {"runs": runs, "summary": summary, "comparisons": comparisons})
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Peak memory (RSS) of simcse-kit training per batch size, plain vs GradCache.
 
 Each point is a fresh interpreter running the real loop (``train_throughput.py``'s
-simcse-kit worker: default model, unsup, max length 32) for a few steps; its
-``ru_maxrss`` is the peak resident set size, start-up (Python, torch, the model,
+simcse-kit worker: the unsup recipe, default model, max length 32) for a few steps;
+its ``ru_maxrss`` is the peak resident set size, start-up (Python, torch, the model,
 AdamW state) included.
 
 Plain full-batch training keeps every layer's activations for all 2 x batch rows,
@@ -10,66 +10,115 @@ so its peak grows with the batch; with GradCache only one chunk's activations li
 at a time. Plain runs above ``--max-plain-batch`` are skipped by default so a
 shared machine is not pushed into swap or the OOM killer.
 
+The harness (``_harness``): the points (variants ``b<batch>`` plain, ``b<batch>-gc<chunk>``
+GradCache) alternate over ``--rounds`` (default 3), the run refuses a busy machine unless
+``--allow-busy``, ``--isa avx2`` limits the kernels to AVX2, and every round is kept in
+``benchmarks/results/memory-<cpu class>.json``. Peak RSS moves between runs of the same
+point (allocator and oneDNN caches), so a difference between two points is claimed only
+when it exceeds that run-to-run spread (``_harness.difference``); otherwise it is reported
+"within spread".
+
 Usage::
 
-    .venv/bin/python -m benchmarks.memory                       # ~8 min on 2 cores
+    .venv/bin/python -m benchmarks.memory                       # ~25 min on 2 cores
     .venv/bin/python -m benchmarks.memory --batch-sizes 64 128 --precision fp32
+    .venv/bin/python -m benchmarks.memory --rounds 1 --batch-sizes 16 --chunk 8 --allow-busy --json /tmp/m.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+from typing import Any
 
-from benchmarks._common import machine, run_worker
+from benchmarks._common import emit, peak_rss_mib, run_rounds, setup_threads
+from benchmarks._harness import add_options, difference, forwarded, keep, print_spread, start, summary_of, values
 
-TRAIN = Path(__file__).resolve().parent / "train_throughput.py"
+
+def variant_name(batch: int, chunk: int) -> str:
+    return f"b{batch}-gc{chunk}" if chunk else f"b{batch}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--chunk", type=int, default=128, help="GradCache chunk rows")
-    parser.add_argument("--precision", choices=("fp32", "bf16", "fast"), default="fast", help="fast: the recipes' setting")
-    parser.add_argument("--max-plain-batch", type=int, default=256, help="largest batch run without GradCache")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+def parse_variant(name: str) -> tuple[int, int]:
+    """``b1024-gc128`` -> (1024, 128); ``b64`` -> (64, 0)."""
+    batch, _, chunk = name.partition("-gc")
+    return int(batch.removeprefix("b")), int(chunk or 0)
 
-    rows = []
+
+def points(args: argparse.Namespace) -> list[str]:
+    """The measured points: each batch plain (up to ``--max-plain-batch``) and with GradCache
+    (where a chunk holds less than the whole batch's 2 x batch rows)."""
+    out = []
     for batch in args.batch_sizes:
         for chunk in (0, args.chunk):
             if chunk == 0 and batch > args.max_plain_batch:
                 continue
             if chunk >= 2 * batch:  # one chunk would hold the whole batch: same as plain
                 continue
-            res = run_worker(
-                TRAIN,
-                [
-                    f"--worker=kit-{args.precision}",
-                    f"--batch-size={batch}",
-                    f"--grad-cache-chunk={chunk}",
-                    "--warmup=1",
-                    "--steps=1",
-                    f"--threads={args.threads}",
-                ],
-                args.threads,
-            )
-            row = {
-                "batch": batch,
-                "grad_cache_chunk": chunk,
-                "peak_rss_mib": res["peak_rss_mib"],
-                "sentences_per_s": res["sentences_per_s"],
-            }
-            rows.append(row)
-            mode = f"GradCache chunk {chunk}" if chunk else "plain"
-            print(
-                f"batch {batch:5d} {mode:20s} peak RSS {row['peak_rss_mib']:8.0f} MiB  {row['sentences_per_s']:7.1f} sent/s",
-                flush=True,
-            )
-    if args.json:
-        args.json.write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": rows}, indent=2, default=str))
+            out.append(variant_name(batch, chunk))
+    return out
+
+
+def worker(args: argparse.Namespace) -> None:
+    setup_threads(args.threads)
+    import transformers
+
+    from benchmarks.train_throughput import sentences_for, worker_kit
+
+    transformers.logging.set_verbosity_error()
+    args.batch_size, args.grad_cache_chunk = parse_variant(args.worker)
+    res = worker_kit(args, sentences_for(args), args.precision, [])
+    emit(
+        res
+        | {"variant": args.worker, "batch": args.batch_size, "grad_cache_chunk": args.grad_cache_chunk}
+        | {"peak_rss_mib": peak_rss_mib()}
+    )
+
+
+def comparisons(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[str, Any]]:
+    """Peak RSS differences, each against the run-to-run spread: GradCache minus plain at
+    the same batch, and within each mode every batch minus the smallest."""
+    rss = {v: values(runs, v, "peak_rss_mib") for v in variants}
+    out = {}
+    for v in variants:
+        batch, chunk = parse_variant(v)
+        plain = variant_name(batch, 0)
+        if chunk and plain in rss:
+            out[f"{v} - {plain}"] = difference(rss[v], rss[plain])
+    for gc in (False, True):
+        mode = sorted((v for v in variants if bool(parse_variant(v)[1]) == gc), key=lambda v: parse_variant(v)[0])
+        for v in mode[1:]:
+            out[f"{v} - {mode[0]}"] = difference(rss[v], rss[mode[0]])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--chunk", type=int, default=128, help="GradCache chunk rows")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "auto"), default="auto", help="auto: the recipe's setting")
+    parser.add_argument("--max-plain-batch", type=int, default=256, help="largest batch run without GradCache")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1, help="measured steps per point")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--max-seq-len", type=int, default=32)
+    add_options(parser, "memory")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    variants = points(args)
+    env = start(args)
+    common = forwarded(args, "precision", "threads", "steps", "warmup", "max-seq-len")
+    runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env, metric="peak_rss_mib")
+    summary = summary_of(runs, variants, ("peak_rss_mib", "sentences_per_s"))
+    diffs = comparisons(runs, variants)
+    print(f"\nunsup recipe ({args.precision}), max len {args.max_seq_len}, {args.threads} threads, {args.rounds} rounds")
+    for v, s in summary.items():
+        print_spread(f"{v} peak RSS", s["peak_rss_mib"], "MiB", digits=0)
+    for name, d in diffs.items():
+        print(f"{name:28s} {d['difference']:+8.0f} MiB (spread {d['spread']:.0f} MiB): {d['verdict']}")
+    keep("memory", args, {"runs": runs, "summary": summary, "comparisons": diffs})
 
 
 if __name__ == "__main__":

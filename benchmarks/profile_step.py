@@ -13,8 +13,8 @@ What it measures, per precision setting (``--settings``, default all three):
 * ``recipe-densegrad`` (only when asked): ``recipe`` with ``train.sparse_embedding_grad``
   off, the embedding tables' gradient a fresh dense table every backward.
 
-The step is the trainer's: the recipe's config goes through the functions ``simcse-kit
-train`` uses (``make_accelerator``, ``build_model``, ``make_step``) and
+The step is the trainer's: the recipe's config is built into a run by the function
+``simcse-kit train`` uses (:func:`simcse_kit.training.build_run`) and
 :func:`simcse_kit.trainer.fit` runs it, optimizer step, master-weight copy-back,
 scheduler and the collation of the next batch included (default model
 all-MiniLM-L6-v2, batch 64 sentences = 128 rows of ``wiki1m_head.txt``, max length 32,
@@ -46,26 +46,37 @@ Method:
   profiled batches (after the run, same model and setting; matrix products only).
   Matmul GFLOP/s = those FLOPs / the profiled time of the product kernels
   (``aten::mm``/``addmm``/``bmm``); the step's GFLOP/s = FLOPs / the median step;
-  both as a share of the bf16 matmul peak measured at the start of this run
-  (``flops.matmul_gflops``, ``--n`` square).
+  both as a share of the bf16 matmul peak measured in the same round (the ``peak-bf16``
+  worker, ``flops.peak_result``: ``--n`` square).
 * Upper bounds, from the class shares applied to the median step: if every class but
   matmul/linear cost nothing, and if the product kernels ran at the bf16 peak (the rest
   as measured). If neither reaches a wanted speed-up (the issue's 1.3x), no tuning of
   the other classes, or of the matmuls, can.
 
-Each setting runs in a fresh interpreter (``_common.run_worker``).
+Its shares of the peak are a **steady state**: ``--batches`` fixed batches repeated, so
+oneDNN has built kernels for every shape before timing. That is labelled so in the output
+and the JSON (``figure``); a real run's share of the peak, on fresh batches, is
+``flops.py``'s.
+
+The harness (``_harness``): each setting runs in a fresh interpreter, and the settings and
+``peak-bf16`` (the bf16 matmul peak, ``flops.peak_result``) alternate over ``--rounds``
+(default 3; ``_common.run_rounds``); each setting's shares are taken against the peak of
+its own round. The run refuses a busy machine unless ``--allow-busy``; ``--isa avx2``
+limits the kernels to AVX2; every round is kept in
+``benchmarks/results/profile_step-<cpu class>.json`` (``--json`` elsewhere) with the
+machine and the CPU other processes used, and the summary gives median and range.
 
 Usage::
 
-    .venv/bin/python -m benchmarks.profile_step                          # ~2 min on 2 quiet cores
+    .venv/bin/python -m benchmarks.profile_step                          # ~5 min on 2 quiet cores
     .venv/bin/python -m benchmarks.profile_step --settings recipe --json profile.json
-    .venv/bin/python -m benchmarks.profile_step --batches 1 --warmup 1 --timed 1 --batch-size 8   # smoke
+    .venv/bin/python -m benchmarks.profile_step --rounds 1 --batches 1 --warmup 1 --timed 1 --batch-size 8 --allow-busy \
+        --json /tmp/p.json   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -75,8 +86,9 @@ from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks._common import WIKI, emit, machine, peak_rss_mib, run_worker, setup_threads
-from benchmarks.flops import matmul_gflops
+from benchmarks._common import WIKI, emit, peak_rss_mib, run_rounds, setup_threads, spread, step_flops
+from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start
+from benchmarks.flops import peak_result
 
 if TYPE_CHECKING:
     from torch import nn
@@ -84,6 +96,7 @@ if TYPE_CHECKING:
 
     from simcse_kit.config import RunConfig
     from simcse_kit.objectives import SimCSEObjective
+    from simcse_kit.training import Run
 
 # Config overrides per setting ("recipe": what the recipes' "auto" resolves to on a native-bf16 CPU).
 RECIPE = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"}
@@ -117,6 +130,15 @@ CLASSES = (
 ORDER = [MATMUL] + [name for name, _ in CLASSES] + ["other"]
 BACKWARD = "autograd::engine::evaluate_function:"  # one autograd node's backward
 TARGET = 1.3  # the issue's wanted speed-up
+PEAK = "peak-bf16"
+
+
+def steady_state(batches: int) -> str:
+    """What this script's shares of the peak are (said in its output and JSON)."""
+    return (
+        f"steady state: {batches} fixed batches repeated (oneDNN has kernels for every shape); "
+        "a real run's share of the peak, on fresh batches, is flops.py's"
+    )
 
 
 # --------------------------------------------------------------------------- classes
@@ -285,53 +307,44 @@ def run_config(args: argparse.Namespace, steps: int) -> RunConfig:
     return load_config(find_recipe(args.recipe), overrides | SETTINGS[args.worker])
 
 
-def repeating_loader(cfg: RunConfig, distinct: int, steps: int) -> Any:
-    """``steps`` batches cycling through ``distinct`` batches of wiki sentences, in order,
-    collated as the trainer collates them."""
+def fixed_order_run(cfg: RunConfig, distinct: int, steps: int) -> Run:
+    """The text run ``simcse-kit train`` would build from ``cfg`` (:func:`simcse_kit.training.build_run`:
+    precision, heap, accelerator, model, objective, step, AdamW, schedule), on ``distinct``
+    batches of wiki sentences repeated in order instead of shuffled, collated by the run's
+    own collator: ``steps`` batches."""
+    import datasets
     from torch.utils.data import DataLoader
-    from transformers import AutoTokenizer
 
-    from simcse_kit.data import ContrastiveCollator, read_sentences
-    from simcse_kit.modeling import resolve_model_path
+    from simcse_kit.data import read_sentences
+    from simcse_kit.training import build_run
 
     n = cfg.train.batch_size
-    sentences = read_sentences(WIKI)[: distinct * n]
-    repeats = -(-steps // distinct)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.name_or_path))
-    collate = ContrastiveCollator(tokenizer, cfg.data.mode, cfg.model.max_seq_len)
-    examples = [{"sent0": s} for s in sentences] * repeats
-    return DataLoader(examples, batch_size=n, shuffle=False, drop_last=True, collate_fn=collate)
-
-
-def step_flops(model: nn.Module, objective: SimCSEObjective, batches: list[dict[str, Any]]) -> float:
-    """Mean matmul FLOPs of forward + backward over ``batches``."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        for batch in batches:
-            objective.step(model, batch)  # backward=None: loss.backward()
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / len(batches)
+    sentences = read_sentences(WIKI)[: distinct * n] * -(-steps // distinct)
+    run = build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": sentences}), evaluate=False, cpu=True)
+    fixed = DataLoader(
+        [{"sent0": s} for s in sentences], batch_size=n, shuffle=False, drop_last=True, collate_fn=run.loader.collate_fn
+    )
+    run.loader = run.accelerator.prepare(fixed)  # only the data order differs from the run
+    return run
 
 
 def worker(args: argparse.Namespace) -> None:
     setup_threads(args.threads)
+    if args.worker == PEAK:
+        emit(peak_result(PEAK, args.n))
+        return
     import transformers
 
-    from simcse_kit.objectives import SimCSEObjective
-    from simcse_kit.trainer import fit, make_accelerator
-    from simcse_kit.training import build_model, make_step
+    from simcse_kit.trainer import fit
 
     transformers.logging.set_verbosity_error()
     steps = args.warmup + args.timed + args.batches + 2  # + the profiler's warm-up step and the one that ends the last window
-    cfg = run_config(args, steps)  # every precision key explicit: nothing for with_concrete_precision to decide
-    accelerator = make_accelerator(cfg.train, cpu=True)
-    model = build_model(cfg)
-    objective = SimCSEObjective(cfg.data.mode, cfg.loss)
-    probe = ProfiledStep(make_step(cfg, model, objective, accelerator), args.warmup, args.timed, args.batches)
+    cfg = run_config(args, steps)  # every precision key explicit: nothing for "auto" to decide
+    run = fixed_order_run(cfg, args.batches, steps)
+    model, objective = run.model, run.objective
+    probe = ProfiledStep(run.step, args.warmup, args.timed, args.batches)
     with class_ranges(model, objective), probe.profiler:
-        fit(model, probe, repeating_loader(cfg, args.batches, steps), cfg.train, accelerator=accelerator)
+        fit(run, probe, run.cfg.train)
     events = list(probe.profiler.events())
     if cfg.train.fast_dropout and not any(ev.name == RANGE + "dropout" for ev in events):
         raise RuntimeError("fast dropout ran outside its profiler range: the dropout class would be empty")
@@ -340,9 +353,13 @@ def worker(args: argparse.Namespace) -> None:
     biggest = sorted(other.items(), key=lambda kv: -kv[1])[:5]
     stamps = probe.stamps[args.warmup : args.warmup + args.timed + 1]
     walls = [(b - a) * 1e3 for a, b in zip(stamps[:-1], stamps[1:], strict=True)]
+    flops = step_flops(model, objective, probe.batches)
     emit(
         {
+            "variant": args.worker,
             "setting": args.worker,
+            "figure": steady_state(args.batches),
+            "gflops": flops / statistics.median(walls) / 1e6,  # the whole step's, in the steady state
             "precision": {
                 k: getattr(cfg.train, k) for k in ("mixed_precision", "bf16_weights", "fast_dropout", "sparse_embedding_grad")
             },
@@ -351,7 +368,7 @@ def worker(args: argparse.Namespace) -> None:
             "profiled_steps": profiled,
             "profiled_ms": {k: v / profiled for k, v in totals.items()},
             "other_ops_ms": {k: v / profiled for k, v in biggest},
-            "flops_per_step": step_flops(model, objective, probe.batches),
+            "flops_per_step": flops,
             "rows": statistics.mean(int(b["input_ids"].shape[0]) for b in probe.batches),
             "padded_tokens": statistics.mean(int(b["input_ids"].numel()) for b in probe.batches),
             "peak_rss_mib": peak_rss_mib(),
@@ -362,50 +379,88 @@ def worker(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- report
 
 
-def report(res: dict[str, Any], peak: float) -> dict[str, float]:
-    """Print one setting's table and bounds; return the derived numbers."""
+def derive(res: dict[str, Any], peak: float) -> dict[str, float]:
+    """One setting's derived numbers in one round, against that round's bf16 ``peak``
+    (GFLOP/s): shares of the peak (steady state), class shares and the bounds."""
     ms = res["profiled_ms"]
     profiled = sum(ms[c] for c in ORDER)
     wall = statistics.median(res["wall_ms"])
-    share = {c: ms[c] / profiled for c in ORDER}
     flops = res["flops_per_step"]
     kernel_gflops = flops / ms["kernels"] / 1e6
     step_gflops = flops / wall / 1e6
-    only_matmul = wall * share[MATMUL]
-    at_peak = wall - wall * ms["kernels"] / profiled + flops / peak / 1e6
+    return {
+        "median_ms": wall,
+        "profiled_total_ms": profiled,
+        "matmul_gflops": kernel_gflops,
+        "step_gflops": step_gflops,
+        "peak_bf16_gflops": peak,
+        "matmul_fraction_of_peak": kernel_gflops / peak,
+        "step_fraction_of_peak": step_gflops / peak,
+        "bound_only_matmul_ms": wall * ms[MATMUL] / profiled,
+        "bound_matmul_at_peak_ms": wall - wall * ms["kernels"] / profiled + flops / peak / 1e6,
+    } | {f"share_{cls}": ms[cls] / profiled for cls in ORDER}
+
+
+def report(res: dict[str, Any], peak: float) -> None:
+    """Print one setting's table and bounds (one round; :func:`derive`'s numbers)."""
+    d = derive(res, peak)
+    ms, wall, flops = res["profiled_ms"], d["median_ms"], res["flops_per_step"]
     p = res["precision"]
     what = "fp32" if p["mixed_precision"] == "no" else "bf16" + (" weights" if p["bf16_weights"] else " autocast")
     what += ", fast dropout" if p["fast_dropout"] else ""
     what += ", dense embedding gradient" if p.get("sparse_embedding_grad") is False else ""
     print(
         f"\n{res['setting']} ({what}): median {wall:.0f} ms a step ({len(res['wall_ms'])} steps), "
-        f"{profiled:.0f} ms profiled (mean of {res['profiled_steps']})"
+        f"{d['profiled_total_ms']:.0f} ms profiled (mean of {res['profiled_steps']})"
     )
     print(f"  {'class':14s} {'ms':>8s} {'%':>6s}")
     for cls in ORDER:
-        print(f"  {cls:14s} {ms[cls]:8.1f} {100 * share[cls]:5.1f}%")
+        print(f"  {cls:14s} {ms[cls]:8.1f} {100 * d[f'share_{cls}']:5.1f}%")
     ops = ", ".join(f"{name} {t:.1f}" for name, t in list(res["other_ops_ms"].items())[:3])
     print(f"  other: {ms['untraced']:.1f} ms outside any op (Python, tokenising the next batch); biggest ops: {ops}")
     print(
-        f"  matmuls: {flops / 1e9:.1f} GFLOP a step in {ms['kernels']:.0f} ms of product kernels = {kernel_gflops:.0f} GFLOP/s "
-        f"= {100 * kernel_gflops / peak:.0f}% of the bf16 peak; "
-        f"whole step {step_gflops:.0f} GFLOP/s = {100 * step_gflops / peak:.0f}%"
+        f"  matmuls: {flops / 1e9:.1f} GFLOP a step in {ms['kernels']:.0f} ms of product kernels = "
+        f"{d['matmul_gflops']:.0f} GFLOP/s = {100 * d['matmul_fraction_of_peak']:.0f}% of the bf16 peak; "
+        f"whole step {d['step_gflops']:.0f} GFLOP/s = {100 * d['step_fraction_of_peak']:.0f}% (steady state)"
     )
+    only_matmul, at_peak = d["bound_only_matmul_ms"], d["bound_matmul_at_peak_ms"]
     print(
         f"  upper bound: every class but {MATMUL} free -> {only_matmul:.0f} ms = {wall / only_matmul:.2f}x; "
         f"product kernels at the bf16 peak -> {at_peak:.0f} ms = {wall / at_peak:.2f}x "
         f"({TARGET}x would be {wall / TARGET:.0f} ms)"
     )
-    return {
-        "median_ms": wall,
-        "profiled_total_ms": profiled,
-        "matmul_gflops": kernel_gflops,
-        "step_gflops": step_gflops,
-        "matmul_fraction_of_peak": kernel_gflops / peak,
-        "step_fraction_of_peak": step_gflops / peak,
-        "bound_only_matmul_ms": only_matmul,
-        "bound_matmul_at_peak_ms": at_peak,
-    }
+
+
+SUMMARY_KEYS = (
+    "median_ms",
+    "step_fraction_of_peak",
+    "matmul_fraction_of_peak",
+    "bound_only_matmul_ms",
+    "bound_matmul_at_peak_ms",
+    "peak_bf16_gflops",
+    *(f"share_{cls}" for cls in ORDER),
+)
+
+
+def add_derived(runs: list[dict[str, Any]]) -> dict[int, float]:
+    """Give each setting's run its :func:`derive` numbers against its round's bf16 peak;
+    the peaks by round."""
+    peaks = {x["round"]: x["gflops"] for x in runs if x["variant"] == PEAK}
+    for x in runs:
+        if x["variant"] != PEAK:
+            x["derived"] = derive(x, peaks[x["round"]])
+    return peaks
+
+
+def summarise(runs: list[dict[str, Any]], settings: list[str]) -> dict[str, Any]:
+    """Per setting, median and range over the rounds of each derived number; the speed-ups
+    the two bounds allow (median step / median bound)."""
+    summary: dict[str, Any] = {}
+    for setting in settings:
+        derived = [x["derived"] for x in runs if x["variant"] == setting]
+        summary[setting] = {k: spread([d[k] for d in derived]) for k in SUMMARY_KEYS}
+        summary[setting]["precision"] = next(x["precision"] for x in runs if x["variant"] == setting)
+    return summary
 
 
 def main() -> None:
@@ -420,41 +475,42 @@ def main() -> None:
     parser.add_argument("--timed", type=int, default=12, help="unprofiled steps for the median")
     parser.add_argument("--n", type=int, default=2048, help="matmul size for the bf16 peak")
     parser.add_argument("--no-packing", action="store_true")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    add_options(parser, "profile_step")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    settings = [s for s in args.settings.split(",") if s]
-    unknown = set(settings) - set(SETTINGS)
-    if unknown:
-        parser.error(f"unknown settings {sorted(unknown)}; choose from {tuple(SETTINGS)}")
+    settings = chosen(parser, args.settings, list(SETTINGS))
     if min(args.batches, args.timed) < 1 or args.warmup < args.batches:
         parser.error("--batches and --timed must be at least 1, --warmup at least --batches (every shape seen before timing)")
 
+    env = start(args)
     setup_threads(args.threads)
-    import torch
-
     from simcse_kit.precision import resolve_precision
 
-    peak = matmul_gflops(args.n, torch.bfloat16)
     auto = resolve_precision("auto", "cpu").reason
-    print(f"bf16 matmul peak ({args.n}^3, {args.threads} threads): {peak:.0f} GFLOP/s; auto here: {auto}")
+    figure = steady_state(args.batches)
+    print(f"auto here: {auto}")
     print(
         f"step: recipe {args.recipe}, batch {args.batch_size}, max len {args.max_seq_len}, {args.batches} distinct batches, "
-        f"{args.warmup} warm-up + {args.timed} timed + {args.batches} profiled steps"
+        f"{args.warmup} warm-up + {args.timed} timed + {args.batches} profiled steps; {figure}"
     )
-    common = [f"--{k}={getattr(args, k.replace('-', '_'))}" for k in ("recipe", "threads", "batch-size", "max-seq-len")]
-    common += [f"--{k}={getattr(args, k)}" for k in ("batches", "warmup", "timed")]
+    common = forwarded(args, "recipe", "threads", "batch-size", "max-seq-len", "batches", "warmup", "timed", "n")
     common += ["--no-packing"] if args.no_packing else []
-    results: dict[str, Any] = {}
-    for setting in settings:
-        res = run_worker(Path(__file__), [*common, f"--worker={setting}"], args.threads)
-        results[setting] = res | {"derived": report(res, peak)}
-    if args.json:
-        out = {"machine": machine(), "args": vars(args), "peak_bf16_gflops": peak, "auto": auto, "settings": results}
-        args.json.write_text(json.dumps(out, indent=2, default=str))
+    runs = run_rounds(Path(__file__), [PEAK, *settings], common, args.rounds, args.threads, env=env, metric="gflops")
+    peaks = add_derived(runs)
+    last = args.rounds - 1
+    print(f"\nthe last round's profile (bf16 matmul peak {peaks[last]:.0f} GFLOP/s, {args.n}^3, {args.threads} threads):")
+    for x in runs:
+        if x["variant"] != PEAK and x["round"] == last:
+            report(x, peaks[last])
+    summary = summarise(runs, settings)
+    print(f"\nover {args.rounds} rounds ({figure}):")
+    for setting, s in summary.items():
+        print_spread(f"{setting} step ms", s["median_ms"], "ms")
+        print_spread("  step share of bf16 peak", s["step_fraction_of_peak"], "", digits=3)
+    record = {"figure": figure, "auto": auto, "runs": runs, "summary": summary}
+    keep("profile_step", args, record)
 
 
 if __name__ == "__main__":

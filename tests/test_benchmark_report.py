@@ -1,15 +1,28 @@
 """The speed tables in BENCHMARKS.md and README.md are generated from the kept JSON
-(benchmarks/results/), so a number and its data cannot drift apart (issue 22)."""
+(benchmarks/results/), so a number and its data cannot drift apart (issue 22): every
+block is present, filled and current; a hand-made record gives exactly the table it
+should; a memory difference is claimed only beyond the run-to-run spread."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import flops, gradcache_vs_cmnrl, memory, profile_step, report
+from benchmarks._harness import difference, summary_of
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
+# The scripts whose JSON report.py turns into tables (the harness scripts).
+HARNESS = ("train_throughput", "flops", "profile_step", "encode_throughput", "memory", "gradcache_rss", "gradcache_vs_cmnrl")
+MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
+MACHINE |= {"versions": {"torch": "2.13.0"}}
 
 
 def test_generated_blocks_match_the_kept_json() -> None:
@@ -20,15 +33,14 @@ def test_generated_blocks_match_the_kept_json() -> None:
 
 
 def test_every_block_is_present_and_every_result_has_three_rounds() -> None:
-    for name, path in (("train-throughput", "BENCHMARKS.md"), ("speed-headline", "README.md")):
-        text = (REPO / path).read_text()
-        start, end = f"<!-- generated:{name} -->\n", f"<!-- /generated:{name} -->"
-        assert start in text and end in text, (name, path)
-        block = text.split(start, 1)[1].split(end, 1)[0]
-        assert "**" in block and len(block.strip().splitlines()) >= 2, f"{path}: the {name} block is empty"
-    kept = sorted(RESULTS.glob("train_throughput-*.json"))
-    assert kept, "no kept training-throughput results"
-    for path in kept:
+    texts = {path: path.read_text() for path in report.FILES}
+    assert report.problems(texts) == []
+    for name in ("train-throughput", "speed-headline"):  # measured: a bold headline figure
+        text = texts[report.BLOCKS[name][1]]
+        block = text.split(f"<!-- generated:{name} -->\n", 1)[1].split(f"<!-- /generated:{name} -->", 1)[0]
+        assert "**" in block and len(block.strip().splitlines()) >= 2, f"the {name} block is empty"
+    assert sorted(RESULTS.glob("train_throughput-*.json")), "no kept training-throughput results"
+    for path in (p for script in HARNESS for p in sorted(RESULTS.glob(f"{script}-*.json"))):
         record = json.loads(path.read_text())
         rounds = {run["round"] for run in record["runs"]}
         assert len(rounds) >= 3, f"{path.name}: {len(rounds)} rounds"
@@ -38,3 +50,256 @@ def test_every_block_is_present_and_every_result_has_three_rounds() -> None:
         assert all("other_cpu_share" in run["activity"] for run in record["runs"]), path.name
         for key in ("cpu", "cpu_class", "isa_flags", "torch_threads", "versions", "load_avg_1min"):
             assert key in record["machine"], (path.name, key)
+
+
+def test_a_missing_or_empty_block_fails_the_check() -> None:
+    bench, readme = report.BENCH, report.README
+    texts = {path: report.render(path.read_text()) for path in report.FILES}
+    assert report.problems(texts) == []
+    start, end = "<!-- generated:memory -->\n", "<!-- /generated:memory -->"
+    before, rest = texts[bench].split(start, 1)
+    emptied = before + start + end + rest.split(end, 1)[1]
+    assert report.problems({bench: emptied, readme: texts[readme]}) == [
+        "BENCHMARKS.md: the block memory is empty",
+        "BENCHMARKS.md: stale generated blocks",
+    ]
+    removed = texts[bench].replace(start, "")
+    assert report.problems({bench: removed, readme: texts[readme]}) == [
+        "BENCHMARKS.md: the block memory is missing (<!-- generated:memory --> ... <!-- /generated:memory -->)"
+    ]
+    # A filled block that disagrees with the JSON (a number edited by hand) is stale.
+    edited = texts[readme].replace("<!-- generated:speed-headline -->\n", "<!-- generated:speed-headline -->\n9.99x ")
+    assert report.problems({bench: texts[bench], readme: edited}) == ["README.md: stale generated blocks"]
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "want"),
+    [
+        ([1000, 1100, 1050], [1000, 1010, 1004], (46, 100, "within spread")),  # the old "-46 MiB" kind of claim
+        ([100, 110, 105], [150, 152, 151], (-46, 10, "lower")),
+        ([1200, 1201, 1199], [1100, 1110, 1150], (90, 50, "higher")),
+        ([1000, 1010], [900, 990], (60, 90, "within spread")),
+        ([1000, 1010], [900, 910], (100, 10, "higher")),
+        ([1000, 1010], [990, 1000], (10, 10, "within spread")),  # equal to the spread: not beyond it
+        ([1000], [900], (100, 0, "spread not measured (1 round)")),
+    ],
+)
+def test_a_difference_counts_only_beyond_the_run_to_run_spread(
+    ours: list[float], theirs: list[float], want: tuple[float, float, str]
+) -> None:
+    d = difference(ours, theirs)
+    assert d["difference"] == pytest.approx(want[0]) and d["spread"] == pytest.approx(want[1])
+    assert d["verdict"] == want[2]
+    assert d["ratio"] == pytest.approx(statistics.median(ours) / statistics.median(theirs))
+
+
+def rounds(
+    per_variant: dict[str, list[dict[str, Any]]], busy: dict[tuple[int, str], float] | None = None
+) -> list[dict[str, Any]]:
+    """Runs as ``_common.run_rounds`` keeps them: variants alternating, round by round."""
+    busy = busy or {}
+    n = len(next(iter(per_variant.values())))
+    runs = []
+    for r in range(n):
+        for v, results in per_variant.items():
+            share = busy.get((r, v), 0.0)
+            runs.append(results[r] | {"variant": v, "round": r, "activity": {"other_cpu_share": share, "busy": share > 0.05}})
+    return runs
+
+
+def keep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, args: dict[str, Any], record: dict[str, Any]) -> None:
+    """Write ``record`` as the script's kept JSON in a results folder of its own."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    full = {"machine": MACHINE, "args": {"threads": 2, "rounds": 3} | args, "command": f"python -m benchmarks.{script}"}
+    (tmp_path / f"{script}-avx2.json").write_text(json.dumps(full | record))
+
+
+def test_memory_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def points(rss: list[float], sps: list[float]) -> list[dict[str, Any]]:
+        return [{"peak_rss_mib": a, "sentences_per_s": b} for a, b in zip(rss, sps, strict=True)]
+
+    runs = rounds(
+        {
+            "b64": points([1000, 1040, 1020], [50, 52, 51]),
+            "b64-gc32": points([980, 1010, 1030], [20, 21, 22]),
+            "b256-gc32": points([1100, 1150, 1120], [30, 33, 31]),
+        },
+        busy={(1, "b64"): 0.08},
+    )
+    variants = ["b64", "b64-gc32", "b256-gc32"]
+    summary = summary_of(runs, variants, ("peak_rss_mib", "sentences_per_s"))
+    record = {"runs": runs, "summary": summary, "comparisons": memory.comparisons(runs, variants)}
+    keep(tmp_path, monkeypatch, "memory", {"precision": "auto", "max_seq_len": 32}, record)
+    assert report.memory_table() == "\n".join(
+        [
+            "Peak RSS of the unsup recipe's training loop (auto, max length 32) per batch: `b<batch>` plain, "
+            "`b<batch>-gc<chunk>` GradCache; median of the rounds (range). A difference is claimed only where it "
+            "exceeds the run-to-run spread (the larger range of the two), else it is *within spread*.",
+            "",
+            "| CPU class | point | peak RSS MiB | sentences/s | runs busy |",
+            "|---|---|---|---|---|",
+            "| avx2 | b64 | 1020 (1000–1040) | 51.0 (50.0–52.0) | 1 of 9 (max 8% of the CPU) |",
+            "| avx2 | b64-gc32 | 1010 (980–1030) | 21.0 (20.0–22.0) | 1 of 9 (max 8% of the CPU) |",
+            "| avx2 | b256-gc32 | 1120 (1100–1150) | 31.0 (30.0–33.0) | 1 of 9 (max 8% of the CPU) |",
+            "",
+            "| CPU class | difference | peak RSS |",
+            "|---|---|---|",
+            "| avx2 | b64-gc32 - b64 | -10 MiB (spread 50): within spread |",
+            "| avx2 | b256-gc32 - b64-gc32 | +110 MiB (spread 50): higher |",
+            "",
+            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds, commit abc1234, 2026-11-24 07:00 UTC; "
+            "torch 2.13.0; `python -m benchmarks.memory`",
+        ]
+    )
+
+
+def test_flops_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bf16 = {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True, "reason": "auto"}
+    fp32 = {"mixed_precision": "no", "bf16_weights": False, "fast_dropout": False, "reason": "set in the config"}
+
+    def kit(gflops: list[float], own: str, precision: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"gflops": g, "flops": 1.9e12, "steps": 10, "own_peak": own, "precision": precision} for g in gflops]
+
+    runs = rounds(
+        {
+            "peak-bf16": [{"gflops": g} for g in (800, 1000, 900)],
+            "peak-fp32": [{"gflops": g} for g in (200, 250, 225)],
+            "kit-auto": kit([400, 450, 360], "peak-bf16", bf16),  # shares 0.5, 0.45, 0.4 of the round's bf16 peak
+            "kit-fp32": kit([150, 150, 180], "peak-fp32", fp32),  # shares 0.75, 0.6, 0.8 of the fp32 peak
+        }
+    )
+    summary = flops.summarise(runs, ["peak-bf16", "peak-fp32", "kit-auto", "kit-fp32"])
+    assert summary["kit-auto"]["gflop_per_step"]["median"] == pytest.approx(190.0)
+    args = {"batch_size": 64, "max_seq_len": 32, "n": 2048, "steps": 10, "warmup": 3}
+    keep(tmp_path, monkeypatch, "flops", args, {"runs": runs, "summary": summary})
+    busy = "0 of 12 (max 0% of the CPU)"
+    assert report.flops_table() == "\n".join(
+        [
+            "Matmul GFLOP/s of the training loop as a run executes it (the unsup recipe, batch 64, max length 32, a fresh "
+            "batch of wiki1m_head every step, packed as the run packs it; FLOPs counted on exactly the measured batches), "
+            "and its share of the matmul peak of the precision it ran in (2048^3, measured in the same round): the real "
+            "run's share of the peak. Median of the rounds (range).",
+            "",
+            "| CPU class | variant | precision | GFLOP/s | share of its peak | bf16 peak GFLOP/s | fp32 peak GFLOP/s "
+            "| runs busy |",
+            "|---|---|---|---|---|---|---|---|",
+            "| avx2 | kit-auto | bf16 + bf16 weights + fast dropout | 400 (360–450) | **45.0%** of bf16 (40.0–50.0%) | "
+            f"900 (800–1000) | 225 (200–250) | {busy} |",
+            f"| avx2 | kit-fp32 | fp32 | 150 (150–180) | **75.0%** of fp32 (60.0–80.0%) | 900 (800–1000) | 225 (200–250) "
+            f"| {busy} |",
+            "",
+            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds x 10 steps (after 3), commit abc1234, "
+            "2026-11-24 07:00 UTC; torch 2.13.0; `python -m benchmarks.flops`",
+        ]
+    )
+
+
+def test_gradcache_vs_cmnrl_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = {"mixed_precision": "no", "reason": "its default (fp32)"}
+    kit = {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True, "reason": "auto"}
+    runs = rounds(
+        {
+            "st-fp32": [
+                {"sentences_per_s": s, "peak_rss_mib": m, "precision": st} for s, m in ((100, 2000), (110, 2100), (90, 2050))
+            ],
+            # speed 2.0x, 2.1x, 1.9x within the rounds; RSS 100 MiB lower at the medians, inside the 110 MiB spread
+            "kit-auto": [
+                {"sentences_per_s": s, "peak_rss_mib": m, "precision": kit} for s, m in ((200, 1900), (231, 1950), (171, 2010))
+            ],
+        }
+    )
+    variants = ["st-fp32", "kit-auto"]
+    record = {"runs": runs, "summary": gradcache_vs_cmnrl.summarise(runs, variants)}
+    record["comparisons"] = gradcache_vs_cmnrl.compare(runs, variants)
+    keep(tmp_path, monkeypatch, "gradcache_vs_cmnrl", {"batch_size": 1024, "max_seq_len": 32, "chunk": 128, "steps": 20}, record)
+    busy = "0 of 6 (max 0% of the CPU)"
+    assert report.gradcache_vs_cmnrl_table() == "\n".join(
+        [
+            "GradCache side by side: unsup SimCSE at batch 1024, max length 32, 128 sequences per forward pass on both "
+            "sides; median of the rounds (range). A peak-RSS difference is claimed only where it exceeds the run-to-run "
+            "spread, else it is *within spread*.",
+            "",
+            "| CPU class | variant | precision | sentences/s | peak RSS MiB | runs busy |",
+            "|---|---|---|---|---|---|",
+            f"| avx2 | st-fp32 | fp32 | 100.0 (90.0–110.0) | 2050 (2000–2100) | {busy} |",
+            f"| avx2 | kit-auto | bf16 + bf16 weights + fast dropout | 200.0 (171.0–231.0) | 1950 (1900–2010) | {busy} |",
+            "",
+            "| CPU class | simcse-kit / CachedMNRL | speed (paired by round) | peak RSS |",
+            "|---|---|---|---|",
+            "| avx2 | kit-auto/st-fp32 | **2.00x** (1.90–2.10) | -100 MiB (spread 110): within spread |",
+            "",
+            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds x 20 steps, commit abc1234, "
+            "2026-11-24 07:00 UTC; torch 2.13.0; `python -m benchmarks.gradcache_vs_cmnrl`",
+        ]
+    )
+
+
+def test_profile_table_known_answer_is_labelled_a_steady_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 100 ms profiled (60 matmul/linear, 50 of it in the product kernels), a 100 ms median
+    # step, 50 GFLOP: kernels at 1000 GFLOP/s, the step at 500; bf16 peaks 2000, 2500, 1250.
+    ms = dict.fromkeys(profile_step.ORDER, 0.0) | {"matmul/linear": 60.0, "dropout": 20.0, "other": 20.0}
+    step = {
+        "profiled_ms": ms | {"kernels": 50.0, "untraced": 5.0},
+        "wall_ms": [100.0, 110.0, 90.0],
+        "flops_per_step": 50e9,
+        "precision": {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True},
+    }
+    runs = rounds({"peak-bf16": [{"gflops": g} for g in (2000.0, 2500.0, 1250.0)], "recipe": [step, step, step]})
+    assert profile_step.add_derived(runs) == {0: 2000.0, 1: 2500.0, 2: 1250.0}
+    record = {"figure": profile_step.steady_state(4), "runs": runs, "summary": profile_step.summarise(runs, ["recipe"])}
+    keep(tmp_path, monkeypatch, "profile_step", {"batch_size": 64, "max_seq_len": 32}, record)
+    assert report.profile_table() == "\n".join(
+        [
+            "One training step by operator class (`torch.profiler`), a **steady state**: 4 fixed batches repeated (oneDNN "
+            "has kernels for every shape); a real run's share of the peak, on fresh batches, is flops.py's. Median of the "
+            "rounds (range); shares of the bf16 matmul peak measured in the same round; the bounds are the step time if "
+            "every class but matmul/linear cost nothing, and if the product kernels ran at the peak.",
+            "",
+            "| CPU class | setting | precision | step ms | matmul/linear share of the step | matmul kernels, % of bf16 peak "
+            "| whole step, % of bf16 peak | bound: all but matmul free | bound: matmuls at the peak | runs busy |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+            # bounds: 60 ms (100 x 0.6); 50 ms outside the kernels + 50 GFLOP at the peak (25, 20, 40 ms): 75, 70, 90
+            "| avx2 | recipe | bf16 + bf16 weights + fast dropout | 100 (100–100) | 60.0% (60.0–60.0) | 50.0% (40.0–80.0) | "
+            "25.0% (20.0–40.0) (steady state) | 60 ms (1.67x) | 75 ms (1.33x) | 0 of 6 (max 0% of the CPU) |",
+            "",
+            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds, batch 64, length 32, commit abc1234, "
+            "2026-11-24 07:00 UTC; torch 2.13.0; `python -m benchmarks.profile_step`",
+        ]
+    )
+
+
+def test_a_block_without_kept_results_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    assert report.encode_table() == (
+        "Not measured under the harness yet: no `benchmarks/results/encode_throughput-*.json`. "
+        "`python -m benchmarks.encode_throughput` on a quiet machine keeps one; "
+        "`python -m benchmarks.report` then fills this block."
+    )
+
+
+def test_memory_points_and_their_names() -> None:
+    args = type("Args", (), {"batch_sizes": [64, 256, 1024], "chunk": 128, "max_plain_batch": 256})()
+    # No GradCache at 64 (one chunk of 128 rows holds all 2 x 64), no plain run above 256.
+    assert memory.points(args) == ["b64", "b256", "b256-gc128", "b1024-gc128"]
+    assert memory.parse_variant("b1024-gc128") == (1024, 128) and memory.parse_variant("b64") == (64, 0)
+
+
+def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> None:
+    """flops.py's matmul-peak variant end to end (fresh interpreters, seconds): each round
+    kept with its CPU activity, the machine and the command, and the summary their median."""
+    out = tmp_path / "peak.json"
+    argv = ["--rounds", "2", "--variants", "peak-fp32", "--n", "64", "--threads", "1", "--allow-busy", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.flops", *argv], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert [(r["round"], r["variant"], r["n"]) for r in record["runs"]] == [(0, "peak-fp32", 64), (1, "peak-fp32", 64)]
+    assert all({"other_cpu_share", "busy", "load_avg_before", "load_avg_after"} <= set(r["activity"]) for r in record["runs"])
+    assert record["command"] == "python -m benchmarks.flops " + " ".join(argv)
+    assert record["machine"]["torch_threads"] == 1 and record["args"]["rounds"] == 2
+    gflops = [r["gflops"] for r in record["runs"]]
+    assert record["summary"]["peak-fp32"]["gflops"] == pytest.approx(
+        {"median": statistics.median(gflops), "min": min(gflops), "max": max(gflops), "n": 2}
+        | {"half_range_pct": 100 * (max(gflops) - min(gflops)) / 2 / statistics.median(gflops)}
+    )
