@@ -302,14 +302,14 @@ def kit_recipe_run(
 ) -> Any:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
-    line), on the CPU, built as a text run is (``simcse_kit.training.build_run``: "auto"
+    line), on the CPU, built as a text run is (``simcse_kit.run.build_run``: "auto"
     precision decided, ``mmap_threshold_mib`` applied) without dev selection or run folder;
     ``fit(run, run.step, run.cfg.train)`` trains it; ``timer`` stamps every batch it collates."""
     import datasets
 
     from simcse_kit.config import load_config
     from simcse_kit.recipes import find_recipe
-    from simcse_kit.training import build_run
+    from simcse_kit.run import build_run
 
     opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides

@@ -214,9 +214,9 @@ def run_kit(
     import datasets
 
     from simcse_kit.config import load_config
+    from simcse_kit.loop import fit
     from simcse_kit.recipes import find_recipe
-    from simcse_kit.trainer import fit
-    from simcse_kit.training import build_run
+    from simcse_kit.run import build_run
 
     total = args.warmup + args.steps + 1
     overrides = {

@@ -79,7 +79,7 @@ class PeakSampler:
 def worker(args: argparse.Namespace) -> None:
     os.environ.update(VARIANTS[args.worker][1])  # before torch loads oneDNN
     setup_threads(args.threads)
-    from simcse_kit.trainer import fit
+    from simcse_kit.loop import fit
 
     sampler = PeakSampler()
     overrides = {

@@ -6,7 +6,7 @@ max length 32, temperature 0.05 (scale 20), lr 3e-5, both toolkits caching gradi
 that only one mini-batch's activations live at a time:
 
 * simcse-kit: the unsup recipe (train/unsup.yaml) with ``train.grad_cache_chunk`` =
-  ``--chunk`` rows, built as a run builds it (``simcse_kit.training.build_run``, through
+  ``--chunk`` rows, built as a run builds it (``simcse_kit.run.build_run``, through
   ``_common.kit_recipe_run``: the step is a ``GradCacheStep``), then ``trainer.fit``;
 * sentence-transformers: ``SentenceTransformerTrainer`` with
   ``CachedMultipleNegativesRankingLoss(scale=20, mini_batch_size=--chunk)`` on
@@ -100,7 +100,7 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
 
 
 def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
-    from simcse_kit.trainer import fit
+    from simcse_kit.loop import fit
 
     overrides = {
         "batch_size": args.batch_size,

@@ -93,7 +93,7 @@ def config_overrides(name: str, args: argparse.Namespace, mined: Path) -> tuple[
 def training_rows(name: str, args: argparse.Namespace, mined: Path) -> int:
     """How many examples config ``name`` trains on (read as its run reads them)."""
     from simcse_kit.config import load_config
-    from simcse_kit.training import load_training_data
+    from simcse_kit.run import load_training_data
 
     recipe, opts = config_overrides(name, args, mined)
     return len(load_training_data(load_config(recipe, opts)))

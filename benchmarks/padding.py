@@ -2,7 +2,7 @@
 
 Pure counting with the default model's tokenizer (all-MiniLM-L6-v2); no model forward.
 
-(a) Training. The unsup recipe's own loader (``simcse_kit.training.build_run``'s, as prepared:
+(a) Training. The unsup recipe's own loader (``simcse_kit.run.build_run``'s, as prepared:
 ``wiki1m_head.txt``, shuffled with ``--seed``, batches of ``--batch-size`` examples,
 collated by ``ContrastiveCollator`` into ``[a, a, b, b, ...]`` rows, each batch padded
 to its longest row, at most ``--max-seq-len`` tokens). For every batch of one epoch
@@ -51,7 +51,7 @@ def training_padding(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]
     """Positions of the recipe's training batches, padded and as the model packs them."""
     from simcse_kit.config import load_config
     from simcse_kit.packing import pack
-    from simcse_kit.training import build_run
+    from simcse_kit.run import build_run
 
     overrides = {"batch_size": str(args.batch_size), "max_seq_len": str(args.max_seq_len), "seed": str(args.seed)}
     cfg = load_config(RECIPE, overrides | {"report_to": "none"})

@@ -14,8 +14,8 @@ What it measures, per precision setting (``--settings``, default all three):
   off, the embedding tables' gradient a fresh dense table every backward.
 
 The step is the trainer's: the recipe's config is built into a run by the function
-``simcse-kit train`` uses (:func:`simcse_kit.training.build_run`) and
-:func:`simcse_kit.trainer.fit` runs it, optimizer step, master-weight copy-back,
+``simcse-kit train`` uses (:func:`simcse_kit.run.build_run`) and
+:func:`simcse_kit.loop.fit` runs it, optimizer step, master-weight copy-back,
 scheduler and the collation of the next batch included (default model
 all-MiniLM-L6-v2, batch 64 sentences = 128 rows of ``wiki1m_head.txt``, max length 32,
 packed rows). Only the data order differs from a run: ``--batches`` distinct batches
@@ -96,7 +96,7 @@ if TYPE_CHECKING:
 
     from simcse_kit.config import RunConfig
     from simcse_kit.objectives import SimCSEObjective
-    from simcse_kit.training import Run
+    from simcse_kit.run import Run
 
 # Config overrides per setting ("recipe": what the recipes' "auto" resolves to on a native-bf16 CPU).
 RECIPE = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"}
@@ -308,7 +308,7 @@ def run_config(args: argparse.Namespace, steps: int) -> RunConfig:
 
 
 def fixed_order_run(cfg: RunConfig, distinct: int, steps: int) -> Run:
-    """The text run ``simcse-kit train`` would build from ``cfg`` (:func:`simcse_kit.training.build_run`:
+    """The text run ``simcse-kit train`` would build from ``cfg`` (:func:`simcse_kit.run.build_run`:
     precision, heap, accelerator, model, objective, step, AdamW, schedule), on ``distinct``
     batches of wiki sentences repeated in order instead of shuffled, collated by the run's
     own collator: ``steps`` batches."""
@@ -316,7 +316,7 @@ def fixed_order_run(cfg: RunConfig, distinct: int, steps: int) -> Run:
     from torch.utils.data import DataLoader
 
     from simcse_kit.data import read_sentences
-    from simcse_kit.training import build_run
+    from simcse_kit.run import build_run
 
     n = cfg.train.batch_size
     sentences = read_sentences(WIKI)[: distinct * n] * -(-steps // distinct)
@@ -335,7 +335,7 @@ def worker(args: argparse.Namespace) -> None:
         return
     import transformers
 
-    from simcse_kit.trainer import fit
+    from simcse_kit.loop import fit
 
     transformers.logging.set_verbosity_error()
     steps = args.warmup + args.timed + args.batches + 2  # + the profiler's warm-up step and the one that ends the last window

@@ -6,7 +6,7 @@ sentence-transformers losses, on exactly what a simcse-kit recipe trains on, so 
 row and a peer row differ only in the method.
 
 Method: the recipe (a ``RunConfig``) gives everything. The training set is the kit's own
-(``simcse_kit.training.load_training_data``: column ``sent0`` for unsup; ``sent0, sent1,
+(``simcse_kit.run.load_training_data``: column ``sent0`` for unsup; ``sent0, sent1,
 hard_neg`` for hardneg); batch size, epochs / ``max_steps``, learning rate (linear decay,
 the recipe's warm-up, no gradient clipping, as simcse-kit), training length
 ``model.max_seq_len``; the dev split of the recipe (``data.dev_file``, default STS-B dev)
@@ -68,7 +68,7 @@ from benchmarks._common import REPO, setup_run
 
 LOSSES = ("mnrl", "tsdae", "ct", "mse")  # mse: MSELoss distillation from the recipe's loss.teacher
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
-EVAL_BATCH_SIZE = 128  # as simcse_kit.training, so dev and test scores batch alike
+EVAL_BATCH_SIZE = 128  # as simcse_kit.run, so dev and test scores batch alike
 
 logger = logging.getLogger("st_peers")
 
@@ -232,7 +232,7 @@ def st_train(
 
     from simcse_kit.evaluation import DevEvaluator, STSEvaluator
     from simcse_kit.modeling import resolve_model_path
-    from simcse_kit.training import load_training_data
+    from simcse_kit.run import load_training_data
 
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))  # the kit's runs mix with their seed
     path = resolve_model_path(cfg.model.name_or_path)

@@ -188,7 +188,7 @@ def check_same_run(cfg: Any, folder: Path) -> None:
     """
     from simcse_kit.config import load_config
     from simcse_kit.errors import ConfigError
-    from simcse_kit.training import config_differences
+    from simcse_kit.run import config_differences
 
     auto = {f"train.{k}" for k in PRECISION_KEYS if getattr(cfg.train, k) == "auto"}
     saved = load_config(folder / "config.yaml")

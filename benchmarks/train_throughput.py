@@ -82,7 +82,7 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
 
 
 def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest: list[str]) -> dict[str, Any]:
-    from simcse_kit.trainer import fit
+    from simcse_kit.loop import fit
 
     overrides: dict[str, Any] = {
         "batch_size": args.batch_size,

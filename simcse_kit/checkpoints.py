@@ -2,7 +2,7 @@
 
 :class:`Checkpoints` owns a run's ``step-N`` folders (written whole into a temp folder,
 then renamed; the newest :data:`KEEP_CHECKPOINTS` kept) and its best model, so that
-:func:`simcse_kit.trainer.fit` with ``resume=True`` continues exactly where a killed run
+:func:`simcse_kit.loop.fit` with ``resume=True`` continues exactly where a killed run
 stopped. :class:`LoopState` is what the loop has done so far: saved with each checkpoint,
 returned at the end.
 """

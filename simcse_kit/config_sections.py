@@ -34,7 +34,7 @@ class ModelConfig:
     dropout: float | None = option(
         None,
         "Sets every dropout of the encoder, whatever its family calls the keys (the unsup augmentation; "
-        "simcse_kit.architectures); None keeps the model's own rates.",
+        "simcse_kit.encoder_families); None keeps the model's own rates.",
     )
     attn_implementation: str = option(
         "auto",
@@ -137,7 +137,7 @@ class LossConfig:
 
 @dataclass
 class LoopConfig:
-    """The optimisation loop (:func:`simcse_kit.trainer.fit`): what any model trained by
+    """The optimisation loop (:func:`simcse_kit.loop.fit`): what any model trained by
     it needs, text or image."""
 
     learning_rate: float = option(3e-5, "AdamW peak learning rate (linear decay to 0)")

@@ -106,7 +106,7 @@ def _train(cfg: RunConfig, overwrite: bool, train_fn: TrainFn | None) -> dict[st
         if done is not None:
             return done
     if train_fn is None:
-        from simcse_kit.training import train as train_fn
+        from simcse_kit.run import train as train_fn
     return train_fn(cfg.validate(), overwrite=overwrite)
 
 
@@ -139,7 +139,7 @@ def run_seeds(
         seeds: distinct seeds.
         overwrite: retrain seeds whose folder already holds a finished run.
         train_fn: ``train(cfg, overwrite=...) -> metrics`` (default
-            :func:`simcse_kit.training.train`); tests pass a stand-in.
+            :func:`simcse_kit.run.train`); tests pass a stand-in.
         quiet: do not print the table.
 
     Returns:

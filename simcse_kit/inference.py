@@ -18,9 +18,9 @@ import torch
 from huggingface_hub import constants as hub_constants
 from torch import nn
 
-from simcse_kit.architectures import load_pretrained_encoder
 from simcse_kit.config import POOLERS
 from simcse_kit.devices import AUTO_DEVICE, resolve_device
+from simcse_kit.encoder_families import load_pretrained_encoder
 from simcse_kit.errors import ConfigError
 from simcse_kit.model_checks import check_weights, load_checked_tokenizer
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, PreTrainedModel
 
-from simcse_kit import architectures
+from simcse_kit import encoder_families
 from simcse_kit.config import DEFAULT_MODEL, ModelConfig, check_pooling
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import atomic_dir
@@ -134,7 +134,7 @@ class SimCSEModel(nn.Module):
     ``"sdpa"``). The model keeps it because transformers offers no public way to read it
     back, and the packed rows' 4-D mask must come in the form that attention takes.
     What else differs per architecture (segment ids, offset position ids) is read off
-    the encoder by :mod:`simcse_kit.architectures`.
+    the encoder by :mod:`simcse_kit.encoder_families`.
     """
 
     def __init__(
@@ -158,8 +158,8 @@ class SimCSEModel(nn.Module):
         self.attn_implementation = attn_implementation
         # DistilBERT, MPNet and ModernBERT take no segment ids (a BERT tokenizer beside
         # them still makes some); RoBERTa-style positions start at padding_idx + 1.
-        self.takes_token_type_ids = architectures.takes_token_type_ids(encoder)
-        self.position_offset = architectures.position_offset(encoder)
+        self.takes_token_type_ids = encoder_families.takes_token_type_ids(encoder)
+        self.position_offset = encoder_families.position_offset(encoder)
         self.packing = packing and packing_matches(
             encoder, attn_implementation=attn_implementation, dtype=compute_dtype(encoder), position_offset=self.position_offset
         )
@@ -265,29 +265,29 @@ class SimCSEModel(nn.Module):
         try:
             hf_config = AutoConfig.from_pretrained(path)
             if cfg.dropout is not None:  # each family names its dropout keys differently
-                overrides = architectures.dropout_overrides(hf_config.model_type, cfg.dropout)
+                overrides = encoder_families.dropout_overrides(hf_config.model_type, cfg.dropout)
                 hf_config = AutoConfig.from_pretrained(path, **overrides)
-            encoder, attn = architectures.load_pretrained_encoder(path, cfg.attn_implementation, config=hf_config)
+            encoder, attn = encoder_families.load_pretrained_encoder(path, cfg.attn_implementation, config=hf_config)
         except OSError as exc:
             raise ConfigError(f"model.name_or_path {cfg.name_or_path!r}: cannot load a model there ({exc})") from None
         if cfg.dropout is not None:
-            architectures.check_dropout(encoder, cfg.dropout)  # every site, not just the keys we set
+            encoder_families.check_dropout(encoder, cfg.dropout)  # every site, not just the keys we set
         else:
-            architectures.warn_if_no_dropout(encoder)
+            encoder_families.warn_if_no_dropout(encoder)
         # packing None (auto) is resolved per device before a training model is built
         # (training.with_device_defaults); elsewhere auto means the CPU's choice, on.
         packing = cfg.packing is not False
         return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=packing, attn_implementation=attn)
 
     @classmethod
-    def load(cls, path: str | Path, attn_implementation: str = architectures.AUTO, precision: str = "no") -> SimCSEModel:
+    def load(cls, path: str | Path, attn_implementation: str = encoder_families.AUTO, precision: str = "no") -> SimCSEModel:
         """Load a folder written by :meth:`save` (pooler and MLP from its own metadata).
 
         ``attn_implementation="auto"`` tries the implementation the model records it was
-        trained with, then SDPA, then eager (:func:`architectures.load_pretrained_encoder`);
+        trained with, then SDPA, then eager (:func:`encoder_families.load_pretrained_encoder`);
         any other value is required. ``precision`` is the inference precision the model
         will run at: a recorded flash attention is kept only for fp16/bf16
-        (:func:`architectures.inference_attention`). Weights load in fp32.
+        (:func:`encoder_families.inference_attention`). Weights load in fp32.
         """
         path = Path(path)
         meta_file = path / SIMCSE_CONFIG
@@ -295,8 +295,8 @@ class SimCSEModel(nn.Module):
             raise ConfigError(f"{path}: not a simcse-kit model (no {SIMCSE_CONFIG})")
         check_weights(path)  # names a truncated or corrupt file (and an unreadable simcse_config.json)
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        prefer = architectures.inference_attention(meta.get("attn_implementation"), precision)
-        encoder, attn = architectures.load_pretrained_encoder(path, attn_implementation, prefer=prefer)
+        prefer = encoder_families.inference_attention(meta.get("attn_implementation"), precision)
+        encoder, attn = encoder_families.load_pretrained_encoder(path, attn_implementation, prefer=prefer)
         model = cls(encoder, meta["pooler"], meta["mlp"], int(meta["max_seq_len"]), attn_implementation=attn)
         if model.mlp is not None:
             model.mlp.load_state_dict(load_file(str(path / HEAD_WEIGHTS)))

@@ -12,7 +12,7 @@ back into the padded ``[B, T, H]`` layout and pooled as usual.
 This only uses the public ``transformers`` API (``position_ids`` and a prepared 4-D
 attention mask, which BERT-family models take as given). RoBERTa-style embeddings
 number positions from ``padding_idx + 1``; the caller adds that offset
-(:func:`simcse_kit.architectures.position_offset`). Models that do not work this way
+(:func:`simcse_kit.encoder_families.position_offset`). Models that do not work this way
 (DeBERTa-v2 builds its own mask, ModernBERT's sliding window) are detected by
 :func:`packing_matches`, which compares a packed and a padded forward pass, and then
 run padded.
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from simcse_kit.architectures import probe_batch
 from simcse_kit.batch import PLAN_INPUTS
+from simcse_kit.encoder_families import probe_batch
 from simcse_kit.fastpath.dropout import ATTENTION_NAME
 
 logger = logging.getLogger(__name__)
@@ -279,7 +279,7 @@ def packing_matches(
 
     Runs a probe batch of three random sentences (lengths 5, 3 and 2, so two pack into
     one row; longer than a local-attention window where the model has one:
-    :func:`simcse_kit.architectures.probe_batch`) both ways in eval mode, without
+    :func:`simcse_kit.encoder_families.probe_batch`) both ways in eval mode, without
     gradient, and compares the tokens' last hidden states. A model that builds its own
     mask (DeBERTa-v2) or keeps a sliding window a 4-D mask overrides (ModernBERT) fails
     and is run padded.
@@ -293,7 +293,7 @@ def packing_matches(
         dtype: the encoder's compute dtype (for an additive mask).
         position_offset: added to the packed position ids (RoBERTa-style embeddings
             number positions from ``padding_idx + 1``:
-            :func:`simcse_kit.architectures.position_offset`).
+            :func:`simcse_kit.encoder_families.position_offset`).
     """
     pad = getattr(encoder.config, "pad_token_id", None) or 0
     ids, mask = probe_batch(encoder, vocab_size=vocab_size)

@@ -19,12 +19,12 @@ import torch
 from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
 
-from simcse_kit.architectures import max_tokens
 from simcse_kit.batch import VIEW_COLUMNS
 from simcse_kit.config import RunConfig
 from simcse_kit.data import load_train_dataset, mix_datasets
+from simcse_kit.encoder_families import max_tokens
 from simcse_kit.errors import ConfigError
-from simcse_kit.evaluation.readers import PAIR_READERS
+from simcse_kit.evaluation.sts_readers import PAIR_READERS
 from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.modeling import resolve_model_path
 from simcse_kit.objectives import TeacherTargets

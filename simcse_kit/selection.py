@@ -3,7 +3,7 @@
 An evaluator is any callable ``evaluator(model) -> dict[str, float]`` with a
 ``primary_metric`` attribute naming the key that selects the best model (the
 sentence-transformers convention). :class:`Selection` runs it for
-:func:`simcse_kit.trainer.fit` (every ``eval_steps``, at the end and, with
+:func:`simcse_kit.loop.fit` (every ``eval_steps``, at the end and, with
 ``eval_at_start``, on the untouched model), records the metrics and keeps the best model.
 """
 

@@ -2,7 +2,7 @@
 
 A *step* is any callable ``step(model, batch, backward) -> loss`` (:class:`Step`): it
 computes the loss, calls ``backward(loss)`` itself and returns the detached loss. The loop
-(:func:`simcse_kit.trainer.fit`) passes Accelerate's backward (loss scaling, division by
+(:func:`simcse_kit.loop.fit`) passes Accelerate's backward (loss scaling, division by
 the accumulation steps) and knows nothing else about the step: the digits demo trains an
 image encoder through the same contract. Every step here also takes ``backward=None``,
 which means plain ``loss.backward()`` (:func:`backpropagate`), and has ``metrics() ->
@@ -17,9 +17,9 @@ A text run has three steps, all around an :class:`Objective` (the seam
 * :class:`GradCacheStep`: the same loss and gradients for batches larger than activation
   memory allows (the method: :mod:`simcse_kit.gradcache`);
 * :class:`MomentumQueueStep`: the loss with a momentum encoder's past embeddings as extra
-  negatives (the queue: :mod:`simcse_kit.negatives`).
+  negatives (the queue: :mod:`simcse_kit.momentum_queue`).
 
-:func:`simcse_kit.training.make_step` picks one from the config.
+:func:`simcse_kit.run.make_step` picks one from the config.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from simcse_kit.batch import model_inputs, view_rows
 from simcse_kit.config import LossConfig
 from simcse_kit.gradcache import RngState, chunk_slices, effective_negatives, model_chunk
 from simcse_kit.modeling import compute_dtype
-from simcse_kit.negatives import MomentumQueue
+from simcse_kit.momentum_queue import MomentumQueue
 
 __all__ = [
     "Backward",
@@ -198,7 +198,7 @@ class MomentumQueueStep(ObjectiveStep):
     Args:
         objective: gives ``embed``, ``loss(embeddings, batch, queue=)``,
             ``views_per_example`` and ``loss_cfg``.
-        queue: the :class:`~simcse_kit.negatives.MomentumQueue`, built from the online
+        queue: the :class:`~simcse_kit.momentum_queue.MomentumQueue`, built from the online
             model before ``accelerator.prepare``.
         accelerator: optional; gives ``unwrap_model``, ``autocast`` and
             ``sync_gradients`` (the momentum encoder moves once per optimiser step,

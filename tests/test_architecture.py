@@ -25,7 +25,7 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "masks",
         "distributed",
         "batch",
-        "architectures",
+        "encoder_families",
         "precision",
         "devices",
         "pipeline",
@@ -42,16 +42,16 @@ LAYERS: dict[int, tuple[str, ...]] = {
         "inference",
         "steps",
         "objectives",
-        "negatives",
+        "momentum_queue",
         "gradcache",
-        "trainer",
+        "loop",
         "checkpoints",
         "selection",
         "mining",
         "teacher",
     ),
     4: ("evaluation/",),
-    5: ("training", "run_inputs", "run_folder", "export/", "experiments"),
+    5: ("run", "run_inputs", "run_folder", "export/", "experiments"),
     6: ("cli/", "demos/"),
 }
 LAYER_OF = {name.rstrip("/"): layer for layer, names in LAYERS.items() for name in names}
@@ -133,12 +133,12 @@ def test_the_import_scan_itself(tmp_path: Path) -> None:
         "from ..cli import main\n"
         "import torch\n"
         "def f():\n"
-        "    from simcse_kit.training import train\n",
+        "    from simcse_kit.run import train\n",
         encoding="utf-8",
     )
     got = imported_units(path, package=("simcse_kit", "fastpath"))
     assert got == {
-        ("losses", 1), ("fileio", 2), ("config", 2), ("fastpath", 3), ("fastpath", 4), ("cli", 5), ("training", 8),
+        ("losses", 1), ("fileio", 2), ("config", 2), ("fastpath", 3), ("fastpath", 4), ("cli", 5), ("run", 8),
     }  # fmt: skip
 
 

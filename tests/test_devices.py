@@ -159,18 +159,18 @@ def test_a_flash_attention_model_reloads_with_sdpa_for_fp32(
 ) -> None:
     """Flash attention runs only in fp16/bf16: the final STS of a run, ``evaluate``,
     ``export`` and ``mine`` reload the model in fp32 and must not ask for it then."""
-    from simcse_kit import architectures
+    from simcse_kit import encoder_families
     from simcse_kit.inference import load_encoder
 
     folder = saved_simcse_model(tiny_model_dir, tmp_path / "flash", "flash_attention_2")
     asked: list[str | None] = []
-    real = architectures.load_pretrained_encoder
+    real = encoder_families.load_pretrained_encoder
 
     def spy(path: object, attn_implementation: str = "auto", prefer: str | None = None, **kwargs: object) -> object:
         asked.append(prefer)
         return real(path, attn_implementation, prefer=None, **kwargs)  # no flash-attn on a CPU machine
 
-    monkeypatch.setattr(architectures, "load_pretrained_encoder", spy)
+    monkeypatch.setattr(encoder_families, "load_pretrained_encoder", spy)
     SimCSEModel.load(folder)  # fp32, as the run's final STS and export load it
     load_encoder(folder, device="cpu")  # evaluate's default precision: fp32
     SimCSEModel.load(folder, precision="bf16")

@@ -18,7 +18,7 @@ from simcse_kit.config import load_config
 from simcse_kit.data import mix_datasets
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation import DevEvaluator
-from simcse_kit.training import load_training_data
+from simcse_kit.run import load_training_data
 
 
 def corpus(prefix: str, n: int) -> datasets.Dataset:

@@ -27,7 +27,7 @@ from simcse_kit.evaluation.hub import (
     write_hub_copy,
 )
 from simcse_kit.evaluation.mteb import write_mteb_results
-from simcse_kit.evaluation.readers import STSPairs, pairs_from_columns
+from simcse_kit.evaluation.sts_readers import STSPairs, pairs_from_columns
 
 # Official test-pair counts (data README); the full SICK.txt release lacks 21 of SICK-R's 4927.
 SENTEVAL_COUNTS = {

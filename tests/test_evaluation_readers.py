@@ -1,4 +1,4 @@
-"""Tests for simcse_kit.evaluation.readers: STS/STS-B/SICK and transfer-task readers,
+"""Tests for simcse_kit.evaluation.sts_readers: STS/STS-B/SICK and transfer-task readers,
 the suite file, bad-file errors naming file and line, and the official counts."""
 
 from __future__ import annotations

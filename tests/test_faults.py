@@ -166,7 +166,7 @@ def test_a_collapsed_model_is_warned_about_and_never_selected(caplog: pytest.Log
     from torch import nn
 
     from simcse_kit.config import LoopConfig
-    from simcse_kit.trainer import fit, prepare
+    from simcse_kit.loop import fit, prepare
 
     class Evaluator:
         primary_metric = "dev"
@@ -325,7 +325,7 @@ def test_duplicate_yaml_keys_name_the_key_and_both_lines(tiny_run: TinyRun, caps
 
 
 def test_max_steps_zero_means_no_limit(tiny_run: TinyRun) -> None:
-    from simcse_kit.trainer import total_steps
+    from simcse_kit.loop import total_steps
 
     cfg = tiny_run.config("run")
     assert total_steps(cfg.train.__class__(max_steps=0), 10) == total_steps(cfg.train.__class__(max_steps=None), 10) == 10
@@ -484,7 +484,7 @@ def test_a_run_without_a_usable_evaluation_names_no_missing_folder(
     with caplog.at_level("INFO"):
         assert cli_main(["train", str(recipe)]) == 0  # final_eval on: skipped, not a crash at the end
     assert not (out / "best_model").exists()
-    last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.training"][-1]
+    last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.run"][-1]
     assert "best_model" not in last and "without a best model" in last
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["best_stsb_dev"] is None and "best_stsb_dev = -inf" in metrics["non_finite"]["written_as_null"]

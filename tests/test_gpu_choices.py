@@ -10,9 +10,9 @@ import torch
 from conftest import TinyRun
 
 from simcse_kit.errors import ConfigError
-from simcse_kit.negatives import MomentumQueue
+from simcse_kit.momentum_queue import MomentumQueue
 from simcse_kit.precision import check_cuda_flags, set_tf32, tf32_wanted
-from simcse_kit.training import build_model
+from simcse_kit.run import build_model
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_step_guard_on_cuda_reads_the_device_only_on_due_steps(monkeypatch: pyte
 
 def test_due_steps_are_the_loops_log_eval_save_and_last_steps() -> None:
     from simcse_kit.config import LoopConfig
-    from simcse_kit.trainer import due_step
+    from simcse_kit.loop import due_step
 
     cfg = LoopConfig(log_steps=10, eval_steps=25, save_steps=0)
     due = [s for s in range(1, 61) if due_step(cfg, s, n_steps=57)]

@@ -15,10 +15,10 @@ from simcse_kit.batch import views_per_example
 from simcse_kit.config import LoopConfig, LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.gradcache import chunk_slices, effective_negatives
+from simcse_kit.loop import fit, prepare
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.steps import GradCacheStep
-from simcse_kit.trainer import fit, prepare
 
 MODES = [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")]
 

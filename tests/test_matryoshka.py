@@ -16,8 +16,8 @@ from simcse_kit.batch import text_ids
 from simcse_kit.config import LossConfig
 from simcse_kit.errors import ConfigError
 from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.run import load_checked_tokenizer
 from simcse_kit.steps import GradCacheStep
-from simcse_kit.training import load_checked_tokenizer
 
 DIMS, WEIGHTS = [8, 5, 2], [1.0, 0.5, 2.0]
 

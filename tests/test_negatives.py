@@ -18,7 +18,7 @@ from simcse_kit.config import LossConfig, ModelConfig
 from simcse_kit.data import ContrastiveCollator
 from simcse_kit.masks import false_negative_mask, similar_candidate_mask
 from simcse_kit.modeling import SimCSEModel
-from simcse_kit.negatives import MomentumQueue
+from simcse_kit.momentum_queue import MomentumQueue
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.steps import MomentumQueueStep
 
@@ -412,7 +412,7 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
 
     from simcse_kit.checkpoints import Checkpoints
     from simcse_kit.config import LoopConfig
-    from simcse_kit.trainer import fit, make_accelerator, prepare
+    from simcse_kit.loop import fit, make_accelerator, prepare
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -531,7 +531,7 @@ def test_keys_use_bf16_autocast_beside_the_recipes_bf16_model(tiny_model_dir: Pa
     parameters, in fp32; the key forward must still see a bf16 model and run under bf16
     autocast, not fall back to fp32 keys."""
     from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.trainer import param_groups
+    from simcse_kit.loop import param_groups
 
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="none"))
     queue = MomentumQueue(model, size=8, momentum=0.999, dim=32)

@@ -118,7 +118,7 @@ def test_packing_with_fast_dropout_attention(tiny_model_dir: Path) -> None:
 
 def test_roberta_packs_with_offset_positions(tmp_path: Path) -> None:
     """RoBERTa numbers positions from padding_idx + 1: without that offset the probe sees
-    the difference; SimCSEModel adds it (simcse_kit.architectures), so RoBERTa packs, with
+    the difference; SimCSEModel adds it (simcse_kit.encoder_families), so RoBERTa packs, with
     the same vectors as without packing."""
     config = RobertaConfig(
         vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -153,7 +153,7 @@ def test_packing_in_a_bf16_model_with_fp32_tables(tiny_model_dir: Path, attn: st
     """The recipes' bf16 model keeps its embedding tables fp32; the additive mask of eager
     attention must come in the scores' dtype (bf16), not the first parameter's (fp32)."""
     from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.trainer import param_groups
+    from simcse_kit.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = batch_of(tokenizer, mixed_sentences(16))

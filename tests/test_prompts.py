@@ -20,7 +20,7 @@ from simcse_kit.evaluation.retrieval import RetrievalEvaluator
 from simcse_kit.export import export_model
 from simcse_kit.inference import Encoder, load_encoder
 from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel
-from simcse_kit.training import load_training_data, make_loader
+from simcse_kit.run import load_training_data, make_loader
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 # Words the tiny tokenizer knows ("query: " and "passage: " are both [UNK] [UNK] to it), so a

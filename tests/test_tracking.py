@@ -20,13 +20,13 @@ from test_trainer import Toy, mse_step, toy_loader
 
 from simcse_kit.config import LoopConfig, LossConfig, flat_params, load_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.negatives import MomentumQueue
+from simcse_kit.loop import fit, make_accelerator, prepare
+from simcse_kit.momentum_queue import MomentumQueue
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.plots import pyplot, training_curves
 from simcse_kit.run_folder import LOGS, config_differences
 from simcse_kit.steps import GradCacheStep, MomentumQueueStep
 from simcse_kit.tracking import PROJECT, tracker_names
-from simcse_kit.trainer import fit, make_accelerator, prepare
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

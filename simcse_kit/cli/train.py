@@ -12,7 +12,7 @@ from simcse_kit.recipes import find_recipe
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.config import load_config
-    from simcse_kit.training import train
+    from simcse_kit.run import train
 
     cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
     if args.seeds is not None:  # one run per seed in OUTPUT_DIR/seed-N, then mean ± std

@@ -4,7 +4,7 @@ Modules, each with one role:
 
 * :mod:`~simcse_kit.evaluation.suite` — the STS suite: the paper's seven tasks read from
   the shipped ``evaluate/sts.yaml`` (:func:`default_suite`), or any suite file;
-* :mod:`~simcse_kit.evaluation.readers` — STS / STS-B / SICK files;
+* :mod:`~simcse_kit.evaluation.sts_readers` — STS / STS-B / SICK files;
 * :mod:`~simcse_kit.evaluation.transfer_readers` — the SentEval transfer-task files;
 * :mod:`~simcse_kit.evaluation.encoding` — encode each distinct sentence once;
 * :mod:`~simcse_kit.evaluation.sts` — Spearman scoring, :class:`STSEvaluator`, and
@@ -33,9 +33,9 @@ from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once, encode
 from simcse_kit.evaluation.geometry import alignment, pair_alignment_uniformity, plot_trajectory, uniformity
 from simcse_kit.evaluation.hub import HUB_DATASETS, HubSTSEvaluator
 from simcse_kit.evaluation.mteb import write_mteb_results
-from simcse_kit.evaluation.readers import STSPairs, load_task, read_sick, read_sts_subset, read_stsb
 from simcse_kit.evaluation.retrieval import RetrievalDevEvaluator, RetrievalEvaluator, retrieval_metrics
 from simcse_kit.evaluation.sts import DevEvaluator, STSEvaluator, spearman100, sts_alignment_uniformity
+from simcse_kit.evaluation.sts_readers import STSPairs, load_task, read_sick, read_sts_subset, read_stsb
 from simcse_kit.evaluation.suite import MAIN_TASKS, TaskSpec, default_suite, load_suite, stsb_split_path
 from simcse_kit.evaluation.tables import (
     RETRIEVAL_COLUMNS,

@@ -18,9 +18,9 @@ from simcse_kit.devices import resolve_device
 from simcse_kit.evaluation.encoding import Encode, prompted, truncated
 from simcse_kit.evaluation.hub import HubSTSEvaluator
 from simcse_kit.evaluation.mteb import mteb_retrieval_result, write_mteb_results
-from simcse_kit.evaluation.readers import STSPairs
 from simcse_kit.evaluation.retrieval import RetrievalEvaluator
 from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
+from simcse_kit.evaluation.sts_readers import STSPairs
 from simcse_kit.evaluation.suite import TaskSpec, load_suite
 from simcse_kit.fileio import write_json_atomic
 from simcse_kit.inference import load_encoder

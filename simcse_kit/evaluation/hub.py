@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from simcse_kit.errors import DataError, where
-from simcse_kit.evaluation.readers import STSPairs, load_task, pairs_from_columns, read_sick, read_sts_subset, read_stsb
 from simcse_kit.evaluation.sts import STSEvaluator
+from simcse_kit.evaluation.sts_readers import STSPairs, load_task, pairs_from_columns, read_sick, read_sts_subset, read_stsb
 from simcse_kit.evaluation.suite import TaskSpec, default_suite
 from simcse_kit.fileio import write_text_atomic
 
@@ -95,7 +95,7 @@ def load_hub_pairs(name: str, hub_root: Path | str | None = None) -> STSPairs:
         KeyError: ``name`` is not a hub task.
         DataError: The dataset cannot be loaded, lacks a column of
             :data:`HUB_COLUMNS`, or holds a bad row (see
-            :func:`~simcse_kit.evaluation.readers.pairs_from_columns`).
+            :func:`~simcse_kit.evaluation.sts_readers.pairs_from_columns`).
     """
     import datasets  # slow to import; only this path needs it
 

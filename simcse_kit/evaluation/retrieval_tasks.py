@@ -32,7 +32,7 @@ from pathlib import Path
 
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.beir import write_beir
-from simcse_kit.evaluation.readers import read_sick, read_stsb
+from simcse_kit.evaluation.sts_readers import read_sick, read_stsb
 from simcse_kit.fileio import read_lines
 
 __all__ = ["RETRIEVAL_TASKS", "SIMILAR_THRESHOLD", "build_retrieval_tasks", "pair_task"]

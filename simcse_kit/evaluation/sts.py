@@ -25,7 +25,7 @@ from scipy.stats import spearmanr
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once
 from simcse_kit.evaluation.geometry import pair_alignment_uniformity
-from simcse_kit.evaluation.readers import PAIR_READERS, STSPairs, load_task
+from simcse_kit.evaluation.sts_readers import PAIR_READERS, STSPairs, load_task
 from simcse_kit.evaluation.suite import MAIN_TASKS, TaskSpec, default_suite, stsb_split_path
 
 __all__ = [
@@ -253,7 +253,7 @@ class DevEvaluator:
         data_dir: The SentEval-layout data folder.
         batch_size: Sentences per ``encode`` call.
         path: The dev file instead of ``STS/STSBenchmark/sts-dev.csv``.
-        fmt: Its format, a key of :data:`~simcse_kit.evaluation.readers.PAIR_READERS`.
+        fmt: Its format, a key of :data:`~simcse_kit.evaluation.sts_readers.PAIR_READERS`.
 
     Raises:
         DataError: The dev file is missing or malformed.

@@ -4,7 +4,7 @@ Every file goes through :func:`simcse_kit.fileio.read_lines`; SentEval's transfe
 is the one exception to strict UTF-8, since some of it predates it
 (``TREC/train_5500.label``): those files are decoded whole as Latin-1 when they are not
 UTF-8. Sentences are whitespace-normalised as the STS readers' are
-(:func:`~simcse_kit.evaluation.readers.normalize_whitespace`).
+(:func:`~simcse_kit.evaluation.sts_readers.normalize_whitespace`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from simcse_kit.errors import DataError, where
-from simcse_kit.evaluation.readers import normalize_whitespace
+from simcse_kit.evaluation.sts_readers import normalize_whitespace
 from simcse_kit.fileio import read_lines
 
 __all__ = ["TRANSFER_TASKS", "TransferTask", "load_transfer_task"]

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from simcse_kit.architectures import probe_batch
+from simcse_kit.encoder_families import probe_batch
 from simcse_kit.fastpath import internals
 
 logger = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def enable_fast_dropout(model: nn.Module) -> int:
     :func:`fast_dropout_attention`, where verified.
 
     The check, per architecture, is packing's: each Hugging Face sub-model encodes a
-    probe batch (:func:`simcse_kit.architectures.probe_batch`, longer than a local
+    probe batch (:func:`simcse_kit.encoder_families.probe_batch`, longer than a local
     attention window) in eval mode before and after; any difference, or an error,
     restores the model's own dropout modules and attention and logs why. A model whose
     attention is its own code (MPNet, DeBERTa-v2) keeps it; its probability dropout is

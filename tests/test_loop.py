@@ -1,4 +1,4 @@
-"""The loop alone (``simcse_kit.trainer``) on a toy model and a synthetic step: the loss
+"""The loop alone (``simcse_kit.loop``) on a toy model and a synthetic step: the loss
 falls, accumulation equals a big batch, evaluations pick the best model, checkpoints keep
 two and own the best model, and a crash + resume ends exactly as an uninterrupted run."""
 
@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from simcse_kit.checkpoints import LOOP_STATE, Checkpoints, LoopState, latest_checkpoint
 from simcse_kit.config import LoopConfig
-from simcse_kit.trainer import fit, make_accelerator, prepare
+from simcse_kit.loop import fit, make_accelerator, prepare
 
 N_EXAMPLES = 40
 

@@ -20,10 +20,10 @@ from simcse_kit.config import LoopConfig, LossConfig, ModelConfig, load_config
 from simcse_kit.data import ContrastiveCollator, load_train_dataset
 from simcse_kit.evaluation import STSEvaluator
 from simcse_kit.inference import Encoder, load_encoder
+from simcse_kit.loop import fit, prepare
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.trainer import fit, prepare
-from simcse_kit.training import EVAL_BATCH_SIZE, build_run, train
+from simcse_kit.run import EVAL_BATCH_SIZE, build_run, train
 
 
 @pytest.mark.parametrize(

@@ -37,8 +37,9 @@ from simcse_kit.fileio import write_json_atomic
 from simcse_kit.guards import StopSignals
 from simcse_kit.heap import HeapChoice, apply_mmap_threshold
 from simcse_kit.inference import Encoder
+from simcse_kit.loop import Prepared, fit, make_accelerator, prepare
 from simcse_kit.modeling import SimCSEModel
-from simcse_kit.negatives import MomentumQueue
+from simcse_kit.momentum_queue import MomentumQueue
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.pipeline import loader_options
 from simcse_kit.plots import plot_training_curves
@@ -48,7 +49,6 @@ from simcse_kit.run_inputs import load_checked_tokenizer, load_teacher, load_tra
 from simcse_kit.steps import GradCacheStep, MomentumQueueStep, Step
 from simcse_kit.teacher import TeacherTable
 from simcse_kit.tracking import start_tracking, stop_tracking, tracker_names
-from simcse_kit.trainer import Prepared, fit, make_accelerator, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Run(Prepared):
     """A text run wired and not yet run (:func:`build_run`).
 
     The accelerator with the prepared model, AdamW, schedule and loader (the fields of
-    :class:`~simcse_kit.trainer.Prepared`: ``fit(run, run.step, run.cfg.train)`` trains
+    :class:`~simcse_kit.loop.Prepared`: ``fit(run, run.step, run.cfg.train)`` trains
     it), plus what a text run adds around the loop.
 
     Attributes:
@@ -354,7 +354,7 @@ def make_step(cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective, ac
     """
     if cfg.train.grad_cache_chunk > 0:  # big batches: chunk-wise encoder backward, same gradients
         return GradCacheStep(objective, cfg.train.grad_cache_chunk, accelerator)
-    if cfg.loss.queue_size > 0:  # MoCo-style negatives (simcse_kit.negatives)
+    if cfg.loss.queue_size > 0:  # MoCo-style negatives (simcse_kit.momentum_queue)
         queue = MomentumQueue(model, cfg.loss.queue_size, cfg.loss.momentum, model.encoder.config.hidden_size)
         accelerator.register_for_checkpointing(queue)
         logger.info("momentum queue: %d negatives, momentum %.4f", cfg.loss.queue_size, cfg.loss.momentum)
