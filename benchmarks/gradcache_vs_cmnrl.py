@@ -7,7 +7,7 @@ that only one mini-batch's activations live at a time:
 
 * simcse-kit: the unsup recipe (train/unsup.yaml) with ``train.grad_cache_chunk`` =
   ``--chunk`` rows, built as a run builds it (``simcse_kit.run.build_run``, through
-  ``_common.kit_recipe_run``: the step is a ``GradCacheStep``), then ``trainer.fit``;
+  ``_common.kit_recipe_run``: the step is a ``GradCacheStep``), then ``loop.fit``;
 * sentence-transformers: ``SentenceTransformerTrainer`` with
   ``CachedMultipleNegativesRankingLoss(scale=20, mini_batch_size=--chunk)`` on
   ``(anchor, positive)`` = the same sentence twice (its documented unsupervised-SimCSE

@@ -417,6 +417,23 @@ def gpu_table() -> str:
     return "\n".join(rows)
 
 
+def gpu_headline() -> str:
+    """The README's GPU sentence: the like-for-like runs (both sides clip, same workers)."""
+    lines = []
+    for path in sorted(RESULTS.glob("gpu-*-clip.json")):
+        rec = json.loads(path.read_text())
+        for job, data in rec["jobs"].items():
+            for key, r in data["summary"].items():
+                if "/" in key:
+                    kit, peer = key.split("/")
+                    lines.append(
+                        f"- {rec['device']}, {job}: simcse-kit (`{kit}`) trains at **{r['median']:.2f}x** "
+                        f"({r['min']:.2f}–{r['max']:.2f}) the sentence-transformers trainer (`{peer}`, bf16), "
+                        f"same DataLoader workers and gradient clipping (median of {r['n']} paired rounds)."
+                    )
+    return "\n".join(lines)
+
+
 def gpu_syncs_table() -> str:
     """benchmarks/gpu.py --sync-debug: device-to-host reads per timed step, and where."""
     rows = [
@@ -446,6 +463,7 @@ BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {
     "gradcache-rss": (gradcache_rss_table, BENCH),
     "gradcache-vs-cmnrl": (gradcache_vs_cmnrl_table, BENCH),
     "gpu": (gpu_table, BENCH),
+    "gpu-headline": (gpu_headline, README),
     "gpu-syncs": (gpu_syncs_table, BENCH),
 }
 FILES = (BENCH, README)

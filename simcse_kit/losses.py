@@ -28,12 +28,13 @@ Numerics (part of the contract):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from simcse_kit import masks
 
 __all__ = [
     "contrastive_loss",
@@ -43,10 +44,7 @@ __all__ = [
     "info_nce",
     "info_nce_views",
     "matryoshka_loss",
-    "self_mask",
     "supcon",
-    "view_labels",
-    "weight_bias",
 ]
 
 
@@ -263,31 +261,6 @@ def matryoshka_loss(
     return torch.stack(terms).sum()
 
 
-def weight_bias(columns: torch.Tensor, n_columns: int, weight: float, like: torch.Tensor) -> torch.Tensor | None:
-    """The ``logit_bias`` that weights candidate ``columns[i]`` of anchor ``i`` by ``weight``.
-
-    ``log(weight)`` at ``(i, columns[i])``, 0 elsewhere: in the softmax denominator that
-    candidate's ``exp(cos / tau)`` becomes ``weight * exp(cos / tau)``.
-
-    Args:
-        columns: ``[N]`` int64 column per anchor.
-        n_columns: ``M``, the number of candidates.
-        weight: alpha > 0.
-        like: a tensor giving device and (at least fp32) dtype.
-
-    Returns:
-        ``[N, M]`` bias, or None when ``weight == 1`` (nothing to add).
-    """
-    if weight <= 0:
-        raise ValueError(f"hard_negative_weight must be > 0, got {weight}")
-    if weight == 1.0:
-        return None
-    dtype = torch.promote_types(like.dtype, torch.float32)
-    bias = torch.zeros(columns.shape[0], n_columns, dtype=dtype, device=like.device)
-    bias[torch.arange(columns.shape[0], device=like.device), columns.to(like.device)] = math.log(weight)
-    return bias
-
-
 def info_nce(
     anchors: torch.Tensor,
     positives: torch.Tensor,
@@ -336,24 +309,10 @@ def info_nce(
             raise ValueError(f"hard_negatives has {hard_negatives.shape[0]} rows, positives {m}")
         dtype = torch.promote_types(positives.dtype, hard_negatives.dtype)
         candidates = torch.cat([positives.to(dtype), hard_negatives.to(dtype)])
-        bias = weight_bias(positive_index + m, 2 * m, hard_negative_weight, anchors)
+        bias = masks.weight_bias(positive_index + m, 2 * m, hard_negative_weight, anchors)
     return contrastive_loss(
         anchors, candidates, temperature=temperature, positive_index=positive_index, exclude=exclude, logit_bias=bias
     )
-
-
-def view_labels(n_rows: int, offset: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
-    """Positive index for a batch ordered ``[a, a, b, b, ...]``: ``[1, 0, 3, 2, ...] + offset``."""
-    if n_rows % 2:
-        raise ValueError(f"a 2N-view batch needs an even number of rows, got {n_rows}")
-    return (torch.arange(n_rows, device=device) ^ 1) + offset
-
-
-def self_mask(n_rows: int, n_columns: int, offset: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
-    """``[N, M]`` bool, True at ``(i, offset + i)``: each anchor's own row among the candidates."""
-    rows = torch.arange(n_rows, device=device)
-    columns = torch.arange(n_columns, device=device)
-    return columns[None, :] == rows[:, None] + offset  # no index assignment: no device read-back
 
 
 def info_nce_views(
@@ -384,8 +343,8 @@ def info_nce_views(
     """
     ref = embeddings if ref_embeddings is None else ref_embeddings
     n = embeddings.shape[0]
-    positive = view_labels(n, offset, embeddings.device)
-    mask = self_mask(n, ref.shape[0], offset, embeddings.device)
+    positive = masks.view_labels(n, offset, embeddings.device)
+    mask = masks.self_mask(n, ref.shape[0], offset, embeddings.device)
     if exclude is not None:
         mask |= exclude
     return contrastive_loss(embeddings, ref, temperature=temperature, positive_index=positive, exclude=mask)
@@ -435,6 +394,6 @@ def supcon(
         positive_mask = labels.view(-1, 1) == ref_labels.view(1, -1)
     if positive_mask.shape != (n, r):
         raise ValueError(f"positive_mask must be {(n, r)}, got {tuple(positive_mask.shape)}")
-    own = self_mask(n, r, offset, embeddings.device)
+    own = masks.self_mask(n, r, offset, embeddings.device)
     positive_mask = positive_mask.to(device=embeddings.device, dtype=torch.bool) & ~own
     return contrastive_loss(embeddings, ref, temperature=temperature, positive_mask=positive_mask, exclude=own, variant=variant)

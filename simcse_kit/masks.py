@@ -1,4 +1,8 @@
-"""False-negative masks: which in-batch candidates must not count as an anchor's negatives.
+"""The masks and labels of a batch's contrastive problem: each anchor's positive column
+(:func:`view_labels`), its own row (:func:`self_mask`), a weighted column
+(:func:`weight_bias`), and false negatives, which in-batch candidates must not count as an
+anchor's negatives. All are built by comparing index ranges, never by index assignment
+(which on CUDA reads the device back).
 
 In-batch negatives assume every other row is a different sentence. When a batch holds
 the same text twice (a duplicated corpus line, an NLI premise with two hypotheses, a hard
@@ -16,9 +20,11 @@ Like :mod:`simcse_kit.losses` this module imports only torch.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["false_negative_mask", "similar_candidate_mask"]
+__all__ = ["false_negative_mask", "self_mask", "similar_candidate_mask", "view_labels", "weight_bias"]
 
 
 def false_negative_mask(
@@ -96,3 +102,42 @@ def similar_candidate_mask(
     if self_index is not None:
         mask[rows, self_index.to(mask.device)] = False
     return mask
+
+
+def view_labels(n_rows: int, offset: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
+    """Positive index for a batch ordered ``[a, a, b, b, ...]``: ``[1, 0, 3, 2, ...] + offset``."""
+    if n_rows % 2:
+        raise ValueError(f"a 2N-view batch needs an even number of rows, got {n_rows}")
+    return (torch.arange(n_rows, device=device) ^ 1) + offset
+
+
+def self_mask(n_rows: int, n_columns: int, offset: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
+    """``[N, M]`` bool, True at ``(i, offset + i)``: each anchor's own row among the candidates."""
+    rows = torch.arange(n_rows, device=device)
+    columns = torch.arange(n_columns, device=device)
+    return columns[None, :] == rows[:, None] + offset  # no index assignment: no device read-back
+
+
+def weight_bias(columns: torch.Tensor, n_columns: int, weight: float, like: torch.Tensor) -> torch.Tensor | None:
+    """The ``logit_bias`` that weights candidate ``columns[i]`` of anchor ``i`` by ``weight``.
+
+    ``log(weight)`` at ``(i, columns[i])``, 0 elsewhere: in the softmax denominator that
+    candidate's ``exp(cos / tau)`` becomes ``weight * exp(cos / tau)``.
+
+    Args:
+        columns: ``[N]`` int64 column per anchor.
+        n_columns: ``M``, the number of candidates.
+        weight: alpha > 0.
+        like: a tensor giving device and (at least fp32) dtype.
+
+    Returns:
+        ``[N, M]`` bias, or None when ``weight == 1`` (nothing to add).
+    """
+    if weight <= 0:
+        raise ValueError(f"hard_negative_weight must be > 0, got {weight}")
+    if weight == 1.0:
+        return None
+    dtype = torch.promote_types(like.dtype, torch.float32)
+    at = torch.arange(n_columns, device=like.device)[None, :] == columns.to(like.device)[:, None]
+    # masked_fill, not an index assignment: on CUDA that would read the device back.
+    return torch.zeros(columns.shape[0], n_columns, dtype=dtype, device=like.device).masked_fill(at, math.log(weight))

@@ -275,7 +275,7 @@ class SimCSEModel(nn.Module):
         else:
             encoder_families.warn_if_no_dropout(encoder)
         # packing None (auto) is resolved per device before a training model is built
-        # (training.with_device_defaults); elsewhere auto means the CPU's choice, on.
+        # (run_folder.with_device_defaults); elsewhere auto means the CPU's choice, on.
         packing = cfg.packing is not False
         return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=packing, attn_implementation=attn)
 

@@ -194,17 +194,17 @@ class SimCSEObjective:
             candidates = torch.cat([candidates, queue[0].to(candidates.dtype)])
         n, m, device = anchors.shape[0], candidates.shape[0], anchors.device
         local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
-        positive = losses.view_labels(n, offset, device) if form.all_rows else local
+        positive = masks.view_labels(n, offset, device) if form.all_rows else local
         itself = local if form.excludes_self else None
         exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, itself)
         exclude = self.drop_similar(anchors, candidates, positive, itself, exclude)
         if itself is not None:  # no row is its own negative
-            own = losses.self_mask(n, m, offset, device)
+            own = masks.self_mask(n, m, offset, device)
             exclude = own if exclude is None else own | exclude
         bias = None  # alpha on each anchor's own row of the weighted view, whole blocks after its positive
         if form.weighted_block is not None:
             column = positive + form.weighted_block * block_rows
-            bias = losses.weight_bias(column, m, self.loss_cfg.hard_negative_weight, anchors)
+            bias = masks.weight_bias(column, m, self.loss_cfg.hard_negative_weight, anchors)
         simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
         if self.teacher is None:
             return simcse

@@ -110,15 +110,15 @@ def test_bf16_masters_are_built_where_the_model_trains(monkeypatch: pytest.Monke
     """On CUDA, masters built before the model moves stay on the CPU and the first
     optimiser step fails. On the CPU nothing moves, so the test records the order: the
     model goes to the accelerator's device, then the masters are built from it."""
-    from test_trainer import Toy, mse_step, toy_loader
+    from test_loop import Toy, mse_step, toy_loader
 
-    from simcse_kit import trainer
+    from simcse_kit import loop
     from simcse_kit.config import LoopConfig
     from simcse_kit.fastpath.bf16 import MasterWeightAdamW
 
     events: list[str] = []
     model = Toy(dropout=0.0)
-    real_to, real_bf16 = model.to, trainer.bf16_training
+    real_to, real_bf16 = model.to, loop.bf16_training
 
     def to(*args: object, **kwargs: object) -> torch.nn.Module:
         events.append(f"to {args[0] if args else kwargs}")
@@ -129,10 +129,10 @@ def test_bf16_masters_are_built_where_the_model_trains(monkeypatch: pytest.Monke
         return real_bf16(m, *args, **kwargs)
 
     monkeypatch.setattr(model, "to", to)
-    monkeypatch.setattr(trainer, "bf16_training", bf16_training)
+    monkeypatch.setattr(loop, "bf16_training", bf16_training)
     cfg = LoopConfig(mixed_precision="bf16", bf16_weights=True, max_steps=2, eval_steps=0, progress_bar=False)
-    accelerator = trainer.make_accelerator(cfg)
-    trainer.fit(trainer.prepare(model, toy_loader(), cfg, accelerator), mse_step, cfg)
+    accelerator = loop.make_accelerator(cfg)
+    loop.fit(loop.prepare(model, toy_loader(), cfg, accelerator), mse_step, cfg)
     assert "masters" in events
     assert events.index(f"to {accelerator.device}") < events.index("masters"), events
 

@@ -110,24 +110,24 @@ def test_word_repetition_run_resumes_exactly(tiny_run: TinyRun, monkeypatch: pyt
     """The repetitions are drawn from the run seed and each batch's texts, so a crash and
     ``--resume`` redraw exactly those of an uninterrupted run (the loader's order is what
     the checkpoint restores)."""
-    from simcse_kit import training
+    from simcse_kit import run
 
     options = {"word_repetition": 0.32, "save_steps": 4}
     ref = tiny_run.train("ref", **options)
-    calls, real = {"n": 0}, training.ModelEvaluator.__call__
+    calls, real = {"n": 0}, run.ModelEvaluator.__call__
 
-    def crash_at_the_fourth_eval(self: training.ModelEvaluator, model: object) -> dict[str, float]:
+    def crash_at_the_fourth_eval(self: run.ModelEvaluator, model: object) -> dict[str, float]:
         calls["n"] += 1
         if calls["n"] == 4:  # step 9: after the checkpoint at step 8
             raise Crash
         return real(self, model)  # type: ignore[arg-type]
 
     with monkeypatch.context() as patch:
-        patch.setattr(training.ModelEvaluator, "__call__", crash_at_the_fourth_eval)
+        patch.setattr(run.ModelEvaluator, "__call__", crash_at_the_fourth_eval)
         with pytest.raises(Crash):
             tiny_run.train("cut", **options)
     cfg = tiny_run.config("cut", **options)
-    got = training.train(cfg, resume=True)
+    got = run.train(cfg, resume=True)
     assert got["losses"] == ref["losses"] and got["evals"] == ref["evals"]
     assert got["best_step"] == ref["best_step"] and got["sts"] == ref["sts"]
     # Off, the same run trains on other batches: the option changed what was computed.

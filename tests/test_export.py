@@ -526,7 +526,7 @@ def test_push_to_hub(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.Monkey
 
 
 def make_run(tmp_path: Path, base: Path) -> Path:
-    """A run folder as ``training.train`` leaves it (config.yaml, metrics.json, best_model/)."""
+    """A run folder as ``run.train`` leaves it (config.yaml, metrics.json, best_model/)."""
     run = tmp_path / "run"
     train_and_save(base, "avg_first_last", "train", run / "best_model")
     cfg = RunConfig()

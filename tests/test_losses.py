@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from simcse_kit import losses
+from simcse_kit import losses, masks
 
 SIMS = [0.5, 0.25, -0.45, -0.1]
 
@@ -160,13 +160,13 @@ def test_contrastive_loss_matches_naive_loop(dtype: torch.dtype, variant: str) -
 
 
 def test_weight_bias_is_log_alpha_on_one_column_per_row() -> None:
-    bias = losses.weight_bias(torch.tensor([2, 0]), 4, 3.0, torch.zeros(1))
+    bias = masks.weight_bias(torch.tensor([2, 0]), 4, 3.0, torch.zeros(1))
     want = torch.zeros(2, 4)
     want[0, 2] = want[1, 0] = math.log(3.0)
     assert torch.equal(bias, want)
-    assert losses.weight_bias(torch.tensor([2, 0]), 4, 1.0, torch.zeros(1)) is None  # alpha = 1: nothing added
+    assert masks.weight_bias(torch.tensor([2, 0]), 4, 1.0, torch.zeros(1)) is None  # alpha = 1: nothing added
     with pytest.raises(ValueError, match="hard_negative_weight"):
-        losses.weight_bias(torch.tensor([0]), 1, 0.0, torch.zeros(1))
+        masks.weight_bias(torch.tensor([0]), 1, 0.0, torch.zeros(1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
@@ -184,7 +184,7 @@ def test_info_nce_matches_naive_loop(dtype: torch.dtype) -> None:
 
 
 def test_views_matches_naive_loop_and_labels() -> None:
-    assert losses.view_labels(6).tolist() == [1, 0, 3, 2, 5, 4]
+    assert masks.view_labels(6).tolist() == [1, 0, 3, 2, 5, 4]
     g = torch.Generator().manual_seed(1)
     z = torch.randn(8, 5, generator=g, dtype=torch.float64)
     for tau in (0.5, 0.05):

@@ -1,5 +1,5 @@
 """Tiny random BERT trains in all three modes through the real loop (the loss falls), and a
-tiny run through ``training.train`` leaves the run folder it promises."""
+tiny run through ``run.train`` leaves the run folder it promises."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import yaml
 from conftest import TinyRun
 from matplotlib.image import imread
-from test_trainer import Toy, mse_step, toy_loader
+from test_loop import Toy, mse_step, toy_loader
 
 from simcse_kit.config import LoopConfig, LossConfig, flat_params, load_config
 from simcse_kit.errors import ConfigError
