@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import logging
 import random
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,7 +25,7 @@ import torch
 
 from simcse_kit.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
 from simcse_kit.errors import DataError, where
-from simcse_kit.fileio import read_lines
+from simcse_kit.fileio import read_json_objects, read_lines
 from simcse_kit.packing import plan_batch
 
 logger = logging.getLogger(__name__)
@@ -78,15 +77,7 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
     path = Path(path)
     rows: list[dict[str, str]] = []
     if path.suffix.lower() in (".jsonl", ".json"):
-        for number, line in read_lines(path):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{where(path, number)}: expected a JSON object with keys {list(columns)}")
+        for number, obj in read_json_objects(path, keys=f" with keys {list(columns)}"):
             rows.append(_check_row(path, number, obj, columns))
     else:
         lines = read_lines(path)

@@ -81,6 +81,28 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
     return [(number, line[:-1] if line.endswith("\r") else line) for number, line in enumerate(lines, start=1)]
 
 
+def read_json_objects(path: str | Path, what: str = "file", keys: str = "") -> list[tuple[int, dict[str, Any]]]:
+    """``(line_number, object)`` for every non-blank line of a JSONL file.
+
+    Raises:
+        DataError: a line that is not valid JSON, or not a JSON object (``keys`` says
+            which keys one should have, for the message).
+    """
+    path = Path(path)
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for number, text in read_lines(path, what):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{where(path, number)}: expected a JSON object{keys}, got {type(obj).__name__}")
+        rows.append((number, obj))
+    return rows
+
+
 def nearest_existing(path: str | Path) -> Path:
     """``path`` or its nearest ancestor that exists."""
     path = Path(path).absolute()

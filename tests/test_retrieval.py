@@ -156,7 +156,7 @@ def test_read_beir_title_joined_as_beir(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("file", "text", "message"),
     [
-        ("corpus.jsonl", '{"_id": "d0", "text": "a"}\n{"_id": "d1", "text": \n', r"corpus.jsonl, line 2: not a JSON object"),
+        ("corpus.jsonl", '{"_id": "d0", "text": "a"}\n{"_id": "d1", "text": \n', r"corpus.jsonl, line 2: not valid JSON"),
         ("corpus.jsonl", '{"_id": "d0", "text": "a"}\n{"_id": "d0", "text": "b"}\n', r"line 2: duplicate _id 'd0'"),
         ("corpus.jsonl", '{"text": "a"}\n', r"corpus.jsonl, line 1: missing or empty '_id'"),
         ("queries.jsonl", '{"_id": "q0", "text": 3}\n', r"queries.jsonl, line 1: 'text' must be a string"),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simcse_kit.errors import DataError, where
-from simcse_kit.fileio import read_lines, write_text_atomic
+from simcse_kit.fileio import read_json_objects, read_lines, write_text_atomic
 
 __all__ = ["RetrievalTask", "read_beir", "write_beir"]
 
@@ -51,15 +51,7 @@ class RetrievalTask:
 def _jsonl(path: Path, what: str, fields: tuple[str, ...]) -> dict[str, dict[str, str]]:
     """id -> row of a JSONL file whose rows carry ``_id`` and the string ``fields``."""
     rows: dict[str, dict[str, str]] = {}
-    for line, text in read_lines(path, what):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where(path, line)}: not a JSON object ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where(path, line)}: expected a JSON object, got {type(row).__name__}")
+    for line, row in read_json_objects(path, what):
         doc_id = row.get("_id")
         if not isinstance(doc_id, str | int) or isinstance(doc_id, bool) or str(doc_id) == "":
             raise DataError(f"{where(path, line)}: missing or empty '_id'")
