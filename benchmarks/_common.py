@@ -388,27 +388,23 @@ def emit(result: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], Any]) -> dict[str, float]:
-    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it.
-
-    ``args`` needs ``batch_size``, ``max_seq_len``, ``precision`` (``bf16`` or ``fp32``),
-    ``warmup`` and ``steps``; its own defaults otherwise (fused AdamW, clipping at 1.0).
-    Returns :meth:`TimedCollator.rate` over ``steps`` steps after ``warmup``.
-    """
+def st_pair_trainer(
+    model: Any, sents: list[str], batch_size: int, max_steps: int, loss: Any, *, bf16: bool, cpu: bool,
+    workers: int = 0, callbacks: Sequence[Any] = (),
+) -> Any:
+    """sentence-transformers' trainer on ``(s, s)`` pairs (its documented unsupervised SimCSE)
+    with its own defaults otherwise (fused AdamW, clipping at 1.0); nothing saved or logged."""
     import datasets
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
-    from simcse_kit.modeling import resolve_model_path
-
-    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
-    model.max_seq_length = args.max_seq_len
     train_args = SentenceTransformerTrainingArguments(
         output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=args.batch_size,
-        max_steps=args.warmup + args.steps + 2,
+        per_device_train_batch_size=batch_size,
+        max_steps=max_steps,
         learning_rate=3e-5,
-        bf16=args.precision == "bf16",
-        use_cpu=True,
+        bf16=bf16,
+        use_cpu=cpu,
+        dataloader_num_workers=workers,
         save_strategy="no",
         report_to="none",
         logging_steps=10**9,
@@ -416,12 +412,29 @@ def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], A
         dataloader_drop_last=True,
         seed=42,
     )
-    trainer = SentenceTransformerTrainer(
+    return SentenceTransformerTrainer(
         model=model,
         args=train_args,
         train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
-        loss=make_loss(model),
+        loss=loss,
+        callbacks=list(callbacks),
     )
+
+
+def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], Any]) -> dict[str, float]:
+    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it.
+
+    ``args`` needs ``batch_size``, ``max_seq_len``, ``precision`` (``bf16`` or ``fp32``),
+    ``warmup`` and ``steps``. Returns :meth:`TimedCollator.rate` over ``steps`` steps after ``warmup``.
+    """
+    from sentence_transformers import SentenceTransformer
+
+    from simcse_kit.modeling import resolve_model_path
+
+    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
+    model.max_seq_length = args.max_seq_len
+    max_steps = args.warmup + args.steps + 2
+    trainer = st_pair_trainer(model, sents, args.batch_size, max_steps, make_loss(model), bf16=args.precision == "bf16", cpu=True)
     collator = TimedCollator(
         trainer.data_collator,
         lambda b: (

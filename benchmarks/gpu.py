@@ -58,6 +58,7 @@ from benchmarks._common import (
     save_results,
     setup_threads,
     spread,
+    st_pair_trainer,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -267,8 +268,7 @@ def run_kit(
 
 def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse.Namespace) -> dict[str, Any]:
     """The sentence-transformers trainer with MultipleNegativesRankingLoss on (s, s)."""
-    import datasets
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import SentenceTransformer
     from transformers import TrainerCallback
 
     try:  # sentence-transformers 6's home of the losses; older releases have only the other
@@ -286,27 +286,9 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
         def on_step_begin(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             clock.at(state.global_step)  # the start of the step after global_step finished ones
 
-    train_args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=job.batch_size,
-        max_steps=total,
-        learning_rate=3e-5,
-        bf16=on_gpu,
-        use_cpu=not on_gpu,
-        dataloader_num_workers=workers,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10**9,
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-        seed=42,
-    )
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
-        loss=MultipleNegativesRankingLoss(model),
-        callbacks=[Clock()],
+    trainer = st_pair_trainer(
+        model, sents, job.batch_size, total, MultipleNegativesRankingLoss(model),
+        bf16=on_gpu, cpu=not on_gpu, workers=workers, callbacks=[Clock()],
     )
     reset_peak()
     trainer.train()
