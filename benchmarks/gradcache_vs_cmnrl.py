@@ -51,6 +51,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ from benchmarks._common import (
     st_pair_throughput,
 )
 from benchmarks._harness import add_options, chosen, difference, forwarded, keep, start, summary_of, values
+from benchmarks.report import gradcache_vs_cmnrl_table
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-auto")
 # kit-auto with train.mmap_threshold_mib 2 (freed blocks of 2 MiB or more go back to the OS).
@@ -168,31 +170,6 @@ def compare(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[s
     return out
 
 
-def print_tables(args: argparse.Namespace, summary: dict[str, dict[str, Any]], comparisons: dict[str, dict[str, Any]]) -> None:
-    """The markdown tables: medians (range) per variant, then the pairs."""
-    print(
-        f"\nbatch {args.batch_size} examples, max len {args.max_seq_len}, mini-batch {args.chunk} sequences, "
-        f"{args.threads} threads, {args.rounds} rounds x {args.steps} measured steps\n"
-    )
-    print("| variant | precision | sentences/s | peak RSS MiB |")
-    print("|---|---|---:|---:|")
-    for v, s in summary.items():
-        sps, rss = s["sentences_per_s"], s["peak_rss_mib"]
-        print(
-            f"| {v} | {s['precision']} | {sps['median']:.1f} ({sps['min']:.1f}–{sps['max']:.1f}) | "
-            f"{rss['median']:.0f} ({rss['min']:.0f}–{rss['max']:.0f}) |"
-        )
-    if comparisons:
-        print("\n| simcse-kit / CachedMNRL | speed | peak RSS difference MiB | RSS spread MiB | RSS verdict |")
-        print("|---|---:|---:|---:|---|")
-        for name, c in comparisons.items():
-            r, d = c["speed_ratio"], c["rss"]
-            print(
-                f"| {name} | {r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f}) | {d['difference']:+.0f} | "
-                f"{d['spread']:.0f} | {d['verdict']} |"
-            )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=20, help="measured steps per variant per round")
@@ -216,8 +193,8 @@ def main() -> None:
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
     summary = summarise(runs, variants)
     comparisons = compare(runs, variants)
-    print_tables(args, summary, comparisons)
-    keep("gradcache_vs_cmnrl", args, {"runs": runs, "summary": summary, "comparisons": comparisons})
+    out = keep("gradcache_vs_cmnrl", args, {"runs": runs, "summary": summary, "comparisons": comparisons})
+    print(gradcache_vs_cmnrl_table([json.loads(out.read_text())]))  # the table BENCHMARKS.md's block will show
 
 
 if __name__ == "__main__":

@@ -355,8 +355,9 @@ def gradcache_rss_table() -> str:
     )
 
 
-def gradcache_vs_cmnrl_table() -> str:
-    kept = records("gradcache_vs_cmnrl")
+def gradcache_vs_cmnrl_table(kept: list[dict[str, Any]] | None = None) -> str:
+    """The block, from the kept results or from ``kept`` (the script prints its own run with it)."""
+    kept = records("gradcache_vs_cmnrl") if kept is None else kept
     if not kept:
         return _missing("gradcache_vs_cmnrl")
     rows = ["| CPU class | variant | precision | sentences/s | peak RSS MiB | runs busy |", "|---|---|---|---|---|---|"]
@@ -390,6 +391,11 @@ def gradcache_vs_cmnrl_table() -> str:
 
 BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
 # Each block's name, what makes it, and the file it lives in.
+def gpu_records(pattern: str = "gpu-*.json") -> list[tuple[Path, dict[str, Any]]]:
+    """benchmarks/gpu.py's kept results (``benchmarks/results/gpu-*.json``), by file name."""
+    return [(path, json.loads(path.read_text())) for path in sorted(RESULTS.glob(pattern))]
+
+
 def gpu_table() -> str:
     """benchmarks/gpu.py's kept runs: per device and job, every variant against the peer."""
     rows = [
@@ -397,8 +403,7 @@ def gpu_table() -> str:
         "peak memory MiB | MFU (bf16 peak) | rounds |",
         "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for path in sorted(RESULTS.glob("gpu-*.json")):
-        rec = json.loads(path.read_text())
+    for path, rec in gpu_records():
         if rec.get("smoke") or not rec.get("jobs") or rec["args"].get("sync_debug"):
             continue
         for job, data in rec["jobs"].items():
@@ -420,8 +425,7 @@ def gpu_table() -> str:
 def gpu_headline() -> str:
     """The README's GPU sentence: the like-for-like runs (both sides clip, same workers)."""
     lines = []
-    for path in sorted(RESULTS.glob("gpu-*-clip.json")):
-        rec = json.loads(path.read_text())
+    for _, rec in gpu_records("gpu-*-clip.json"):
         for job, data in rec["jobs"].items():
             for key, r in data["summary"].items():
                 if "/" in key:
@@ -440,8 +444,7 @@ def gpu_syncs_table() -> str:
         "| file | job | variant | reads per step | where (first library frame: count over the timed steps) |",
         "|---|---|---|---:|---|",
     ]
-    for path in sorted(RESULTS.glob("gpu-*.json")):
-        rec = json.loads(path.read_text())
+    for path, rec in gpu_records():
         if not rec["args"].get("sync_debug"):
             continue
         for job, data in rec["jobs"].items():
