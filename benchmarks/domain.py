@@ -59,6 +59,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import time
@@ -71,11 +72,10 @@ from benchmarks.table_runs import (
     LEARNING_RATES,
     Job,
     add_table_options,
-    choose_learning_rate,
-    execute,
     lr_tag,
     prepare_tables,
     retrieval_keys,
+    sweep_and_run,
     table_meta,
 )
 
@@ -121,7 +121,7 @@ def domain_config(domain: str, overrides: dict[str, str], args: argparse.Namespa
     return load_config(recipe(domain), domain_overrides(overrides, args) | {"output_dir": str(out)})
 
 
-def row_job(domain: str, row: str, lr: float, seed: int, args: argparse.Namespace, sweep: bool) -> Job:
+def row_job(domain: str, row: str, lr: float, seed: int, sweep: bool, args: argparse.Namespace) -> Job:
     """The run of ``row`` (a kit variant, or ``st-<loss>``: a peer on the recipe as is) at
     learning rate ``lr``: one seed of the dev-only sweep, or of the table."""
     name = f"{domain}-{row}"
@@ -201,11 +201,13 @@ def markdown(rows: Rows, lrs: dict[str, float] | None = None) -> tuple[str, dict
     retrieval = retrieval_keys(stats)
     head = ["config", "lr", "seeds", "domain test", "7-task avg", "dev (selection)", "best step", "dev: best trained", "dev: end"]
     head += [f"nDCG@10 {k.removeprefix('retrieval:')}" for k in retrieval]
+    timed = any("train_seconds" in s["mean"] for s in stats.values())  # training time, where the runs recorded it
+    head += ["train s"] if timed else []
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for name, (domain, _, per_seed) in rows.items():
         target, mean, std, n = TARGET[domain], stats[name]["mean"], stats[name]["std"], len(per_seed)
         cells = [cell(mean, std, k, n) for k in (target, "avg", "best_stsb_dev")]
-        curve = [cell(mean, std, k, n) for k in ("dev_trained", "dev_end", *retrieval)]
+        curve = [cell(mean, std, k, n) for k in ("dev_trained", "dev_end", *retrieval, *(["train_seconds"] if timed else []))]
         lr = f"{lrs[name]:g}" if name in lrs else "–"
         lines.append(
             f"| {name} ({target}) | {lr} | {n} | "
@@ -342,42 +344,20 @@ def main() -> None:
         for d in args.domains
         for r in [*(v for v in args.variants if v != "none"), *(f"st-{p}" for p in peers)]
     }
-
-    # 1. The sweep: every row at every learning rate, one seed, dev only; the rate chosen on dev.
-    sweep: dict[str, dict[float, dict[str, float]]] = {name: {} for name in row_names}
-    if len(lrs) > 1:
-        jobs = {
-            (name, lr): row_job(d, r, lr, args.sweep_seed, args, sweep=True) for name, (d, r) in row_names.items() for lr in lrs
-        }
-        tables = execute(list(jobs.values()), args.parallel, args.threads, logs, args.keep_going)
-        for (name, lr), job in jobs.items():
-            if job.name in tables:
-                sweep[name][lr] = tables[job.name]
-        failed = [name for name, by_lr in sweep.items() if not by_lr]
-        if failed:  # --keep-going: no run of the row's sweep finished
-            logger.error("left out, every sweep run failed: %s", failed)
-            row_names = {name: row for name, row in row_names.items() if name not in failed}
-    chosen = {
-        name: choose_learning_rate({lr: [t] for lr, t in sweep[name].items()}) if sweep[name] else lrs[0] for name in row_names
-    }
-
-    # 2. The table: the untouched model, and every row at its chosen rate over the seeds.
     senteval = str(args.eval_data_dir or args.data_root / "senteval")
     base = Job(name="base", kind="base", out=str(args.output_dir / "base"), retrieval=tuple(args.tasks), eval_data_dir=senteval)
-    jobs = {
-        (name, seed): row_job(d, r, chosen[name], seed, args, sweep=False)
-        for name, (d, r) in row_names.items()
-        for seed in args.seeds
-    }
-    tables = execute([base, *jobs.values()], args.parallel, args.threads, logs, args.keep_going)
+    made = sweep_and_run(
+        {name: functools.partial(row_job, d, r, args=args) for name, (d, r) in row_names.items()}, lrs, args, [base]
+    )
+    chosen, sweep = made.chosen, made.sweep
     rows: Rows = {}
     for domain in args.domains:
-        if "base" in tables:
-            rows[f"{domain}-base"] = (domain, "base", {0: tables["base"]})
-        for name, (d, r) in row_names.items():
-            done = {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables}
-            if d == domain and done:
-                rows[name] = (domain, "st" if r.startswith("st-") else "kit", done)
+        if "base" in made.extra:
+            rows[f"{domain}-base"] = (domain, "base", {0: made.extra["base"]})
+        for name, per_seed in made.rows.items():
+            d, r = row_names[name]
+            if d == domain:
+                rows[name] = (domain, "st" if r.startswith("st-") else "kit", per_seed)
     table, stats = markdown(rows, chosen)
     precision = resolve_precision(args.st_precision)
     budget = f"steps={args.steps or 'one epoch'}, eval_steps={args.eval_steps}, sentence-transformers in {precision}"
@@ -391,12 +371,9 @@ def main() -> None:
         )
         + f"; {time.perf_counter() - start:.0f} s"
     )
-    sweep_table = sweep_markdown({n: sweep[n] for n in row_names}, chosen) if len(lrs) > 1 else ""
-    lost = [j.name for j in [base, *jobs.values()] if j.name not in tables] + [
-        f"sweep of {n}" for n in sweep if n not in row_names
-    ]
-    if lost:
-        sweep_table += f"\n\nRuns that FAILED, left out (logs in {logs}): {', '.join(lost)}"
+    sweep_table = sweep_markdown(sweep, chosen) if len(lrs) > 1 else ""
+    if made.lost:
+        sweep_table += f"\n\nRuns that FAILED, left out (logs in {logs}): {', '.join(made.lost)}"
     text = (
         header
         + "\n\n"

@@ -396,6 +396,7 @@ def run_st(
             **metrics["sts"],
             "best_stsb_dev": metrics["best_stsb_dev"],
             "best_step": metrics["best_step"],
+            "train_seconds": metrics["train_seconds"],
             **dev_curve(curve),
             **row,
         }

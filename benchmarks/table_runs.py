@@ -27,7 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,8 @@ class Job:
         overrides: command-line style overrides of the recipe (``output_dir`` is set here).
         seed: the run's seed.
         out: the row's folder (the run goes to ``out/seed-N``; ``base``: ``out`` itself).
+        model: the model ``base`` scores untouched (default: the default model; a teacher
+            is scored the same way, as the ceiling of a distillation table).
         loss: the peer's loss (``st`` only).
         precision: the peer's precision, ``fp32`` or ``bf16`` (``st`` only).
         retrieval: BEIR folders scored on the selected model (not with ``dev_only``).
@@ -67,6 +69,7 @@ class Job:
     overrides: dict[str, str] = dataclasses.field(default_factory=dict)
     seed: int = 0
     out: str = ""
+    model: str = BASE_MODEL
     loss: str = ""
     precision: str = ""
     retrieval: tuple[str, ...] = ()
@@ -146,8 +149,8 @@ def score_retrieval(model: str | Path, tasks: Sequence[str], max_seq_len: int, c
 
 
 def base_scores(job: Job) -> dict[str, float]:
-    """The untouched model: its STS table on ``job.eval_data_dir`` and its retrieval row,
-    cached in ``job.out/metrics.json`` (recomputed when the folder or tasks change)."""
+    """The untouched ``job.model``: its STS table on ``job.eval_data_dir`` and its retrieval
+    row, cached in ``job.out/metrics.json`` (recomputed when the model, folder or tasks change)."""
     from simcse_kit.devices import resolve_device
     from simcse_kit.evaluation import STSEvaluator
     from simcse_kit.fileio import write_json_atomic
@@ -156,13 +159,14 @@ def base_scores(job: Job) -> dict[str, float]:
     out = Path(job.out)
     done = out / "metrics.json"
     saved = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {}
-    if saved.get("eval_data_dir") != job.eval_data_dir or "sts" not in saved:
-        encoder = load_encoder(BASE_MODEL, device=str(resolve_device("auto")))
-        saved = {"sts": STSEvaluator(job.eval_data_dir)(encoder.encode), "eval_data_dir": job.eval_data_dir}
+    if saved.get("eval_data_dir") != job.eval_data_dir or saved.get("model", BASE_MODEL) != job.model or "sts" not in saved:
+        encoder = load_encoder(job.model, device=str(resolve_device("auto")))
+        sts = STSEvaluator(job.eval_data_dir)(encoder.encode)
+        saved = {"sts": sts, "eval_data_dir": job.eval_data_dir, "model": job.model}
         write_json_atomic(done, saved)
     row = dict(saved["sts"])
     if job.retrieval:
-        row |= score_retrieval(BASE_MODEL, job.retrieval, 256, out / "retrieval.json")
+        row |= score_retrieval(job.model, job.retrieval, 256, out / "retrieval.json")
     return row
 
 
@@ -188,7 +192,7 @@ def check_same_run(cfg: Any, folder: Path) -> None:
     """
     from simcse_kit.config import load_config
     from simcse_kit.errors import ConfigError
-    from simcse_kit.run import config_differences
+    from simcse_kit.run_folder import config_differences
 
     auto = {f"train.{k}" for k in PRECISION_KEYS if getattr(cfg.train, k) == "auto"}
     saved = load_config(folder / "config.yaml")
@@ -229,6 +233,7 @@ def run_job(job: Job) -> dict[str, float]:
         run_seeds(cfg, [job.seed], quiet=True)
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
     row = {**metrics.get("sts", {}), DEV_KEY: float(metrics["best_stsb_dev"]), "best_step": float(metrics["best_step"])}
+    row["train_seconds"] = float(metrics["train_seconds"])
     row |= dev_curve(metrics)
     if job.retrieval and not job.dev_only:
         row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
@@ -302,6 +307,70 @@ def execute(
                 raise
             logger.exception("%s failed; left out of the table", job.name)
     return tables
+
+
+@dataclasses.dataclass
+class TableResults:
+    """What :func:`sweep_and_run` made.
+
+    Attributes:
+        sweep: row -> learning rate -> the dev-only sweep run's table.
+        chosen: row -> its learning rate, chosen on dev.
+        rows: row -> seed -> the table at the chosen rate (rows whose runs all failed are absent).
+        extra: job name -> table of the jobs run beside the rows (the untouched models).
+        lost: the runs that failed (``keep_going``), by name.
+    """
+
+    sweep: dict[str, dict[float, dict[str, float]]]
+    chosen: dict[str, float]
+    rows: dict[str, dict[int, dict[str, float]]]
+    extra: dict[str, dict[str, float]]
+    lost: list[str]
+
+
+def sweep_and_run(
+    rows: Mapping[str, Callable[[float, int, bool], Job]],
+    lrs: Sequence[float],
+    args: argparse.Namespace,
+    extra: Sequence[Job] = (),
+) -> TableResults:
+    """The protocol every quality table shares (issue 22): each row at each learning rate
+    of ``lrs`` for one seed (``args.sweep_seed``), dev only; the rate chosen on dev
+    (:func:`choose_learning_rate`); then each row over ``args.seeds`` at its rate, with
+    the ``extra`` jobs. A single rate skips the sweep.
+
+    Args:
+        rows: row name -> ``job(lr, seed, sweep)``, the row's run at that rate and seed (a
+            dev-only sweep run when ``sweep``).
+        lrs: the learning rates.
+        args: ``seeds``, ``sweep_seed``, ``parallel``, ``threads``, ``keep_going`` and
+            ``output_dir`` (the logs go to ``output_dir/logs``).
+        extra: jobs run once beside the rows' seeds (the untouched models).
+    """
+    logs = args.output_dir / "logs"
+    sweep: dict[str, dict[float, dict[str, float]]] = {name: {} for name in rows}
+    lost: list[str] = []
+    if len(lrs) > 1:
+        jobs = {(name, lr): job(lr, args.sweep_seed, True) for name, job in rows.items() for lr in lrs}
+        tables = execute(list(jobs.values()), args.parallel, args.threads, logs, args.keep_going)
+        for (name, lr), run in jobs.items():
+            if run.name in tables:
+                sweep[name][lr] = tables[run.name]
+        lost += [f"sweep of {name}" for name, by_lr in sweep.items() if not by_lr]  # --keep-going: no run finished
+    kept = {name: job for name, job in rows.items() if sweep[name] or len(lrs) == 1}
+    chosen = {name: choose_learning_rate({lr: [t] for lr, t in sweep[name].items()}) if sweep[name] else lrs[0] for name in kept}
+    # Seed by seed across the rows: a table cut short by a time limit has whole seeds of every row.
+    jobs = {(name, seed): job(chosen[name], seed, False) for seed in args.seeds for name, job in kept.items()}
+    tables = execute([*extra, *jobs.values()], args.parallel, args.threads, logs, args.keep_going)
+    done = {name: {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables} for name in kept}
+    lost += [j.name for j in [*extra, *jobs.values()] if j.name not in tables]
+    return TableResults(
+        sweep={name: sweep[name] for name in kept},
+        chosen=chosen,
+        rows={name: per_seed for name, per_seed in done.items() if per_seed},
+        extra={j.name: tables[j.name] for j in extra if j.name in tables},
+        lost=lost,
+    )
 
 
 def add_table_options(parser: argparse.ArgumentParser) -> None:

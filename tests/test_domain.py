@@ -205,10 +205,10 @@ def test_every_row_runs_at_the_swept_learning_rate_on_the_data_root(tmp_path: Pa
     domain = bench("domain")
     table_runs = bench("table_runs")
     args = domain_args(tmp_path)
-    peer = domain.row_job("sick", "st-tsdae", 1e-5, 1, args, sweep=True)
+    peer = domain.row_job("sick", "st-tsdae", 1e-5, 1, True, args)
     assert (peer.kind, peer.loss, peer.precision, peer.dev_only, peer.retrieval) == ("st", "tsdae", "auto", True, ())
     assert peer.out == str(tmp_path / "out" / "sweep" / "sick-st-tsdae" / "lr1e-05")
-    kit = domain.row_job("stsb", "tau0.1", 3e-5, 2, args, sweep=False)
+    kit = domain.row_job("stsb", "tau0.1", 3e-5, 2, False, args)
     assert (kit.kind, kit.seed, kit.dev_only, kit.retrieval) == ("kit", 2, False, ("/rt/mrpc-paraphrase", "/rt/sick-related"))
     assert kit.out == str(tmp_path / "out" / "stsb-tau0.1" / "lr3e-05") and kit.name == "stsb-tau0.1/lr3e-05/seed-2"
     # A job survives the trip to a worker's file.
@@ -223,8 +223,8 @@ def test_every_row_runs_at_the_swept_learning_rate_on_the_data_root(tmp_path: Pa
         == Path(cfg.data.eval_data_dir) / "STS" / "STSBenchmark"
         == root / "senteval" / "STS" / "STSBenchmark"
     )
-    assert not table_runs.kit_config(domain.row_job("sick", "domain", 1e-5, 1, args, sweep=True)).train.final_eval
-    mix = table_runs.kit_config(domain.row_job("sick", "mix50", 1e-5, 1, args, sweep=False))
+    assert not table_runs.kit_config(domain.row_job("sick", "domain", 1e-5, 1, True, args)).train.final_eval
+    mix = table_runs.kit_config(domain.row_job("sick", "mix50", 1e-5, 1, False, args))
     assert Path(mix.data.mix_file) == root / "train" / "wiki1m_head.txt"
 
 
@@ -313,3 +313,108 @@ def test_a_failed_run_stops_the_table_or_with_keep_going_is_left_out(tmp_path: P
         table_runs.execute([bad], 2, 1, tmp_path / "logs")
     assert "unknown job kind 'bogus'" in (tmp_path / "logs" / "bogus_seed-1.log").read_text(encoding="utf-8")
     assert json.loads((tmp_path / "logs" / "bogus_seed-1.json").read_text(encoding="utf-8"))["kind"] == "bogus"
+
+
+def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sweep_and_run`` (the domain and teacher tables): the rate is chosen on the sweep's dev
+    score alone (its test column says otherwise), the seeds run seed by seed across rows, and
+    a row whose every sweep run failed is left out and named."""
+    table_runs = bench("table_runs")
+    dev = {1e-5: 80.0, 3e-5: 82.0, 1e-4: 81.0}
+    batches: list[list[str]] = []
+
+    def fake_execute(jobs, parallel, threads, logs, keep_going=False):  # noqa: ANN001, ANN202 - execute's signature
+        batches.append([j.name for j in jobs])
+        assert (parallel, threads, logs, keep_going) == (2, 1, tmp_path / "logs", True)
+        tables = {}
+        for job in jobs:
+            lr = float(job.overrides.get("learning_rate", 0))
+            if job.name.startswith("sweep/bad"):
+                continue  # every sweep run of this row failed
+            test = 90.0 if lr == 1e-4 else 70.0  # the test column favours a rate dev does not
+            tables[job.name] = {"best_stsb_dev": dev.get(lr, 0.0), "test": test, "seed": float(job.seed)}
+        return tables
+
+    monkeypatch.setattr(table_runs, "execute", fake_execute)
+
+    def row(name: str):  # noqa: ANN202 - a job factory
+        def job(lr: float, seed: int, sweep: bool) -> object:
+            prefix = "sweep/" if sweep else ""
+            return table_runs.Job(
+                name=f"{prefix}{name}/{table_runs.lr_tag(lr)}/seed-{seed}",
+                kind="kit",
+                overrides={"learning_rate": str(lr)},
+                seed=seed,
+                dev_only=sweep,
+            )
+
+        return job
+
+    args = argparse.Namespace(seeds=[1, 2, 3], sweep_seed=7, parallel=2, threads=1, keep_going=True, output_dir=tmp_path)
+    base = table_runs.Job(name="base", kind="base")
+    made = table_runs.sweep_and_run({"a": row("a"), "b": row("b"), "bad": row("bad")}, list(dev), args, [base])
+    assert made.chosen == {"a": 3e-5, "b": 3e-5}
+    assert [n for n in batches[0] if n.startswith("sweep/a/")] == [f"sweep/a/lr{lr:.0e}/seed-7" for lr in dev]
+    assert batches[1] == ["base"] + [f"{r}/lr3e-05/seed-{s}" for s in (1, 2, 3) for r in ("a", "b")]
+    assert sorted(made.rows) == ["a", "b"] and list(made.rows["a"]) == [1, 2, 3]
+    assert made.rows["b"][2]["seed"] == 2.0 and made.extra == {"base": {"best_stsb_dev": 0.0, "test": 70.0, "seed": 0.0}}
+    assert made.lost == ["sweep of bad"] and set(made.sweep["a"]) == set(dev)
+
+
+def test_a_finished_run_is_reused_only_with_the_same_config(tmp_path: Path) -> None:
+    """What lets a stopped table continue: the run folder's config.yaml must match the job's."""
+    table_runs = bench("table_runs")
+    from simcse_kit.config import save_config
+
+    job = table_runs.Job(name="x", kind="kit", recipe=str(REPO / "train" / "domain" / "sick.yaml"), out=str(tmp_path))
+    cfg = table_runs.kit_config(job)
+    folder = tmp_path / "seed-42"
+    folder.mkdir()
+    save_config(cfg, folder / "config.yaml")
+    table_runs.check_same_run(cfg, folder)  # the same: reused
+    other = table_runs.kit_config(dataclasses.replace(job, overrides={"learning_rate": "1e-4"}))
+    with pytest.raises(ConfigError, match=r"another config \(train.learning_rate"):
+        table_runs.check_same_run(other, folder)
+
+
+def test_the_teacher_table_has_the_issues_rows_on_one_protocol(tmp_path: Path) -> None:
+    teacher = bench("teacher")
+    args = domain_args(tmp_path, teacher="/models/mpnet", teacher_cache_dir=tmp_path / "cache")
+    jobs = {row: teacher.row_job("sick", row, 3e-5, 2, False, args) for row in teacher.ROWS[2:]}
+    assert {r: (j.kind, Path(j.recipe).parent.name, j.loss) for r, j in jobs.items()} == {
+        "kit-unsup": ("kit", "domain", ""),
+        "kit-similarity": ("kit", "teacher", ""),
+        "kit-embedding": ("kit", "teacher", ""),
+        "kit-similarity+simcse": ("kit", "teacher", ""),
+        "st-mse": ("st", "teacher", "mse"),
+    }
+    assert all(j.retrieval == ("/rt/mrpc-paraphrase", "/rt/sick-related") and j.seed == 2 for j in jobs.values())
+    assert "teacher" not in jobs["kit-unsup"].overrides  # plain SimCSE: no teacher loaded
+    loss = {r: bench("table_runs").kit_config(j).loss for r, j in jobs.items() if j.kind == "kit"}
+    assert loss["kit-unsup"].teacher is None
+    assert (loss["kit-similarity"].teacher, loss["kit-similarity"].teacher_loss) == ("/models/mpnet", "similarity")
+    assert loss["kit-embedding"].teacher_loss == "embedding" and loss["kit-similarity+simcse"].teacher_weight == 0.5
+    assert Path(loss["kit-similarity"].teacher_cache_dir) == tmp_path / "cache"
+    assert jobs["st-mse"].overrides["teacher"] == "/models/mpnet"
+    sweep = teacher.row_job("stsb", "kit-embedding", 1e-4, 1, True, args)
+    assert sweep.dev_only and sweep.retrieval == ()
+    assert sweep.out == str(tmp_path / "out" / "sweep" / "stsb-kit-embedding" / "lr1e-04")
+
+
+def test_the_teacher_table_states_the_average_goal_with_the_ceiling() -> None:
+    domain, teacher = bench("domain"), bench("teacher")
+    scores = {"SICKRelatedness": 77.0, "avg": 79.0, "best_stsb_dev": 80.0, "train_seconds": 10.0}
+    rows = {
+        "sick-base": ("sick", "base", {0: scores}),
+        "sick-teacher": ("sick", "teacher", {0: scores | {"avg": 82.5}}),
+        "sick-kit-similarity": ("sick", "kit", {1: scores | {"SICKRelatedness": 78.5, "avg": 80.25, "best_stsb_dev": 81.0}}),
+        "sick-st-mse": ("sick", "st", {1: scores | {"SICKRelatedness": 78.2, "train_seconds": 30.0}}),
+    }
+    text, stats = domain.markdown(rows, {})
+    assert text.splitlines()[0].endswith("| train s |") and "| 30.00 |" in text
+    assert "+1.50 over base 77.00 (meets" in text and "+0.30 over the best peer `sick-st-mse` 78.20 (does NOT meet" in text
+    assert teacher.goals("sick", stats) == (
+        "sick: 7-task average of `sick-kit-similarity` 80.25 (meets the 80.0 goal; the teacher's own is 82.50)"
+    )
