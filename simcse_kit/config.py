@@ -183,7 +183,11 @@ class RunConfig:
             checks.append(("loss.teacher_weight", 0 <= self.loss.teacher_weight <= 1, "in [0, 1]"))
             teacher_tau_ok = low <= self.loss.teacher_temperature <= high  # the same bounds, for the teacher's softmax
             checks.append(("loss.teacher_temperature", teacher_tau_ok, f"in [{low:g}, {high:g}] ({TEMPERATURE_WHY})"))
-            checks.append(("loss.teacher_projection", self.loss.teacher_projection in ("pca", "none"), "'pca' or 'none'"))
+            student_tau = self.loss.teacher_student_temperature
+            student_tau_ok = student_tau is None or low <= student_tau <= high
+            checks.append(("loss.teacher_student_temperature", student_tau_ok, f"null or in [{low:g}, {high:g}]"))
+            projection_ok = self.loss.teacher_projection in ("pca", "aligned", "none")
+            checks.append(("loss.teacher_projection", projection_ok, "'pca', 'aligned' or 'none'"))
         if self.train.mmap_threshold_mib is not None:
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
             checks.append(("train.mmap_threshold_mib", 1 <= self.train.mmap_threshold_mib <= 32, "in [1, 32] or null"))

@@ -119,9 +119,14 @@ class LossConfig:
     )
     teacher_weight: float = option(1.0, "loss = (1 - w) * SimCSE + w * teacher term")
     teacher_temperature: float = option(0.05, "the teacher's own tau for similarity distillation")
+    teacher_student_temperature: float | None = option(
+        None, "the student's tau in the similarity teacher term (None: loss.temperature, the SimCSE term's)"
+    )
     teacher_projection: str = option(
         "pca",
-        'embedding distillation with a wider teacher: "pca" to the student\'s width, or "none"',
+        "embedding distillation: \"pca\" (a wider teacher to the student's width, sentence-transformers' recipe), "
+        '"aligned" (PCA, then rotated and scaled onto the student\'s own vectors of the training sentences: '
+        'docs/distillation.md) or "none" (equal widths only)',
     )
     teacher_cache_dir: str | None = option(
         None,

@@ -45,15 +45,21 @@ class TeacherTargets:
             ``projection``.
         temperature: the teacher's own tau for ``similarity``.
         weight: the loss is ``(1 - weight) * SimCSE + weight * teacher term``.
+        student_temperature: the student's tau in the ``similarity`` term (None: the
+            SimCSE term's ``loss.temperature``). Its own knob so a distribution matched at a
+            flat temperature leaves a SimCSE term mixed in at its sharp one.
         projection: ``(mean [D'], components [D', D])`` mapping a wider teacher to the
-            student's width for ``embedding`` (:func:`simcse_kit.teacher.pca_projection`).
+            student's width for ``embedding`` (:func:`simcse_kit.teacher.pca_projection`), or
+            ``(mean, components, offset [D])`` into the student's own coordinates
+            (:func:`simcse_kit.teacher.aligned_projection`).
     """
 
     vectors: torch.Tensor
     kind: str = "similarity"
     temperature: float = 0.05
     weight: float = 1.0
-    projection: tuple[torch.Tensor, torch.Tensor] | None = None
+    projection: tuple[torch.Tensor, ...] | None = None
+    student_temperature: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in TEACHER_LOSSES:
@@ -73,8 +79,8 @@ class TeacherTargets:
         sentence-transformers' ``MSELoss``)."""
         target = self.rows(index)
         if self.projection is not None:
-            mean, components = self.projection
-            target = (target - mean) @ components
+            mean, components, *offset = self.projection  # an aligned projection adds the student's mean
+            target = (target - mean) @ components + (offset[0] if offset else 0.0)
         if target.shape[1] != embeddings.shape[1]:
             raise ValueError(
                 f"embedding distillation needs equal widths: student {embeddings.shape[1]}, teacher {target.shape[1]}; "
@@ -248,16 +254,20 @@ class SimCSEObjective:
         targets = losses.similarity_targets(
             teacher_anchors, teacher_candidates, temperature=self.teacher.temperature, exclude=exclude
         )
-        return self.prefix_loss(anchors, candidates, target_probs=targets, exclude=exclude)
+        tau = self.teacher.student_temperature
+        return self.prefix_loss(anchors, candidates, target_probs=targets, exclude=exclude, temperature=tau)
 
-    def prefix_loss(self, anchors: torch.Tensor, candidates: torch.Tensor, **problem: torch.Tensor | None) -> torch.Tensor:
+    def prefix_loss(
+        self, anchors: torch.Tensor, candidates: torch.Tensor, temperature: float | None = None, **problem: torch.Tensor | None
+    ) -> torch.Tensor:
         """:func:`losses.contrastive_loss` of ``problem`` (positives or targets, exclusions,
-        bias) at this temperature, on every Matryoshka prefix (``loss.matryoshka_dims``; the
-        full rows without it). Masks are decided once, on the full rows, by the caller."""
+        bias) at ``temperature`` (default ``loss.temperature``), on every Matryoshka prefix
+        (``loss.matryoshka_dims``; the full rows without it). Masks are decided once, on the
+        full rows, by the caller."""
         cfg = self.loss_cfg
-        return losses.matryoshka_loss(
-            anchors, candidates, cfg.matryoshka_dims, cfg.matryoshka_weights, temperature=cfg.temperature, **problem
-        )
+        tau = cfg.temperature if temperature is None else temperature
+        dims, weights = cfg.matryoshka_dims, cfg.matryoshka_weights
+        return losses.matryoshka_loss(anchors, candidates, dims, weights, temperature=tau, **problem)
 
     def drop_similar(
         self,

@@ -25,10 +25,11 @@ from simcse_kit.data import load_train_dataset, mix_datasets
 from simcse_kit.encoder_families import max_tokens
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
+from simcse_kit.inference import load_encoder
 from simcse_kit.model_checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.modeling import resolve_model_path
 from simcse_kit.objectives import TeacherTargets
-from simcse_kit.teacher import TeacherTable, load_teacher_table, pca_projection, teacher_texts
+from simcse_kit.teacher import TeacherTable, aligned_projection, load_teacher_table, pca_projection, teacher_texts
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,9 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
 
     Several processes: the main process encodes (or reads the cache) first, the others
     then read its cache. A wider teacher for ``embedding`` distillation is projected to
-    the student's width by PCA (``loss.teacher_projection: pca``) or refused.
+    the student's width by PCA (``loss.teacher_projection: pca``) or refused; ``aligned``
+    maps it (at any width) into the student's own coordinates, from the untrained student's
+    vectors of the same sentences.
     """
     loss = cfg.loss
     if loss.teacher is None:
@@ -71,17 +74,30 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
             loss.teacher, texts, cache_dir=loss.teacher_cache_dir, device=device, show_progress=cfg.train.progress_bar
         )
     width = AutoConfig.from_pretrained(resolve_model_path(cfg.model.name_or_path)).hidden_size
-    projection = None
-    if loss.teacher_loss == "embedding" and table.width != width:
+    projection: tuple[torch.Tensor, ...] | None = None
+    if loss.teacher_loss == "embedding" and loss.teacher_projection == "aligned":
+        # Into the student's own coordinates, at any width: the untrained student's vectors of
+        # the same sentences (its exported pooling, in fp32; deterministic, so a resume agrees).
+        student = load_encoder(cfg.model.name_or_path, pooler=cfg.model.pooler, max_seq_len=cfg.model.max_seq_len, device=device)
+        projection = aligned_projection(table.vectors, student.encode(texts))
+    elif loss.teacher_loss == "embedding" and table.width != width:
         if loss.teacher_projection == "none":
             raise ConfigError(
                 f"config key 'loss.teacher' = {loss.teacher!r}: its vectors are {table.width} wide and the student's {width}; "
-                "embedding distillation needs a projection (loss.teacher_projection: pca) or use loss.teacher_loss: similarity"
+                "embedding distillation needs a projection (loss.teacher_projection: pca or aligned) "
+                "or use loss.teacher_loss: similarity"
             )
         projection = pca_projection(table.vectors, width)
     what = (loss.teacher_loss, loss.teacher, len(texts), table.width, loss.teacher_weight)
     logger.info("teacher: %s distillation from %s (%d sentences, %d wide), weight %g", *what)
-    targets = TeacherTargets(table.vectors, loss.teacher_loss, loss.teacher_temperature, loss.teacher_weight, projection)
+    targets = TeacherTargets(
+        table.vectors,
+        loss.teacher_loss,
+        loss.teacher_temperature,
+        loss.teacher_weight,
+        projection,
+        student_temperature=loss.teacher_student_temperature,
+    )
     return targets, table
 
 

@@ -36,7 +36,15 @@ from simcse_kit.modeling import resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TeacherTable", "default_cache_dir", "load_teacher_table", "pca_projection", "teacher_key", "teacher_texts"]
+__all__ = [
+    "TeacherTable",
+    "aligned_projection",
+    "default_cache_dir",
+    "load_teacher_table",
+    "pca_projection",
+    "teacher_key",
+    "teacher_texts",
+]
 
 CACHE_ENV = "SIMCSE_KIT_CACHE"
 CACHE_FORMAT = "1"  # bump when what a cached table holds changes
@@ -198,3 +206,34 @@ def pca_projection(vectors: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch
     components = vh[:dim].T  # [D', dim]
     signs = torch.sign(components.gather(0, components.abs().argmax(dim=0, keepdim=True)))
     return mean.float(), (components * signs).float()
+
+
+def aligned_projection(teacher: torch.Tensor, student: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The teacher's vectors mapped into the student's own coordinates, for ``embedding``
+    distillation from a model the student was not cut from (``loss.teacher_projection: aligned``).
+
+    A PCA alone (:func:`pca_projection`) keeps the teacher's axes, which have nothing to do with
+    an independently trained student's: MSE towards them first has to rotate the student's
+    whole space, which wrecks it long before the teacher's finer geometry is learnt. Here the
+    PCA is followed by the similarity transform (orthogonal Procrustes: rotation and one
+    scale) that best maps the projected teacher vectors onto the student's vectors of the
+    same sentences, and the student's mean is added back, so the targets start where the
+    student is and differ from it only by what the teacher's geometry says.
+
+    Args:
+        teacher: ``[U, D']`` the teacher's vectors of the training sentences.
+        student: ``[U, D]`` the untrained student's vectors of the same sentences (``D <= D'``).
+
+    Returns:
+        ``(mean [D'], components [D', D], offset [D])``: project with
+        ``(x - mean) @ components + offset``. Deterministic (fp64 SVDs), so a resumed run
+        projects exactly as the first.
+    """
+    if teacher.shape[0] != student.shape[0]:
+        raise ValueError(f"teacher and student vectors of different sentences: {teacher.shape[0]} vs {student.shape[0]} rows")
+    mean, components = pca_projection(teacher, student.shape[1])
+    projected = (teacher.double() - mean.double()) @ components.double()
+    offset = student.double().mean(dim=0)
+    u, sigma, vh = torch.linalg.svd(projected.T @ (student.double() - offset), full_matrices=False)
+    scale = sigma.sum() / projected.pow(2).sum().clamp_min(1e-12)
+    return mean, (components.double() @ (u @ vh) * scale).float(), offset.float()

@@ -19,7 +19,7 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective, TeacherTargets
 from simcse_kit.steps import GradCacheStep
-from simcse_kit.teacher import load_teacher_table, pca_projection, teacher_texts
+from simcse_kit.teacher import aligned_projection, load_teacher_table, pca_projection, teacher_texts
 
 # --------------------------------------------------------------------------- the loss core
 
@@ -156,6 +156,13 @@ def test_teacher_term_matches_hand_built_reference(tiny_model_dir: Path, mode: s
     assert mixed.item() == pytest.approx(0.7 * plain.item() + 0.3 * want, rel=1e-5)
     none = SimCSEObjective(mode, cfg, teacher=TeacherTargets(table, "similarity", 0.1, weight=0.0)).loss(emb, batch)
     assert none.item() == plain.item()
+    # The student's own tau in the teacher term; the SimCSE term keeps loss.temperature.
+    flat = reference(mode, emb, batch["teacher_rows"], table, 0.5, 0.1, same_text)
+    own = TeacherTargets(table, "similarity", 0.1, weight=0.3, student_temperature=0.5)
+    assert abs(flat - want) > 0.1  # the two taus give different answers: the check below can fail
+    assert SimCSEObjective(mode, cfg, teacher=own).loss(emb, batch).item() == pytest.approx(
+        0.7 * plain.item() + 0.3 * flat, rel=1e-5
+    )
 
 
 def test_embedding_distillation_is_mse_of_normalised_vectors(tiny_model_dir: Path) -> None:
@@ -176,6 +183,32 @@ def test_embedding_distillation_is_mse_of_normalised_vectors(tiny_model_dir: Pat
     projected = SimCSEObjective("sup", LossConfig(), teacher=TeacherTargets(wide, "embedding", projection=(mean, comps)))
     t = torch.nn.functional.normalize((wide[batch["teacher_rows"]] - mean) @ comps, dim=-1)
     assert projected.loss(emb, batch).item() == pytest.approx(((s - t) ** 2).mean().item(), rel=1e-5)
+    # An aligned projection adds the student's mean after the map.
+    offset = torch.randn(32, generator=g)
+    aligned = SimCSEObjective("sup", LossConfig(), teacher=TeacherTargets(wide, "embedding", projection=(mean, comps, offset)))
+    t = torch.nn.functional.normalize((wide[batch["teacher_rows"]] - mean) @ comps + offset, dim=-1)
+    assert aligned.loss(emb, batch).item() == pytest.approx(((s - t) ** 2).mean().item(), rel=1e-5)
+
+
+def test_aligned_projection_recovers_a_known_rotation_scale_and_offset() -> None:
+    """A student whose vectors ARE the teacher's PCA coordinates rotated, scaled and shifted:
+    the aligned projection maps the teacher exactly onto them, where a bare PCA is far off."""
+    g = torch.Generator().manual_seed(9)
+    teacher = torch.randn(300, 6, generator=g, dtype=torch.float64) @ torch.randn(6, 10, generator=g, dtype=torch.float64)
+    teacher = (teacher + 3.0).float()  # rank 6 of 10, off-centre
+    mean, comps = pca_projection(teacher, 6)
+    rotation = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=torch.float64))[0].float()
+    student = ((teacher - mean) @ comps) @ rotation * 2.5 + torch.arange(6.0)
+    got_mean, got_comps, got_offset = aligned_projection(teacher, student)
+    mapped = (teacher - got_mean) @ got_comps + got_offset
+    torch.testing.assert_close(mapped, student, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(got_offset, torch.arange(6.0), atol=1e-4, rtol=0)
+    assert ((teacher - mean) @ comps - student).norm() > 10 * student.norm() / 100  # PCA alone: another frame
+    # Deterministic: a resumed run projects exactly as the first.
+    again = aligned_projection(teacher, student)
+    assert all(torch.equal(a, b) for a, b in zip(again, (got_mean, got_comps, got_offset), strict=True))
+    with pytest.raises(ValueError, match="different sentences"):
+        aligned_projection(teacher, student[:-1])
 
 
 def test_pca_projection_keeps_the_top_directions() -> None:
@@ -270,3 +303,8 @@ def test_run_with_a_teacher_of_another_width(tiny_run: TinyRun, tmp_path: Path) 
     wide = save_teacher(tmp_path / "wide", hidden=48)  # PCA from 48 to the student's 32
     done = tiny_run.train("e", **(keys | {"teacher": str(wide)}), teacher_loss="embedding")
     assert done["teacher"]["loss"] == "embedding" and done["teacher"]["width"] == 48
+    aligned = tiny_run.train("f", **(keys | {"teacher": str(wide)}), teacher_loss="embedding", teacher_projection="aligned")
+    assert all(math.isfinite(loss) for _, loss in aligned["losses"])
+    assert aligned["losses"] != done["losses"]  # another target: the projection was applied
+    with pytest.raises(ConfigError, match="teacher_student_temperature"):
+        tiny_run.train("g", **keys, teacher_student_temperature="0")
