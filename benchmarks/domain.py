@@ -72,10 +72,10 @@ from benchmarks.table_runs import (
     LEARNING_RATES,
     Job,
     add_table_options,
-    lr_tag,
     prepare_tables,
     retrieval_keys,
     sweep_and_run,
+    table_job,
     table_meta,
 )
 
@@ -124,22 +124,9 @@ def domain_config(domain: str, overrides: dict[str, str], args: argparse.Namespa
 def row_job(domain: str, row: str, lr: float, seed: int, sweep: bool, args: argparse.Namespace) -> Job:
     """The run of ``row`` (a kit variant, or ``st-<loss>``: a peer on the recipe as is) at
     learning rate ``lr``: one seed of the dev-only sweep, or of the table."""
-    name = f"{domain}-{row}"
-    out = args.output_dir / ("sweep" if sweep else "") / name / lr_tag(lr)
-    peer = row.startswith("st-")
+    peer = row.removeprefix("st-") if row.startswith("st-") else ""
     overrides = domain_overrides(({} if peer else VARIANTS[row]) | {"learning_rate": str(lr)}, args)
-    return Job(
-        name=f"{'sweep/' if sweep else ''}{name}/{lr_tag(lr)}/seed-{seed}",
-        kind="st" if peer else "kit",
-        recipe=str(recipe(domain)),
-        overrides=overrides,
-        seed=seed,
-        out=str(out),
-        loss=row.removeprefix("st-") if peer else "",
-        precision=args.st_precision if peer else "",
-        retrieval=() if sweep else tuple(args.tasks),
-        dev_only=sweep,
-    )
+    return table_job(f"{domain}-{row}", lr, seed, sweep, args, recipe(domain), overrides, peer)
 
 
 def cell(mean: dict[str, float], std: dict[str, float], key: str, n: int) -> str:

@@ -148,6 +148,40 @@ def score_retrieval(model: str | Path, tasks: Sequence[str], max_seq_len: int, c
     return row
 
 
+def table_job(
+    name: str,
+    lr: float,
+    seed: int,
+    sweep: bool,
+    args: argparse.Namespace,
+    recipe: Path,
+    overrides: dict[str, str],
+    peer: str = "",
+) -> Job:
+    """The run of table row ``name`` at learning rate ``lr`` and ``seed``: a dev-only sweep
+    run (under ``OUTPUT_DIR/sweep``, no retrieval) or a table run (scored on ``args.tasks``).
+
+    Args:
+        recipe: the row's recipe.
+        overrides: its complete overrides (budget, data root, learning rate).
+        peer: a sentence-transformers loss (``st_peers.py``; the peer runs in
+            ``args.st_precision``), or empty for the kit recipe itself.
+    """
+    sweep_dir = "sweep" if sweep else ""
+    return Job(
+        name=str(Path(sweep_dir, name, lr_tag(lr), f"seed-{seed}")),
+        kind="st" if peer else "kit",
+        recipe=str(recipe),
+        overrides=overrides,
+        seed=seed,
+        out=str(args.output_dir / sweep_dir / name / lr_tag(lr)),
+        loss=peer,
+        precision=args.st_precision if peer else "",
+        retrieval=() if sweep else tuple(args.tasks),
+        dev_only=sweep,
+    )
+
+
 def base_scores(job: Job) -> dict[str, float]:
     """The untouched ``job.model``: its STS table on ``job.eval_data_dir`` and its retrieval
     row, cached in ``job.out/metrics.json`` (recomputed when the model, folder or tasks change)."""

@@ -46,7 +46,7 @@ from typing import Any
 from benchmarks._common import REPO, setup_run
 from benchmarks.domain import TARGET, domain_overrides, markdown, sweep_markdown
 from benchmarks.st_peers import resolve_precision
-from benchmarks.table_runs import Job, add_table_options, lr_tag, prepare_tables, sweep_and_run, table_meta
+from benchmarks.table_runs import Job, add_table_options, prepare_tables, sweep_and_run, table_job, table_meta
 
 logger = logging.getLogger("teacher")
 
@@ -74,23 +74,10 @@ def teacher_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 def row_job(domain: str, row: str, lr: float, seed: int, sweep: bool, args: argparse.Namespace) -> Job:
     """The run of ``row`` on ``domain`` at ``lr`` and ``seed`` (dev only in the sweep)."""
-    name = f"{domain}-{row}"
-    out = args.output_dir / ("sweep" if sweep else "") / name / lr_tag(lr)
-    peer = row == "st-mse"
+    peer = "mse" if row == "st-mse" else ""
     kind, overrides = ("teacher", {}) if peer else KIT_ROWS[row]
     overrides = overrides | (teacher_overrides(args) if kind == "teacher" else {}) | {"learning_rate": str(lr)}
-    return Job(
-        name=f"{'sweep/' if sweep else ''}{name}/{lr_tag(lr)}/seed-{seed}",
-        kind="st" if peer else "kit",
-        recipe=str(recipe(domain, kind)),
-        overrides=domain_overrides(overrides, args),
-        seed=seed,
-        out=str(out),
-        loss="mse" if peer else "",
-        precision=args.st_precision if peer else "",
-        retrieval=() if sweep else tuple(args.tasks),
-        dev_only=sweep,
-    )
+    return table_job(f"{domain}-{row}", lr, seed, sweep, args, recipe(domain, kind), domain_overrides(overrides, args), peer)
 
 
 def encode_teacher(domain: str, args: argparse.Namespace) -> None:
@@ -160,7 +147,8 @@ def main() -> None:
             if name.startswith(f"{domain}-"):
                 table_rows[name] = (domain, "st" if name.endswith("st-mse") else "kit", per_seed)
         text, stats = markdown(table_rows, made.chosen)
-        report.append(text + ("\n" + goals(domain, stats) if goals(domain, stats) else ""))
+        goal = goals(domain, stats)
+        report.append(text + (f"\n{goal}" if goal else ""))
         record[domain] = stats
     if len(lrs) > 1:
         report.append(
