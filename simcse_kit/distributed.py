@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["gather_labels", "gather_with_grad", "is_distributed", "rank", "world_size"]
+__all__ = ["close_process_group", "gather_labels", "gather_with_grad", "is_distributed", "rank", "world_size"]
 
 
 def is_distributed() -> bool:
@@ -38,6 +38,20 @@ def world_size() -> int:
 
 def rank() -> int:
     return dist.get_rank() if is_distributed() else 0
+
+
+def close_process_group() -> None:
+    """Destroy this process's process group, if one is open, before the interpreter exits.
+
+    Left to interpreter shutdown, gloo's worker threads can still hold tensors with
+    Python references when the interpreter is torn down, and the process then dies of
+    SIGABRT ("terminate called without an active exception") after a run that
+    succeeded: torchrun reports the whole job as failed. Destroying the group while
+    Python is fully alive joins those threads. Local to this process (no collective), so
+    it cannot hang on a peer that has already exited or crashed.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _sizes(local_rows: int, device: torch.device) -> list[int]:

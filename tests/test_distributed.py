@@ -165,3 +165,19 @@ def test_single_process_gather_is_identity() -> None:
     assert distributed.world_size() == 1 and distributed.rank() == 0
     labels = torch.tensor([3, 1])
     assert distributed.gather_labels(labels) is labels
+
+
+def test_cli_destroys_the_process_group_before_exit(tmp_path: Path) -> None:
+    """Left to interpreter shutdown, a gloo group can abort a finished worker (SIGABRT,
+    "terminate called without an active exception") and torchrun fails the job; the
+    console script must destroy it itself, on success and on a user error alike."""
+    from simcse_kit.cli import main as cli_main
+
+    for argv, want in ((["recipes"], 0), (["train", str(tmp_path / "missing.yaml")], 2)):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous-{want}", rank=0, world_size=1)
+        try:
+            assert cli_main(argv) == want
+            assert not dist.is_initialized()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()

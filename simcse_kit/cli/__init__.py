@@ -82,3 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C (or one outside training): no traceback, no checkpoint
         print(f"simcse-kit {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if "torch.distributed" in sys.modules:  # only a command that trained can hold a process group
+            from simcse_kit.distributed import close_process_group
+
+            close_process_group()
