@@ -69,8 +69,8 @@ from typing import Any
 from benchmarks._common import REPO, setup_run
 from benchmarks.st_peers import LOSSES, dev_curve, resolve_precision
 from benchmarks.table_runs import (
-    LEARNING_RATES,
     Job,
+    add_sweep_options,
     add_table_options,
     prepare_tables,
     retrieval_keys,
@@ -281,26 +281,7 @@ def main() -> None:
         choices=[*LOSSES[:3], "none"],
         help="sentence-transformers rows (none: skip)",
     )
-    parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
-    parser.add_argument(
-        "--learning-rates",
-        default=LEARNING_RATES,
-        help="comma-separated; every row (kit and peers) is swept over them on dev, one seed, and its best kept",
-    )
-    parser.add_argument("--sweep-seed", type=int, default=1, help="the seed of the dev-only learning-rate sweep")
-    parser.add_argument(
-        "--steps", "--max-steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epoch)"
-    )
-    parser.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
-    parser.add_argument(
-        "--eval-data-dir", type=Path, default=None, help="STS folder of the final table (default: the recipe's; for smoke tests)"
-    )
-    parser.add_argument(
-        "--st-precision",
-        choices=("fp32", "bf16", "auto"),
-        default="auto",
-        help="sentence-transformers' training precision (auto: bf16=True on a GPU, fp32 (its default) on a CPU)",
-    )
+    add_sweep_options(parser)
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "domain")
     parser.add_argument(
         "--dev-only", action="store_true", help="the variants without the final table: dev curves only (a cheap sweep)"

@@ -407,6 +407,31 @@ def sweep_and_run(
     )
 
 
+def add_sweep_options(parser: argparse.ArgumentParser, learning_rates: str = LEARNING_RATES) -> None:
+    """The options of a table built by :func:`sweep_and_run`: seeds, the learning-rate sweep,
+    the run budget, the final STS folder and the peers' precision."""
+    parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
+    parser.add_argument(
+        "--learning-rates",
+        default=learning_rates,
+        help="comma-separated; every row (kit and peers) is swept over them on dev, one seed, and its best kept",
+    )
+    parser.add_argument("--sweep-seed", type=int, default=1, help="the seed of the dev-only learning-rate sweep")
+    parser.add_argument(
+        "--steps", "--max-steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epoch)"
+    )
+    parser.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
+    parser.add_argument(
+        "--eval-data-dir", type=Path, default=None, help="STS folder of the final table (default: the recipe's; for smoke tests)"
+    )
+    parser.add_argument(
+        "--st-precision",
+        choices=("fp32", "bf16", "auto"),
+        default="auto",
+        help="sentence-transformers' training precision (auto: bf16=True on a GPU, fp32 (its default) on a CPU)",
+    )
+
+
 def add_table_options(parser: argparse.ArgumentParser) -> None:
     """The options every table driver shares: data root, retrieval tasks, workers."""
     parser.add_argument(

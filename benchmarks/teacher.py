@@ -46,7 +46,16 @@ from typing import Any
 from benchmarks._common import REPO, setup_run
 from benchmarks.domain import TARGET, domain_overrides, markdown, sweep_markdown
 from benchmarks.st_peers import resolve_precision
-from benchmarks.table_runs import Job, add_table_options, prepare_tables, sweep_and_run, table_job, table_meta
+from benchmarks.table_runs import (
+    BASE_MODEL,
+    Job,
+    add_sweep_options,
+    add_table_options,
+    prepare_tables,
+    sweep_and_run,
+    table_job,
+    table_meta,
+)
 
 logger = logging.getLogger("teacher")
 
@@ -108,13 +117,7 @@ def main() -> None:
     parser.add_argument("--teacher-cache-dir", type=Path, default=None, help="where its vectors are cached (default: the kit's)")
     parser.add_argument("--domains", nargs="+", default=list(TARGET), choices=list(TARGET))
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
-    parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
-    parser.add_argument("--learning-rates", default=LEARNING_RATES, help="every trained row is swept over them on dev, one seed")
-    parser.add_argument("--sweep-seed", type=int, default=1, help="the seed of the dev-only learning-rate sweep")
-    parser.add_argument("--steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epoch)")
-    parser.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
-    parser.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder of the final table (smoke tests)")
-    parser.add_argument("--st-precision", choices=("fp32", "bf16", "auto"), default="auto", help="the peer's precision")
+    add_sweep_options(parser, LEARNING_RATES)
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "teacher")
     add_table_options(parser)
     args = parser.parse_args()
@@ -134,7 +137,7 @@ def main() -> None:
     tasks = tuple(args.tasks)
     untouched = {
         row: Job(name=row, kind="base", out=str(args.output_dir / row), model=model, retrieval=tasks, eval_data_dir=senteval)
-        for row, model in (("base", "all-MiniLM-L6-v2"), ("teacher", str(args.teacher)))
+        for row, model in (("base", BASE_MODEL), ("teacher", str(args.teacher)))
         if row in args.rows
     }
     rows = {f"{d}-{r}": functools.partial(row_job, d, r, args=args) for d in args.domains for r in trained}
