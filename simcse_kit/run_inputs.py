@@ -73,21 +73,7 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
         table = load_teacher_table(
             loss.teacher, texts, cache_dir=loss.teacher_cache_dir, device=device, show_progress=cfg.train.progress_bar
         )
-    width = AutoConfig.from_pretrained(resolve_model_path(cfg.model.name_or_path)).hidden_size
-    projection: tuple[torch.Tensor, ...] | None = None
-    if loss.teacher_loss == "embedding" and loss.teacher_projection == "aligned":
-        # Into the student's own coordinates, at any width: the untrained student's vectors of
-        # the same sentences (its exported pooling, in fp32; deterministic, so a resume agrees).
-        student = load_encoder(cfg.model.name_or_path, pooler=cfg.model.pooler, max_seq_len=cfg.model.max_seq_len, device=device)
-        projection = aligned_projection(table.vectors, student.encode(texts))
-    elif loss.teacher_loss == "embedding" and table.width != width:
-        if loss.teacher_projection == "none":
-            raise ConfigError(
-                f"config key 'loss.teacher' = {loss.teacher!r}: its vectors are {table.width} wide and the student's {width}; "
-                "embedding distillation needs a projection (loss.teacher_projection: pca or aligned) "
-                "or use loss.teacher_loss: similarity"
-            )
-        projection = pca_projection(table.vectors, width)
+    projection = embedding_projection(cfg, table, texts, device) if loss.teacher_loss == "embedding" else None
     what = (loss.teacher_loss, loss.teacher, len(texts), table.width, loss.teacher_weight)
     logger.info("teacher: %s distillation from %s (%d sentences, %d wide), weight %g", *what)
     targets = TeacherTargets(
@@ -99,6 +85,27 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
         student_temperature=loss.teacher_student_temperature,
     )
     return targets, table
+
+
+def embedding_projection(cfg: RunConfig, table: TeacherTable, texts: list[str], device: str) -> tuple[torch.Tensor, ...] | None:
+    """How ``embedding`` distillation maps the teacher's vectors onto the student's
+    (``loss.teacher_projection``); None where the widths agree and no alignment is asked."""
+    loss = cfg.loss
+    if loss.teacher_projection == "aligned":
+        # Into the student's own coordinates, at any width: the untrained student's vectors of
+        # the same sentences (its exported pooling, in fp32; deterministic, so a resume agrees).
+        student = load_encoder(cfg.model.name_or_path, pooler=cfg.model.pooler, max_seq_len=cfg.model.max_seq_len, device=device)
+        return aligned_projection(table.vectors, student.encode(texts))
+    width = AutoConfig.from_pretrained(resolve_model_path(cfg.model.name_or_path)).hidden_size
+    if table.width == width:
+        return None
+    if loss.teacher_projection == "none":
+        raise ConfigError(
+            f"config key 'loss.teacher' = {loss.teacher!r}: its vectors are {table.width} wide and the student's {width}; "
+            "embedding distillation needs a projection (loss.teacher_projection: pca or aligned) "
+            "or use loss.teacher_loss: similarity"
+        )
+    return pca_projection(table.vectors, width)
 
 
 def load_checked_tokenizer(cfg: RunConfig) -> Any:
