@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"simcse-kit {args.command}: interrupted", file=sys.stderr)
         return 130
     finally:
-        if "torch.distributed" in sys.modules:  # only a command that trained can hold a process group
+        # A command that never imported torch holds no process group; do not import it just to look.
+        if "torch.distributed" in sys.modules:
             from simcse_kit.distributed import close_process_group
 
             close_process_group()
