@@ -302,14 +302,14 @@ def kit_recipe_run(
 ) -> Any:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
-    line), on the CPU, built as a text run is (``simcse_kit.run.build_run``: "auto"
+    line), on the CPU, built as a text run is (``simcse_kit.training.run.build_run``: "auto"
     precision decided, ``mmap_threshold_mib`` applied) without dev selection or run folder;
     ``fit(run, run.step, run.cfg.train)`` trains it; ``timer`` stamps every batch it collates."""
     import datasets
 
-    from simcse_kit.config import load_config
-    from simcse_kit.recipes import find_recipe
-    from simcse_kit.run import build_run
+    from simcse_kit.config.recipes import find_recipe
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.run import build_run
 
     opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides
@@ -321,7 +321,7 @@ def kit_recipe_run(
 def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float:
     """Best-of-``repeats`` GFLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` on torch's threads,
     after one warm-up call (oneDNN picks and caches its kernel). Not
-    ``simcse_kit.precision.cpu_matmul_speeds``: that probe times one thread within a few
+    ``simcse_kit.model.precision.cpu_matmul_speeds``: that probe times one thread within a few
     milliseconds, as a run's start-up must; this times what the machine can do."""
     import torch
 
@@ -338,7 +338,7 @@ def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float
 
 def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
     """Mean matmul FLOPs of one forward + backward (``objective.step(model, batch)``: with no
-    ``backward`` a step calls ``loss.backward()`` itself, simcse_kit.steps),
+    ``backward`` a step calls ``loss.backward()`` itself, simcse_kit.training.steps),
     over ``batches``, as torch's ``FlopCounterMode`` counts them (whatever the precision);
     the gradients are dropped afterwards."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -368,7 +368,7 @@ def seeds_table(
         The table, and per config its ``mean``, ``std``, seed count ``n`` and ``per_seed``.
     """
     from simcse_kit.evaluation.tables import format_rows
-    from simcse_kit.experiments import aggregate
+    from simcse_kit.training.experiments import aggregate
 
     table, stats = [], {}
     for name, per_seed in rows.items():
@@ -429,7 +429,7 @@ def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], A
     """
     from sentence_transformers import SentenceTransformer
 
-    from simcse_kit.modeling import resolve_model_path
+    from simcse_kit.model.modeling import resolve_model_path
 
     model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
     model.max_seq_length = args.max_seq_len

@@ -1,9 +1,9 @@
 """Time of one AdamW step on the default model's parameters: per-parameter loop, foreach, fused.
 
 The parameters are those the unsup recipe trains (all-MiniLM-L6-v2 as a text run builds
-it, ``simcse_kit.run.build_run``: 101 tensors, 22.6M values; the transformer's own
+it, ``simcse_kit.training.run.build_run``: 101 tensors, 22.6M values; the transformer's own
 pooler is frozen), in the optimiser groups of
-``simcse_kit.loop.param_groups``, lr 3e-5, with random gradients set once (a step
+``simcse_kit.training.loop.param_groups``, lr 3e-5, with random gradients set once (a step
 never clears them). Variants:
 
 * ``loop``: ``torch.optim.AdamW(foreach=False)``, one parameter at a time (what AdamW
@@ -12,12 +12,12 @@ never clears them). Variants:
 * ``fused``: ``fused=True``, one fused kernel (simcse-kit's fp32 path: ``make_optimizer``
   builds exactly this when the model is not in bf16);
 * ``kit``: the optimiser a text run builds in the recipes' setting on a native-bf16 CPU
-  (``build_run``'s, i.e. ``simcse_kit.loop.make_optimizer`` with bf16 weights, prepared: the model cast to bf16,
+  (``build_run``'s, i.e. ``simcse_kit.training.loop.make_optimizer`` with bf16 weights, prepared: the model cast to bf16,
   embedding tables kept fp32, ``MasterWeightAdamW`` fused over fp32 masters), with bf16
   gradients; its step is the whole optimiser step of a training step: gradients
   widened to fp32, the fused update, the bf16 weights re-rounded from the masters;
 * ``kit-loop``: the same master-weight path built with ``fused=False``
-  (``simcse_kit.fastpath.bf16.bf16_training``), i.e. without the fused kernel.
+  (``simcse_kit.model.fastpath.bf16.bf16_training``), i.e. without the fused kernel.
 
 Each variant gets a fresh run (its model seeded: the same every time) and optimiser;
 ``--warmup`` steps, then the median (and minimum) of ``--steps`` timed
@@ -66,10 +66,10 @@ def build_optimizer(variant: str) -> tuple[nn.Module, torch.optim.Optimizer]:
     ``variant``'s optimiser over it (the kit variants cast the model to bf16)."""
     import datasets
 
-    from simcse_kit.config import load_config
-    from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.loop import param_groups
-    from simcse_kit.run import build_run
+    from simcse_kit.config.run import load_config
+    from simcse_kit.model.fastpath.bf16 import bf16_training
+    from simcse_kit.training.loop import param_groups
+    from simcse_kit.training.run import build_run
 
     cfg = load_config(RECIPE, KIT if variant == "kit" else FP32)
     run = build_run(cfg, dataset=datasets.Dataset.from_dict({"sent0": ["a man plays a guitar"]}), evaluate=False, cpu=True)

@@ -116,7 +116,7 @@ def domain_overrides(overrides: dict[str, str], args: argparse.Namespace) -> dic
 
 def domain_config(domain: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> Any:
     """The domain recipe with ``overrides``, this run's budget and output folder."""
-    from simcse_kit.config import load_config
+    from simcse_kit.config.run import load_config
 
     return load_config(recipe(domain), domain_overrides(overrides, args) | {"output_dir": str(out)})
 
@@ -147,7 +147,7 @@ def best_step_cell(per_seed: dict[int, dict[str, float]]) -> str:
 def dev_only(args: argparse.Namespace) -> str:
     """Each variant on each domain with ``train.final_eval`` off (training and dev
     evaluations only) into ``OUTPUT_DIR/sweep/<d>-<variant>/seed-N``; the dev table."""
-    from simcse_kit.experiments import run_seeds
+    from simcse_kit.training.experiments import run_seeds
 
     lines = [
         "| domain | variant | seed | dev at step 0 | dev: best trained | dev: end | best step | masked negatives |",
@@ -170,7 +170,7 @@ def dev_only(args: argparse.Namespace) -> str:
 
 def markdown(rows: Rows, lrs: dict[str, float] | None = None) -> tuple[str, dict[str, Any]]:
     """The domain table (``lrs``: each row's learning rate, chosen on dev) and its raw numbers."""
-    from simcse_kit.experiments import aggregate
+    from simcse_kit.training.experiments import aggregate
 
     lrs = lrs or {}
     stats: dict[str, Any] = {}
@@ -293,7 +293,7 @@ def main() -> None:
     peers = [] if "none" in args.peers else list(dict.fromkeys(args.peers))
     setup_run(args.threads)
 
-    from simcse_kit.experiments import parse_seeds, parse_values
+    from simcse_kit.training.experiments import parse_seeds, parse_values
 
     prepare_tables(args)
     args.seeds = parse_seeds(args.seeds)

@@ -4,7 +4,7 @@ At the unsup recipe's shapes in bf16 (a hidden state of ~3200 packed tokens x 38
 what batch 64 at length 32 gives; 19 such calls a forward on the default model):
 
 * ``torch``: ``torch.nn.functional.dropout`` (one Bernoulli draw per element);
-* ``where``: ``simcse_kit.fastpath.fast_dropout(..., integer_mask=False)``: 16-bit uniforms
+* ``where``: ``simcse_kit.model.fastpath.fast_dropout(..., integer_mask=False)``: 16-bit uniforms
   from 64-bit draws, a bool mask applied with ``torch.where``;
 * ``integer``: ``fast_dropout``'s default for 16-bit floats: the same uniforms, the mask
   built in the integers as 1.0's bit pattern and multiplied in (equal results);
@@ -42,7 +42,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from simcse_kit.fastpath import fast_dropout
+    from simcse_kit.model.fastpath import fast_dropout
 
     x = torch.randn(args.tokens, args.hidden, dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn_like(x)

@@ -6,7 +6,7 @@ length, same thread count. Variants:
 
 * ``st-fp32``: ``SentenceTransformer.encode`` as shipped;
 * ``st-bf16``: the same under ``torch.autocast("cpu", bfloat16)``;
-* ``kit-fp32``: ``simcse_kit.inference.Encoder`` (precision ``"no"``, the default);
+* ``kit-fp32``: ``simcse_kit.model.inference.Encoder`` (precision ``"no"``, the default);
 * ``kit-bf16``: ``Encoder(..., precision="bf16")``.
 
 The harness (``_harness``): each variant runs in a fresh interpreter (a warm-up call of
@@ -62,7 +62,7 @@ def encoder(args: argparse.Namespace) -> Any:
     """The variant's ``encode(sentences) -> (n, 384) fp32 tensor``."""
     import torch
 
-    from simcse_kit.modeling import resolve_model_path
+    from simcse_kit.model.modeling import resolve_model_path
 
     framework, precision = args.worker.split("-")
     path = resolve_model_path("all-MiniLM-L6-v2")
@@ -80,8 +80,8 @@ def encoder(args: argparse.Namespace) -> Any:
         return run
     from transformers import AutoModel, AutoTokenizer
 
-    from simcse_kit.inference import Encoder
-    from simcse_kit.modeling import SimCSEModel
+    from simcse_kit.model.inference import Encoder
+    from simcse_kit.model.modeling import SimCSEModel
 
     model = SimCSEModel(AutoModel.from_pretrained(path, attn_implementation="sdpa"), "avg", "none", args.max_seq_len)
     kit = Encoder(model, AutoTokenizer.from_pretrained(path), args.max_seq_len, "cpu", "no" if precision == "fp32" else "bf16")

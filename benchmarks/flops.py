@@ -1,7 +1,7 @@
 """Share of the matmul peak that a real training run reaches (model FLOP utilisation).
 
 A real run, not a steady state: the ``unsup`` recipe's own loop (``_common.kit_recipe_run``
-+ ``simcse_kit.loop.fit``: collation, packing, forward, backward, AdamW, scheduler),
++ ``simcse_kit.training.loop.fit``: collation, packing, forward, backward, AdamW, scheduler),
 every step on a fresh batch of ``wiki1m_head.txt`` (a different slice each round),
 packed as the run packs it, so oneDNN meets new shapes as it does in training (unlike
 ``profile_step.py``'s repeated batches, whose figure is a steady state and labelled so).
@@ -80,7 +80,7 @@ class StampedStep:
 def kit_result(args: argparse.Namespace) -> dict[str, Any]:
     """A ``kit-*`` worker's result: the recipe's loop on fresh batches, its achieved GFLOP/s."""
     from benchmarks.train_throughput import KIT_PRECISION, sentences_for
-    from simcse_kit.loop import fit
+    from simcse_kit.training.loop import fit
 
     overrides = {
         "batch_size": args.batch_size,

@@ -127,7 +127,7 @@ def model_folder(job: Job) -> str:
     """The encoder's folder: the bundled default, or a random-init config saved with its tokenizer."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from simcse_kit.modeling import resolve_model_path
+    from simcse_kit.model.modeling import resolve_model_path
 
     default = resolve_model_path("all-MiniLM-L6-v2")
     if job.model == "minilm":
@@ -214,10 +214,10 @@ def run_kit(
     own loop (``fit``), timed between two steps."""
     import datasets
 
-    from simcse_kit.config import load_config
-    from simcse_kit.loop import fit
-    from simcse_kit.recipes import find_recipe
-    from simcse_kit.run import build_run
+    from simcse_kit.config.recipes import find_recipe
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.loop import fit
+    from simcse_kit.training.run import build_run
 
     total = args.warmup + args.steps + 1
     overrides = {
@@ -303,7 +303,7 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """One variant of one job: ``kit-pack-w0``, ``kit-pad-w4``, ``st-w0``, ..."""
-    from simcse_kit.fastpath.internals import reset_accelerate_state
+    from simcse_kit.model.fastpath.internals import reset_accelerate_state
 
     job = parse_job(args.job)
     kind, _, rest = args.worker.partition("-")

@@ -6,7 +6,7 @@ every 5 ms, so each step's peak is seen, not only its end. Variants:
 
 * ``default``: glibc malloc and oneDNN as they come (``train.mmap_threshold_mib: null``);
 * ``mmap1``, ``mmap2``, ``mmap4``: ``train.mmap_threshold_mib`` 1, 2, 4, which fixes
-  glibc's mmap threshold (``simcse_kit.heap``): every allocation of that size or more is
+  glibc's mmap threshold (``simcse_kit.model.heap``): every allocation of that size or more is
   its own mapping, returned to the OS when freed. By default glibc raises this threshold
   as large blocks are freed (up to 32 MiB), so the step's many transient tensors, whose
   sizes change with every packed batch, are served from a heap that never shrinks;
@@ -79,7 +79,7 @@ class PeakSampler:
 def worker(args: argparse.Namespace) -> None:
     os.environ.update(VARIANTS[args.worker][1])  # before torch loads oneDNN
     setup_threads(args.threads)
-    from simcse_kit.loop import fit
+    from simcse_kit.training.loop import fit
 
     sampler = PeakSampler()
     overrides = {

@@ -6,7 +6,7 @@ max length 32, temperature 0.05 (scale 20), lr 3e-5, both toolkits caching gradi
 that only one mini-batch's activations live at a time:
 
 * simcse-kit: the unsup recipe (train/unsup.yaml) with ``train.grad_cache_chunk`` =
-  ``--chunk`` rows, built as a run builds it (``simcse_kit.run.build_run``, through
+  ``--chunk`` rows, built as a run builds it (``simcse_kit.training.run.build_run``, through
   ``_common.kit_recipe_run``: the step is a ``GradCacheStep``), then ``loop.fit``;
 * sentence-transformers: ``SentenceTransformerTrainer`` with
   ``CachedMultipleNegativesRankingLoss(scale=20, mini_batch_size=--chunk)`` on
@@ -87,7 +87,7 @@ PAIRS = (
 def sentences_for(args: argparse.Namespace) -> list[str]:
     """Enough sentences for one epoch of the run: wiki1m_head in shuffled passes, the
     same list for every variant of a round (``--offset`` picks the round's shuffles)."""
-    from simcse_kit.data import read_sentences
+    from simcse_kit.data.readers import read_sentences
 
     need = (args.warmup + args.steps + 3) * args.batch_size
     corpus = read_sentences(WIKI)
@@ -102,7 +102,7 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
 
 
 def worker_kit(args: argparse.Namespace, sents: list[str]) -> dict[str, Any]:
-    from simcse_kit.loop import fit
+    from simcse_kit.training.loop import fit
 
     overrides = {
         "batch_size": args.batch_size,

@@ -51,7 +51,7 @@ def main() -> None:
     from simcse_kit.evaluation import MAIN_TASKS, STSEvaluator
     from simcse_kit.evaluation.hub import HubSTSEvaluator, read_original_release, senteval_test_pairs, write_hub_copy
     from simcse_kit.evaluation.sts_readers import read_sick
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.model.inference import load_encoder
 
     senteval = DATA / "senteval"
     encoder = load_encoder(args.model)

@@ -43,7 +43,7 @@ def main() -> None:
     from simcse_kit.evaluation.encoding import prompted, truncated
     from simcse_kit.evaluation.retrieval import RetrievalEvaluator
     from simcse_kit.evaluation.tables import format_rows
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.model.inference import load_encoder
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", required=True)

@@ -59,9 +59,9 @@ logger = logging.getLogger("mining")
 
 def mined_file(out: Path, triplets: Path) -> Path:
     """``triplets`` without its contradictions, re-mined (cached in ``out``)."""
-    from simcse_kit.data import read_rows
-    from simcse_kit.fileio import write_text_atomic
-    from simcse_kit.mining import mine_file
+    from simcse_kit.data.readers import read_rows
+    from simcse_kit.files import write_text_atomic
+    from simcse_kit.training.mining import mine_file
 
     target = out / "snli_pairs_mined.csv"
     if target.is_file():
@@ -92,8 +92,8 @@ def config_overrides(name: str, args: argparse.Namespace, mined: Path) -> tuple[
 
 def training_rows(name: str, args: argparse.Namespace, mined: Path) -> int:
     """How many examples config ``name`` trains on (read as its run reads them)."""
-    from simcse_kit.config import load_config
-    from simcse_kit.run import load_training_data
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.run import load_training_data
 
     recipe, opts = config_overrides(name, args, mined)
     return len(load_training_data(load_config(recipe, opts)))
@@ -114,7 +114,7 @@ def cell(mean: dict[str, float], std: dict[str, float], key: str, n: int) -> str
 
 def markdown(rows: dict[str, dict[int, dict[str, float]]], counts: dict[str, int] | None = None) -> tuple[str, dict[str, Any]]:
     """The table (``counts``: the rows each config trains on) and its raw numbers."""
-    from simcse_kit.experiments import aggregate
+    from simcse_kit.training.experiments import aggregate
 
     counts = counts or {}
     stats: dict[str, Any] = {}
@@ -155,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_run(args.threads)
 
-    from simcse_kit.experiments import parse_seeds
+    from simcse_kit.training.experiments import parse_seeds
 
     prepare_tables(args, ["/".join(TRIPLETS)])
     args.seeds = parse_seeds(args.seeds)

@@ -10,8 +10,8 @@ load on a shared machine hits all of them):
 * throughput: every distinct STS-B dev+test sentence (5,383) at batch 128, sentences/s;
 * latency: the first ``--latency-sentences`` of them one at a time (batch 1), ms per call;
 
-for ``torch fp32`` (simcse-kit's own :class:`~simcse_kit.inference.Encoder`), ``onnx fp32``
-and ``onnx int8`` (:class:`~simcse_kit.onnx_encoder.OnnxEncoder`: onnxruntime + tokenizers).
+for ``torch fp32`` (simcse-kit's own :class:`~simcse_kit.model.inference.Encoder`), ``onnx fp32``
+and ``onnx int8`` (:class:`~simcse_kit.export.onnx_encoder.OnnxEncoder`: onnxruntime + tokenizers).
 ``--avx2-torch`` adds torch fp32 with its kernels held to AVX2 (``ATEN_CPU_CAPABILITY=avx2
 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``, read at process start, so in a fresh
 process per round); onnxruntime has no such switch. Cold start: a fresh interpreter that
@@ -108,7 +108,7 @@ def versions() -> dict[str, str]:
 def worker(args: argparse.Namespace) -> None:
     sentences = json.loads(Path(args.sentences_file).read_text())
     if args.worker == "cold-onnx":
-        from simcse_kit.onnx_encoder import OnnxEncoder
+        from simcse_kit.export.onnx_encoder import OnnxEncoder
 
         encoder = OnnxEncoder(args.export, threads=args.threads)
         encoder.encode(sentences[:1])
@@ -126,7 +126,7 @@ def worker(args: argparse.Namespace) -> None:
     elif args.worker == "cold-torch":
         import torch
 
-        from simcse_kit.inference import load_encoder
+        from simcse_kit.model.inference import load_encoder
 
         torch.set_num_threads(args.threads)
         encoder = load_encoder(args.source)
@@ -138,7 +138,7 @@ def worker(args: argparse.Namespace) -> None:
     elif args.worker == "torch-avx2":
         import torch
 
-        from simcse_kit.inference import load_encoder
+        from simcse_kit.model.inference import load_encoder
 
         torch.set_num_threads(args.threads)
         encoder = load_encoder(args.source)
@@ -195,12 +195,12 @@ def main() -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from simcse_kit.config import ModelConfig
+    from simcse_kit.config.run import ModelConfig
     from simcse_kit.evaluation import STSEvaluator
     from simcse_kit.export import EXPORT_INFO, export_model
-    from simcse_kit.inference import load_encoder
-    from simcse_kit.modeling import SimCSEModel, resolve_model_path
-    from simcse_kit.onnx_encoder import FP32_FILE, INT8_FILE, OnnxEncoder
+    from simcse_kit.export.onnx_encoder import FP32_FILE, INT8_FILE, OnnxEncoder
+    from simcse_kit.model.inference import load_encoder
+    from simcse_kit.model.modeling import SimCSEModel, resolve_model_path
 
     logging.basicConfig(level=logging.WARNING)
     load_before = os.getloadavg()

@@ -2,12 +2,12 @@
 
 Pure counting with the default model's tokenizer (all-MiniLM-L6-v2); no model forward.
 
-(a) Training. The unsup recipe's own loader (``simcse_kit.run.build_run``'s, as prepared:
+(a) Training. The unsup recipe's own loader (``simcse_kit.training.run.build_run``'s, as prepared:
 ``wiki1m_head.txt``, shuffled with ``--seed``, batches of ``--batch-size`` examples,
 collated by ``ContrastiveCollator`` into ``[a, a, b, b, ...]`` rows, each batch padded
 to its longest row, at most ``--max-seq-len`` tokens). For every batch of one epoch
 (or ``--batches``): the share of the batch's positions that are padding, as padded;
-and the share of the positions that remain padding after ``simcse_kit.packing.pack``,
+and the share of the positions that remain padding after ``simcse_kit.model.packing.pack``,
 the function the model calls on the collated batch (a batch where packing saves less
 than ``packing.MIN_SAVING`` is run padded by the model and counted padded here too).
 
@@ -15,7 +15,7 @@ than ``packing.MIN_SAVING`` is run padded by the model and counted padded here t
 by ``simcse_kit.evaluation.read_stsb``), batches of ``--encode-batch-size``, truncated at
 ``--encode-max-seq-len``, each batch padded to its longest sentence, in three orders:
 as given; sorted by characters (the usual shortcut); sorted by token count, which is
-what ``simcse_kit.inference.Encoder`` does (measured by running ``Encoder.encode`` with
+what ``simcse_kit.model.inference.Encoder`` does (measured by running ``Encoder.encode`` with
 a model that only records the batches it is given).
 
 Share = padded positions / all positions, summed over the batches.
@@ -49,9 +49,9 @@ def share(padded: int, positions: int) -> float:
 
 def training_padding(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
     """Positions of the recipe's training batches, padded and as the model packs them."""
-    from simcse_kit.config import load_config
-    from simcse_kit.packing import pack
-    from simcse_kit.run import build_run
+    from simcse_kit.config.run import load_config
+    from simcse_kit.model.packing import pack
+    from simcse_kit.training.run import build_run
 
     overrides = {"batch_size": str(args.batch_size), "max_seq_len": str(args.max_seq_len), "seed": str(args.seed)}
     cfg = load_config(RECIPE, overrides | {"report_to": "none"})
@@ -110,7 +110,7 @@ class RecordingModel(nn.Module):
 
 def encoding_padding(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
     """Positions of the STS-B encoding batches in input order, by characters, by tokens."""
-    from simcse_kit.inference import Encoder
+    from simcse_kit.model.inference import Encoder
 
     sentences = stsb_sentences()
     n = args.encode_batch_size
@@ -149,7 +149,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from simcse_kit.modeling import resolve_model_path
+    from simcse_kit.model.modeling import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))
     train = training_padding(args, tokenizer)
@@ -162,7 +162,7 @@ def main() -> None:
     print("| batches as | positions | padding |")
     print("|---|---:|---:|")
     print(f"| padded to the batch's longest row | {train['padded_positions']} | {100 * train['pad_share_padded']:.1f}% |")
-    print(f"| packed (`simcse_kit.packing.pack`) | {train['packed_positions']} | {100 * train['pad_share_packed']:.1f}% |")
+    print(f"| packed (`simcse_kit.model.packing.pack`) | {train['packed_positions']} | {100 * train['pad_share_packed']:.1f}% |")
     print(f"\n{train['tokens']} tokens; {train['batches_run_padded']} batch(es) saved too little and run padded")
     print(
         f"\n(b) encoding: {encode['sentences']} distinct STS-B dev+test sentences, batch {args.encode_batch_size}, "

@@ -5,7 +5,7 @@ makes bf16 emulated the way it is on most AVX2 machines), a fresh process measur
 
 1. fp32 and bf16 matmul GFLOP/s at the default model's shapes with ``T`` tokens
    (all-MiniLM-L6-v2: hidden 384, feed-forward 1536), at ``--threads`` threads;
-2. ``simcse_kit.precision``'s probe: its wall time (cold, per process) and the
+2. ``simcse_kit.model.precision``'s probe: its wall time (cold, per process) and the
    training and evaluation precisions it resolves ``auto`` to.
 
 Each setting runs in its own interpreter because oneDNN reads the variable once.
@@ -37,7 +37,7 @@ def worker(tokens: int, repeats: int, threads: int) -> None:
     setup_threads(threads)
     import torch
 
-    from simcse_kit import precision
+    from simcse_kit.model import precision
 
     rows = []
     for name, k, n in SHAPES:

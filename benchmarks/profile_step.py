@@ -4,8 +4,8 @@ What it measures, per precision setting (``--settings``, default all three):
 
 * ``recipe``: the ``unsup`` recipe as ``simcse-kit train`` runs it on a native-bf16 CPU,
   where ``mixed_precision: auto`` resolves to bf16 with bf16 weights (fp32 master
-  weights in AdamW, :mod:`simcse_kit.fastpath.bf16`) and fast dropout
-  (:mod:`simcse_kit.fastpath.dropout`); set explicitly here, so that a busy machine's
+  weights in AdamW, :mod:`simcse_kit.model.fastpath.bf16`) and fast dropout
+  (:mod:`simcse_kit.model.fastpath.dropout`); set explicitly here, so that a busy machine's
   start-up probe cannot switch it to fp32 (the line ``auto here:`` says what ``auto``
   would pick now);
 * ``autocast``: the same recipe under bf16 autocast (fp32 weights, PyTorch's dropout);
@@ -14,8 +14,8 @@ What it measures, per precision setting (``--settings``, default all three):
   off, the embedding tables' gradient a fresh dense table every backward.
 
 The step is the trainer's: the recipe's config is built into a run by the function
-``simcse-kit train`` uses (:func:`simcse_kit.run.build_run`) and
-:func:`simcse_kit.loop.fit` runs it, optimizer step, master-weight copy-back,
+``simcse-kit train`` uses (:func:`simcse_kit.training.run.build_run`) and
+:func:`simcse_kit.training.loop.fit` runs it, optimizer step, master-weight copy-back,
 scheduler and the collation of the next batch included (default model
 all-MiniLM-L6-v2, batch 64 sentences = 128 rows of ``wiki1m_head.txt``, max length 32,
 packed rows). Only the data order differs from a run: ``--batches`` distinct batches
@@ -36,7 +36,7 @@ Method:
   attention found among the op's names and enclosing ranges, else other (residual adds,
   pooling, packing, gradient accumulation, the loop). Ranges this script adds (~30 a
   step, ~5 us each outside the profiler): the
-  ``*SelfAttention`` and ``*Embeddings`` modules, ``simcse_kit.fastpath.dropout.fast_dropout``
+  ``*SelfAttention`` and ``*Embeddings`` modules, ``simcse_kit.model.fastpath.dropout.fast_dropout``
   (wrapped for the run; its module attribute is what the library calls) and the
   objective's ``loss``. A backward op goes to the class of the forward op that made its
   autograd node (matched by sequence number), so ``MulBackward0`` of a dropout mask is
@@ -94,9 +94,9 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.autograd.profiler_util import FunctionEvent
 
-    from simcse_kit.config import RunConfig
-    from simcse_kit.objectives import SimCSEObjective
-    from simcse_kit.run import Run
+    from simcse_kit.config.run import RunConfig
+    from simcse_kit.training.objectives import SimCSEObjective
+    from simcse_kit.training.run import Run
 
 # Config overrides per setting ("recipe": what the recipes' "auto" resolves to on a native-bf16 CPU).
 RECIPE = {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"}
@@ -235,7 +235,7 @@ def range_module(module: nn.Module, name: str) -> list[Any]:
 @contextmanager
 def class_ranges(model: nn.Module, objective: SimCSEObjective) -> Iterator[None]:
     """The ranges that name classes the op names alone cannot (see the module docstring)."""
-    from simcse_kit.fastpath import dropout
+    from simcse_kit.model.fastpath import dropout
 
     handles = []
     for module in model.modules():
@@ -289,8 +289,8 @@ class ProfiledStep:
 
 def run_config(args: argparse.Namespace, steps: int) -> RunConfig:
     """The recipe with this setting's precision, ``steps`` long, without evaluations, logging or trackers."""
-    from simcse_kit.config import load_config
-    from simcse_kit.recipes import find_recipe
+    from simcse_kit.config.recipes import find_recipe
+    from simcse_kit.config.run import load_config
 
     overrides = {
         "output_dir": tempfile.mkdtemp(prefix="profile_step-"),
@@ -308,15 +308,15 @@ def run_config(args: argparse.Namespace, steps: int) -> RunConfig:
 
 
 def fixed_order_run(cfg: RunConfig, distinct: int, steps: int) -> Run:
-    """The text run ``simcse-kit train`` would build from ``cfg`` (:func:`simcse_kit.run.build_run`:
+    """The text run ``simcse-kit train`` would build from ``cfg`` (:func:`simcse_kit.training.run.build_run`:
     precision, heap, accelerator, model, objective, step, AdamW, schedule), on ``distinct``
     batches of wiki sentences repeated in order instead of shuffled, collated by the run's
     own collator: ``steps`` batches."""
     import datasets
     from torch.utils.data import DataLoader
 
-    from simcse_kit.data import read_sentences
-    from simcse_kit.run import build_run
+    from simcse_kit.data.readers import read_sentences
+    from simcse_kit.training.run import build_run
 
     n = cfg.train.batch_size
     sentences = read_sentences(WIKI)[: distinct * n] * -(-steps // distinct)
@@ -335,7 +335,7 @@ def worker(args: argparse.Namespace) -> None:
         return
     import transformers
 
-    from simcse_kit.loop import fit
+    from simcse_kit.training.loop import fit
 
     transformers.logging.set_verbosity_error()
     steps = args.warmup + args.timed + args.batches + 2  # + the profiler's warm-up step and the one that ends the last window
@@ -486,7 +486,7 @@ def main() -> None:
 
     env = start(args)
     setup_threads(args.threads)
-    from simcse_kit.precision import resolve_precision
+    from simcse_kit.model.precision import resolve_precision
 
     auto = resolve_precision("auto", "cpu").reason
     figure = steady_state(args.batches)

@@ -108,9 +108,10 @@ def run_st_config(mode: str, args: argparse.Namespace, out: Path) -> dict[int, d
 
 
 def run_base(args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
-    from simcse_kit.evaluation import STSEvaluator
     from simcse_kit.fileio import write_json_atomic
     from simcse_kit.inference import load_encoder
+
+    from simcse_kit.evaluation import STSEvaluator
 
     done = out / "metrics.json"
     folder = str(args.eval_data_dir or DATA / "senteval")

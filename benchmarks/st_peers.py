@@ -6,7 +6,7 @@ sentence-transformers losses, on exactly what a simcse-kit recipe trains on, so 
 row and a peer row differ only in the method.
 
 Method: the recipe (a ``RunConfig``) gives everything. The training set is the kit's own
-(``simcse_kit.run.load_training_data``: column ``sent0`` for unsup; ``sent0, sent1,
+(``simcse_kit.training.run.load_training_data``: column ``sent0`` for unsup; ``sent0, sent1,
 hard_neg`` for hardneg); batch size, epochs / ``max_steps``, learning rate (linear decay,
 the recipe's warm-up, no gradient clipping, as simcse-kit), training length
 ``model.max_seq_len``; the dev split of the recipe (``data.dev_file``, default STS-B dev)
@@ -68,7 +68,7 @@ from benchmarks._common import REPO, setup_run
 
 LOSSES = ("mnrl", "tsdae", "ct", "mse")  # mse: MSELoss distillation from the recipe's loss.teacher
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
-EVAL_BATCH_SIZE = 128  # as simcse_kit.run, so dev and test scores batch alike
+EVAL_BATCH_SIZE = 128  # as simcse_kit.training.run, so dev and test scores batch alike
 
 logger = logging.getLogger("st_peers")
 
@@ -109,9 +109,9 @@ def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datase
     """sentence-transformers' model-distillation data: each sentence with the teacher's
     vector as its label, reduced by PCA to the student's ``width`` when the teacher is wider
     (its documented recipe for a smaller student), L2-normalised like the student's output.
-    The teacher's vectors come from the kit's cache (:mod:`simcse_kit.teacher`): the same
+    The teacher's vectors come from the kit's cache (:mod:`simcse_kit.training.teacher`): the same
     vectors the kit's distillation rows learn from."""
-    from simcse_kit.teacher import load_teacher_table, pca_projection, teacher_texts
+    from simcse_kit.training.teacher import load_teacher_table, pca_projection, teacher_texts
 
     if cfg.loss.teacher is None or cfg.data.mode != "unsup":
         raise ValueError("the mse peer needs an unsup recipe with loss.teacher")
@@ -216,7 +216,7 @@ def st_train(
     """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection.
 
     Args:
-        cfg: the simcse-kit recipe (``simcse_kit.config.RunConfig``).
+        cfg: the simcse-kit recipe (``simcse_kit.config.run.RunConfig``).
         seed: model-side randomness (dropout, TSDAE's fresh decoder weights), data order,
             TSDAE's noise and, as in the kit's runs, corpus mixing.
         loss: one of :data:`LOSSES`.
@@ -231,8 +231,8 @@ def st_train(
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     from simcse_kit.evaluation import DevEvaluator, STSEvaluator
-    from simcse_kit.modeling import resolve_model_path
-    from simcse_kit.run import load_training_data
+    from simcse_kit.model.modeling import resolve_model_path
+    from simcse_kit.training.run import load_training_data
 
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))  # the kit's runs mix with their seed
     path = resolve_model_path(cfg.model.name_or_path)
@@ -376,7 +376,7 @@ def run_st(
     ``best_stsb_dev``, ``best_step``, the dev curve and, with ``retrieval`` folders, their
     nDCG@10 under ``retrieval:<task>`` and mean under ``retrieval:avg``. ``precision``
     ``auto``: :func:`resolve_precision`."""
-    from simcse_kit.fileio import write_json_atomic
+    from simcse_kit.files import write_json_atomic
 
     settings = run_settings(cfg, loss, precision, retrieval, dev_only) if settings is None else settings
     precision = resolve_precision(precision)
@@ -441,8 +441,8 @@ def main() -> None:
     args = parser.parse_args()
     setup_run(args.threads)
 
-    from simcse_kit.config import load_config
-    from simcse_kit.experiments import TABLE_HEADERS, TABLE_KEYS, aggregate, parse_seeds
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.experiments import TABLE_HEADERS, TABLE_KEYS, aggregate, parse_seeds
 
     overrides = {"max_steps": args.steps, "eval_steps": args.eval_steps, "eval_data_dir": args.eval_data_dir}
     cfg = load_config(args.recipe, {k: str(v) for k, v in overrides.items() if v is not None})

@@ -131,10 +131,10 @@ def build_tasks(out: Path, data_root: Path, names: Sequence[str], train_files: S
 def score_retrieval(model: str | Path, tasks: Sequence[str], max_seq_len: int, cache: Path) -> dict[str, float]:
     """:func:`retrieval_row` of ``model`` (a kit run's ``best_model`` or the base model),
     on CUDA when there is one; cached in ``cache`` with the tasks it was scored on."""
-    from simcse_kit.devices import resolve_device
     from simcse_kit.evaluation.retrieval import RetrievalEvaluator
-    from simcse_kit.fileio import write_json_atomic
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.files import write_json_atomic
+    from simcse_kit.model.devices import resolve_device
+    from simcse_kit.model.inference import load_encoder
 
     names = [Path(t).name for t in tasks]
     saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
@@ -185,10 +185,10 @@ def table_job(
 def base_scores(job: Job) -> dict[str, float]:
     """The untouched ``job.model``: its STS table on ``job.eval_data_dir`` and its retrieval
     row, cached in ``job.out/metrics.json`` (recomputed when the model, folder or tasks change)."""
-    from simcse_kit.devices import resolve_device
     from simcse_kit.evaluation import STSEvaluator
-    from simcse_kit.fileio import write_json_atomic
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.files import write_json_atomic
+    from simcse_kit.model.devices import resolve_device
+    from simcse_kit.model.inference import load_encoder
 
     out = Path(job.out)
     done = out / "metrics.json"
@@ -205,7 +205,7 @@ def base_scores(job: Job) -> dict[str, float]:
 
 
 def kit_config(job: Job) -> Any:
-    from simcse_kit.config import load_config
+    from simcse_kit.config.run import load_config
 
     extra = {"final_eval": "false"} if job.dev_only else {}
     return load_config(job.recipe, job.overrides | extra | {"output_dir": job.out})
@@ -217,16 +217,16 @@ PRECISION_KEYS = ("mixed_precision", "bf16_weights", "fast_dropout")
 def check_same_run(cfg: Any, folder: Path) -> None:
     """Refuse a finished run in ``folder`` made with another config than ``cfg``.
 
-    As ``simcse_kit.experiments.run_seeds`` does, except that an ``auto`` precision setting
+    As ``simcse_kit.training.experiments.run_seeds`` does, except that an ``auto`` precision setting
     matches whatever the run decided: on a CPU the decision comes from a short bf16 probe,
     which another process on a busy machine may decide the other way.
 
     Raises:
         ConfigError: a setting that changes what is computed differs.
     """
-    from simcse_kit.config import load_config
+    from simcse_kit.config.run import load_config
     from simcse_kit.errors import ConfigError
-    from simcse_kit.run_folder import config_differences
+    from simcse_kit.training.folder import config_differences
 
     auto = {f"train.{k}" for k in PRECISION_KEYS if getattr(cfg.train, k) == "auto"}
     saved = load_config(folder / "config.yaml")
@@ -246,14 +246,14 @@ def run_job(job: Job) -> dict[str, float]:
     if job.kind == "base":
         return base_scores(job)
     if job.kind == "st":
-        from simcse_kit.config import load_config
+        from simcse_kit.config.run import load_config
 
         cfg = load_config(job.recipe, job.overrides | {"output_dir": job.out})
         runs = run_st(cfg, [job.seed], job.loss, job.precision, Path(job.out), retrieval=job.retrieval, dev_only=job.dev_only)
         return runs[job.seed]
     if job.kind != "kit":
         raise ValueError(f"unknown job kind {job.kind!r}")
-    from simcse_kit.experiments import run_seeds
+    from simcse_kit.training.experiments import run_seeds
 
     cfg = kit_config(job)
     folder = Path(job.out) / f"seed-{job.seed}"
@@ -284,7 +284,7 @@ def finished(job: Job) -> bool:
     if not done.is_file():
         return False
     if job.kind == "st":
-        from simcse_kit.config import load_config
+        from simcse_kit.config.run import load_config
 
         cfg = load_config(job.recipe, job.overrides | {"output_dir": job.out})
         saved = json.loads(done.read_text(encoding="utf-8")).get("settings")
@@ -453,8 +453,8 @@ def prepare_tables(args: argparse.Namespace, train_files: Sequence[str] = ()) ->
     ``SIMCSE_KIT_DATA``, so the workers and every reader agree), ``args.output_dir``
     absolute, ``args.task_names`` and ``args.tasks`` (their folders, built under the output
     folder). ``train_files``: the data the runs train on, relative to the data root."""
+    from simcse_kit.config.recipes import DATA_ENV, data_root
     from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
-    from simcse_kit.recipes import DATA_ENV, data_root
 
     args.data_root = data_root(args.data_root)
     if args.data_root is None or not args.data_root.is_dir():

@@ -92,8 +92,8 @@ def row_job(domain: str, row: str, lr: float, seed: int, sweep: bool, args: argp
 def encode_teacher(domain: str, args: argparse.Namespace) -> None:
     """The teacher's vectors of ``domain``'s training sentences, into the cache (read back
     in a second when cached): before the workers start, so none encodes them twice."""
-    from simcse_kit.config import load_config
-    from simcse_kit.run_inputs import load_teacher, load_training_data
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.inputs import load_teacher, load_training_data
 
     cfg = load_config(recipe(domain, "teacher"), domain_overrides(teacher_overrides(args), args))
     load_teacher(cfg, load_training_data(cfg))
@@ -123,7 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     setup_run(args.threads)
 
-    from simcse_kit.experiments import parse_seeds, parse_values
+    from simcse_kit.training.experiments import parse_seeds, parse_values
 
     prepare_tables(args)
     args.seeds = parse_seeds(args.seeds)

@@ -70,7 +70,7 @@ MAX_GRAD_NORM = 1.0  # sentence-transformers' default, applied to both
 
 
 def sentences_for(args: argparse.Namespace) -> list[str]:
-    from simcse_kit.data import read_sentences
+    from simcse_kit.data.readers import read_sentences
 
     need = (args.warmup + args.steps + 3) * args.batch_size
     sents = read_sentences(WIKI)
@@ -82,7 +82,7 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
 
 
 def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest: list[str]) -> dict[str, Any]:
-    from simcse_kit.loop import fit
+    from simcse_kit.training.loop import fit
 
     overrides: dict[str, Any] = {
         "batch_size": args.batch_size,

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 if TYPE_CHECKING:
-    from simcse_kit.config import RunConfig
+    from simcse_kit.config.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -186,7 +186,7 @@ class TinyRun:
 
     ``recipe(name, **train)`` writes :func:`write_recipe`'s recipe with its run folder
     ``folder/name``; ``config(name, **overrides)`` loads it with CLI-style overrides (any
-    section's key); ``train(name, **overrides)`` runs ``simcse_kit.run.train`` on it.
+    section's key); ``train(name, **overrides)`` runs ``simcse_kit.training.run.train`` on it.
     """
 
     def __init__(self, folder: Path, model_dir: Path) -> None:
@@ -197,12 +197,12 @@ class TinyRun:
         return write_recipe(self.folder, self.model_dir, self.folder / name, **train)
 
     def config(self, name: str = "run", **overrides: object) -> RunConfig:
-        from simcse_kit.config import load_config
+        from simcse_kit.config.run import load_config
 
         return load_config(self.recipe(name), {k: str(v) for k, v in overrides.items()})
 
     def train(self, name: str = "run", **overrides: object) -> dict:
-        from simcse_kit.run import train
+        from simcse_kit.training.run import train
 
         return train(self.config(name, **overrides))
 

@@ -2,7 +2,7 @@
 
 (a) Layers point down: a module imports only modules on its own layer or below, function-
 level imports included. (b) Other libraries' internals stay at arm's length: outside
-``simcse_kit/fastpath/`` no module touches a private name of torch, transformers or
+``simcse_kit/model/fastpath/`` no module touches a private name of torch, transformers or
 accelerate (``fastpath/internals.py`` is the one marked module for those).
 """
 
@@ -17,46 +17,23 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "simcse_kit"
 
-# docs/architecture.md's layer table; a folder (``fastpath/``) covers every module in it.
+# docs/architecture.md's floor table, by package: a folder covers every module in it.
 LAYERS: dict[int, tuple[str, ...]] = {
-    0: ("errors", "fileio", "recipes", "config", "config_sections", "config_values", "modes"),
-    1: (
-        "losses",
-        "masks",
-        "distributed",
-        "batch",
-        "encoder_families",
-        "precision",
-        "devices",
-        "pipeline",
-        "heap",
-        "fastpath/",
-        "plots",
-        "tracking",
-        "model_checks",
-        "guards",
-        "onnx_encoder",
-    ),
-    2: ("packing", "modeling", "data"),
-    3: (
-        "inference",
-        "steps",
-        "objectives",
-        "momentum_queue",
-        "gradcache",
-        "loop",
-        "checkpoints",
-        "selection",
-        "mining",
-        "teacher",
-    ),
-    4: ("evaluation/",),
-    5: ("run", "run_inputs", "run_folder", "export/", "experiments"),
-    6: ("cli/", "demos/"),
+    1: ("errors", "files", "core/"),
+    2: ("config/",),
+    3: ("model/",),
+    4: ("data/",),
+    5: ("evaluation/",),
+    6: ("training/", "export/"),
+    7: ("demos/",),
+    8: ("cli/",),
 }
 LAYER_OF = {name.rstrip("/"): layer for layer, names in LAYERS.items() for name in names}
-PRIVATE_OK = "fastpath"  # the one subpackage allowed to touch other libraries' internals
+PRIVATE_OK = ("model", "fastpath")  # the one subpackage allowed to touch other libraries' internals
 GUARDED = ("torch", "transformers", "accelerate")
+# The loss core is the method in torch alone: the image demo and readers of the method need nothing else.
+CORE_MAY_IMPORT = {"torch", "__future__", "collections", "dataclasses", "hashlib", "math", "typing"}
+MAX_TOP_LEVEL = 12
 
 
 def modules() -> list[Path]:
@@ -64,10 +41,15 @@ def modules() -> list[Path]:
 
 
 def unit(path: Path) -> str:
-    """The layer-table entry a file belongs to: ``modeling`` or ``fastpath`` (a folder);
-    ``""`` for the package's own ``__init__.py``."""
+    """The floor-table entry a file belongs to: its top-level package (``model`` for
+    ``model/fastpath/bf16.py``) or module (``errors``); ``""`` for the package's own
+    ``__init__.py``."""
     rel = path.relative_to(PACKAGE).with_suffix("")
     return "" if rel.parts == ("__init__",) else rel.parts[0]
+
+
+def is_private_ok(path: Path) -> bool:
+    return path.relative_to(PACKAGE).parts[: len(PRIVATE_OK)] == PRIVATE_OK
 
 
 def imported_units(path: Path, package: tuple[str, ...] | None = None) -> set[tuple[str, int]]:
@@ -103,6 +85,31 @@ def test_the_table_is_the_documents_table() -> None:
     assert {int(layer): tuple(re.findall(r"`([^`]+)`", names)) for layer, names in rows} == LAYERS
 
 
+def test_the_top_level_is_small() -> None:
+    """The folder tree is the architecture: a handful of role packages, not a flat list."""
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py"))
+    assert len(entries) <= MAX_TOP_LEVEL, entries
+    assert {e.removesuffix(".py") for e in entries} - {"__init__"} == set(LAYER_OF)
+
+
+def test_the_core_imports_torch_alone() -> None:
+    outside = []
+    for path in (PACKAGE / "core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            outside += [
+                f"{path.name}:{node.lineno}: {n}"
+                for n in names
+                if n.split(".")[0] not in CORE_MAY_IMPORT and not n.startswith("simcse_kit.core")
+            ]
+    assert not outside, outside
+
+
 def test_every_module_has_a_layer() -> None:
     missing = sorted({unit(p) for p in modules()} - set(LAYER_OF) - {""})
     assert not missing, f"modules missing from the layer table in docs/architecture.md: {missing}"
@@ -126,19 +133,19 @@ def test_the_import_scan_itself(tmp_path: Path) -> None:
     """Known answers: absolute, from-package, relative and function-level imports."""
     path = tmp_path / "probe.py"
     path.write_text(
-        "import simcse_kit.losses\n"
-        "from simcse_kit import fileio, config as cfg\n"
-        "from simcse_kit.fastpath.bf16 import bf16_training\n"
+        "import simcse_kit.core.losses\n"
+        "from simcse_kit import files, config as cfg\n"
+        "from simcse_kit.model.fastpath.bf16 import bf16_training\n"
         "from . import packing\n"
         "from ..cli import main\n"
         "import torch\n"
         "def f():\n"
-        "    from simcse_kit.run import train\n",
+        "    from simcse_kit.training.run import train\n",
         encoding="utf-8",
     )
-    got = imported_units(path, package=("simcse_kit", "fastpath"))
+    got = imported_units(path, package=("simcse_kit", "model"))
     assert got == {
-        ("losses", 1), ("fileio", 2), ("config", 2), ("fastpath", 3), ("fastpath", 4), ("cli", 5), ("run", 8),
+        ("core", 1), ("files", 2), ("config", 2), ("model", 3), ("model", 4), ("cli", 5), ("training", 8),
     }  # fmt: skip
 
 
@@ -222,9 +229,11 @@ def private_uses(path: Path, own: set[str]) -> list[str]:
 def test_private_api_only_in_fastpath() -> None:
     own = own_private_names()
     offenders = [
-        f"{path.relative_to(REPO)}:{hit}" for path in modules() if unit(path) != PRIVATE_OK for hit in private_uses(path, own)
+        f"{path.relative_to(REPO)}:{hit}" for path in modules() if not is_private_ok(path) for hit in private_uses(path, own)
     ]
-    assert not offenders, "private API of torch/transformers/accelerate outside simcse_kit/fastpath/:\n" + "\n".join(offenders)
+    assert not offenders, "private API of torch/transformers/accelerate outside simcse_kit/model/fastpath/:\n" + "\n".join(
+        offenders
+    )
 
 
 @pytest.mark.parametrize(
@@ -248,3 +257,35 @@ def test_the_private_scan_itself(tmp_path: Path, source: str, expected: int) -> 
     path = tmp_path / "probe.py"
     path.write_text(source + "\n", encoding="utf-8")
     assert len(private_uses(path, own={"_cache"})) == expected, private_uses(path, own={"_cache"})
+
+
+# --------------------------------------------------------------------------- README layout
+
+
+def layout_block() -> str:
+    """The README's layout block, built from each entry's own docstring (its first
+    paragraph), so the two cannot drift apart. ``python tests/test_architecture.py`` writes it."""
+    lines = []
+    for layer in sorted(LAYERS):
+        for name in LAYERS[layer]:
+            path = PACKAGE / name.rstrip("/") / "__init__.py" if name.endswith("/") else PACKAGE / f"{name}.py"
+            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+            summary = " ".join(doc.split("\n\n")[0].split()).replace("``", "`")
+            lines.append(f"- `simcse_kit/{name}` (floor {layer}): {summary}")
+    return "\n".join(lines)
+
+
+LAYOUT_BEGIN, LAYOUT_END = "<!-- layout: generated by tests/test_architecture.py -->\n", "\n<!-- layout end -->"
+
+
+def test_the_readme_layout_is_generated() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start, end = readme.index(LAYOUT_BEGIN) + len(LAYOUT_BEGIN), readme.index(LAYOUT_END)
+    assert readme[start:end] == layout_block(), "README's layout block is stale: run `python tests/test_architecture.py`"
+
+
+if __name__ == "__main__":
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    head, rest = text.split(LAYOUT_BEGIN)
+    _, tail = rest.split(LAYOUT_END)
+    (REPO / "README.md").write_text(head + LAYOUT_BEGIN + layout_block() + LAYOUT_END + tail, encoding="utf-8")

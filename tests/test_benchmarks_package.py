@@ -55,7 +55,7 @@ def test_step_flops_counts_forward_and_backward_matmuls() -> None:
     class SquaredOutput:
         def step(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
             loss = model(batch).pow(2).sum()
-            loss.backward()  # the step contract (simcse_kit.steps): no backward given, loss.backward()
+            loss.backward()  # the step contract (simcse_kit.training.steps): no backward given, loss.backward()
             return loss.detach()
 
     model = nn.Linear(4, 3, bias=False)

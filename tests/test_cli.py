@@ -110,7 +110,7 @@ def test_output_dir_that_is_a_file_is_a_clear_error(
 
 
 def test_train_help_lists_every_config_key(capsys: pytest.CaptureFixture[str]) -> None:
-    from simcse_kit.config import key_help
+    from simcse_kit.config.run import key_help
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -125,7 +125,7 @@ def test_train_help_lists_every_config_key(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_progress_bar_shows_small_losses() -> None:
-    from simcse_kit.loop import loss_text
+    from simcse_kit.training.loop import loss_text
 
     assert loss_text(1.234e-4) == "0.000123"  # four fixed decimals showed 0.0001 / 0.0000
     assert loss_text(3.2e-6) == "3.2e-06"
@@ -133,7 +133,7 @@ def test_progress_bar_shows_small_losses() -> None:
 
 
 def test_paper_recipes_use_the_paper_loss() -> None:
-    from simcse_kit.config import load_config
+    from simcse_kit.config.run import load_config
 
     repo = Path(__file__).resolve().parents[1]
     for name in ("unsup_bert_base.yaml", "unsup_bert_large.yaml"):

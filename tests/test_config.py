@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from simcse_kit.config import LoopConfig, RunConfig, TrainConfig, load_config, save_config
+from simcse_kit.config.run import LoopConfig, RunConfig, TrainConfig, load_config, save_config
 from simcse_kit.errors import ConfigError
 
 RECIPES = sorted((REPO / "train").rglob("*.yaml"))

@@ -1,5 +1,5 @@
-"""The batch layout (one home: simcse_kit.batch), the collator that follows it, and the
-training-file readers (UTF-8 with or without a byte-order mark, through fileio)."""
+"""The batch layout (one home: simcse_kit.core.batch), the collator that follows it, and the
+training-file readers (UTF-8 with or without a byte-order mark, through files)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from conftest import REPO
 from transformers import AutoTokenizer
 
-from simcse_kit.batch import (
+from simcse_kit.core.batch import (
     MODEL_INPUTS,
     VIEW_COLUMNS,
     batch_texts,
@@ -21,7 +21,7 @@ from simcse_kit.batch import (
     view_rows,
     views_per_example,
 )
-from simcse_kit.data import COLUMNS, ContrastiveCollator, load_train_dataset, read_rows, read_sentences
+from simcse_kit.data.readers import COLUMNS, ContrastiveCollator, load_train_dataset, read_rows, read_sentences
 from simcse_kit.errors import DataError
 
 EXAMPLES = [
@@ -130,7 +130,7 @@ def test_data_imports_neither_negatives_nor_optimisers() -> None:
     tree = ast.parse((REPO / "simcse_kit" / "data.py").read_text(encoding="utf-8"))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not imported & {"simcse_kit.momentum_queue", "simcse_kit.objectives", "simcse_kit.optim"}
+    assert not imported & {"simcse_kit.training.momentum_queue", "simcse_kit.training.objectives", "simcse_kit.optim"}
 
 
 # --------------------------------------------------------------------------- word repetition (ESimCSE)

@@ -20,8 +20,8 @@ from conftest import TinyRun
 from safetensors.torch import load_file
 from transformers import BertModel
 
-from simcse_kit.config import ModelConfig
-from simcse_kit.modeling import SimCSEModel
+from simcse_kit.config.run import ModelConfig
+from simcse_kit.model.modeling import SimCSEModel
 
 # --------------------------------------------------------------------------- fp32 masters
 
@@ -82,9 +82,9 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int]) -> No
 def test_auto_precision_on_cuda_follows_the_compute_capability(
     monkeypatch: pytest.MonkeyPatch, card: str, capability: tuple[int, int], train: str, inference: str
 ) -> None:
-    from simcse_kit.config import TrainConfig
-    from simcse_kit.precision import resolve_eval_precision, resolve_precision
-    from simcse_kit.run_folder import with_concrete_precision
+    from simcse_kit.config.run import TrainConfig
+    from simcse_kit.model.precision import resolve_eval_precision, resolve_precision
+    from simcse_kit.training.folder import with_concrete_precision
 
     fake_gpu(monkeypatch, capability)
     choice = resolve_precision("auto", "cuda")
@@ -97,7 +97,7 @@ def test_auto_precision_on_cuda_follows_the_compute_capability(
 
 
 def test_auto_precision_on_mps_is_fp32() -> None:
-    from simcse_kit.precision import resolve_eval_precision, resolve_precision
+    from simcse_kit.model.precision import resolve_eval_precision, resolve_precision
 
     assert resolve_precision("auto", "mps").mixed_precision == "no"
     assert resolve_eval_precision("auto", "mps").mixed_precision == "no"
@@ -112,9 +112,9 @@ def test_bf16_masters_are_built_where_the_model_trains(monkeypatch: pytest.Monke
     model goes to the accelerator's device, then the masters are built from it."""
     from test_loop import Toy, mse_step, toy_loader
 
-    from simcse_kit import loop
-    from simcse_kit.config import LoopConfig
-    from simcse_kit.fastpath.bf16 import MasterWeightAdamW
+    from simcse_kit.config.run import LoopConfig
+    from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
+    from simcse_kit.training import loop
 
     events: list[str] = []
     model = Toy(dropout=0.0)
@@ -159,18 +159,18 @@ def test_a_flash_attention_model_reloads_with_sdpa_for_fp32(
 ) -> None:
     """Flash attention runs only in fp16/bf16: the final STS of a run, ``evaluate``,
     ``export`` and ``mine`` reload the model in fp32 and must not ask for it then."""
-    from simcse_kit import encoder_families
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.model import families
+    from simcse_kit.model.inference import load_encoder
 
     folder = saved_simcse_model(tiny_model_dir, tmp_path / "flash", "flash_attention_2")
     asked: list[str | None] = []
-    real = encoder_families.load_pretrained_encoder
+    real = families.load_pretrained_encoder
 
     def spy(path: object, attn_implementation: str = "auto", prefer: str | None = None, **kwargs: object) -> object:
         asked.append(prefer)
         return real(path, attn_implementation, prefer=None, **kwargs)  # no flash-attn on a CPU machine
 
-    monkeypatch.setattr(encoder_families, "load_pretrained_encoder", spy)
+    monkeypatch.setattr(families, "load_pretrained_encoder", spy)
     SimCSEModel.load(folder)  # fp32, as the run's final STS and export load it
     load_encoder(folder, device="cpu")  # evaluate's default precision: fp32
     SimCSEModel.load(folder, precision="bf16")
@@ -182,8 +182,8 @@ def test_a_flash_attention_model_reloads_with_sdpa_for_fp32(
 
 
 def test_resolve_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    from simcse_kit.devices import resolve_device
     from simcse_kit.errors import ConfigError
+    from simcse_kit.model.devices import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
@@ -205,7 +205,7 @@ def test_resolve_device(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class RecordingEncoder:
-    """Stands in for :class:`simcse_kit.inference.Encoder`: records where it would run."""
+    """Stands in for :class:`simcse_kit.model.inference.Encoder`: records where it would run."""
 
     devices: list[torch.device] = []
 
@@ -215,7 +215,7 @@ class RecordingEncoder:
 
 def test_auto_device_finds_the_gpu(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing falls back to the CPU on a GPU machine: load_encoder's default is ``auto``."""
-    from simcse_kit import inference
+    from simcse_kit.model import inference
 
     folder = saved_simcse_model(tiny_model_dir, tmp_path / "model")
     fake_gpu(monkeypatch, (7, 5))
@@ -238,9 +238,9 @@ def test_every_encoding_command_takes_a_device(
     from conftest import write_tiny_senteval
     from test_evaluation_transfer import write_tiny_senteval as write_tiny_transfer
 
-    from simcse_kit import mining
     from simcse_kit.cli import main
     from simcse_kit.evaluation import api
+    from simcse_kit.training import mining
 
     seen: list[object] = []
 

@@ -19,11 +19,11 @@ import torch.multiprocessing as mp
 from conftest import toy_sentences
 from transformers import AutoTokenizer
 
-from simcse_kit import distributed, losses
-from simcse_kit.config import LossConfig, ModelConfig
-from simcse_kit.data import ContrastiveCollator
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.config.run import LossConfig, ModelConfig
+from simcse_kit.core import distributed, losses
+from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.training.objectives import SimCSEObjective
 
 WORLD = 2
 PER_RANK = 4  # examples per process

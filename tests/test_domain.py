@@ -14,11 +14,11 @@ import datasets
 import pytest
 from conftest import REPO, TinyRun, toy_sentences
 
-from simcse_kit.config import load_config
-from simcse_kit.data import mix_datasets
+from simcse_kit.config.run import load_config
+from simcse_kit.data.readers import mix_datasets
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation import DevEvaluator
-from simcse_kit.run import load_training_data
+from simcse_kit.training.run import load_training_data
 
 
 def corpus(prefix: str, n: int) -> datasets.Dataset:
@@ -110,7 +110,7 @@ def test_word_repetition_run_resumes_exactly(tiny_run: TinyRun, monkeypatch: pyt
     """The repetitions are drawn from the run seed and each batch's texts, so a crash and
     ``--resume`` redraw exactly those of an uninterrupted run (the loader's order is what
     the checkpoint restores)."""
-    from simcse_kit import run
+    from simcse_kit.training import run
 
     options = {"word_repetition": 0.32, "save_steps": 4}
     ref = tiny_run.train("ref", **options)
@@ -262,8 +262,8 @@ def test_retrieval_rows_and_never_snli(tmp_path: Path) -> None:
 def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks/mining.py: ``sup-4509`` and ``sup+mined`` read the same rows, those the
     miner kept, in the same order; ``sup`` and ``hardneg`` read every row of the data root's file."""
-    from simcse_kit import mining as kit_mining
-    from simcse_kit.config import load_config
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training import mining as kit_mining
 
     mining = bench("mining")
     triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
@@ -366,7 +366,7 @@ def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_ra
 def test_a_finished_run_is_reused_only_with_the_same_config(tmp_path: Path) -> None:
     """What lets a stopped table continue: the run folder's config.yaml must match the job's."""
     table_runs = bench("table_runs")
-    from simcse_kit.config import save_config
+    from simcse_kit.config.run import save_config
 
     job = table_runs.Job(name="x", kind="kit", recipe=str(REPO / "train" / "domain" / "sick.yaml"), out=str(tmp_path))
     cfg = table_runs.kit_config(job)

@@ -19,14 +19,14 @@ from conftest import toy_sentences, write_tiny_senteval, write_train_data
 from tiny_encoders import ARCHITECTURES, build_tiny
 from transformers import AutoTokenizer
 
-from simcse_kit import encoder_families
-from simcse_kit.config import MODES, POOLERS, DataConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
-from simcse_kit.data import ContrastiveCollator, load_train_dataset
+from simcse_kit.config.run import MODES, POOLERS, DataConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
+from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset
 from simcse_kit.errors import ConfigError
-from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel
-from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.model import families
+from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel
+from simcse_kit.training.objectives import SimCSEObjective
 
-# What each architecture supports, measured on the tiny models (docs/encoder_families.md
+# What each architecture supports, measured on the tiny models (docs/families.md
 # holds the same table): attention under "auto", packing (the probe passes), whether
 # forward() takes token_type_ids, whether the model has its own pooler layer.
 EXPECTED = {
@@ -80,10 +80,10 @@ def test_facts_are_measured_not_guessed(arch: str, tiny_dirs: dict[str, Path]) -
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_dirs[arch]), pooler="cls"))
     assert model.attn_implementation == attn
     assert model.packing is packs
-    assert encoder_families.takes_token_type_ids(model.encoder) is segment_ids
-    assert encoder_families.has_pooler_layer(model.encoder) is pooler_layer
+    assert families.takes_token_type_ids(model.encoder) is segment_ids
+    assert families.has_pooler_layer(model.encoder) is pooler_layer
     # RoBERTa-style embeddings count positions from padding_idx + 1 (= 2 with <pad> = 1).
-    assert encoder_families.position_offset(model.encoder) == (2 if arch in ("roberta", "xlm-roberta", "mpnet") else 0)
+    assert families.position_offset(model.encoder) == (2 if arch in ("roberta", "xlm-roberta", "mpnet") else 0)
     # An explicit choice is honoured, or refused with the key named (never silently swapped).
     if attn == "eager":
         with pytest.raises(ConfigError, match="model.attn_implementation"):
@@ -106,10 +106,10 @@ def test_dropout_setting_reaches_every_site(arch: str, tiny_dirs: dict[str, Path
 
     a, b, model = two_passes(0.0)
     assert torch.equal(a, b), "model.dropout 0.0 must switch every dropout off"
-    assert set(encoder_families.dropout_rates(model.encoder).values()) <= {0.0}
+    assert set(families.dropout_rates(model.encoder).values()) <= {0.0}
     a, b, model = two_passes(0.25)
     assert not torch.allclose(a, b)
-    rates = encoder_families.dropout_rates(model.encoder)
+    rates = families.dropout_rates(model.encoder)
     assert rates and set(rates.values()) == {0.25}, rates
     with caplog.at_level(logging.WARNING, logger="simcse_kit"):
         a, b, model = two_passes(None)
@@ -125,7 +125,7 @@ def test_dropout_setting_reaches_every_site(arch: str, tiny_dirs: dict[str, Path
 def test_fast_path_where_verified(arch: str, tiny_dirs: dict[str, Path]) -> None:
     """Fast dropout everywhere; its attention only on models built on AttentionInterface
     (MPNet and DeBERTa-v2 keep their own); eval outputs unchanged, training still random."""
-    from simcse_kit.fastpath import ATTENTION_NAME, FastDropout, enable_fast_dropout, internals
+    from simcse_kit.model.fastpath import ATTENTION_NAME, FastDropout, enable_fast_dropout, internals
 
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_dirs[arch]), pooler="avg", dropout=0.1)).eval()
     batch = dict(AutoTokenizer.from_pretrained(tiny_dirs[arch])(toy_sentences(6), padding=True, return_tensors="pt"))
@@ -137,7 +137,7 @@ def test_fast_path_where_verified(arch: str, tiny_dirs: dict[str, Path]) -> None
     assert any(isinstance(m, FastDropout) for m in model.modules())
     own_attention = arch in ("mpnet", "deberta-v2")
     assert internals.attention_implementation(model.encoder) == (attention if own_attention else ATTENTION_NAME)
-    assert set(encoder_families.dropout_rates(model.encoder).values()) == {0.1}
+    assert set(families.dropout_rates(model.encoder).values()) == {0.1}
     assert not model.training, "the swap keeps the model's eval mode"
     with torch.no_grad():
         torch.testing.assert_close(model(**batch), reference, atol=1e-5, rtol=0)
@@ -148,7 +148,7 @@ def test_fast_path_where_verified(arch: str, tiny_dirs: dict[str, Path]) -> None
 def test_fast_path_failing_its_check_is_undone(
     tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from simcse_kit.fastpath import dropout, enable_fast_dropout, internals
+    from simcse_kit.model.fastpath import dropout, enable_fast_dropout, internals
 
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_dirs["bert"]), dropout=0.1))
     dropouts = [m for m in model.modules() if type(m) is torch.nn.Dropout]
@@ -193,8 +193,8 @@ def test_train_reload_evaluate_export(arch: str, tiny_dirs: dict[str, Path], sen
     from sentence_transformers import SentenceTransformer
 
     from simcse_kit.export import export_model
-    from simcse_kit.inference import load_encoder
-    from simcse_kit.run import train
+    from simcse_kit.model.inference import load_encoder
+    from simcse_kit.training.run import train
 
     mode, pooler, mlp = RUNS[arch]
     cfg = RunConfig(
@@ -258,23 +258,23 @@ def test_every_pooler_exports_on_every_architecture(pooler: str, tiny_dirs: dict
 
 def test_unknown_dropout_keys_fail_loudly() -> None:
     with pytest.raises(ConfigError, match="model.dropout"):
-        encoder_families.dropout_overrides("albert", 0.1)
+        families.dropout_overrides("albert", 0.1)
     # A model whose dropout sites are not all set is refused, naming a site.
     from transformers import BertConfig, BertModel
 
     model = BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8))
     model.encoder.layer[0].output.dropout.p = 0.3
     with pytest.raises(ConfigError, match=r"encoder\.layer\.0\.output\.dropout=0\.3"):
-        encoder_families.check_dropout(model, 0.1)
+        families.check_dropout(model, 0.1)
 
 
 def test_probe_outlasts_a_sliding_window() -> None:
     from transformers import BertConfig, ModernBertConfig
 
-    assert encoder_families.probe_lengths(BertConfig()) == (5, 3, 2)
-    n, a, b = encoder_families.probe_lengths(ModernBertConfig(local_attention=8))
+    assert families.probe_lengths(BertConfig()) == (5, 3, 2)
+    n, a, b = families.probe_lengths(ModernBertConfig(local_attention=8))
     assert n > ModernBertConfig(local_attention=8).sliding_window + 1 and a + b == n
-    assert encoder_families.max_tokens(ModernBertConfig(max_position_embeddings=64)) == 64
+    assert families.max_tokens(ModernBertConfig(max_position_embeddings=64)) == 64
     from transformers import RobertaConfig
 
-    assert encoder_families.max_tokens(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512
+    assert families.max_tokens(RobertaConfig(max_position_embeddings=514, pad_token_id=1)) == 512

@@ -140,7 +140,7 @@ def test_align_uniform_command(tmp_path: Path, tiny_model_dir: Path, data_dir: P
 
     from simcse_kit.cli import main
     from simcse_kit.evaluation import DevEvaluator
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.model.inference import load_encoder
 
     out = tmp_path / "au.json"
     args = ["align-uniform", str(tiny_model_dir), "--pooler", "avg", "--data-dir", str(data_dir / "senteval"), "--json", str(out)]

@@ -231,7 +231,7 @@ def test_dev_evaluator_one_encoding_matches_definitions_on_real_dev(data_dir: Pa
 
 def test_evaluate_command_with_custom_suite(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from simcse_kit.cli import main
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.model.inference import load_encoder
 
     sents = toy_sentences(16)
     write_sts_subset(tmp_path / "data" / "T", "A", list(zip(sents[:8], sents[8:], strict=True)), [f"{i % 5}" for i in range(8)])

@@ -13,10 +13,10 @@ import yaml
 from conftest import TinyRun
 
 from simcse_kit.cli import main
-from simcse_kit.config import RunConfig, load_config
+from simcse_kit.config.run import RunConfig, load_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.experiments import aggregate, format_seed_table, parse_seeds, parse_values, run_seeds, run_sweep
-from simcse_kit.run import train
+from simcse_kit.training.experiments import aggregate, format_seed_table, parse_seeds, parse_values, run_seeds, run_sweep
+from simcse_kit.training.run import train
 
 TINY = {"save_steps": 0, "num_epochs": 1, "eval_steps": 4}  # 8 steps, dev every 4
 

@@ -22,14 +22,14 @@ from transformers import AutoModel, AutoTokenizer
 
 from simcse_kit import export as export_mod
 from simcse_kit.cli import main
-from simcse_kit.config import LossConfig, ModelConfig, RunConfig, save_config
-from simcse_kit.data import ContrastiveCollator
+from simcse_kit.config.run import LossConfig, ModelConfig, RunConfig, save_config
+from simcse_kit.data.readers import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import format_table
 from simcse_kit.export import EXPORT_INFO, ExportError, export_model, exporter, folder, sts_gate
-from simcse_kit.inference import Encoder, SentenceTransformerEncoder, load_encoder
-from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
-from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.model.inference import Encoder, SentenceTransformerEncoder, load_encoder
+from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
+from simcse_kit.training.objectives import SimCSEObjective
 
 MAX_LEN = 24
 CASES = [
@@ -417,7 +417,7 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
     """The real thing on this stack (torch.onnx + onnxruntime, no optimum): the fp32 graph
     matches a naive reference through onnxruntime + tokenizers, int8 within 0.5 STS of fp32
     is kept with its figures on the card; a gate it fails (threshold forced) leaves nothing."""
-    from simcse_kit.onnx_encoder import OnnxEncoder
+    from simcse_kit.export.onnx_encoder import OnnxEncoder
 
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     evaluator = PairsSTS(model_dir)
@@ -457,9 +457,9 @@ def test_int8_gate_reads_the_data_root(tmp_path: Path, bert3_dir: Path, monkeypa
     any model work; with a folder there, it scores the same suite as evaluate does."""
     from conftest import write_tiny_senteval
 
+    from simcse_kit.config.recipes import DATA_ENV
     from simcse_kit.errors import DataError
     from simcse_kit.evaluation import STSEvaluator
-    from simcse_kit.recipes import DATA_ENV
 
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     empty = tmp_path / "empty-root"
@@ -484,7 +484,7 @@ def test_onnx_cli_and_refusals(
     """--onnx --opset on a layer-averaging pooler (the graph pools, so it exports; it has
     no last_hidden_state, which sentence-transformers' ONNX backend could not pool right);
     a missing ONNX package and a bad --quantize are refused before anything is written."""
-    from simcse_kit.onnx_encoder import OnnxEncoder
+    from simcse_kit.export.onnx_encoder import OnnxEncoder
 
     afl = train_and_save(bert3_dir, "avg_first_last", "none", tmp_path / "afl")
     assert main(["export", str(afl), str(tmp_path / "st"), "--onnx", "--opset", "17", "--no-normalize"]) == 0

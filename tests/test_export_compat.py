@@ -26,9 +26,9 @@ import torch
 from conftest import REPO, save_tiny_bert, toy_sentences
 from transformers import AutoTokenizer
 
-from simcse_kit.config import ModelConfig
+from simcse_kit.config.run import ModelConfig
 from simcse_kit.export import COMPAT_TESTED, export_model
-from simcse_kit.modeling import SimCSEModel
+from simcse_kit.model.modeling import SimCSEModel
 
 MAX_LEN = 24
 SENTENCES = toy_sentences(12) + ["a man plays the guitar in the park with two children " * 6]
@@ -192,7 +192,7 @@ class PairsSTS:
     primary_metric = "avg"
 
     def __init__(self, model_dir: Path) -> None:
-        from simcse_kit.inference import load_encoder
+        from simcse_kit.model.inference import load_encoder
 
         self.a, self.b = SENTENCES[:6], SENTENCES[6:12]
         self.gold = self.cos(load_encoder(model_dir).encode)
@@ -212,7 +212,7 @@ def test_onnx_exports_load_with_the_optimum_backend(compat_env: Path, tmp_path: 
     stack whose ONNX backend users have: it reads the graph's ``last_hidden_state`` and
     applies the folder's own modules, and gives simcse-kit's vectors. A layer-averaging
     pooler's graph has no ``last_hidden_state``: that backend fails loudly, never wrongly."""
-    from simcse_kit.onnx_encoder import OnnxEncoder
+    from simcse_kit.export.onnx_encoder import OnnxEncoder
 
     (tmp_path / "bert3").mkdir()
     base = save_tiny_bert(tmp_path / "bert3", layers=3)

@@ -13,13 +13,13 @@ from conftest import TinyRun, toy_sentences
 from safetensors import safe_open
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from simcse_kit.config import LossConfig, ModelConfig
-from simcse_kit.data import ContrastiveCollator
-from simcse_kit.fastpath import LEVELS, FastDropout, enable_fast_dropout, fast_dropout, quantized_drop_rate
-from simcse_kit.fastpath.bf16 import MasterWeightAdamW
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.steps import GradCacheStep
+from simcse_kit.config.run import LossConfig, ModelConfig
+from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.model.fastpath import LEVELS, FastDropout, enable_fast_dropout, fast_dropout, quantized_drop_rate
+from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.steps import GradCacheStep
 
 # --------------------------------------------------------------------------- fast dropout
 
@@ -244,8 +244,8 @@ def test_master_state_dict_roundtrip_and_fp32_view() -> None:
 def test_bf16_training_keeps_embedding_tables_fp32(tiny_model_dir: Path) -> None:
     """Lookups gain nothing from bf16: the tables stay fp32 (their own masters), every
     other weight is bf16 with an fp32 master, and saving sees the fp32 tables unrounded."""
-    from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.loop import param_groups
+    from simcse_kit.model.fastpath.bf16 import bf16_training
+    from simcse_kit.training.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": s} for s in toy_sentences(6)])
@@ -282,8 +282,8 @@ def test_sparse_tables_train_like_dense_ones_in_kept_buffers(tiny_model_dir: Pat
     """sparse_tables: the tables' rows' gradients are added into one dense buffer per table,
     kept across steps; two backward passes a step (GradCache, accumulation) add up; the
     weights follow the dense path's up to the order of additions."""
-    from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.loop import param_groups
+    from simcse_kit.model.fastpath.bf16 import bf16_training
+    from simcse_kit.training.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     collate = ContrastiveCollator(tokenizer, "unsup", 16)
@@ -319,9 +319,9 @@ def test_sparse_tables_train_like_dense_ones_in_kept_buffers(tiny_model_dir: Pat
 def test_sparse_embedding_grad_is_refused_with_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     from accelerate import state as accelerate_state
 
-    from simcse_kit.config import LoopConfig
+    from simcse_kit.config.run import LoopConfig
     from simcse_kit.errors import ConfigError
-    from simcse_kit.loop import make_optimizer
+    from simcse_kit.training.loop import make_optimizer
 
     class TwoProcesses:
         num_processes = 2

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, BertModel
 
 from simcse_kit.cli import main as cli_main
 from simcse_kit.errors import ConfigError
-from simcse_kit.modeling import SimCSEModel
+from simcse_kit.model.modeling import SimCSEModel
 
 # --------------------------------------------------------------------------- helpers
 
@@ -75,13 +75,13 @@ def test_model_folder_without_tokenizer_or_with_truncated_weights_is_one_clear_e
     config = json.loads((small / "config.json").read_text())
     (small / "config.json").write_text(json.dumps(config | {"vocab_size": 20}))
     with pytest.raises(ConfigError, match="tokenizer has 53 tokens but the model's embedding table only 20"):
-        from simcse_kit.model_checks import load_checked_tokenizer
+        from simcse_kit.model.checks import load_checked_tokenizer
 
         load_checked_tokenizer(small)
 
 
 def test_export_checks_token_ids_against_an_independent_tokenizer_load(tiny_model_dir: Path, tmp_path: Path) -> None:
-    from simcse_kit.model_checks import tokenization_problem
+    from simcse_kit.model.checks import tokenization_problem
 
     good = AutoTokenizer.from_pretrained(tiny_model_dir)
     probes = ["a man plays the guitar .", "two dogs run in the park"]
@@ -134,7 +134,7 @@ def test_a_second_run_into_a_locked_run_folder_fails_at_once_naming_the_holder(
 def test_divergence_stops_at_the_step_keeping_checkpoint_and_best_model(
     tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simcse_kit.checkpoints import latest_checkpoint
+    from simcse_kit.training.checkpoints import latest_checkpoint
 
     recipe = tiny_run.recipe("run", save_steps=1, eval_steps=1)
     out = tiny_run.folder / "run"
@@ -148,7 +148,7 @@ def test_divergence_stops_at_the_step_keeping_checkpoint_and_best_model(
 
 
 def test_metrics_json_is_always_valid_json(tmp_path: Path) -> None:
-    from simcse_kit.fileio import write_json_atomic
+    from simcse_kit.files import write_json_atomic
 
     path = tmp_path / "metrics.json"
     write_json_atomic(path, {"best_stsb_dev": float("-inf"), "evals": [{"step": 1.0, "stsb_dev": float("nan")}], "ok": 1.5})
@@ -165,8 +165,8 @@ def test_a_collapsed_model_is_warned_about_and_never_selected(caplog: pytest.Log
     import torch
     from torch import nn
 
-    from simcse_kit.config import LoopConfig
-    from simcse_kit.loop import fit, prepare
+    from simcse_kit.config.run import LoopConfig
+    from simcse_kit.training.loop import fit, prepare
 
     class Evaluator:
         primary_metric = "dev"
@@ -204,7 +204,7 @@ def test_sigterm_and_ctrl_c_checkpoint_and_resume_equals_an_uninterrupted_run(tm
 
     from test_resume import ENV, run_metrics, train_cmd
 
-    from simcse_kit.checkpoints import latest_checkpoint
+    from simcse_kit.training.checkpoints import latest_checkpoint
 
     STOPPED_STATUS = 75  # the documented status of a run stopped with a checkpoint (docs/bad_inputs.md)
     # --save-steps larger than the run (24 steps): only the stop writes a checkpoint.
@@ -249,7 +249,7 @@ def test_a_second_ctrl_c_stops_at_once() -> None:
     import signal
     import time
 
-    from simcse_kit.guards import StopSignals
+    from simcse_kit.training.guards import StopSignals
 
     before = signal.getsignal(signal.SIGINT)
     with StopSignals() as signals:
@@ -325,7 +325,7 @@ def test_duplicate_yaml_keys_name_the_key_and_both_lines(tiny_run: TinyRun, caps
 
 
 def test_max_steps_zero_means_no_limit(tiny_run: TinyRun) -> None:
-    from simcse_kit.loop import total_steps
+    from simcse_kit.training.loop import total_steps
 
     cfg = tiny_run.config("run")
     assert total_steps(cfg.train.__class__(max_steps=0), 10) == total_steps(cfg.train.__class__(max_steps=None), 10) == 10
@@ -475,16 +475,16 @@ def test_a_pipe_as_training_file_and_an_offline_hub_id_say_so(
 def test_a_run_without_a_usable_evaluation_names_no_missing_folder(
     tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import simcse_kit.selection
+    import simcse_kit.training.selection
 
     # Every evaluation collapsed: no best model is ever saved.
-    monkeypatch.setattr(simcse_kit.selection, "collapse_reason", lambda metrics, primary: "uniformity 0")
+    monkeypatch.setattr(simcse_kit.training.selection, "collapse_reason", lambda metrics, primary: "uniformity 0")
     recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=4, save_steps=0)
     out = tiny_run.folder / "run"
     with caplog.at_level("INFO"):
         assert cli_main(["train", str(recipe)]) == 0  # final_eval on: skipped, not a crash at the end
     assert not (out / "best_model").exists()
-    last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.run"][-1]
+    last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.training.run"][-1]
     assert "best_model" not in last and "without a best model" in last
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["best_stsb_dev"] is None and "best_stsb_dev = -inf" in metrics["non_finite"]["written_as_null"]

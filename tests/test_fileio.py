@@ -1,4 +1,4 @@
-"""simcse_kit.fileio: the one line reader and the atomic writers (with ordinary permissions)."""
+"""simcse_kit.files: the one line reader and the atomic writers (with ordinary permissions)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from simcse_kit.errors import DataError
-from simcse_kit.fileio import atomic_dir, read_lines, write_json_atomic, write_text_atomic
+from simcse_kit.files import atomic_dir, read_lines, write_json_atomic, write_text_atomic
 
 
 def mode(path: Path) -> int:

@@ -10,9 +10,9 @@ import torch
 from conftest import TinyRun
 
 from simcse_kit.errors import ConfigError
-from simcse_kit.momentum_queue import MomentumQueue
-from simcse_kit.precision import check_cuda_flags, set_tf32, tf32_wanted
-from simcse_kit.run import build_model
+from simcse_kit.model.precision import check_cuda_flags, set_tf32, tf32_wanted
+from simcse_kit.training.momentum_queue import MomentumQueue
+from simcse_kit.training.run import build_model
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,7 @@ def test_set_tf32_sets_the_flags_and_leaves_them_off_the_cpu() -> None:
 
 
 def test_cpu_tricks_warned_about_on_cuda_only(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.precision"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.model.precision"):
         assert check_cuda_flags("cpu", fast_dropout=True, bf16_weights=True) == []
         assert check_cuda_flags("cuda", fast_dropout=False, bf16_weights=False) == []
         warned = check_cuda_flags("cuda:0", fast_dropout=True, bf16_weights=True)
@@ -78,7 +78,7 @@ class _CudaAccelerator:
 def test_step_guard_on_cuda_reads_the_device_only_on_due_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """One CUDA device: no read-back on ordinary steps (patched .item/.tolist/bool/int
     raise), the first non-finite step named at the next due step, before its update."""
-    from simcse_kit.guards import Diverged, StepGuard, StopSignals
+    from simcse_kit.training.guards import Diverged, StepGuard, StopSignals
 
     guard = StepGuard(_CudaAccelerator(), StopSignals(), due=lambda step: step % 5 == 0)
     assert guard.deferred
@@ -99,8 +99,8 @@ def test_step_guard_on_cuda_reads_the_device_only_on_due_steps(monkeypatch: pyte
 
 
 def test_due_steps_are_the_loops_log_eval_save_and_last_steps() -> None:
-    from simcse_kit.config import LoopConfig
-    from simcse_kit.loop import due_step
+    from simcse_kit.config.run import LoopConfig
+    from simcse_kit.training.loop import due_step
 
     cfg = LoopConfig(log_steps=10, eval_steps=25, save_steps=0)
     due = [s for s in range(1, 61) if due_step(cfg, s, n_steps=57)]

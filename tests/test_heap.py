@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from simcse_kit import heap
-from simcse_kit.config import load_config
+from simcse_kit.config.run import load_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.heap import ENV_VAR, apply_mmap_threshold
+from simcse_kit.model import heap
+from simcse_kit.model.heap import ENV_VAR, apply_mmap_threshold
 
 needs_glibc = pytest.mark.skipif(heap._glibc() is None, reason="glibc's malloc only (Linux)")
 
@@ -23,7 +23,7 @@ needs_glibc = pytest.mark.skipif(heap._glibc() is None, reason="glibc's malloc o
 PROBE = textwrap.dedent(
     """
     import ctypes, json, sys
-    from simcse_kit.heap import set_mmap_threshold
+    from simcse_kit.model.heap import set_mmap_threshold
 
     class Mallinfo2(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in

@@ -24,14 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
-from simcse_kit import losses
 from simcse_kit.cli import main as cli_main
-from simcse_kit.config import ModelConfig
-from simcse_kit.data import ContrastiveCollator, load_train_dataset, read_rows, read_sentences
+from simcse_kit.config.run import ModelConfig
+from simcse_kit.core import losses
+from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset, read_rows, read_sentences
 from simcse_kit.errors import DataError
 from simcse_kit.evaluation import read_sick, read_sts_subset, read_stsb
-from simcse_kit.inference import Encoder
-from simcse_kit.modeling import SimCSEModel
+from simcse_kit.model.inference import Encoder
+from simcse_kit.model.modeling import SimCSEModel
 
 # --------------------------------------------------------------------------- helpers
 
@@ -307,7 +307,7 @@ def test_blank_lines_crlf_and_outer_spaces_are_skipped(tmp_path: Path) -> None:
 def test_duplicated_sentences_are_kept_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "dup.txt"
     path.write_text("a dog\nthe cat\na dog\na dog\n", encoding="utf-8")
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.data"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.data.readers"):
         ds = load_train_dataset(str(path), "unsup")
     assert ds["sent0"] == ["a dog", "the cat", "a dog", "a dog"]
     assert "2 duplicated sentence(s) kept" in caplog.text and "mask_false_negatives" in caplog.text

@@ -11,10 +11,10 @@ import torch
 from conftest import toy_sentences
 from transformers import AutoModel, AutoTokenizer
 
-from simcse_kit.config import ModelConfig
+from simcse_kit.config.run import ModelConfig
 from simcse_kit.errors import ConfigError
-from simcse_kit.inference import Encoder, SentenceTransformerEncoder, autocast_context, load_encoder
-from simcse_kit.modeling import SimCSEModel
+from simcse_kit.model.inference import Encoder, SentenceTransformerEncoder, autocast_context, load_encoder
+from simcse_kit.model.modeling import SimCSEModel
 
 
 def one_at_a_time(model: SimCSEModel, tokenizer: object, sentences: list[str], max_len: int) -> torch.Tensor:
@@ -100,7 +100,7 @@ def test_load_encoder_opens_a_sentence_transformers_folder(tiny_model_dir: Path,
 def test_precision_applies_to_sentence_transformers_folders(precision: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """``evaluate --precision bf16`` used to be ignored for sentence-transformers folders
     (all-MiniLM-L6-v2 and every export): the vectors came out bit-equal to fp32."""
-    from simcse_kit import precision as precision_module
+    from simcse_kit.model import precision as precision_module
 
     # "auto" decides from a probe; make this CPU look native-bf16 whatever it is.
     monkeypatch.setattr(precision_module, "cpu_matmul_speeds", lambda dtype, *a, **k: precision_module.MatmulSpeeds(50.0, 150.0))

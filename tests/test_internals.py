@@ -1,4 +1,4 @@
-"""Every private or semi-private name that ``simcse_kit/fastpath/internals.py`` uses still
+"""Every private or semi-private name that ``simcse_kit/model/fastpath/internals.py`` uses still
 exists with the signature relied on. When a library moves one, the failure names the
 library and its installed version, so an upgrade breaks here rather than deep in a run."""
 
@@ -12,7 +12,7 @@ from importlib.metadata import version
 import pytest
 import torch
 
-from simcse_kit.fastpath import ATTENTION_NAME, enable_fast_dropout, fast_dropout_attention, internals
+from simcse_kit.model.fastpath import ATTENTION_NAME, enable_fast_dropout, fast_dropout_attention, internals
 
 
 def resolve(library: str, dotted: str) -> object:
@@ -23,7 +23,7 @@ def resolve(library: str, dotted: str) -> object:
         for attr in qualname.split("."):
             obj = getattr(obj, attr)
     except (ImportError, AttributeError) as exc:
-        pytest.fail(f"{dotted} is gone in {library} {version(library)} ({exc}); update simcse_kit/fastpath/internals.py")
+        pytest.fail(f"{dotted} is gone in {library} {version(library)} ({exc}); update simcse_kit/model/fastpath/internals.py")
     return obj
 
 
@@ -51,7 +51,7 @@ PRIVATE_API = [
 def test_private_name_exists_with_the_signature_used(library: str, dotted: str, expected: list[str]) -> None:
     got = parameters(resolve(library, dotted))
     assert got[: len(expected)] == expected, (
-        f"{dotted} in {library} {version(library)} takes {got}; simcse_kit/fastpath/internals.py relies on {expected}"
+        f"{dotted} in {library} {version(library)} takes {got}; simcse_kit/model/fastpath/internals.py relies on {expected}"
     )
 
 
@@ -76,7 +76,7 @@ def test_registration_happens_on_enable_only_and_once() -> None:
     import sys
 
     code = (
-        "import simcse_kit.fastpath, simcse_kit.modeling, simcse_kit.packing\n"
+        "import simcse_kit.model.fastpath, simcse_kit.model.modeling, simcse_kit.model.packing\n"
         "from transformers import AttentionInterface\n"
         "from transformers.masking_utils import AttentionMaskInterface\n"
         f"assert {ATTENTION_NAME!r} not in AttentionInterface(), 'attention registered at import'\n"

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from simcse_kit import losses, masks
+from simcse_kit.core import losses, masks
 
 SIMS = [0.5, 0.25, -0.45, -0.1]
 

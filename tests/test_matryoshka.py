@@ -11,13 +11,13 @@ from test_gradcache import assert_grads_equal, grads, make_batch, make_model
 from test_objectives import CASES, TAU, reference
 from transformers import AutoTokenizer
 
-from simcse_kit import losses
-from simcse_kit.batch import text_ids
-from simcse_kit.config import LossConfig
+from simcse_kit.config.run import LossConfig
+from simcse_kit.core import losses
+from simcse_kit.core.batch import text_ids
 from simcse_kit.errors import ConfigError
-from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.run import load_checked_tokenizer
-from simcse_kit.steps import GradCacheStep
+from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.run import load_checked_tokenizer
+from simcse_kit.training.steps import GradCacheStep
 
 DIMS, WEIGHTS = [8, 5, 2], [1.0, 0.5, 2.0]
 

@@ -13,7 +13,7 @@ from conftest import toy_sentences
 
 from simcse_kit.cli import main
 from simcse_kit.errors import ConfigError
-from simcse_kit.mining import mine_negatives
+from simcse_kit.training.mining import mine_negatives
 
 # Sentences on the unit circle at these angles (degrees): cosines are known by hand.
 ANGLES = {"a0": 0, "p0": 30, "p0b": 40, "close": 20, "near": 35, "far": 60, "opposite": 180}
@@ -70,7 +70,7 @@ def test_mine_command_writes_hard_negatives_that_respect_the_rules(tmp_path: Pat
     related: dict[str, set[str]] = {}
     for a, p in pairs:
         related.setdefault(a, {a}).add(p)
-    from simcse_kit.inference import load_encoder
+    from simcse_kit.model.inference import load_encoder
 
     encode = load_encoder(str(tiny_model_dir), pooler="avg").encode
     for row in rows:

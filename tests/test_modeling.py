@@ -12,9 +12,9 @@ from conftest import toy_sentences
 from torch import nn
 from transformers import AutoTokenizer
 
-from simcse_kit.config import ModelConfig
+from simcse_kit.config.run import ModelConfig
 from simcse_kit.errors import ConfigError
-from simcse_kit.modeling import HEAD_WEIGHTS, SIMCSE_CONFIG, MLPHead, Pooler, SimCSEModel, compute_dtype, resolve_model_path
+from simcse_kit.model.modeling import HEAD_WEIGHTS, SIMCSE_CONFIG, MLPHead, Pooler, SimCSEModel, compute_dtype, resolve_model_path
 
 
 def test_pooler_values_by_hand() -> None:
@@ -150,7 +150,7 @@ def test_resolve_model_path_passes_other_names_through(tmp_path: Path) -> None:
 def test_the_4d_padding_mask_gives_the_2d_masks_token_states(tiny_model_dir: Path, attn: str) -> None:
     """On CUDA the padded path hands the encoder a 4-D mask (no read-back in transformers'
     all-real check): the same token states as transformers' own 2-D handling, padding or not."""
-    from simcse_kit.modeling import padded_attention_mask
+    from simcse_kit.model.modeling import padded_attention_mask
 
     cfg = ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", dropout=0.0, attn_implementation=attn, packing=False)
     model = SimCSEModel.from_config(cfg).eval()

@@ -1,4 +1,4 @@
-"""The per-mode table (simcse_kit.modes): known answers, its readers agree with it, a new
+"""The per-mode table (simcse_kit.core.modes): known answers, its readers agree with it, a new
 row is a new loss with no code, and a bad row fails when it is written."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ import pytest
 import torch
 from test_objectives import TAU, reference
 
-from simcse_kit import config, modes
-from simcse_kit.batch import VIEW_COLUMNS, views_per_example
-from simcse_kit.config import LossConfig
-from simcse_kit.gradcache import effective_negatives
-from simcse_kit.modes import Contrast, Mode
-from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.config import run as config
+from simcse_kit.config.run import LossConfig
+from simcse_kit.core import modes
+from simcse_kit.core.batch import VIEW_COLUMNS, views_per_example
+from simcse_kit.core.modes import Contrast, Mode
+from simcse_kit.training.gradcache import effective_negatives
+from simcse_kit.training.objectives import SimCSEObjective
 
 
 def test_the_table_by_hand() -> None:

@@ -13,14 +13,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from simcse_kit.batch import text_ids
-from simcse_kit.config import LossConfig, ModelConfig
-from simcse_kit.data import ContrastiveCollator
-from simcse_kit.masks import false_negative_mask, similar_candidate_mask
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.momentum_queue import MomentumQueue
-from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.steps import MomentumQueueStep
+from simcse_kit.config.run import LossConfig, ModelConfig
+from simcse_kit.core.batch import text_ids
+from simcse_kit.core.masks import false_negative_mask, similar_candidate_mask
+from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.training.momentum_queue import MomentumQueue
+from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.steps import MomentumQueueStep
 
 TAU = 0.05
 
@@ -296,7 +296,7 @@ def test_momentum_encoder_stays_fp32_beside_a_bf16_online_model(tiny_model_dir: 
     """With ``train.bf16_weights`` the online model is bf16 but the momentum copy stays
     fp32: an EMA step of (1 - 0.999) x 0.01 is far below bf16's resolution near 1 and
     would be rounded away in a bf16 copy. Keys are computed in bf16 like the online forward."""
-    from simcse_kit.fastpath.bf16 import MasterWeightAdamW
+    from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -410,9 +410,9 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
     from conftest import toy_sentences
     from torch.utils.data import DataLoader
 
-    from simcse_kit.checkpoints import Checkpoints
-    from simcse_kit.config import LoopConfig
-    from simcse_kit.loop import fit, make_accelerator, prepare
+    from simcse_kit.config.run import LoopConfig
+    from simcse_kit.training.checkpoints import Checkpoints
+    from simcse_kit.training.loop import fit, make_accelerator, prepare
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -530,8 +530,8 @@ def test_keys_use_bf16_autocast_beside_the_recipes_bf16_model(tiny_model_dir: Pa
     """The recipes' bf16 model (``bf16_training``) keeps its embedding tables, its first
     parameters, in fp32; the key forward must still see a bf16 model and run under bf16
     autocast, not fall back to fp32 keys."""
-    from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.loop import param_groups
+    from simcse_kit.model.fastpath.bf16 import bf16_training
+    from simcse_kit.training.loop import param_groups
 
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="none"))
     queue = MomentumQueue(model, size=8, momentum=0.999, dim=32)

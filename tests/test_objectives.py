@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from simcse_kit import losses
-from simcse_kit.batch import text_ids
-from simcse_kit.config import LossConfig
-from simcse_kit.objectives import SimCSEObjective
+from simcse_kit.config.run import LossConfig
+from simcse_kit.core import losses
+from simcse_kit.core.batch import text_ids
+from simcse_kit.training.objectives import SimCSEObjective
 
 TAU = 0.05
 
@@ -136,7 +136,7 @@ def test_step_protocol_calls_backward_once_and_returns_the_detached_loss() -> No
     assert len(calls) == 1 and not got.requires_grad
     assert torch.equal(got, want.detach())
     torch.testing.assert_close(model.table.weight.grad, want_grad, atol=0, rtol=0)
-    # Without backward: plain loss.backward(), as every step of simcse_kit.steps does.
+    # Without backward: plain loss.backward(), as every step of simcse_kit.training.steps does.
     model.zero_grad()
     got = objective.step(model, batch)
     assert torch.equal(got, want.detach()) and not got.requires_grad

@@ -21,12 +21,12 @@ from conftest import REPO, toy_sentences
 from tiny_encoders import ARCHITECTURES, build_tiny
 from transformers import AutoTokenizer
 
-from simcse_kit.config import ModelConfig
+from simcse_kit.config.run import ModelConfig
 from simcse_kit.export import onnx as onnx_export
 from simcse_kit.export.onnx import OnnxExportError, write_onnx
-from simcse_kit.inference import Encoder
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.onnx_encoder import FP32_FILE, ONNX_INFO, OnnxEncoder
+from simcse_kit.export.onnx_encoder import FP32_FILE, ONNX_INFO, OnnxEncoder
+from simcse_kit.model.inference import Encoder
+from simcse_kit.model.modeling import SimCSEModel
 
 MAX_LEN = 64  # the tiny models' maximum (RoBERTa-style: 66 positions - padding_idx - 1)
 SENTENCES = toy_sentences(20) + ["hello", "a man plays the guitar in the park with two children " * 8]
@@ -125,7 +125,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in BLOCKED:
             raise ImportError(f"{name} is blocked in this test")
 sys.meta_path.insert(0, Block())
-from simcse_kit.onnx_encoder import OnnxEncoder
+from simcse_kit.export.onnx_encoder import OnnxEncoder
 vectors = OnnxEncoder(sys.argv[1], threads=1).encode(json.loads(sys.argv[2]))
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
 print(json.dumps({"vectors": vectors.tolist(), "loaded": loaded}))

@@ -9,10 +9,10 @@ import torch
 from conftest import toy_sentences
 from transformers import AutoTokenizer, RobertaConfig, RobertaModel
 
-from simcse_kit.config import ModelConfig
-from simcse_kit.fastpath import enable_fast_dropout
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.packing import first_fit_decreasing, pack, packing_matches
+from simcse_kit.config.run import ModelConfig
+from simcse_kit.model.fastpath import enable_fast_dropout
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.model.packing import first_fit_decreasing, pack, packing_matches
 
 
 def test_first_fit_decreasing_known_answer() -> None:
@@ -118,7 +118,7 @@ def test_packing_with_fast_dropout_attention(tiny_model_dir: Path) -> None:
 
 def test_roberta_packs_with_offset_positions(tmp_path: Path) -> None:
     """RoBERTa numbers positions from padding_idx + 1: without that offset the probe sees
-    the difference; SimCSEModel adds it (simcse_kit.encoder_families), so RoBERTa packs, with
+    the difference; SimCSEModel adds it (simcse_kit.model.families), so RoBERTa packs, with
     the same vectors as without packing."""
     config = RobertaConfig(
         vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
@@ -152,8 +152,8 @@ def test_training_batch_packs_into_fewer_rows(tiny_model_dir: Path) -> None:
 def test_packing_in_a_bf16_model_with_fp32_tables(tiny_model_dir: Path, attn: str) -> None:
     """The recipes' bf16 model keeps its embedding tables fp32; the additive mask of eager
     attention must come in the scores' dtype (bf16), not the first parameter's (fp32)."""
-    from simcse_kit.fastpath.bf16 import bf16_training
-    from simcse_kit.loop import param_groups
+    from simcse_kit.model.fastpath.bf16 import bf16_training
+    from simcse_kit.training.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = batch_of(tokenizer, mixed_sentences(16))

@@ -13,12 +13,12 @@ from conftest import toy_sentences
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoTokenizer
 
-from simcse_kit.batch import PLAN_INPUTS, model_inputs
-from simcse_kit.config import LossConfig, ModelConfig
-from simcse_kit.data import ContrastiveCollator
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.packing import pack, plan, plan_batch
+from simcse_kit.config.run import LossConfig, ModelConfig
+from simcse_kit.core.batch import PLAN_INPUTS, model_inputs
+from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.model.packing import pack, plan, plan_batch
+from simcse_kit.training.objectives import SimCSEObjective
 
 
 def mixed_examples(n: int) -> list[dict[str, str]]:
@@ -30,7 +30,7 @@ def mixed_examples(n: int) -> list[dict[str, str]]:
 def reference_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> dict:
     """The packed rows as the model built them before the plan moved to the collator
     (commit 45766b1's ``pack``: scatter by boolean-mask indexing), for parity."""
-    from simcse_kit.packing import first_fit_decreasing
+    from simcse_kit.model.packing import first_fit_decreasing
 
     lengths = attention_mask.sum(1).tolist()
     b, t = input_ids.shape

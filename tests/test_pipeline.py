@@ -9,12 +9,12 @@ import torch
 from conftest import TinyRun
 from transformers import AutoTokenizer
 
-from simcse_kit.batch import PLAN_INPUTS
-from simcse_kit.config import LoopConfig
-from simcse_kit.loop import make_accelerator
-from simcse_kit.pipeline import loader_options
-from simcse_kit.run import load_training_data, make_loader
-from simcse_kit.run_folder import CUDA_WORKERS, with_device_defaults
+from simcse_kit.config.run import LoopConfig
+from simcse_kit.core.batch import PLAN_INPUTS
+from simcse_kit.data.pipeline import loader_options
+from simcse_kit.training.folder import CUDA_WORKERS, with_device_defaults
+from simcse_kit.training.loop import make_accelerator
+from simcse_kit.training.run import load_training_data, make_loader
 
 
 def test_loader_options_pin_only_for_cuda() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from simcse_kit import precision
-from simcse_kit.precision import MatmulSpeeds, PrecisionChoice, resolve_eval_precision, resolve_precision
+from simcse_kit.model import precision
+from simcse_kit.model.precision import MatmulSpeeds, PrecisionChoice, resolve_eval_precision, resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_auto_on_cuda_follows_bf16_support(monkeypatch: pytest.MonkeyPatch, bf16
 
 
 def test_explicit_bf16_on_emulated_cpu_is_honoured_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.precision"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.model.precision"):
         choice = resolve_precision("bf16", "cpu", probe=EMULATED)
     assert choice.mixed_precision == "bf16"
     assert (choice.bf16_weights, choice.fast_dropout) == (False, False)  # auto: not native
@@ -85,7 +85,7 @@ def test_explicit_bf16_on_emulated_cpu_is_honoured_with_a_warning(caplog: pytest
 
 
 def test_explicit_bf16_on_native_cpu_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.precision"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.model.precision"):
         choice = resolve_precision("bf16", "cpu", probe=NATIVE)
     assert (choice.mixed_precision, choice.bf16_weights, choice.fast_dropout) == ("bf16", True, True)
     assert choice.reason.endswith("(requested bf16)")
@@ -109,7 +109,7 @@ def test_explicit_no_times_nothing_and_keeps_the_model_fp32() -> None:
 def test_explicit_precision_on_cuda_is_honoured(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     cuda(monkeypatch, bf16=False)
     assert resolve_precision("no", "cuda", probe=no_probe).mixed_precision == "no"
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.precision"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.model.precision"):
         assert resolve_precision("bf16", "cuda", probe=no_probe).mixed_precision == "bf16"
     assert "without native bf16" in caplog.text
 
@@ -122,7 +122,7 @@ def test_fp16_on_cpu_is_measured(caplog: pytest.LogCaptureFixture, fp16_gflops: 
         asked.append(dtype)
         return MatmulSpeeds(60.0, fp16_gflops)
 
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.precision"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.model.precision"):
         choice = resolve_precision("fp16", "cpu", probe=probe)
     assert asked == [torch.float16]
     assert (choice.mixed_precision, choice.bf16_weights, choice.fast_dropout) == ("fp16", False, False)
@@ -192,7 +192,7 @@ def test_probe_is_cached_alternates_and_restores_threads(monkeypatch: pytest.Mon
 
 PROBE_SCRIPT = """
 import json, time
-from simcse_kit.precision import resolve_precision
+from simcse_kit.model.precision import resolve_precision
 start = time.perf_counter()
 choice = resolve_precision("auto", "cpu")
 print(json.dumps({"mode": choice.mixed_precision, "seconds": time.perf_counter() - start,

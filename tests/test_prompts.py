@@ -12,15 +12,15 @@ from conftest import TinyRun, save_tiny_bert, toy_sentences
 from test_export import MAX_LEN, train_and_save
 from transformers import AutoTokenizer
 
-from simcse_kit import inference
-from simcse_kit.batch import view_prompts
+from simcse_kit.core.batch import view_prompts
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import evaluate_model, evaluate_retrieval, read_beir, write_beir
 from simcse_kit.evaluation.retrieval import RetrievalEvaluator
 from simcse_kit.export import export_model
-from simcse_kit.inference import Encoder, load_encoder
-from simcse_kit.modeling import SIMCSE_CONFIG, SimCSEModel
-from simcse_kit.run import load_training_data, make_loader
+from simcse_kit.model import inference
+from simcse_kit.model.inference import Encoder, load_encoder
+from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel
+from simcse_kit.training.run import load_training_data, make_loader
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 # Words the tiny tokenizer knows ("query: " and "passage: " are both [UNK] [UNK] to it), so a

@@ -11,10 +11,10 @@ import torch
 from scipy.stats import spearmanr
 
 from simcse_kit.cli import main
-from simcse_kit.config import ModelConfig
+from simcse_kit.config.run import ModelConfig
 from simcse_kit.evaluation import evaluate_model, read_stsb
-from simcse_kit.inference import load_encoder
-from simcse_kit.modeling import SimCSEModel, resolve_model_path
+from simcse_kit.model.inference import load_encoder
+from simcse_kit.model.modeling import SimCSEModel, resolve_model_path
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ import yaml
 from conftest import REPO, toy_sentences, write_tiny_senteval
 
 from simcse_kit.cli import main
-from simcse_kit.config import load_config
+from simcse_kit.config.recipes import DATA_ENV, builtin_recipes, describe, find_recipe
+from simcse_kit.config.run import load_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.recipes import DATA_ENV, builtin_recipes, describe, find_recipe
 
 CHECKOUT_DATA = REPO.parent / "shared" / "data"
 
@@ -119,7 +119,7 @@ def test_missing_data_names_the_key_the_path_and_the_data_root(
     assert f"the data root is {tmp_path}/empty: set it with --data-root DIR or the {DATA_ENV} environment variable" in err
     assert not (tmp_path / "runs").exists()
     with pytest.raises(ConfigError, match=r"'data.train_file' = '\{data_root\}/x.txt' needs a data root, and none is set"):
-        from simcse_kit import config
+        from simcse_kit.config import run as config
 
         monkeypatch.setattr(config, "default_data_root", lambda: None)  # as in an installed wheel
         load_config(None, {"train_file": "{data_root}/x.txt"})
@@ -166,8 +166,8 @@ WHEEL_CHECK = """
 import io, json, sys, contextlib
 import simcse_kit
 from simcse_kit.cli import main
-from simcse_kit.config import load_config
-from simcse_kit.recipes import find_recipe
+from simcse_kit.config.run import load_config
+from simcse_kit.config.recipes import find_recipe
 from simcse_kit.evaluation.suite import MAIN_TASKS, suite_file
 out = io.StringIO()
 with contextlib.redirect_stdout(out):

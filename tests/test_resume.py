@@ -20,10 +20,10 @@ import yaml
 from conftest import REPO, TinyRun
 from safetensors.torch import load_file
 
-from simcse_kit.checkpoints import LOOP_STATE, latest_checkpoint
 from simcse_kit.cli import main as cli_main
-from simcse_kit.config import load_config, save_config
-from simcse_kit.modeling import SimCSEModel
+from simcse_kit.config.run import load_config, save_config
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.training.checkpoints import LOOP_STATE, latest_checkpoint
 
 # --------------------------------------------------------------------------- helpers
 

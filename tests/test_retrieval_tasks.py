@@ -12,7 +12,7 @@ from simcse_kit.evaluation.beir import read_beir, write_beir
 from simcse_kit.evaluation.retrieval import RetrievalEvaluator
 from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks, pair_task
 from simcse_kit.evaluation.sts_readers import read_sick, read_stsb
-from simcse_kit.inference import load_encoder
+from simcse_kit.model.inference import load_encoder
 
 pytest.importorskip("pytrec_eval")
 

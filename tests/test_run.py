@@ -15,15 +15,15 @@ from conftest import TinyRun, toy_sentences, write_train_data
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
-from simcse_kit.batch import views_per_example
-from simcse_kit.config import LoopConfig, LossConfig, ModelConfig, load_config
-from simcse_kit.data import ContrastiveCollator, load_train_dataset
+from simcse_kit.config.run import LoopConfig, LossConfig, ModelConfig, load_config
+from simcse_kit.core.batch import views_per_example
+from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset
 from simcse_kit.evaluation import STSEvaluator
-from simcse_kit.inference import Encoder, load_encoder
-from simcse_kit.loop import fit, prepare
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.run import EVAL_BATCH_SIZE, build_run, train
+from simcse_kit.model.inference import Encoder, load_encoder
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.training.loop import fit, prepare
+from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.run import EVAL_BATCH_SIZE, build_run, train
 
 
 @pytest.mark.parametrize(
@@ -165,7 +165,7 @@ def test_save_load_roundtrip_every_pooler(tmp_path: Path, tiny_model_dir: Path) 
 
 
 def test_pooler_values_by_hand(tiny_model_dir: Path) -> None:
-    from simcse_kit.modeling import Pooler
+    from simcse_kit.model.modeling import Pooler
 
     mask = torch.tensor([[1, 1, 0]])
     h = [torch.full((1, 3, 2), float(i)) for i in range(4)]  # embeddings, layer1, layer2, layer3

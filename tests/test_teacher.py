@@ -12,14 +12,14 @@ import torch
 from conftest import TinyRun, toy_sentences, write_vocab
 from transformers import AutoTokenizer
 
-from simcse_kit import losses
-from simcse_kit.config import LossConfig, ModelConfig
-from simcse_kit.data import ContrastiveCollator
+from simcse_kit.config.run import LossConfig, ModelConfig
+from simcse_kit.core import losses
+from simcse_kit.data.readers import ContrastiveCollator
 from simcse_kit.errors import ConfigError
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.objectives import SimCSEObjective, TeacherTargets
-from simcse_kit.steps import GradCacheStep
-from simcse_kit.teacher import aligned_projection, load_teacher_table, pca_projection, teacher_texts
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.training.objectives import SimCSEObjective, TeacherTargets
+from simcse_kit.training.steps import GradCacheStep
+from simcse_kit.training.teacher import aligned_projection, load_teacher_table, pca_projection, teacher_texts
 
 # --------------------------------------------------------------------------- the loss core
 
@@ -276,7 +276,7 @@ def test_teacher_vectors_are_cached_and_the_teacher_not_loaded_again(tmp_path: P
     def no_teacher(*args: object, **kwargs: object) -> None:
         raise AssertionError("the teacher was loaded although its vectors are cached")
 
-    monkeypatch.setattr("simcse_kit.teacher.load_encoder", no_teacher)
+    monkeypatch.setattr("simcse_kit.training.teacher.load_encoder", no_teacher)
     second = load_teacher_table(str(teacher), texts, cache_dir=tmp_path / "cache", show_progress=False)
     assert second.cache_hit and torch.equal(second.vectors, first.vectors) and second.key == first.key
     # Other sentences are another key: never a stale table.

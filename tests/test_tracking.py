@@ -18,15 +18,15 @@ from conftest import TinyRun
 from matplotlib.image import imread
 from test_loop import Toy, mse_step, toy_loader
 
-from simcse_kit.config import LoopConfig, LossConfig, flat_params, load_config
+from simcse_kit.config.run import LoopConfig, LossConfig, flat_params, load_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.loop import fit, make_accelerator, prepare
-from simcse_kit.momentum_queue import MomentumQueue
-from simcse_kit.objectives import SimCSEObjective
-from simcse_kit.plots import pyplot, training_curves
-from simcse_kit.run_folder import LOGS, config_differences
-from simcse_kit.steps import GradCacheStep, MomentumQueueStep
-from simcse_kit.tracking import PROJECT, tracker_names
+from simcse_kit.evaluation.plots import pyplot, training_curves
+from simcse_kit.training.folder import LOGS, config_differences
+from simcse_kit.training.loop import fit, make_accelerator, prepare
+from simcse_kit.training.momentum_queue import MomentumQueue
+from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.steps import GradCacheStep, MomentumQueueStep
+from simcse_kit.training.tracking import PROJECT, tracker_names
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

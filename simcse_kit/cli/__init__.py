@@ -85,6 +85,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         # A command that never imported torch holds no process group; do not import it just to look.
         if "torch.distributed" in sys.modules:
-            from simcse_kit.distributed import close_process_group
+            from simcse_kit.core.distributed import close_process_group
 
             close_process_group()

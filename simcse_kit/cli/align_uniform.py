@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Callable
 
 from simcse_kit.cli.options import add_batch_size, add_data_options, add_device, add_json, add_model, check_output
-from simcse_kit.fileio import write_json_atomic
-from simcse_kit.recipes import senteval_dir
+from simcse_kit.config.recipes import senteval_dir
+from simcse_kit.files import write_json_atomic
 
 
 def cmd_align_uniform(args: argparse.Namespace, extra: list[str]) -> int:

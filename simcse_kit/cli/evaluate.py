@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from simcse_kit.cli.options import add_batch_size, add_data_options, add_device, add_json, add_model, check_output, show
+from simcse_kit.config.recipes import find_recipe, senteval_dir
 from simcse_kit.errors import ConfigError
-from simcse_kit.recipes import find_recipe, senteval_dir
 
 
 def shared(args: argparse.Namespace) -> dict[str, object]:

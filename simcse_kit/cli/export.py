@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from simcse_kit.cli.options import add_data_options, add_device
-from simcse_kit.recipes import senteval_dir
+from simcse_kit.config.recipes import senteval_dir
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:

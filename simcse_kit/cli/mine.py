@@ -1,5 +1,5 @@
 """``simcse-kit mine``: a hard_neg column for sent0,sent1 pairs, mined with a model
-(:func:`simcse_kit.mining.mine_file`)."""
+(:func:`simcse_kit.training.mining.mine_file`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device
 
 
 def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
-    from simcse_kit.mining import mine_file
+    from simcse_kit.training.mining import mine_file
 
     mine_file(
         args.pairs,

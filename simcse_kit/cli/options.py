@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from simcse_kit.errors import ConfigError
-from simcse_kit.fileio import check_writable, write_json_atomic
+from simcse_kit.files import check_writable, write_json_atomic
 
 POOLER_HELP = "pooler for a plain HF model"
 MODEL_HELP = "anything 'simcse-kit evaluate' accepts"
@@ -62,8 +62,8 @@ def add_batch_size(p: argparse.ArgumentParser) -> None:
 
 
 def add_device(p: argparse.ArgumentParser) -> None:
-    """``--device`` of every command that encodes (:mod:`simcse_kit.devices`)."""
-    from simcse_kit.devices import AUTO_DEVICE, DEVICE_HELP
+    """``--device`` of every command that encodes (:mod:`simcse_kit.model.devices`)."""
+    from simcse_kit.model.devices import AUTO_DEVICE, DEVICE_HELP
 
     p.add_argument("--device", default=AUTO_DEVICE, help=f"{DEVICE_HELP} (default: auto)")
 

@@ -1,5 +1,5 @@
 """``simcse-kit recipes``: list the built-in recipes and suites, or print one
-(:mod:`simcse_kit.recipes`)."""
+(:mod:`simcse_kit.config.recipes`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from simcse_kit.config.recipes import builtin_recipes, describe, find_recipe, recipe_folder
 from simcse_kit.errors import ConfigError
-from simcse_kit.recipes import builtin_recipes, describe, find_recipe, recipe_folder
 
 
 def cmd_recipes(args: argparse.Namespace, extra: list[str]) -> int:

@@ -11,8 +11,8 @@ from simcse_kit.errors import ConfigError
 
 
 def cmd_retrieval_tasks(args: argparse.Namespace, extra: list[str]) -> int:
+    from simcse_kit.config.recipes import data_root
     from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS, build_retrieval_tasks
-    from simcse_kit.recipes import data_root
 
     unknown = [t for t in args.tasks or () if t not in RETRIEVAL_TASKS]
     if unknown:

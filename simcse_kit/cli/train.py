@@ -6,17 +6,17 @@ import argparse
 from collections.abc import Callable
 
 from simcse_kit.cli.options import parse_overrides
+from simcse_kit.config.recipes import find_recipe
 from simcse_kit.errors import ConfigError
-from simcse_kit.recipes import find_recipe
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from simcse_kit.config import load_config
-    from simcse_kit.run import train
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.run import train
 
     cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
     if args.seeds is not None:  # one run per seed in OUTPUT_DIR/seed-N, then mean ± std
-        from simcse_kit.experiments import parse_seeds, run_seeds
+        from simcse_kit.training.experiments import parse_seeds, run_seeds
 
         if args.resume:
             raise ConfigError("--seeds runs reuse finished seeds on their own; run the same command again instead of --resume")
@@ -27,8 +27,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
-    from simcse_kit.config import load_config
-    from simcse_kit.experiments import SWEEP_KEYS, parse_seeds, parse_values, run_sweep
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.experiments import SWEEP_KEYS, parse_seeds, parse_values, run_sweep
 
     grid = {name: parse_values(name, getattr(args, name)) for name in SWEEP_KEYS if getattr(args, name) is not None}
     if not grid:
@@ -42,8 +42,8 @@ def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
 
 def config_keys_help() -> str:
     """Every config key a recipe may set and ``--key value`` may override, with its type,
-    default and meaning (the field's ``help`` in simcse_kit/config.py)."""
-    from simcse_kit.config import key_help
+    default and meaning (the field's ``help`` in simcse_kit/config/run.py)."""
+    from simcse_kit.config.run import key_help
 
     lines = ["config keys (override as --KEY VALUE or --SECTION.KEY VALUE; dashes or underscores):"]
     for dotted, kind, default, meaning in key_help():

@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 
 from simcse_kit.cli.options import add_batch_size, add_data_options, add_device, add_json, add_model, check_output, show
-from simcse_kit.recipes import senteval_dir
+from simcse_kit.config.recipes import senteval_dir
 
 
 def cmd_transfer(args: argparse.Namespace, extra: list[str]) -> int:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from simcse_kit.fileio import save_figure
-from simcse_kit.losses import cross_entropy_from_logits
+from simcse_kit.core.losses import cross_entropy_from_logits
+from simcse_kit.files import save_figure
 
 logger = logging.getLogger(__name__)
 

@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from simcse_kit.core.losses import cross_entropy_from_logits, info_nce
 from simcse_kit.evaluation.geometry import alignment, uniformity
-from simcse_kit.fileio import save_figure
-from simcse_kit.losses import cross_entropy_from_logits, info_nce
+from simcse_kit.files import save_figure
 
 logger = logging.getLogger(__name__)
 

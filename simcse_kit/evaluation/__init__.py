@@ -1,4 +1,4 @@
-"""Evaluation: STS and SentEval transfer evaluators, alignment/uniformity, tables.
+"""Evaluation: STS, retrieval and SentEval transfer evaluators, alignment/uniformity, plots, tables.
 
 Modules, each with one role:
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from simcse_kit.devices import resolve_device
+from simcse_kit.config.recipes import senteval_dir
 from simcse_kit.evaluation.encoding import Encode, prompted, truncated
 from simcse_kit.evaluation.hub import HubSTSEvaluator
 from simcse_kit.evaluation.mteb import mteb_retrieval_result, write_mteb_results
@@ -22,9 +22,9 @@ from simcse_kit.evaluation.retrieval import RetrievalEvaluator
 from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
 from simcse_kit.evaluation.sts_readers import STSPairs
 from simcse_kit.evaluation.suite import TaskSpec, load_suite
-from simcse_kit.fileio import write_json_atomic
-from simcse_kit.inference import load_encoder
-from simcse_kit.recipes import senteval_dir
+from simcse_kit.files import write_json_atomic
+from simcse_kit.model.devices import resolve_device
+from simcse_kit.model.inference import load_encoder
 
 __all__ = ["align_uniform_model", "evaluate_model", "evaluate_retrieval", "run_evaluator"]
 
@@ -48,7 +48,7 @@ def run_evaluator(
     Args:
         evaluator: ``evaluator(encode) -> dict[str, float]``, ``encode(list[str])``
             giving ``(N, D)`` embeddings.
-        model: Anything :func:`simcse_kit.inference.load_encoder` takes.
+        model: Anything :func:`simcse_kit.model.inference.load_encoder` takes.
         pooler: Pooler for a plain HF model.
         precision: Inference autocast: ``"no"``, ``"bf16"``, ``"fp16"`` or ``"auto"``.
         device: Where to encode: ``auto`` (CUDA, else MPS, else CPU), ``cpu``,
@@ -84,7 +84,7 @@ def evaluate_model(
     """Spearman x 100 on the STS tasks for MODEL.
 
     Args:
-        model: Anything :func:`simcse_kit.inference.load_encoder` takes.
+        model: Anything :func:`simcse_kit.model.inference.load_encoder` takes.
         pooler: Pooler for a plain HF model.
         data_dir: The SentEval-layout data folder; default ``senteval`` under the data root
             (``SIMCSE_KIT_DATA``, else ``../shared/data`` beside a source checkout).
@@ -139,7 +139,7 @@ def evaluate_retrieval(
     folders (:class:`~simcse_kit.evaluation.retrieval.RetrievalEvaluator`).
 
     Args:
-        model: Anything :func:`simcse_kit.inference.load_encoder` takes.
+        model: Anything :func:`simcse_kit.model.inference.load_encoder` takes.
         tasks: BEIR-format folders (read before the model loads).
         pooler: Pooler for a plain HF model.
         split: The qrels split (``test`` or ``dev``).
@@ -180,7 +180,7 @@ def align_uniform_model(
     """Alignment, uniformity and Spearman x 100 of MODEL on scored pairs (Wang & Isola 2020).
 
     Args:
-        model: Anything :func:`simcse_kit.inference.load_encoder` takes.
+        model: Anything :func:`simcse_kit.model.inference.load_encoder` takes.
         pairs: Scored pairs, e.g. one STS-B split (read before the model loads).
         pooler: Pooler for a plain HF model.
         threshold: Minimum gold score of a positive pair.

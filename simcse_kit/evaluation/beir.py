@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simcse_kit.errors import DataError, where
-from simcse_kit.fileio import read_json_objects, read_lines, write_text_atomic
+from simcse_kit.files import read_json_objects, read_lines, write_text_atomic
 
 __all__ = ["RetrievalTask", "read_beir", "write_beir"]
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from simcse_kit.fileio import save_figure
-from simcse_kit.plots import pyplot
+from simcse_kit.evaluation.plots import pyplot
+from simcse_kit.files import save_figure
 
 __all__ = ["alignment", "pair_alignment_uniformity", "plot_trajectory", "uniformity"]
 

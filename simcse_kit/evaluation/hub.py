@@ -35,7 +35,7 @@ from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.sts import STSEvaluator
 from simcse_kit.evaluation.sts_readers import STSPairs, load_task, pairs_from_columns, read_sick, read_sts_subset, read_stsb
 from simcse_kit.evaluation.suite import TaskSpec, default_suite
-from simcse_kit.fileio import write_text_atomic
+from simcse_kit.files import write_text_atomic
 
 __all__ = [
     "HUB_COLUMNS",

@@ -27,7 +27,7 @@ from scipy.stats import pearsonr, spearmanr
 
 from simcse_kit.evaluation.hub import HUB_DATASETS
 from simcse_kit.evaluation.sts import STSEvaluator, main_split
-from simcse_kit.fileio import write_json_atomic
+from simcse_kit.files import write_json_atomic
 
 __all__ = ["MTEB_SCHEMA_VERSION", "mteb_retrieval_result", "mteb_task_result", "write_mteb_results"]
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.beir import write_beir
 from simcse_kit.evaluation.sts_readers import read_sick, read_stsb
-from simcse_kit.fileio import read_lines
+from simcse_kit.files import read_lines
 
 __all__ = ["RETRIEVAL_TASKS", "SIMILAR_THRESHOLD", "build_retrieval_tasks", "pair_task"]
 

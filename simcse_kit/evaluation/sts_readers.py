@@ -1,7 +1,7 @@
 """Readers of the STS evaluation data: STS12-16 (SentEval layout), STS-B and SICK, and
 every split of one suite task.
 
-Every file goes through :func:`simcse_kit.fileio.read_lines` (UTF-8, BOM dropped, CRLF
+Every file goes through :func:`simcse_kit.files.read_lines` (UTF-8, BOM dropped, CRLF
 accepted, a bad byte named by file and line).
 
 Sentences are whitespace-normalised (``" ".join(s.split())``) because SentEval
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from simcse_kit.config import PAIR_FORMATS
+from simcse_kit.config.run import PAIR_FORMATS
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.suite import TaskSpec
-from simcse_kit.fileio import read_lines
+from simcse_kit.files import read_lines
 
 __all__ = [
     "PAIR_READERS",
@@ -274,7 +274,7 @@ _READER_OF: dict[str, Callable[[Path | str], STSPairs]] = {"stsb": read_stsb, "s
 PAIR_READERS: dict[str, Callable[[Path | str], STSPairs]] = {fmt: _READER_OF[fmt] for fmt in PAIR_FORMATS}
 """The readers of one scored-pair file by format: what a training run may name as its dev
 split (``data.dev_format``) or read sentences from (``data.train_format``). The names are
-the config's (:data:`simcse_kit.config.PAIR_FORMATS`, which the config checks); a name
+the config's (:data:`simcse_kit.config.run.PAIR_FORMATS`, which the config checks); a name
 without a reader fails here, at import."""
 
 

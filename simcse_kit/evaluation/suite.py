@@ -2,7 +2,7 @@
 
 The paper's seven tasks have one home, the shipped suite file ``evaluate/sts.yaml``
 (a wheel installs it as ``simcse_kit/suite_files/sts.yaml``: ``pyproject.toml`` maps the
-folder, nothing is copied; :func:`simcse_kit.recipes.recipe_folder` finds either).
+folder, nothing is copied; :func:`simcse_kit.config.recipes.recipe_folder` finds either).
 :func:`default_suite` reads it; :func:`load_suite` reads and checks any suite file, so a
 recipe (``simcse-kit evaluate MODEL --suite FILE``) can evaluate on another selection.
 """
@@ -16,8 +16,8 @@ from typing import Literal
 
 import yaml
 
+from simcse_kit.config.recipes import recipe_folder
 from simcse_kit.errors import ConfigError
-from simcse_kit.recipes import recipe_folder
 
 __all__ = ["MAIN_TASKS", "SUITE_NAME", "TaskSpec", "default_suite", "load_suite", "stsb_split_path"]
 

@@ -1,6 +1,6 @@
 """Readers of the SentEval transfer tasks (MR, CR, SUBJ, MPQA, SST2, TREC, MRPC).
 
-Every file goes through :func:`simcse_kit.fileio.read_lines`; SentEval's transfer data
+Every file goes through :func:`simcse_kit.files.read_lines`; SentEval's transfer data
 is the one exception to strict UTF-8, since some of it predates it
 (``TREC/train_5500.label``): those files are decoded whole as Latin-1 when they are not
 UTF-8. Sentences are whitespace-normalised as the STS readers' are
@@ -17,7 +17,7 @@ import numpy as np
 
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.sts_readers import normalize_whitespace
-from simcse_kit.fileio import read_lines
+from simcse_kit.files import read_lines
 
 __all__ = ["TRANSFER_TASKS", "TransferTask", "load_transfer_task"]
 TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")

@@ -19,7 +19,7 @@ from string import Template
 import torch
 import yaml
 
-from simcse_kit.config import DEFAULT_MODEL
+from simcse_kit.config.run import DEFAULT_MODEL
 from simcse_kit.evaluation import format_table
 from simcse_kit.export.folder import COMPAT_TESTED, ST_CLASS_PREFIX
 from simcse_kit.export.source import ExportSource

@@ -1,12 +1,12 @@
 """One export, end to end: check the source and target, write the folder, verify every
 backend, write the card and the provenance, then (on request) upload.
 
-The folder is built inside :func:`~simcse_kit.fileio.atomic_dir`, reloaded from disk with
+The folder is built inside :func:`~simcse_kit.files.atomic_dir`, reloaded from disk with
 ``SentenceTransformer`` and compared with simcse-kit on probe sentences (cosine and vector
 norm, so a missing ``Normalize`` is caught too). With ``onnx=True`` the encoder with its
 pooling and normalisation is written as one ONNX graph by :mod:`simcse_kit.export.onnx`
 (PyTorch's exporter, no optimum; checked against torch at several shapes) and checked the
-same way through :class:`~simcse_kit.onnx_encoder.OnnxEncoder` (onnxruntime + tokenizers);
+same way through :class:`~simcse_kit.export.onnx_encoder.OnnxEncoder` (onnxruntime + tokenizers);
 with ``quantize="int8"`` a dynamic-int8 graph is added and must keep the STS average within
 :data:`~simcse_kit.export.sts_gate.MAX_INT8_STS_DROP` of simcse-kit's fp32 model. Any failed
 check leaves nothing at ``out_dir``.
@@ -24,7 +24,6 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from simcse_kit.devices import resolve_device
 from simcse_kit.errors import ConfigError
 from simcse_kit.export.card import model_card
 from simcse_kit.export.folder import COMPAT_TESTED, decide_normalize, describe_modules, export_modules, write_folder, write_json
@@ -44,10 +43,11 @@ from simcse_kit.export.verify import (
     parity,
     st_encode,
 )
-from simcse_kit.fileio import atomic_dir
-from simcse_kit.inference import Encoder
-from simcse_kit.model_checks import load_checked_tokenizer, tokenization_problem
-from simcse_kit.modeling import SimCSEModel
+from simcse_kit.files import atomic_dir
+from simcse_kit.model.checks import load_checked_tokenizer, tokenization_problem
+from simcse_kit.model.devices import resolve_device
+from simcse_kit.model.inference import Encoder
+from simcse_kit.model.modeling import SimCSEModel
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +90,12 @@ def export_model(
         data_dir: SentEval-layout folder for the default evaluator; default ``senteval/``
             under the data root.
         data_root: The data root (default: ``SIMCSE_KIT_DATA``, else ``../shared/data``
-            beside a source checkout; :func:`simcse_kit.recipes.data_root`).
+            beside a source checkout; :func:`simcse_kit.config.recipes.data_root`).
         push_to_hub: Upload the finished folder to this hub repo id.
         probes: Sentences encoded by both sides for the parity checks.
         min_cosine: Every probe's cosine (torch backend) must be at least this.
         device: Where the torch parity check encodes, both sides (``auto``: CUDA, else
-            MPS, else CPU; :func:`simcse_kit.devices.resolve_device`); ONNX runs on the CPU.
+            MPS, else CPU; :func:`simcse_kit.model.devices.resolve_device`); ONNX runs on the CPU.
         opset: ONNX opset of the graphs.
         truncate_dim: sentence-transformers loads the export with this many dimensions
             (a Matryoshka model); parity is checked on that prefix.

@@ -39,7 +39,7 @@ simcse-kit pooler       modules after ``Transformer``
 
 then ``Normalize`` when the base model ended in one or the model was trained with cosine
 similarity (the default; ``normalize=False`` opts out). ``mlp="train"`` drops the MLP at
-inference, as :class:`~simcse_kit.modeling.SimCSEModel` does in ``eval()`` mode.
+inference, as :class:`~simcse_kit.model.modeling.SimCSEModel` does in ``eval()`` mode.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import transformers
 from safetensors.torch import save_file
 
 from simcse_kit.export.source import ExportError, ExportSource
-from simcse_kit.modeling import SimCSEModel, resolve_model_path
+from simcse_kit.model.modeling import SimCSEModel, resolve_model_path
 
 FORMAT_ST_VERSION = "3.0.0"
 """Written as ``__version__.sentence_transformers`` in ``config_sentence_transformers.json``:

@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from simcse_kit.export.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO, OUTPUT
 from simcse_kit.export.source import ExportError
-from simcse_kit.modeling import SimCSEModel
-from simcse_kit.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO, OUTPUT
+from simcse_kit.model.modeling import SimCSEModel
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class SentenceEmbeddingGraph(nn.Module):
     """What the graph computes: encoder -> pooler -> MLP (if kept at inference) -> normalise.
 
     Args:
-        model: An fp32 :class:`~simcse_kit.modeling.SimCSEModel` in ``eval()`` mode,
+        model: An fp32 :class:`~simcse_kit.model.modeling.SimCSEModel` in ``eval()`` mode,
             packing off (the exporter traces the plain padded path).
         normalize: L2-normalise the vectors (as the export's ``Normalize`` module does).
     """

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 from simcse_kit.errors import ConfigError
-from simcse_kit.fileio import check_writable, folder_contents
-from simcse_kit.modeling import SIMCSE_CONFIG
+from simcse_kit.files import check_writable, folder_contents
+from simcse_kit.model.modeling import SIMCSE_CONFIG
 
 EXPORT_INFO = "simcse_export.json"
 """Provenance written into the export. Deliberately *not* ``simcse_config.json``: the

@@ -3,7 +3,7 @@
 
 The default scorer is the 7-task :class:`~simcse_kit.evaluation.STSEvaluator` on the
 SentEval folder under the data root, found the way every command finds it
-(:func:`simcse_kit.recipes.senteval_dir`: ``--data-dir``, else ``senteval/`` under
+(:func:`simcse_kit.config.recipes.senteval_dir`: ``--data-dir``, else ``senteval/`` under
 ``--data-root`` > ``SIMCSE_KIT_DATA`` > ``../shared/data`` beside a source checkout).
 """
 
@@ -13,10 +13,10 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from simcse_kit.config.recipes import senteval_dir
 from simcse_kit.evaluation import STSEvaluator
 from simcse_kit.export.source import ExportError
 from simcse_kit.export.verify import Encode
-from simcse_kit.recipes import senteval_dir
 
 logger = logging.getLogger(__name__)
 

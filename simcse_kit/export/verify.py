@@ -4,7 +4,7 @@ per backend), and each backend's encode speed for the card.
 A wrong mapping shows as a low cosine; a missing or extra ``Normalize`` leaves cosine at 1
 and shows in the norms, so both are checked. Every backend is read back from the written
 folder, as a user would load it: ``SentenceTransformer`` for torch,
-:class:`~simcse_kit.onnx_encoder.OnnxEncoder` (onnxruntime + tokenizers) for ONNX.
+:class:`~simcse_kit.export.onnx_encoder.OnnxEncoder` (onnxruntime + tokenizers) for ONNX.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from simcse_kit.export.onnx import OnnxExport
+from simcse_kit.export.onnx_encoder import OnnxEncoder
 from simcse_kit.export.source import ExportError
-from simcse_kit.onnx_encoder import OnnxEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def encode_speed(encode: Encode, sentences: Sequence[str], repeat_to: int = 256)
 
 
 def onnx_encode(folder: Path, file_name: str) -> Encode:
-    """``encode`` through :class:`~simcse_kit.onnx_encoder.OnnxEncoder` (what deployments run)."""
+    """``encode`` through :class:`~simcse_kit.export.onnx_encoder.OnnxEncoder` (what deployments run)."""
     encoder = OnnxEncoder(folder, file_name)
     return lambda sentences: torch.from_numpy(encoder.encode(list(sentences), batch_size=64))
 

@@ -1,0 +1,139 @@
+"""A config value checked against its field's type: YAML's own scalar rules, then the type.
+
+A recipe's values arrive read by YAML; a command-line override arrives as text and is read
+here by the same rules (``3`` an int, ``0.5`` a float, ``true`` a bool, ``[64, 32]`` a
+list), so a value means the same in a recipe and on the command line. Then the value must
+be of the field's type; only lossless conversions are made (:func:`check_type`). Also the
+YAML loader of recipes, which refuses a key given twice.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+import yaml
+
+from simcse_kit.config.sections import AUTO
+from simcse_kit.errors import ConfigError
+
+__all__ = ["DuplicateKeyError", "UniqueKeyLoader", "check_type", "parse_value", "yaml_scalar"]
+
+NULL_WORDS = ("none", "null", "~")
+"""An optional key's "no value" as text: YAML's null words, and ``none`` as the help says it."""
+
+
+class _Mismatch(ValueError):
+    """A value that is not of its key's type (turned into a ConfigError naming the key)."""
+
+
+def yaml_scalar(text: str) -> Any:
+    """``text`` read by YAML's own rules (``3`` an int, ``0.5`` a float, ``true`` a bool,
+    ``[1, 2]`` a list); text YAML cannot read stays as it is, for the type check to name."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def check_type(value: Any, kind: Any) -> Any:
+    """``value`` as ``kind`` (a field's type without ``None``); raises :class:`_Mismatch` if it is not one.
+
+    Only lossless conversions: a whole float is an int, an int a float, a number given
+    where text is expected its text (a folder named ``2024``).
+    """
+    if kind == (bool, str):  # a switch: True, False or "auto"
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() == AUTO:
+            return AUTO
+        raise _Mismatch("must be true, false or auto")
+    if typing.get_origin(kind) is dict:  # a YAML mapping, or one written inline on the command line
+        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            return dict(value)
+        raise _Mismatch("must be a mapping of names to texts, e.g. {query: 'query: '}")
+    if typing.get_origin(kind) is list:  # a YAML list, or "a,b" on the command line
+        (item,) = typing.get_args(kind)
+        what = "names" if item is str else f"{item.__name__}s"
+        if isinstance(value, str) and value.strip().startswith("["):
+            value = yaml_scalar(value)
+        elif isinstance(value, str):
+            pieces = [v.strip() for v in value.split(",") if v.strip()]
+            value = pieces if item is str else [yaml_scalar(v) for v in pieces]
+        if not isinstance(value, list):
+            raise _Mismatch(f"must be a list of {what} (or a comma-separated string)")
+        try:
+            items = [check_type(v, item) for v in value]
+        except _Mismatch:
+            raise _Mismatch(f"must be a list of {what} (or a comma-separated string)") from None
+        return [v.strip() for v in items if v.strip()] if item is str else items
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind is bool and isinstance(value, bool):
+        return value
+    if kind is int and is_number and float(value).is_integer():
+        return int(value)
+    if kind is float and is_number:
+        return float(value)
+    if kind is float and isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as text
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if kind is str and (isinstance(value, str) or is_number):
+        return str(value)
+    if kind is str and isinstance(value, bool):
+        raise _Mismatch("is not a valid str (quote it: YAML reads yes/no/on/off as true/false)")
+    raise _Mismatch("is not a valid")
+
+
+def parse_value(value: Any, annotation: Any, declared: str, key: str, source: str) -> Any:
+    """A key's value from a recipe (already read by YAML) or the command line (text, read
+    here by YAML's scalar rules unless the key is text), checked against the key's type.
+
+    Args:
+        value: The value as given.
+        annotation: The field's type (``int | None``, ``list[str]``, ``bool | str``).
+        declared: The type as written, for the error message.
+        key: The dotted key (``train.batch_size``), for the error message.
+        source: Where the value came from (a recipe's path, ``command line``).
+
+    Raises:
+        ConfigError: naming the source, the key, the value and the type expected.
+    """
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    kinds = tuple(a for a in args if a is not type(None))
+    if type(None) in args and (value is None or (isinstance(value, str) and value.strip().lower() in NULL_WORDS)):
+        return None
+    kind = kinds[0] if len(kinds) == 1 else kinds
+    # Text stays text for a text key (`--mixed-precision no` is "no", not YAML's false); a list
+    # reads its own "a,b" form.
+    text_key = kind is str or typing.get_origin(kind) is list
+    parsed = yaml_scalar(value) if isinstance(value, str) and not text_key else value
+    try:
+        return check_type(parsed, kind)
+    except _Mismatch as exc:
+        expected = f"is not a valid {declared}" if str(exc) == "is not a valid" else str(exc)
+        raise ConfigError(f"{source}: config key {key!r} = {value!r} {expected}") from None
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping key given twice (:class:`UniqueKeyLoader`)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error naming the key
+    and both lines (PyYAML keeps the last silently: a recipe's earlier setting vanishes)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(f"key {key!r} is given twice, on lines {seen[key]} and {line}; keep one")
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeyLoader.construct_mapping)

@@ -1,0 +1,109 @@
+"""Serve an exported ONNX model with onnxruntime, tokenizers and numpy only.
+
+This module imports neither torch nor transformers (a test runs it with both blocked), so
+a deployment needs ``pip install onnxruntime tokenizers numpy`` and the export folder::
+
+    from simcse_kit.export.onnx_encoder import OnnxEncoder
+    encoder = OnnxEncoder("exports/unsup-minilm")                  # onnx/model.onnx
+    vectors = encoder.encode(["A man plays a guitar.", "Hello"])  # [2, D] float32
+
+The graph written by :mod:`simcse_kit.export.onnx` already pools (and normalises, when the
+export does), so this module only tokenises, pads and runs it. What it needs besides the
+graph is in ``onnx/simcse_onnx.json`` (max length, pad id, input names) and the folder's
+``tokenizer.json``. It is one file on purpose: copying it beside a deployment is enough.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+ONNX_INFO = "onnx/simcse_onnx.json"
+"""What the serving side needs besides the graph (written by the export)."""
+FP32_FILE = "onnx/model.onnx"
+INT8_FILE = "onnx/model_qint8.onnx"
+OUTPUT = "sentence_embedding"
+
+__all__ = ["FP32_FILE", "INT8_FILE", "ONNX_INFO", "OUTPUT", "OnnxEncoder"]
+
+
+class OnnxEncoder:
+    """Sentences -> ``[N, D]`` float32 vectors with an exported graph.
+
+    Sentences are tokenised a block at a time and sorted by token count before batching
+    (as :class:`simcse_kit.model.inference.Encoder` does, so batches carry little padding), then
+    returned in input order.
+
+    Args:
+        folder: The export folder (``tokenizer.json`` at its root, ``onnx/`` inside).
+        file_name: The graph, relative to ``folder`` (:data:`FP32_FILE` or :data:`INT8_FILE`).
+        threads: onnxruntime intra-op threads (None: onnxruntime's default, one per core).
+        providers: onnxruntime execution providers (default: the CPU one).
+
+    Raises:
+        FileNotFoundError: A file the folder must hold is missing (the message names it).
+    """
+
+    BLOCK = 4096  # sentences tokenised (and sorted) together
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        file_name: str = FP32_FILE,
+        threads: int | None = None,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+    ) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self.folder = Path(folder)
+        for needed in (file_name, ONNX_INFO, "tokenizer.json"):
+            if not (self.folder / needed).is_file():
+                raise FileNotFoundError(f"{self.folder / needed}: missing (not an ONNX export of simcse-kit?)")
+        info = json.loads((self.folder / ONNX_INFO).read_text(encoding="utf-8"))
+        self.max_seq_len = int(info["max_seq_len"])
+        self.pad_id = int(info["pad_token_id"])
+        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        # tokenizers counts the special tokens its post-processor adds, as transformers does.
+        self.tokenizer.enable_truncation(max_length=self.max_seq_len)
+        self.tokenizer.no_padding()  # padded per sorted batch below
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(self.folder / file_name), options, providers=list(providers))
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.dim = int(info["dim"])
+
+    def _run(self, encodings: Sequence[object]) -> np.ndarray:
+        """One padded batch through the graph: ``[B, D]`` float32."""
+        width = max(len(e.ids) for e in encodings)  # type: ignore[attr-defined]
+        feeds = {name: np.zeros((len(encodings), width), dtype=np.int64) for name in self.input_names}
+        if "input_ids" in feeds:
+            feeds["input_ids"].fill(self.pad_id)
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)  # type: ignore[attr-defined]
+            feeds["input_ids"][row, :n] = enc.ids  # type: ignore[attr-defined]
+            feeds["attention_mask"][row, :n] = 1
+            if "token_type_ids" in feeds:
+                feeds["token_type_ids"][row, :n] = enc.type_ids  # type: ignore[attr-defined]
+        return self.session.run([OUTPUT], feeds)[0].astype(np.float32, copy=False)
+
+    def encode(self, sentences: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """Args: ``N`` sentences. Returns ``[N, D]`` float32 (``[0, D]`` for none)."""
+        out = np.empty((len(sentences), self.dim), dtype=np.float32)
+        for first in range(0, len(sentences), self.BLOCK):
+            encodings = self.tokenizer.encode_batch(list(sentences[first : first + self.BLOCK]))
+            order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                out[[first + i for i in rows]] = self._run([encodings[i] for i in rows])
+        return out
+
+    __call__ = encode

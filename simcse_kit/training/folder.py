@@ -1,0 +1,159 @@
+"""The run folder: created, locked and checked before a text run writes into it.
+
+A run folder holds ``config.yaml``, the resolved config as it ran, with ``auto``
+precision decided for the machine (:func:`with_concrete_precision`): it says what ran,
+and ``--resume`` compares it with the requested config (:func:`config_differences`) and
+refuses a run that would compute something else. The device's ``null`` (auto) settings
+(:func:`with_device_defaults`: loader workers, packing) are decided where the run starts
+and stay ``null`` in it: a resume on another device decides them there.
+:func:`prepare_run_dir` refuses to clobber a finished or unfinished run unless asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from simcse_kit.config.run import AUTO, RunConfig, TrainConfig, load_config, save_config
+from simcse_kit.errors import ConfigError
+from simcse_kit.files import folder_contents, remove_dir
+from simcse_kit.model.precision import PrecisionChoice, resolve_precision
+from simcse_kit.training.checkpoints import latest_checkpoint
+from simcse_kit.training.guards import LOCK_FILE, RunLock
+
+logger = logging.getLogger(__name__)
+
+# Settings that may change between a run and its --resume: they do not change what is
+# computed (where files go, progress display, loader workers, checkpoint frequency,
+# trackers, the allocator's mmap threshold).
+RESUME_MAY_DIFFER = (
+    "train.output_dir",
+    "train.progress_bar",
+    "data.num_workers",
+    "train.save_steps",
+    "train.report_to",
+    "train.mmap_threshold_mib",
+    "loss.teacher_cache_dir",
+)
+CHECKPOINTS = "checkpoints"
+LOGS = "logs"  # the experiment trackers' folder in the run folder
+BEST_MODEL = "best_model"
+
+
+def with_concrete_precision(cfg: TrainConfig, cpu: bool | None = None) -> tuple[TrainConfig, PrecisionChoice | None]:
+    """``cfg`` with its ``auto`` precision settings decided for this machine (and the choice,
+    with its one-line reason); a config without ``auto`` comes back unchanged with None.
+
+    Args:
+        cfg: the run's ``train:`` section.
+        cpu: decide for the CPU; default: the CPU when CUDA is unavailable.
+    """
+    if AUTO not in (cfg.mixed_precision, cfg.bf16_weights, cfg.fast_dropout):
+        return cfg, None
+    cpu = not torch.cuda.is_available() if cpu is None else cpu
+    choice = resolve_precision(
+        cfg.mixed_precision, "cpu" if cpu else "cuda", bf16_weights=cfg.bf16_weights, fast_dropout=cfg.fast_dropout
+    )
+    decided = replace(cfg, mixed_precision=choice.mixed_precision, bf16_weights=choice.bf16_weights)
+    return replace(decided, fast_dropout=choice.fast_dropout), choice
+
+
+# benchmarks/gpu.py on an H100 (BENCHMARKS.md, the main job's model at batch 512, length
+# 32): the collator's tokenisation in 4 worker processes gave 4.5x the sentences/s of none,
+# 8 workers another 1.4x.
+CUDA_WORKERS = 8
+
+
+def with_device_defaults(cfg: RunConfig, device: torch.device | str, num_processes: int = 1) -> RunConfig:
+    """``cfg`` with its device-dependent ``null`` (auto) settings made concrete, each
+    choice logged: ``data.num_workers`` (0 on the CPU, :data:`CUDA_WORKERS` on CUDA, at
+    most this process's share of the cores less one) and ``model.packing`` (on for the CPU; off on CUDA, where
+    ``benchmarks/gpu.py`` measured padded batches faster at every shape it ran)."""
+    cuda = torch.device(device).type == "cuda"
+    workers = cfg.data.num_workers
+    if workers is None:
+        share = (os.cpu_count() or 1) // max(1, num_processes)
+        workers = min(CUDA_WORKERS, max(0, share - 1)) if cuda else 0
+        logger.info("data.num_workers auto -> %d on %s", workers, torch.device(device).type)
+    packing = cfg.model.packing
+    if packing is None:
+        packing = not cuda
+        logger.info(
+            "model.packing auto -> %s on %s%s",
+            packing,
+            torch.device(device).type,
+            " (padding measured faster there: BENCHMARKS.md, GPU section)" if cuda else "",
+        )
+    return replace(cfg, data=replace(cfg.data, num_workers=workers), model=replace(cfg.model, packing=packing))
+
+
+def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
+    """``'section.key: saved -> requested'`` for each setting that would change the run.
+
+    A saved config records what ran, so ``auto`` precision settings in ``requested`` are
+    decided for this machine before comparing (a recipe's ``auto`` matches a run that
+    chose bf16 here, and not one that chose it on another machine's hardware)."""
+    saved, requested = (replace(c, train=with_concrete_precision(c.train)[0]) for c in (saved, requested))
+    out = []
+    old, new = saved.to_dict(), requested.to_dict()
+    for section, values in new.items():
+        for key, value in values.items():
+            dotted = f"{section}.{key}"
+            if dotted not in RESUME_MAY_DIFFER and old[section][key] != value:
+                out.append(f"{dotted}: {old[section][key]!r} -> {value!r}")
+    return out
+
+
+def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False, held: ExitStack | None = None) -> Path:
+    """Create the run folder; refuse to clobber a finished or unfinished run unless asked.
+
+    With ``resume`` the folder's saved ``config.yaml`` must match ``cfg`` in everything
+    but :data:`RESUME_MAY_DIFFER`; a folder with nothing in it yet starts afresh (so a
+    restart script may always pass ``--resume``). With ``held`` the folder is locked
+    first (:class:`~simcse_kit.training.guards.RunLock`, released when ``held`` closes): a second
+    run into it fails here, before it changes anything.
+    """
+    out = Path(cfg.train.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"config key 'train.output_dir' = {str(out)!r}: exists and is not a folder")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite exclude each other")
+    if held is not None:
+        held.enter_context(RunLock(out))
+    finished = (out / "metrics.json").exists()
+    if resume:
+        if finished:
+            raise ConfigError(f"{out} holds a finished run (metrics.json); nothing to resume")
+        saved_path = out / "config.yaml"
+        if saved_path.is_file():
+            diffs = config_differences(load_config(saved_path), cfg)
+            if diffs:
+                raise ConfigError(
+                    f"--resume: the requested config differs from {saved_path} in {'; '.join(diffs)}; "
+                    "resume with the same settings, or start a new run in another --output-dir"
+                )
+            return out
+        logger.warning("--resume: %s holds no run yet; starting from the beginning", out)
+    elif finished and not overwrite:
+        raise ConfigError(f"{out} already holds a finished run; choose another --output-dir or pass --overwrite")
+    elif not overwrite and latest_checkpoint(out / CHECKPOINTS) is not None:
+        raise ConfigError(
+            f"{out} holds an unfinished run ({latest_checkpoint(out / CHECKPOINTS)}); "
+            "pass --resume to continue it or --overwrite to start over"
+        )
+    if overwrite and not (out / "config.yaml").is_file() and folder_contents(out, ignore=(LOCK_FILE,)):
+        # --overwrite starts over in a run folder; a folder that is not one (no config.yaml) is left alone.
+        raise ConfigError(
+            f"{out}: --overwrite replaces only a simcse-kit run folder (with config.yaml) or an empty one; "
+            f"this one holds {', '.join(folder_contents(out, ignore=(LOCK_FILE,)))}: choose another --output-dir"
+        )
+    if overwrite and (out / CHECKPOINTS).exists():
+        remove_dir(out / CHECKPOINTS)  # a fresh run must never resume into the old one's state
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    return out

@@ -1,0 +1,147 @@
+"""A text run's inputs, loaded and checked before anything is written.
+
+The training data (:func:`load_training_data`), the tokenizer checked against the model
+folder and the configured lengths (:func:`load_checked_tokenizer`) and the teacher's
+vectors of the training sentences (:func:`load_teacher`): each fails with a ConfigError
+naming the config key, before the run folder exists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from accelerate import PartialState
+from transformers import AutoConfig, AutoTokenizer
+
+from simcse_kit.config.run import RunConfig
+from simcse_kit.core.batch import VIEW_COLUMNS
+from simcse_kit.data.readers import load_train_dataset, mix_datasets
+from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.sts_readers import PAIR_READERS
+from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
+from simcse_kit.model.families import max_tokens
+from simcse_kit.model.inference import load_encoder
+from simcse_kit.model.modeling import resolve_model_path
+from simcse_kit.training.objectives import TeacherTargets
+from simcse_kit.training.teacher import TeacherTable, aligned_projection, load_teacher_table, pca_projection, teacher_texts
+
+logger = logging.getLogger(__name__)
+
+
+def load_training_data(cfg: RunConfig) -> datasets.Dataset:
+    """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
+    the distinct sentences of that scored pair file, scores unused: a domain's unlabelled
+    text), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus)."""
+    data = cfg.data
+    sentences = None
+    if data.train_format != "auto":
+        pairs = PAIR_READERS[data.train_format](data.train_file)
+        sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
+    dataset = load_train_dataset(data.train_file, data.mode, data.max_train_samples, sentences=sentences)
+    if data.mix_file is not None and data.mix_ratio > 0:
+        general = load_train_dataset(data.mix_file, data.mode)
+        dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
+    return dataset
+
+
+def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTargets, TeacherTable] | None:
+    """With ``loss.teacher``: its vectors of every distinct training sentence (cached) and
+    the objective's teacher term; None without a teacher.
+
+    Several processes: the main process encodes (or reads the cache) first, the others
+    then read its cache. A wider teacher for ``embedding`` distillation is projected to
+    the student's width by PCA (``loss.teacher_projection: pca``) or refused; ``aligned``
+    maps it (at any width) into the student's own coordinates, from the untrained student's
+    vectors of the same sentences.
+    """
+    loss = cfg.loss
+    if loss.teacher is None:
+        return None
+    texts = teacher_texts({name: dataset[name] for name in set(VIEW_COLUMNS[cfg.data.mode])}, cfg.data.mode)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    order = nullcontext()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        state = PartialState()
+        device, order = str(state.device), state.main_process_first()
+    with order:
+        table = load_teacher_table(
+            loss.teacher, texts, cache_dir=loss.teacher_cache_dir, device=device, show_progress=cfg.train.progress_bar
+        )
+    projection = embedding_projection(cfg, table, texts, device) if loss.teacher_loss == "embedding" else None
+    what = (loss.teacher_loss, loss.teacher, len(texts), table.width, loss.teacher_weight)
+    logger.info("teacher: %s distillation from %s (%d sentences, %d wide), weight %g", *what)
+    targets = TeacherTargets(
+        table.vectors,
+        loss.teacher_loss,
+        loss.teacher_temperature,
+        loss.teacher_weight,
+        projection,
+        student_temperature=loss.teacher_student_temperature,
+    )
+    return targets, table
+
+
+def embedding_projection(cfg: RunConfig, table: TeacherTable, texts: list[str], device: str) -> tuple[torch.Tensor, ...] | None:
+    """How ``embedding`` distillation maps the teacher's vectors onto the student's
+    (``loss.teacher_projection``); None where the widths agree and no alignment is asked."""
+    loss = cfg.loss
+    if loss.teacher_projection == "aligned":
+        # Into the student's own coordinates, at any width: the untrained student's vectors of
+        # the same sentences (its exported pooling, in fp32; deterministic, so a resume agrees).
+        student = load_encoder(cfg.model.name_or_path, pooler=cfg.model.pooler, max_seq_len=cfg.model.max_seq_len, device=device)
+        return aligned_projection(table.vectors, student.encode(texts))
+    width = AutoConfig.from_pretrained(resolve_model_path(cfg.model.name_or_path)).hidden_size
+    if table.width == width:
+        return None
+    if loss.teacher_projection == "none":
+        raise ConfigError(
+            f"config key 'loss.teacher' = {loss.teacher!r}: its vectors are {table.width} wide and the student's {width}; "
+            "embedding distillation needs a projection (loss.teacher_projection: pca or aligned) "
+            "or use loss.teacher_loss: similarity"
+        )
+    return pca_projection(table.vectors, width)
+
+
+def load_checked_tokenizer(cfg: RunConfig) -> Any:
+    """The model's tokenizer, after checking that the model folder loads and takes the
+    configured lengths; raises ConfigError naming the key instead of a library trace."""
+    path = resolve_model_path(cfg.model.name_or_path)
+    looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub id is "org/name"
+    if looks_local and not Path(path).expanduser().is_dir():
+        raise ConfigError(f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}: no such folder")
+    check_weights(path)  # truncated weights or a corrupt JSON file, named before the run folder exists
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        hf_config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        key = f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}"
+        raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
+    check_tokenizer_files(path)  # without them transformers builds a 5-token placeholder vocabulary
+    check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
+    limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
+    # A max_length below the special tokens' count is not applied at all: the tokenizer
+    # logs an error and returns the whole sentence (--max-seq-len 1 trained on full
+    # sentences); exactly that count leaves no word. So: at least one word's room.
+    least = tokenizer.num_special_tokens_to_add() + 1
+    for key in ("max_seq_len", "eval_max_seq_len"):
+        value = getattr(cfg.model, key)
+        if value < least:
+            raise ConfigError(
+                f"config key 'model.{key}' = {value}: must be at least {least} "
+                f"(the tokenizer adds {least - 1} special tokens; below that it would not truncate at all)"
+            )
+    for key in ("max_seq_len", "eval_max_seq_len"):
+        value = getattr(cfg.model, key)
+        if isinstance(limit, int) and value > limit:
+            raise ConfigError(f"config key 'model.{key}' = {value}: the model takes at most {limit} positions")
+    hidden, dims = getattr(hf_config, "hidden_size", None), cfg.loss.matryoshka_dims or []
+    if isinstance(hidden, int) and any(d > hidden for d in dims):
+        raise ConfigError(f"config key 'loss.matryoshka_dims' = {dims}: the model's embeddings have {hidden} dimensions")
+    return tokenizer

@@ -1,0 +1,375 @@
+"""Training objectives: a batch of views in, one contrastive loss out.
+
+:class:`SimCSEObjective` states each mode's contrastive problem as data (anchors,
+candidates, one positive column per anchor, an exclusion mask, a logit bias) and hands
+it to :func:`simcse_kit.core.losses.contrastive_loss`. Which row is which view comes from
+:mod:`simcse_kit.core.batch`. The objective is split in two on purpose: :meth:`~SimCSEObjective.embed`
+runs the encoder and :meth:`~SimCSEObjective.loss` only touches the loss core, so
+GradCache and the momentum queue work on that seam without knowing the model.
+
+Who is contrasted with whom in each mode is :mod:`simcse_kit.core.modes`' table; the loss reads
+it and has no per-mode branch. The objective is also the plain *step* of the step contract
+(:mod:`simcse_kit.training.steps`), where GradCache and the momentum queue wrap it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from simcse_kit.config.run import LossConfig
+from simcse_kit.core import distributed, losses, masks, modes
+from simcse_kit.core.batch import model_inputs, split_views, views_per_example
+from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
+
+__all__ = ["SimCSEObjective", "TeacherTargets"]
+
+
+TEACHER_LOSSES = ("similarity", "embedding")
+
+
+@dataclass
+class TeacherTargets:
+    """A teacher's part of the loss (``loss.teacher``; :mod:`simcse_kit.training.teacher` builds the table).
+
+    Attributes:
+        vectors: ``[U, D']`` the teacher's vectors of the distinct training sentences; a
+            batch's ``teacher_rows`` ``[B]`` index it.
+        kind: ``"similarity"``: the student's in-batch softmax matched to the teacher's
+            (soft targets, any widths); ``"embedding"``: MSE between L2-normalised student
+            and teacher vectors (sentence-transformers' distillation), equal widths or with
+            ``projection``.
+        temperature: the teacher's own tau for ``similarity``.
+        weight: the loss is ``(1 - weight) * SimCSE + weight * teacher term``.
+        student_temperature: the student's tau in the ``similarity`` term (None: the
+            SimCSE term's ``loss.temperature``). Its own knob so a distribution matched at a
+            flat temperature leaves a SimCSE term mixed in at its sharp one.
+        projection: ``(mean [D'], components [D', D])`` mapping a wider teacher to the
+            student's width for ``embedding`` (:func:`simcse_kit.training.teacher.pca_projection`), or
+            ``(mean, components, offset [D])`` into the student's own coordinates
+            (:func:`simcse_kit.training.teacher.aligned_projection`).
+    """
+
+    vectors: torch.Tensor
+    kind: str = "similarity"
+    temperature: float = 0.05
+    weight: float = 1.0
+    projection: tuple[torch.Tensor, ...] | None = None
+    student_temperature: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in TEACHER_LOSSES:
+            raise ValueError(f"teacher loss must be one of {TEACHER_LOSSES}, got {self.kind!r}")
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The teacher's vectors of table rows ``index`` ``[K]``: ``[K, D']`` fp32 on its device."""
+        if self.vectors.device != index.device:  # moved once, to the training device
+            self.vectors = self.vectors.to(index.device)
+            if self.projection is not None:
+                self.projection = tuple(t.to(index.device) for t in self.projection)  # type: ignore[assignment]
+        return self.vectors[index].float()
+
+    def embedding_loss(self, embeddings: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """MSE of ``[B, D]`` student rows against their (projected) teacher vectors, both
+        L2-normalised so only directions are matched, mean over all entries (as
+        sentence-transformers' ``MSELoss``)."""
+        target = self.rows(index)
+        if self.projection is not None:
+            mean, components, *offset = self.projection  # an aligned projection adds the student's mean
+            target = (target - mean) @ components + (offset[0] if offset else 0.0)
+        if target.shape[1] != embeddings.shape[1]:
+            raise ValueError(
+                f"embedding distillation needs equal widths: student {embeddings.shape[1]}, teacher {target.shape[1]}; "
+                "set loss.teacher_projection: pca, or use loss.teacher_loss: similarity"
+            )
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            return F.mse_loss(F.normalize(embeddings.float(), dim=-1), F.normalize(target, dim=-1))
+
+
+def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    # One block stays the very tensor (no copy): the unsup loss sees what it always saw.
+    return parts[0] if len(parts) == 1 else torch.cat(list(parts))
+
+
+@dataclass
+class SimCSEObjective:
+    """The SimCSE losses on the example-major rows of :mod:`simcse_kit.core.batch`.
+
+    The mode's :class:`~simcse_kit.core.modes.Contrast` (``loss.unsup_loss`` picks unsup's
+    form) says which rows are anchors and which candidates (``N`` local examples, ``W``
+    processes when ``loss.gather``; every anchor's candidates also take the queue's ``Q``
+    rows when a queue is given):
+      * every row an anchor (unsup, ``"views"``): 2N-view NT-Xent against all ``2NW``
+        rows; positive: the other view (row ``i ^ 1``); the row itself excluded;
+      * view-0 anchors (unsup ``"paper"``, sup, hardneg): against the candidate views'
+        rows, block after block (``NW`` rows each); positive: the anchor's own row in
+        the first block; the weighted view's own row (hardneg's contradiction) enters
+        with ``loss.hard_negative_weight`` (``log(alpha)`` on that logit).
+
+    With ``loss.mask_false_negatives`` the batch's ``text_ids`` drop candidates that
+    share a text with the anchor or its positive (:func:`masks.false_negative_mask`);
+    with ``loss.false_negative_threshold`` candidates whose cosine with the anchor exceeds
+    it are dropped too (:func:`masks.similar_candidate_mask`); the positive never is.
+    :attr:`masked_negatives` counts them over all calls, :attr:`last_masked` in the latest.
+
+    With a ``teacher`` (:class:`TeacherTargets`) the loss is ``(1 - w) * SimCSE + w * T``.
+    For ``similarity``, ``T`` is the soft-target form of the same call: the same anchors,
+    the same in-batch candidates (gathered across processes) and the same exclusions
+    (self, false negatives), with the teacher's softmax over those candidates as the
+    target instead of a one-hot positive; the queue's rows and the hard-negative weight
+    belong to the SimCSE term only (the teacher has no vectors of the queue's keys, and
+    its distribution already says how hard each negative is).
+    With ``loss.matryoshka_dims`` the loss is the weighted sum of the same problem on each
+    prefix of the rows (:func:`losses.matryoshka_loss`); a function of the full
+    embeddings still, so GradCache and the queue take it as they take the plain loss.
+    """
+
+    mode: str
+    loss_cfg: LossConfig
+    teacher: TeacherTargets | None = None
+    # Kept as device tensors (or 0): reading a count back every step would stall a GPU;
+    # the properties below read them where they are reported (log steps, the run's end).
+    _masked_total: torch.Tensor | int = field(default=0, compare=False, repr=False)
+    _last_masked: torch.Tensor | int = field(default=0, compare=False, repr=False)
+    last_terms: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        views_per_example(self.mode)  # an unknown mode fails here
+
+    def views_per_example(self) -> int:
+        """``V``: rows per example in this mode's batches."""
+        return views_per_example(self.mode)
+
+    def metrics(self) -> dict[str, float]:
+        """The counters a tracked run logs (:mod:`simcse_kit.training.tracking`): with false-negative
+        masking, the entries masked in the latest batch and in all batches so far."""
+        out = {name: float(value) for name, value in self.last_terms.items()}
+        if self.masking:
+            out |= {"masked_negatives": float(self.last_masked), "masked_negatives_total": float(self.masked_negatives)}
+        return out
+
+    @property
+    def masking(self) -> bool:
+        """True when some negatives may be masked (by text or by similarity)."""
+        return self.loss_cfg.mask_false_negatives or self.loss_cfg.false_negative_threshold is not None
+
+    @property
+    def contrast(self) -> modes.Contrast:
+        """Who is contrasted with whom: the mode's row of :data:`simcse_kit.core.modes.TABLE`."""
+        return modes.contrast(self.mode, self.loss_cfg.unsup_loss)
+
+    def views(self, rows: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Per-row values (embeddings ``[B, H]``, text ids or teacher rows ``[B]``) split
+        into the anchors' ``[N, ...]`` and the candidate blocks', by :attr:`contrast`.
+
+        Strided views of ``rows`` (no copy), so gradients flow back to it.
+        """
+        form = self.contrast
+        if form.anchor_view is None:  # every row anchors, against all rows in batch order
+            return rows, [rows]
+        by_view = split_views(rows, self.views_per_example())
+        return by_view[form.anchor_view], [by_view[v] for v in form.candidate_views]
+
+    def embed(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        """Encode every row of a tokenised batch: ``[B, H]``; non-model keys are ignored."""
+        return model(**model_inputs(batch))
+
+    def loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
+        """The loss of a batch's embeddings ``[B, H]`` (rows in batch order).
+
+        Args:
+            embeddings: ``[N*V, H]``, example-major.
+            batch: the collated batch; its ``text_ids`` ``[B]`` are needed with
+                ``loss.mask_false_negatives``.
+            queue: optional extra negatives of every anchor, ``([Q, H], [Q] text ids)``.
+        """
+        form = self.contrast
+        ids = self.row_ids(batch, embeddings.shape[0])
+        anchors, blocks = self.views(embeddings)
+        anchor_ids, id_blocks = (None, []) if ids is None else self.views(ids)
+        # Gather: all processes' candidates, with gradient; the local rows start at offset.
+        gathered = [self.gather(block) for block in blocks]
+        offset, block_rows = gathered[0][1], gathered[0][0].shape[0]
+        candidates = _cat([rows for rows, _ in gathered])
+        in_batch = candidates.shape[0]  # the queue's rows, if any, come after these
+        if queue is not None:  # the queue: negatives of every anchor, after the in-batch ones
+            candidates = torch.cat([candidates, queue[0].to(candidates.dtype)])
+        n, m, device = anchors.shape[0], candidates.shape[0], anchors.device
+        local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
+        positive = masks.view_labels(n, offset, device) if form.all_rows else local
+        itself = local if form.excludes_self else None
+        exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, itself)
+        exclude = self.drop_similar(anchors, candidates, positive, itself, exclude)
+        if itself is not None:  # no row is its own negative
+            own = masks.self_mask(n, m, offset, device)
+            exclude = own if exclude is None else own | exclude
+        bias = None  # alpha on each anchor's own row of the weighted view, whole blocks after its positive
+        if form.weighted_block is not None:
+            column = positive + form.weighted_block * block_rows
+            bias = masks.weight_bias(column, m, self.loss_cfg.hard_negative_weight, anchors)
+        simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
+        if self.teacher is None:
+            return simcse
+        in_batch_exclude = None if exclude is None else exclude[:, :in_batch]
+        taught = self.teacher_loss(embeddings, anchors, candidates[:in_batch], positive, in_batch_exclude, batch)
+        self.last_terms = {"simcse_loss": simcse.detach(), "teacher_loss": taught.detach()}
+        w = self.teacher.weight
+        return (1 - w) * simcse + w * taught
+
+    def teacher_loss(
+        self,
+        embeddings: torch.Tensor,
+        anchors: torch.Tensor,
+        candidates: torch.Tensor,
+        positive: torch.Tensor,
+        exclude: torch.Tensor | None,
+        batch: Batch | None,
+    ) -> torch.Tensor:
+        """The teacher term on the same rows the SimCSE term used.
+
+        Args:
+            embeddings: ``[B, H]`` all local rows (``embedding`` distillation).
+            anchors: ``[N, H]`` the anchors of :meth:`loss`.
+            candidates: ``[M, H]`` its in-batch (gathered) candidates.
+            positive: ``[N]`` each anchor's positive column (never excluded).
+            exclude: ``[N, M]`` or None, its exclusions over those candidates.
+            batch: the collated batch, holding ``teacher_rows`` ``[B]``.
+        """
+        assert self.teacher is not None
+        if batch is None or "teacher_rows" not in batch:
+            raise ValueError("a teacher needs the batch's teacher_rows (ContrastiveCollator(teacher_index=...))")
+        rows = batch["teacher_rows"].to(embeddings.device)
+        if self.teacher.kind == "embedding":
+            return self.teacher.embedding_loss(embeddings, rows)
+        anchor_rows, blocks = self.views(rows)
+        candidate_rows = torch.cat([self.gather_ids(block) for block in blocks])
+        if exclude is not None:  # as in the SimCSE term, a positive is never excluded
+            exclude = exclude.clone()
+            exclude[torch.arange(exclude.shape[0], device=exclude.device), positive] = False
+        teacher_anchors, teacher_candidates = self.teacher.rows(anchor_rows), self.teacher.rows(candidate_rows)
+        targets = losses.similarity_targets(
+            teacher_anchors, teacher_candidates, temperature=self.teacher.temperature, exclude=exclude
+        )
+        tau = self.teacher.student_temperature
+        return self.prefix_loss(anchors, candidates, target_probs=targets, exclude=exclude, temperature=tau)
+
+    def prefix_loss(
+        self, anchors: torch.Tensor, candidates: torch.Tensor, temperature: float | None = None, **problem: torch.Tensor | None
+    ) -> torch.Tensor:
+        """:func:`losses.contrastive_loss` of ``problem`` (positives or targets, exclusions,
+        bias) at ``temperature`` (default ``loss.temperature``), on every Matryoshka prefix
+        (``loss.matryoshka_dims``; the full rows without it). Masks are decided once, on the
+        full rows, by the caller."""
+        cfg = self.loss_cfg
+        tau = cfg.temperature if temperature is None else temperature
+        dims, weights = cfg.matryoshka_dims, cfg.matryoshka_weights
+        return losses.matryoshka_loss(anchors, candidates, dims, weights, temperature=tau, **problem)
+
+    def drop_similar(
+        self,
+        anchors: torch.Tensor,
+        candidates: torch.Tensor,
+        positive: torch.Tensor,
+        self_index: torch.Tensor | None,
+        exclude: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """``exclude`` ``[N, M]`` (or None) plus the candidates whose cosine with the anchor
+        exceeds ``loss.false_negative_threshold`` (:func:`masks.similar_candidate_mask`),
+        the new ones counted; ``exclude`` itself without a threshold.
+
+        Args:
+            anchors: ``[N, H]`` and ``candidates``: ``[M, H]``, as in :meth:`loss`.
+            positive: ``[N]`` column of each anchor's positive (never dropped).
+            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
+            exclude: the false negatives by text (:meth:`false_negatives`), or None.
+        """
+        threshold = self.loss_cfg.false_negative_threshold
+        if threshold is None:
+            return exclude
+        similar = masks.similar_candidate_mask(anchors, candidates, threshold, positive, self_index)
+        new = similar if exclude is None else similar & ~exclude
+        self.count_masked(new.sum(), add=exclude is not None)
+        return similar if exclude is None else exclude | similar
+
+    def false_negatives(
+        self,
+        anchor_ids: torch.Tensor | None,
+        id_blocks: list[torch.Tensor],
+        queue: Queue | None,
+        positive: torch.Tensor,
+        self_index: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """The false-negative mask ``[N, M]`` (None when masking is off), counted.
+
+        Args:
+            anchor_ids: ``[N]`` text ids of the anchors, or None (masking off).
+            id_blocks: the local text ids of each candidate block, gathered here.
+            queue: the queue's rows and ids, the last candidate columns.
+            positive: ``[N]`` column of each anchor's positive.
+            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
+        """
+        if anchor_ids is None:
+            return None
+        column_ids = [self.gather_ids(ids) for ids in id_blocks]
+        if queue is not None:
+            if queue[1] is None:
+                raise ValueError("the queue's text ids are required when masking false negatives")
+            column_ids.append(queue[1].to(anchor_ids.device))
+        column_ids = torch.cat(column_ids)
+        # A positive column also stands for its anchor: an NLI premise seen twice has
+        # each copy's entailment as a positive of both.
+        group = None
+        if not self.contrast.all_rows:
+            pair_ids = self.gather_ids(anchor_ids)
+            group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
+        mask = masks.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
+        self.count_masked(mask.sum())
+        return mask
+
+    def count_masked(self, entries: torch.Tensor | int, add: bool = False) -> None:
+        """Count masked (anchor, candidate) entries: ``add`` to this batch's count
+        (the second mask of the same batch) or start it. ``entries`` may be a device
+        tensor: it is added on the device, not read back."""
+        self._last_masked = self._last_masked + entries if add else entries
+        self._masked_total = self._masked_total + entries
+
+    @property
+    def masked_negatives(self) -> int:
+        """Masked (anchor, candidate) entries over all batches so far."""
+        return int(self._masked_total)
+
+    @property
+    def last_masked(self) -> int:
+        """Masked (anchor, candidate) entries in the latest batch."""
+        return int(self._last_masked)
+
+    def row_ids(self, batch: Batch | None, n_rows: int) -> torch.Tensor | None:
+        """The batch's ``text_ids`` ``[B]`` when false-negative masking is on, else None."""
+        if not self.loss_cfg.mask_false_negatives:
+            return None
+        if batch is None or "text_ids" not in batch:
+            raise ValueError("loss.mask_false_negatives needs the batch's text_ids (ContrastiveCollator(with_text_ids=True))")
+        ids = batch["text_ids"]
+        if ids.shape[0] != n_rows:
+            raise ValueError(f"text_ids has {ids.shape[0]} rows, the embeddings {n_rows}")
+        return ids
+
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """All processes' ``rows`` (with gradient) when ``loss.gather`` is on, and where
+        the local ones start; ``(rows, 0)`` on one process."""
+        return distributed.gather_with_grad(rows) if self.loss_cfg.gather else (rows, 0)
+
+    def gather_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """All processes' text ids in the order :meth:`gather` gathers rows."""
+        return distributed.gather_labels(ids) if self.loss_cfg.gather else ids
+
+    def step(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
+        """The plain step (:mod:`simcse_kit.training.steps`): embed, loss, ``backward(loss)``
+        (``loss.backward()`` when None), then the detached loss."""
+        return backpropagate(self.loss(self.embed(model, batch), batch), backward)
+
+    __call__ = step

@@ -1,0 +1,406 @@
+"""A text training run: config -> data -> model -> loop -> best model + metrics.
+
+The run folder holds ``config.yaml`` (resolved), ``metrics.json`` (per-eval dev
+scores, final STS table, train time, throughput), ``best_model/`` (the checkpoint
+with the best STS-B dev score, self-describing), ``training_curves.png`` (loss and dev
+score against the step, best step marked), ``alignment_uniformity.png``, with
+``train.report_to`` the trackers' files under ``logs/`` (:mod:`simcse_kit.training.tracking`) and,
+with ``train.save_steps``, ``checkpoints/`` for ``--resume``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch import nn
+from torch.utils.data import DataLoader
+
+from simcse_kit.config.run import RunConfig
+from simcse_kit.core.batch import view_prompts, views_per_example
+from simcse_kit.data.pipeline import loader_options
+from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.evaluation.encoding import prompted
+from simcse_kit.evaluation.plots import plot_training_curves
+from simcse_kit.files import write_json_atomic
+from simcse_kit.model.fastpath import enable_fast_dropout
+from simcse_kit.model.heap import HeapChoice, apply_mmap_threshold
+from simcse_kit.model.inference import Encoder
+from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.model.precision import PrecisionChoice, check_cuda_flags, set_tf32
+from simcse_kit.training.checkpoints import Checkpoints, LoopState
+from simcse_kit.training.folder import (
+    BEST_MODEL,
+    CHECKPOINTS,
+    LOGS,
+    prepare_run_dir,
+    with_concrete_precision,
+    with_device_defaults,
+)
+from simcse_kit.training.guards import StopSignals
+from simcse_kit.training.inputs import load_checked_tokenizer, load_teacher, load_training_data
+from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare
+from simcse_kit.training.momentum_queue import MomentumQueue
+from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.steps import GradCacheStep, MomentumQueueStep, Step
+from simcse_kit.training.teacher import TeacherTable
+from simcse_kit.training.tracking import start_tracking, stop_tracking, tracker_names
+
+logger = logging.getLogger(__name__)
+
+# The same batching as `simcse-kit evaluate`, so the run's table and a later evaluate agree
+# to the last digit (different padding changes fp32 sums in the last bits).
+EVAL_BATCH_SIZE = 128
+
+@dataclass
+class Run(Prepared):
+    """A text run wired and not yet run (:func:`build_run`).
+
+    The accelerator with the prepared model, AdamW, schedule and loader (the fields of
+    :class:`~simcse_kit.training.loop.Prepared`: ``fit(run, run.step, run.cfg.train)`` trains
+    it), plus what a text run adds around the loop.
+
+    Attributes:
+        cfg: the config as the run uses it: ``auto`` precision and the device's ``null``
+            (auto) settings decided (:func:`with_device_defaults`).
+        recorded: the config as ``config.yaml`` records it: ``auto`` precision decided, the
+            device's auto settings left auto (a resume on another device decides them there).
+        precision: how ``auto`` was decided; None where the config decided.
+        heap: the allocator setting applied (``train.mmap_threshold_mib``).
+        tokenizer: the model's tokenizer, checked against the model and the lengths.
+        objective: the loss (its ``masked_negatives`` count goes to metrics.json).
+        step: the loop's step: the objective, or GradCache or the momentum queue around it.
+        evaluator: dev selection (``evaluator(model) -> metrics``); None: built without.
+        final_sts: the STS table scored on the best model at the end; None: not scored.
+        checkpoints: the run folder's checkpoints and best model.
+        teacher: the teacher's vectors of the training sentences; None: no teacher.
+        tf32: whether fp32 matmuls run on TF32 tensor cores.
+    """
+
+    cfg: RunConfig
+    recorded: RunConfig
+    precision: PrecisionChoice | None
+    heap: HeapChoice
+    tokenizer: Any
+    objective: SimCSEObjective
+    step: Step
+    evaluator: ModelEvaluator | None
+    final_sts: STSEvaluator | None
+    checkpoints: Checkpoints
+    teacher: TeacherTable | None
+    tf32: bool
+
+
+def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
+    """Run one training job as configured; return the metrics written to metrics.json.
+
+    With ``cfg.train.save_steps`` the full training state is saved every that many
+    steps under ``output_dir/checkpoints``; ``resume=True`` continues from the newest
+    one and ends with the same model and metrics as an uninterrupted run. The run folder
+    is locked (:class:`~simcse_kit.training.guards.RunLock`) from before anything in it changes
+    until this returns or raises.
+    """
+    with ExitStack() as held:
+        run = build_run(cfg)  # every input checked before the run folder is touched
+        out = prepare_run_dir(run.recorded, overwrite, resume, held)
+        start_tracking(run.accelerator, run.cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
+        # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
+        # handlers are back for the final evaluation: there is nothing left to checkpoint.
+        with StopSignals() as signals:
+            state = fit(
+                run, run.step, run.cfg.train, evaluator=run.evaluator, checkpoints=run.checkpoints, resume=resume, signals=signals
+            )
+        return finish(run, state, out)
+
+
+def build_run(
+    cfg: RunConfig,
+    *,
+    dataset: datasets.Dataset | None = None,
+    evaluate: bool = True,
+    cpu: bool | None = None,
+    wrap_collate: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+) -> Run:
+    """Everything :func:`train` wires, built and prepared, nothing run and nothing written.
+
+    Everything that can be wrong with the inputs fails here: the training data, the dev
+    and final STS files, the model folder, the trackers' names, the teacher. ``auto``
+    precision is decided for this machine (``run.recorded``: what ``config.yaml`` records),
+    then the device's ``null`` settings (``run.cfg``: what the run uses).
+
+    Args:
+        cfg: the run's config.
+        dataset: train on this instead of ``cfg.data``'s files (columns as
+            :func:`~simcse_kit.data.readers.load_train_dataset` makes them: ``sent0``, ...).
+        evaluate: build the dev evaluator and the final STS table; False: neither (no
+            dev selection, no STS files read).
+        cpu: train on the CPU; default: the CPU when CUDA is unavailable.
+        wrap_collate: ``wrap_collate(collate) -> collate``, applied before the loader is
+            prepared (Accelerate's loader calls the function it was given), e.g. to time
+            each batch.
+    """
+    dataset = load_training_data(cfg) if dataset is None else dataset
+    dev = final_sts = None
+    if evaluate:
+        dev = (
+            RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE, prompts=cfg.data.prompts)  # type: ignore[arg-type]
+            if cfg.data.dev_format == "beir"
+            else DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
+        )
+        final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
+    tokenizer = load_checked_tokenizer(cfg)
+    tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
+    # "auto" precision becomes what this machine computes fastest, before the run folder
+    # records the config: config.yaml says what ran, and a resume on another machine that
+    # would decide differently is refused rather than silently mixed.
+    train_cfg, precision = with_concrete_precision(cfg.train, cpu)
+    cfg = replace(cfg, train=train_cfg)
+    # The teacher's vectors too (encoded once, or read from the cache): a teacher that
+    # does not load, or cannot match the student, fails before the run folder exists.
+    teacher = load_teacher(cfg, dataset)
+    out = Path(cfg.train.output_dir)
+    heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
+    logger.info("memory: %s", heap.reason)
+
+    accelerator = make_accelerator(cfg.train, cpu, logging_dir=out / LOGS)
+    recorded = cfg  # config.yaml: the device's auto settings stay auto (each machine decides them)
+    cfg = with_device_defaults(cfg, accelerator.device, accelerator.num_processes)
+    tf32 = set_tf32(accelerator.device)
+    check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
+    model = build_model(cfg)
+    objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None)
+    loader = make_loader(
+        cfg, dataset, tokenizer, accelerator.num_processes, accelerator.device, teacher[1].index if teacher else None
+    )
+    if wrap_collate is not None:
+        loader.collate_fn = wrap_collate(loader.collate_fn)
+    step = make_step(cfg, model, objective, accelerator)
+    extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
+    if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
+        extra["prompts"] = cfg.data.prompts
+    checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
+    # STS dev reads its sentences as queries; a retrieval dev split applies both prompts itself.
+    query_prompt = (cfg.data.prompts or {}).get("query", "") if cfg.data.dev_format != "beir" else ""
+    evaluator = (
+        ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision, query_prompt)
+        if dev is not None
+        else None
+    )
+    return Run(
+        **vars(prepare(model, loader, cfg.train, accelerator)),
+        cfg=cfg, recorded=recorded, precision=precision, heap=heap, tokenizer=tokenizer, objective=objective, step=step,
+        evaluator=evaluator, final_sts=final_sts, checkpoints=checkpoints, teacher=teacher[1] if teacher else None, tf32=tf32,
+    )
+
+
+def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
+    """After the loop: metrics.json, the best model's STS table, the figures; the metrics."""
+    cfg, accelerator, evaluator = run.cfg, run.accelerator, run.evaluator
+    if evaluator is None:
+        raise ValueError("finish: the run was built without its dev evaluator (build_run(evaluate=False))")
+    metrics = run_metrics(state, views_per_example(cfg.data.mode), run.objective.masked_negatives)
+    metrics["precision"] = (
+        asdict(run.precision)
+        if run.precision is not None
+        else {
+            "mixed_precision": cfg.train.mixed_precision,
+            "bf16_weights": cfg.train.bf16_weights,
+            "fast_dropout": cfg.train.fast_dropout,
+            "reason": "set in the config",
+        }
+    )
+    metrics["memory"] = asdict(run.heap)
+    if run.teacher is not None:
+        table = run.teacher
+        metrics["teacher"] = {
+            "model": cfg.loss.teacher,
+            "loss": cfg.loss.teacher_loss,
+            "sentences": int(table.vectors.shape[0]),
+            "width": table.width,
+            "cache_key": table.key,
+            "cache_hit": table.cache_hit,
+            "seconds": table.seconds,
+        }
+    speed = {"tf32": run.tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
+    metrics["speed"] = speed | {"packing": cfg.model.packing}
+    if run.objective.masking:
+        logger.info("false-negative masking removed %d (anchor, candidate) entries", run.objective.masked_negatives)
+    have_best = (out / BEST_MODEL).is_dir()
+    if accelerator.is_main_process:
+        if not have_best:  # every evaluation non-finite or collapsed (warned at each)
+            logger.warning(
+                "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
+            )
+        if run.final_sts is not None and have_best:
+            best = Encoder(SimCSEModel.load(out / BEST_MODEL), run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
+            metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
+            accelerator.log(
+                {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
+            )
+        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"STS-B dev, {cfg.data.mode}")
+        plot_training_curves(
+            state.losses,
+            state.evals,
+            out / "training_curves.png",
+            evaluator.primary_metric,
+            state.best_step,
+            f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
+        )
+        write_json_atomic(out / "metrics.json", metrics)
+        if have_best:  # the last line names only a folder that exists
+            best_at = (state.best_step, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
+            logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
+        else:
+            logger.info("run finished without a best model: see the warnings above; metrics at %s", out / "metrics.json")
+        if run.final_sts is not None and have_best:
+            print(format_table(metrics["sts"]))
+    stop_tracking(accelerator)
+    return metrics
+
+
+# --------------------------------------------------------------------------- the pieces
+
+
+def save_best_model(
+    model: SimCSEModel, folder: Path, metrics: dict[str, float], *, tokenizer: Any, extra: dict[str, Any]
+) -> None:
+    """The run's ``best_model/``: the model, its tokenizer, where it came from and its dev score."""
+    model.save(folder, tokenizer, extra | {"step": int(metrics["step"]), "stsb_dev": metrics["stsb_dev"]})
+
+
+# --------------------------------------------------------------------------- the pieces
+
+
+def build_model(cfg: RunConfig) -> SimCSEModel:
+    """The training model, seeded: a fresh MLP head is initialised at random, and a run
+    (or its resume) must be reproducible from its config alone."""
+    set_seed(cfg.train.seed)
+    model = SimCSEModel.from_config(cfg.model)
+    # The transformer's own pooler (BERT's dense + tanh on [CLS]) feeds none of our
+    # poolers; DDP stops on parameters that never get a gradient, so it is frozen (it
+    # would not change anyway: AdamW skips parameters without a gradient).
+    hf_pooler = getattr(model.encoder, "pooler", None)
+    if isinstance(hf_pooler, nn.Module):
+        hf_pooler.requires_grad_(False)
+    if cfg.train.fast_dropout:
+        enable_fast_dropout(model)
+    if cfg.train.compile:
+        if cfg.train.fast_dropout:
+            raise ConfigError(
+                "train.compile with train.fast_dropout: the fast-dropout attention is not verified under "
+                "torch.compile; set train.fast_dropout false (or train.compile false)"
+            )
+        # In place (nn.Module.compile), so the state dict and save_pretrained keep their keys.
+        # dynamic=True: batches are padded to their longest sentence and packed into a varying
+        # number of rows, so the shapes change every step (one graph serves them all).
+        model.encoder.compile(dynamic=True)
+        logger.info("torch.compile: the encoder, dynamic shapes")
+    return model
+
+
+def make_loader(
+    cfg: RunConfig,
+    dataset: datasets.Dataset,
+    tokenizer: Any,
+    num_processes: int,
+    device: torch.device | str = "cpu",
+    teacher_index: dict[str, int] | None = None,
+) -> DataLoader:
+    """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
+    generator of its own, which the loop checkpoints so a resume redraws the order.
+    Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); the packing plan
+    made in the collator, so in the workers with ``data.num_workers > 0``.
+    ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``."""
+    options = loader_options(device)
+    logger.info(
+        "input pipeline: %s worker process(es); pinned memory and asynchronous copies %s",
+        cfg.data.num_workers,
+        "on" if options.pin_memory else "off (not CUDA)",
+    )
+    per_process = cfg.train.batch_size // num_processes
+    collator = ContrastiveCollator(
+        tokenizer,
+        cfg.data.mode,
+        cfg.model.max_seq_len,
+        with_text_ids=cfg.loss.mask_false_negatives,
+        prompts=view_prompts(cfg.data.prompts, cfg.data.mode),
+        word_repetition=cfg.data.word_repetition,
+        seed=cfg.train.seed,
+        teacher_index=teacher_index,
+        packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
+    )
+    return DataLoader(
+        dataset,
+        batch_size=per_process,
+        shuffle=True,
+        drop_last=len(dataset) >= per_process,  # a short last batch has too few negatives
+        collate_fn=collator,
+        generator=torch.Generator().manual_seed(cfg.train.seed),
+        num_workers=cfg.data.num_workers or 0,  # auto (None) not made concrete: the CPU's 0
+        pin_memory=options.pin_memory,
+    )
+
+
+def make_step(cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective, accelerator: Accelerator) -> Step:
+    """The loop's step: the objective itself, or GradCache or the momentum queue around it.
+
+    The queue's momentum encoder is copied from the model *before* ``accelerator.prepare``
+    (a copy of a prepared model would carry its autocast wrapper) and registered for
+    checkpointing, so ``--resume`` restores the queue with the rest.
+    """
+    if cfg.train.grad_cache_chunk > 0:  # big batches: chunk-wise encoder backward, same gradients
+        return GradCacheStep(objective, cfg.train.grad_cache_chunk, accelerator)
+    if cfg.loss.queue_size > 0:  # MoCo-style negatives (simcse_kit.training.momentum_queue)
+        queue = MomentumQueue(model, cfg.loss.queue_size, cfg.loss.momentum, model.encoder.config.hidden_size)
+        accelerator.register_for_checkpointing(queue)
+        logger.info("momentum queue: %d negatives, momentum %.4f", cfg.loss.queue_size, cfg.loss.momentum)
+        return MomentumQueueStep(objective, queue, accelerator)
+    return objective
+
+
+@dataclass
+class ModelEvaluator:
+    """The loop's ``evaluator(model) -> metrics`` from an evaluator of an encode function
+    (here the dev evaluator: STS-B dev score, alignment and uniformity from one encoding)."""
+
+    evaluator: Callable[[Callable[[Sequence[str]], torch.Tensor]], dict[str, float]]
+    tokenizer: Any
+    max_seq_len: int
+    device: torch.device
+    precision: str
+    prompt: str = ""  # put before every sentence (the model's query prompt, for STS dev)
+
+    @property
+    def primary_metric(self) -> str:
+        return self.evaluator.primary_metric  # type: ignore[attr-defined]
+
+    def __call__(self, model: nn.Module) -> dict[str, float]:
+        encoder = Encoder(model, self.tokenizer, self.max_seq_len, self.device, self.precision)
+        return self.evaluator(prompted(encoder.encode, self.prompt))
+
+
+def run_metrics(state: LoopState, views: int, masked_negatives: int) -> dict[str, Any]:
+    """metrics.json's training part: best dev score and step, time, throughput, curves."""
+    seconds = max(state.train_seconds, 1e-9)
+    return {
+        "best_step": state.best_step,
+        "best_stsb_dev": state.best_score,
+        "steps": state.global_step,
+        "train_seconds": state.train_seconds,
+        "examples_per_second": state.rows_seen / views / seconds,
+        "sentences_per_second": state.rows_seen / seconds,
+        "losses": state.losses,
+        "evals": state.evals,
+        "masked_negatives": masked_negatives,
+    }
