@@ -43,7 +43,7 @@ from typing import Any  # noqa: E402
 from benchmarks._common import DATA, REPO, emit, machine, module_command  # noqa: E402
 
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed-avx512_bf16.json"
 
 
 def speed_sentences(data_dir: Path) -> list[str]:
