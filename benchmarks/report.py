@@ -439,7 +439,7 @@ def _quality_verdict(kept: list[Record]) -> list[str]:
 
 
 QUALITY = Spec(
-    "results",
+    "sts",
     ("config", "seeds", *STS_HEAD, "STS-B dev (selection)"),
     _quality_rows,
     "Spearman x 100 by cosine, mean ± sample std over the seeds.",
@@ -453,7 +453,7 @@ def _main_job_rows(rec: Record) -> Iterable[Row]:
         yield [f"{label} ({r['n']} seed{'s' if r['n'] > 1 else ''})", *(_ms(r["mean"], r["std"], k, r["n"]) for k in STS)]
 
 
-MAIN_JOB = Spec("results", ("model", *STS_HEAD), _main_job_rows, machines=False, home=README)
+MAIN_JOB = Spec("sts", ("model", *STS_HEAD), _main_job_rows, machines=False, home=README)
 
 
 def _best_step(per_seed: dict[str, dict[str, float]]) -> str:

@@ -1,53 +1,11 @@
-"""Sentence-transformers peers of a simcse-kit recipe: same data, budget and dev selection.
-
-What it measures: the 7-task STS table (and the dev score that selected the checkpoint)
-of the default model trained by ``SentenceTransformerTrainer`` with one of three
-sentence-transformers losses, on exactly what a simcse-kit recipe trains on, so a kit
-row and a peer row differ only in the method.
-
-Method: the recipe (a ``RunConfig``) gives everything. The training set is the kit's own
-(``simcse_kit.run.load_training_data``: column ``sent0`` for unsup; ``sent0, sent1,
-hard_neg`` for hardneg); batch size, epochs / ``max_steps``, learning rate (linear decay,
-the recipe's warm-up, no gradient clipping, as simcse-kit), training length
-``model.max_seq_len``; the dev split of the recipe (``data.dev_file``, default STS-B dev)
-scored at step 0 when ``train.eval_at_start`` (the untouched model may win, as with the
-kit's trainer), every ``train.eval_steps`` and at the end, best weights kept; the final
-table by ``simcse_kit.evaluation.STSEvaluator`` at ``model.eval_max_seq_len``. The
-model's pooling and normalisation stay as they ship. Losses (``--losses``):
-
-* ``mnrl``: ``MultipleNegativesRankingLoss(scale=1/temperature)`` on ``(anchor,
-  positive)`` = the same sentence twice (dropout makes the views: sentence-transformers'
-  documented unsupervised SimCSE), or ``(anchor, positive, negative)`` for hardneg;
-* ``tsdae``: ``DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True)`` on
-  ``(noisy, original)`` with TSDAE's deletion noise (each word deleted with p = 0.6, at
-  least one kept). Deviation from TSDAE: nltk is not installed (and its tokenizer data
-  cannot be fetched offline), so words are split on whitespace and joined with spaces
-  instead of ``word_tokenize`` / ``TreebankWordDetokenizer`` (the SentEval files are
-  Moses-tokenised already, so the words are nearly the same). The noise is drawn once,
-  before training, from ``random.Random(seed)``: a seed's run is reproducible. The
-  decoder is built from the encoder's own local folder (offline);
-* ``ct``: ``ContrastiveTensionLossInBatchNegatives(model, scale=1/temperature)``: the
-  loss encodes each sentence once with the model and once with a copy of it, so its
-  input is one text column (sentence-transformers' documented input; a second copy
-  of the column would be tokenised and ignored).
-
-Training time excludes the dev evaluations, as simcse-kit's loop does. Each seed runs
-into ``OUTPUT/seed-N/metrics.json`` with the settings it ran with; a finished seed whose
-settings match is reused, so a table can be built over several sessions.
-``benchmarks/results.py`` and ``benchmarks/domain.py`` use :func:`run_st`; run alone,
-this script trains the peers of one recipe and prints their table.
-
-Usage::
-
-    # the three peers of the SICK domain recipe, 3 seeds (an estimate: 3-6 min per run on 2 quiet cores)
-    .venv/bin/python -m benchmarks.st_peers train/domain/sick.yaml --output-dir runs/benchmarks/st_peers
-    # a smoke run
-    .venv/bin/python -m benchmarks.st_peers train/domain/sick.yaml --losses tsdae --seeds 1 --steps 2 --eval-steps 1
+"""Sentence-transformers peers of a simcse-kit recipe (``quality.py``'s ``st-*`` rows): the
+recipe's data, budget, dev selection (step 0 included) and final evaluator, with one of
+``MultipleNegativesRankingLoss``, ``DenoisingAutoEncoderLoss`` (TSDAE; words split on
+whitespace: no nltk offline), ``ContrastiveTensionLossInBatchNegatives`` or ``MSELoss`` from a teacher.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -63,8 +21,6 @@ import datasets
 import torch
 from torch import nn
 from transformers import TrainerCallback
-
-from benchmarks._common import REPO, setup_run
 
 LOSSES = ("mnrl", "tsdae", "ct", "mse")  # mse: MSELoss distillation from the recipe's loss.teacher
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
@@ -420,44 +376,3 @@ def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
     if not trained:
         return {}
     return {"dev_trained": max(e["stsb_dev"] for e in trained), "dev_end": trained[-1]["stsb_dev"]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipe", type=Path, help="a simcse-kit training recipe (YAML)")
-    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
-    parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
-    parser.add_argument("--steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epochs)")
-    parser.add_argument("--eval-steps", type=int, default=None, help="dev every N steps (default: the recipe's)")
-    parser.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder for the final table (default: the recipe's)")
-    parser.add_argument(
-        "--precision",
-        choices=("fp32", "bf16", "auto"),
-        default="fp32",
-        help="fp32: sentence-transformers' default; auto: bf16 on a GPU",
-    )
-    parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "st_peers")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    setup_run(args.threads)
-
-    from simcse_kit.config import load_config
-    from simcse_kit.experiments import TABLE_HEADERS, TABLE_KEYS, aggregate, parse_seeds
-
-    overrides = {"max_steps": args.steps, "eval_steps": args.eval_steps, "eval_data_dir": args.eval_data_dir}
-    cfg = load_config(args.recipe, {k: str(v) for k, v in overrides.items() if v is not None})
-    seeds = parse_seeds(args.seeds)
-    keys, headers = (*TABLE_KEYS, "best_stsb_dev", "best_step"), (*TABLE_HEADERS, "dev (selection)", "best step per seed")
-    lines = ["| peer | seeds | " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * len(headers)]
-    for loss in args.losses:
-        per_seed = run_st(cfg, seeds, loss, args.precision, args.output_dir / f"st-{loss}")
-        mean, std = aggregate(list(per_seed.values()))
-        cells = [f"{mean[k]:.2f} ± {std[k]:.2f}" if len(seeds) > 1 else f"{mean[k]:.2f}" for k in keys[:-1]]
-        cells.append(", ".join(str(int(t["best_step"])) for t in per_seed.values()))  # 0: the untouched model kept
-        lines.append(f"| st-{loss} | {len(seeds)} | " + " | ".join(cells) + " |")
-    print(f"{args.recipe} ({cfg.data.dev_file or 'STS-B dev'} selection), sentence-transformers in {args.precision}\n")
-    print("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()
