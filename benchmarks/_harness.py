@@ -1,12 +1,7 @@
 """The options, start and kept JSON that every harness script shares (on top of ``_common``).
 
-A harness script runs each variant in a fresh interpreter, alternating over ``--rounds``
-(``_common.run_rounds``), refuses to start on a busy machine unless ``--allow-busy``
-(``_common.check_quiet``), can limit the kernels to AVX2 (``--isa avx2``:
-``_common.ISA_LIMITS``), and keeps every round with the machine in
-``benchmarks/results/<script>-<cpu class>.json`` (``_common.save_results``), which
-``benchmarks/report.py`` turns into BENCHMARKS.md's tables. :func:`difference` is the
-rule for memory claims: a difference counts only when it exceeds the run-to-run spread.
+Variants alternate over ``--rounds`` in fresh interpreters; a busy machine is refused unless
+``--allow-busy``; every round is kept in ``results/<script>-<cpu class>.json`` for ``report.py``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
 """Encoding throughput: simcse-kit ``Encoder.encode`` vs ``SentenceTransformer.encode``.
 
-Same model (the default all-MiniLM-L6-v2, mean pooling), same sentences (every
-sentence of STS Benchmark dev + test, SentEval layout), same batch size and max
-length, same thread count. Variants:
-
-* ``st-fp32``: ``SentenceTransformer.encode`` as shipped;
-* ``st-bf16``: the same under ``torch.autocast("cpu", bfloat16)``;
-* ``kit-fp32``: ``simcse_kit.inference.Encoder`` (precision ``"no"``, the default);
-* ``kit-bf16``: ``Encoder(..., precision="bf16")``.
-
-The harness (``_harness``): each variant runs in a fresh interpreter (a warm-up call of
-two batches, then one timed pass over all the sentences), the variants alternate over
-``--rounds`` (default 3; ``_common.run_rounds``), the run refuses a busy machine unless
-``--allow-busy``, ``--isa avx2`` limits the kernels to AVX2, and every round is kept in
-``benchmarks/results/encode_throughput-<cpu class>.json`` with the machine; ratios are
-taken within each round and summarised by median and range. Each round also checks that
-the embeddings agree (the smallest cosine of a variant's vector with ``st-fp32``'s of the
-same round) and scores STS-B test with each variant, so a faster precision is seen not to
-cost accuracy.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.encode_throughput            # ~4 min on 2 cores
-    .venv/bin/python -m benchmarks.encode_throughput --rounds 1 --limit 500 --allow-busy --json /tmp/e.json   # smoke
+Variants ``st-fp32``, ``st-bf16``, ``kit-fp32``, ``kit-bf16`` on the STS-B dev + test sentences.
+Results: BENCHMARKS.md, "Encoding speed".
 """
 
 from __future__ import annotations

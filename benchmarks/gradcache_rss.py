@@ -1,33 +1,7 @@
 """Where a GradCache run's resident memory goes: RSS around each step, per allocator setting.
 
-simcse-kit's unsup recipe at batch 1024 with ``--grad-cache-chunk 128`` (the setting of
-``gradcache_vs_cmnrl.py``), in a fresh process per variant; a thread samples the RSS
-every 5 ms, so each step's peak is seen, not only its end. Variants:
-
-* ``default``: glibc malloc and oneDNN as they come (``train.mmap_threshold_mib: null``);
-* ``mmap1``, ``mmap2``, ``mmap4``: ``train.mmap_threshold_mib`` 1, 2, 4, which fixes
-  glibc's mmap threshold (``simcse_kit.heap``): every allocation of that size or more is
-  its own mapping, returned to the OS when freed. By default glibc raises this threshold
-  as large blocks are freed (up to 32 MiB), so the step's many transient tensors, whose
-  sizes change with every packed batch, are served from a heap that never shrinks;
-* ``mmap1-nocache``: ``mmap1`` plus ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` (oneDNN keeps
-  no compiled kernels, with their scratch buffers, per matmul shape).
-
-Each step's wall time is recorded too (the price of fresh mappings). ``--chunk 0`` measures
-a plain (non-GradCache) run the same way.
-
-The harness (``_harness``): the variants alternate over ``--rounds`` (default 3), each in a
-fresh interpreter; the run refuses a busy machine unless ``--allow-busy``; ``--isa avx2``
-limits the kernels to AVX2; every round is kept in
-``benchmarks/results/gradcache_rss-<cpu class>.json``. RSS moves between runs of the same
-variant, so each variant's difference from ``default`` is claimed only when it exceeds that
-run-to-run spread (``_harness.difference``), "within spread" otherwise.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.gradcache_rss                  # ~15 min on 2 cores
-    .venv/bin/python -m benchmarks.gradcache_rss --rounds 1 --batch-size 64 --chunk 32 --steps 2 --allow-busy \
-        --json /tmp/g.json   # smoke
+Variants ``default`` and ``mmapN`` (``train.mmap_threshold_mib`` N); RSS sampled every 5 ms.
+Results: BENCHMARKS.md, "Memory".
 """
 
 from __future__ import annotations

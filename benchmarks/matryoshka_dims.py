@@ -1,16 +1,7 @@
 """STS-B test and retrieval at truncated dimensions: what a Matryoshka run keeps.
 
-For each model (a run folder, a model folder, or the default model), each text is encoded
-once at full size (a memo in front of the model's encoder); every dimension then scores
-the prefixes with the library's own evaluators, exactly what ``simcse-kit evaluate MODEL
---truncate-dim N [--retrieval DIR]`` computes, so the whole table costs one encoding per
-model.
-
-Usage (the retrieval tasks from ``simcse-kit retrieval-tasks OUT``)::
-
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.matryoshka_dims \\
-        --models all-MiniLM-L6-v2 runs/mrl runs/plain --retrieval OUT/stsb-similar OUT/mrpc-paraphrase \\
-        --dims 384 256 128 64 --json dims.json
+Each text is encoded once per model; every dimension scores the prefixes as ``simcse-kit
+evaluate MODEL --truncate-dim N`` does. Results: BENCHMARKS.md, "Retrieval".
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
 """Peak memory (RSS) of simcse-kit training per batch size, plain vs GradCache.
 
-Each point is a fresh interpreter running the real loop (``train_throughput.py``'s
-simcse-kit worker: the unsup recipe, default model, max length 32) for a few steps;
-its ``ru_maxrss`` is the peak resident set size, start-up (Python, torch, the model,
-AdamW state) included.
-
-Plain full-batch training keeps every layer's activations for all 2 x batch rows,
-so its peak grows with the batch; with GradCache only one chunk's activations live
-at a time. Plain runs above ``--max-plain-batch`` are skipped by default so a
-shared machine is not pushed into swap or the OOM killer.
-
-The harness (``_harness``): the points (variants ``b<batch>`` plain, ``b<batch>-gc<chunk>``
-GradCache) alternate over ``--rounds`` (default 3), the run refuses a busy machine unless
-``--allow-busy``, ``--isa avx2`` limits the kernels to AVX2, and every round is kept in
-``benchmarks/results/memory-<cpu class>.json``. Peak RSS moves between runs of the same
-point (allocator and oneDNN caches), so a difference between two points is claimed only
-when it exceeds that run-to-run spread (``_harness.difference``); otherwise it is reported
-"within spread".
-
-Usage::
-
-    .venv/bin/python -m benchmarks.memory                       # ~25 min on 2 cores
-    .venv/bin/python -m benchmarks.memory --batch-sizes 64 128 --precision fp32
-    .venv/bin/python -m benchmarks.memory --rounds 1 --batch-sizes 16 --chunk 8 --allow-busy --json /tmp/m.json   # smoke
+Points ``b<batch>`` (plain) and ``b<batch>-gc<chunk>`` (GradCache), each in a fresh interpreter.
+Results: BENCHMARKS.md, "Memory".
 """
 
 from __future__ import annotations

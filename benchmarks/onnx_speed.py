@@ -1,28 +1,6 @@
-"""torch fp32 vs ONNX fp32 vs ONNX int8 for an export made by the kit: latency, throughput,
-7-task STS, and the onnxruntime-only encoder's cold start and peak RSS.
+"""torch fp32 vs ONNX fp32 vs ONNX int8 for an export made by the kit: throughput, latency, STS, cold start.
 
-The default model (all-MiniLM-L6-v2 wrapped as a simcse-kit model, mean pooling, max length
-256) is exported with ``simcse_kit.export.export_model(..., quantize="int8")`` (torch.onnx,
-no optimum; its int8 gate computes the STS of simcse-kit fp32 and of int8). Then, in
-``--rounds`` rounds that alternate the backends (the order rotates each round, so a change of
-load on a shared machine hits all of them):
-
-* throughput: every distinct STS-B dev+test sentence (5,383) at batch 128, sentences/s;
-* latency: the first ``--latency-sentences`` of them one at a time (batch 1), ms per call;
-
-for ``torch fp32`` (simcse-kit's own :class:`~simcse_kit.inference.Encoder`), ``onnx fp32``
-and ``onnx int8`` (:class:`~simcse_kit.onnx_encoder.OnnxEncoder`: onnxruntime + tokenizers).
-``--avx2-torch`` adds torch fp32 with its kernels held to AVX2 (``ATEN_CPU_CAPABILITY=avx2
-ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``, read at process start, so in a fresh
-process per round); onnxruntime has no such switch. Cold start: a fresh interpreter that
-imports the encoder, loads the export and encodes one sentence (time from the first line of
-the script, and the parent's wall clock including interpreter start), then encodes 1,024
-sentences at batch 128 and reports its peak RSS; the same for simcse-kit's torch encoder.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.onnx_speed                  # ~15 min on 2 busy cores
-    .venv/bin/python -m benchmarks.onnx_speed --avx2-torch --rounds 5
+Results: BENCHMARKS.md, "Export: ONNX".
 """
 
 from __future__ import annotations

@@ -1,77 +1,8 @@
-"""Where one training step's time goes, by operator class, and how far it is from the matmul bound (issue 12).
+"""Where one training step's time goes, by operator class (``torch.profiler``), and how far it is from the matmul bound.
 
-What it measures, per precision setting (``--settings``, default all three):
-
-* ``recipe``: the ``unsup`` recipe as ``simcse-kit train`` runs it on a native-bf16 CPU,
-  where ``mixed_precision: auto`` resolves to bf16 with bf16 weights (fp32 master
-  weights in AdamW, :mod:`simcse_kit.fastpath.bf16`) and fast dropout
-  (:mod:`simcse_kit.fastpath.dropout`); set explicitly here, so that a busy machine's
-  start-up probe cannot switch it to fp32 (the line ``auto here:`` says what ``auto``
-  would pick now);
-* ``autocast``: the same recipe under bf16 autocast (fp32 weights, PyTorch's dropout);
-* ``fp32``: the same recipe in fp32;
-* ``recipe-densegrad`` (only when asked): ``recipe`` with ``train.sparse_embedding_grad``
-  off, the embedding tables' gradient a fresh dense table every backward.
-
-The step is the trainer's: the recipe's config is built into a run by the function
-``simcse-kit train`` uses (:func:`simcse_kit.run.build_run`) and
-:func:`simcse_kit.loop.fit` runs it, optimizer step, master-weight copy-back,
-scheduler and the collation of the next batch included (default model
-all-MiniLM-L6-v2, batch 64 sentences = 128 rows of ``wiki1m_head.txt``, max length 32,
-packed rows). Only the data order differs from a run: ``--batches`` distinct batches
-are repeated, so every profiled and timed step has shapes that oneDNN has built
-kernels for, as in a long run's steady state.
-
-Method:
-
-* Step time: the step function handed to ``fit`` stamps each call; the median gap over
-  ``--timed`` steps after ``--warmup`` (at least one pass over the batches) is the
-  unprofiled step time.
-* Classes: the next ``--batches`` steps (one per distinct batch) run under
-  ``torch.profiler``. Each operator's *self* time goes to one class, so the classes add
-  up to the profiled step: matmul/linear (any op inside ``aten::mm``/``addmm``/``bmm``
-  or the ``linear``/``matmul`` around them, wherever they are: layers, attention
-  scores, the loss's similarities), then the first of optimizer (``Optimizer.step`` and
-  ``zero_grad``, master copies included), dropout, LayerNorm, GELU, loss, embedding,
-  attention found among the op's names and enclosing ranges, else other (residual adds,
-  pooling, packing, gradient accumulation, the loop). Ranges this script adds (~30 a
-  step, ~5 us each outside the profiler): the
-  ``*SelfAttention`` and ``*Embeddings`` modules, ``simcse_kit.fastpath.dropout.fast_dropout``
-  (wrapped for the run; its module attribute is what the library calls) and the
-  objective's ``loss``. A backward op goes to the class of the forward op that made its
-  autograd node (matched by sequence number), so ``MulBackward0`` of a dropout mask is
-  dropout. Time outside any op (Python, tokenising the next batch) is "other"; how
-  much is shown below the table.
-* FLOPs: ``torch.utils.flop_counter.FlopCounterMode`` over forward + backward of the
-  profiled batches (after the run, same model and setting; matrix products only).
-  Matmul GFLOP/s = those FLOPs / the profiled time of the product kernels
-  (``aten::mm``/``addmm``/``bmm``); the step's GFLOP/s = FLOPs / the median step;
-  both as a share of the bf16 matmul peak measured in the same round (the ``peak-bf16``
-  worker, ``flops.peak_result``: ``--n`` square).
-* Upper bounds, from the class shares applied to the median step: if every class but
-  matmul/linear cost nothing, and if the product kernels ran at the bf16 peak (the rest
-  as measured). If neither reaches a wanted speed-up (the issue's 1.3x), no tuning of
-  the other classes, or of the matmuls, can.
-
-Its shares of the peak are a **steady state**: ``--batches`` fixed batches repeated, so
-oneDNN has built kernels for every shape before timing. That is labelled so in the output
-and the JSON (``figure``); a real run's share of the peak, on fresh batches, is
-``flops.py``'s.
-
-The harness (``_harness``): each setting runs in a fresh interpreter, and the settings and
-``peak-bf16`` (the bf16 matmul peak, ``flops.peak_result``) alternate over ``--rounds``
-(default 3; ``_common.run_rounds``); each setting's shares are taken against the peak of
-its own round. The run refuses a busy machine unless ``--allow-busy``; ``--isa avx2``
-limits the kernels to AVX2; every round is kept in
-``benchmarks/results/profile_step-<cpu class>.json`` (``--json`` elsewhere) with the
-machine and the CPU other processes used, and the summary gives median and range.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.profile_step                          # ~5 min on 2 quiet cores
-    .venv/bin/python -m benchmarks.profile_step --settings recipe --json profile.json
-    .venv/bin/python -m benchmarks.profile_step --rounds 1 --batches 1 --warmup 1 --timed 1 --batch-size 8 --allow-busy \
-        --json /tmp/p.json   # smoke
+Settings: ``recipe`` (bf16 weights + fast dropout, as ``auto`` picks on a native-bf16 CPU),
+``autocast`` (bf16 autocast), ``fp32``; a steady state on repeated batches (``flops.py`` has a
+real run's share of the peak). Results: BENCHMARKS.md, "Training speed per CPU class".
 """
 
 from __future__ import annotations

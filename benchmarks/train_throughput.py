@@ -1,35 +1,8 @@
 """Training throughput: simcse-kit vs sentence-transformers on the same job.
 
-The job: unsupervised SimCSE on the default model (all-MiniLM-L6-v2), sentences
-from ../shared/data/train/wiki1m_head.txt, batch 64, max length 32, temperature
-0.05, AdamW lr 3e-5, gradient norm clipped at 1.0 on both sides (sentence-transformers'
-default; the kit's recipe does not clip, so here it is set to match). simcse-kit runs its
-``unsup`` recipe through the library's own seam (``_common.kit_recipe_run``: the recipe's
-config, model, loader and step, as ``simcse-kit train`` builds them); sentence-transformers
-runs ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss(scale=20)`` on
-``(anchor, positive)`` = the same sentence twice, its documented unsupervised-SimCSE recipe.
-Both encode 2 x 64 sentences per step.
-
-Variants:
-  st-fp32, st-bf16      sentence-transformers in fp32 / with ``bf16=True`` (autocast)
-  kit-fp32, kit-bf16    simcse-kit forced to fp32 / to bf16 autocast (like for like)
-  kit-auto              the recipe as shipped: ``mixed_precision: auto`` decides on this CPU
-                        (bf16 weights + fast dropout where bf16 is native, fp32 elsewhere)
-  ablations             kit-auto-padded (no packing), kit-auto-densegrad (no sparse embedding gradient)
-
-Each measurement runs in a fresh interpreter; the variants alternate over ``--rounds``
-(default 3) so a load change hits all of them; every round is kept in the JSON with the
-machine and the CPU used by other processes around it (``_common.CpuActivity``), and the
-run refuses to start on a busy machine unless ``--allow-busy``. Ratios are taken within
-each round and summarised by their median and range. ``--isa avx2`` runs every worker with
-the kernels limited to AVX2 (``_common.ISA_LIMITS``): an AVX2-only CPU approximated on a
-newer one. ``benchmarks/report.py`` turns the JSON into the tables of BENCHMARKS.md/README.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.train_throughput                  # this CPU, ~10 min on 2 cores
-    .venv/bin/python -m benchmarks.train_throughput --isa avx2 --variants st-fp32,kit-auto
-    .venv/bin/python -m benchmarks.train_throughput --rounds 1 --steps 3 --warmup 1 --variants kit-auto --json /tmp/x.json
+Unsup SimCSE on all-MiniLM-L6-v2, batch 64, max length 32, clipping at 1.0 on both sides;
+variants ``st-fp32``, ``st-bf16``, ``kit-fp32``, ``kit-bf16``, ``kit-auto`` (the recipe as
+shipped). Results: BENCHMARKS.md, "Training speed per CPU class".
 """
 
 from __future__ import annotations
