@@ -170,13 +170,7 @@ def check_quiet(allow_busy: bool, threshold: float = 0.10, seconds: float = 3.0)
 
 
 class TimedCollator:
-    """Wraps a collate function and stamps the time of each call.
-
-    The training loops prefetch at a fixed phase, so the gap between collate call
-    ``i`` and ``i + n`` is ``n`` steps in steady state whatever the loop does around
-    them: the same clock for both frameworks. Unknown attributes pass through (the
-    sentence-transformers trainer reads some off its collator).
-    """
+    """Wraps a collate function and stamps the time of each call."""
 
     def __init__(
         self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]] | None, count: Callable[[dict[str, Any]], tuple[int, int]]
@@ -357,16 +351,7 @@ def seeds_table(
     """A multi-seed benchmark's markdown table, through the library's formatter
     (``simcse_kit.evaluation.tables.format_rows``): one row per config with its seed count
     and, per column, the mean ± std over seeds (the mean alone for one seed, ``–`` where
-    the config has no such result).
-
-    Args:
-        rows: config -> seed -> that run's results.
-        columns: result key -> header, in column order.
-        digits: decimals per result key (default 2).
-
-    Returns:
-        The table, and per config its ``mean``, ``std``, seed count ``n`` and ``per_seed``.
-    """
+    the config has no such result)."""
     from simcse_kit.evaluation.tables import format_rows
     from simcse_kit.experiments import aggregate
 
@@ -422,11 +407,7 @@ def st_pair_trainer(
 
 
 def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], Any]) -> dict[str, float]:
-    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it.
-
-    ``args`` needs ``batch_size``, ``max_seq_len``, ``precision`` (``bf16`` or ``fp32``),
-    ``warmup`` and ``steps``. Returns :meth:`TimedCollator.rate` over ``steps`` steps after ``warmup``.
-    """
+    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it."""
     from sentence_transformers import SentenceTransformer
 
     from simcse_kit.modeling import resolve_model_path

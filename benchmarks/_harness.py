@@ -76,12 +76,7 @@ def summary_of(runs: list[dict[str, Any]], variants: list[str], keys: tuple[str,
 
 
 def difference(ours: list[float], theirs: list[float]) -> dict[str, Any]:
-    """``median(ours) - median(theirs)`` and whether it exceeds the run-to-run spread.
-
-    The spread is the larger of the two ranges (max - min over rounds): a difference no
-    larger than what one variant moves between its own rounds is "within spread", and
-    no claim is made. With fewer than 2 rounds of either the spread is not measured.
-    """
+    """``median(ours) - median(theirs)`` and whether it exceeds the run-to-run spread."""
     a, b = spread(ours), spread(theirs)
     diff = a["median"] - b["median"]
     noise = max(a["max"] - a["min"], b["max"] - b["min"])

@@ -142,20 +142,10 @@ def _command(rec: Record) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """One generated block: a table over the records of ``script`` (``results/<script>-*.json``).
-
-    Attributes:
-        script: the JSON files' prefix.
-        head: the column headers.
-        rows: one record -> its rows (cells in ``head`` order).
-        intro: the sentence above the table (a record list -> text, or fixed text).
-        after: the lines below the table (verdicts), from the records.
-        machines: list every record's machine line below the table.
-        home: the file the block lives in.
-    """
+    """One generated block: a table over the records of ``script`` (``results/<script>-*.json``)."""
 
     script: str
-    head: Sequence[str]
+    head: str | Sequence[str]
     rows: Callable[[Record], Iterable[Row]]
     intro: str | Callable[[list[Record]], str] = ""
     after: Callable[[list[Record]], list[str]] | None = None
@@ -163,7 +153,8 @@ class Spec:
     home: Path = BENCH
 
 
-def md_table(head: Sequence[str], rows: Iterable[Row]) -> list[str]:
+def md_table(head: str | Sequence[str], rows: Iterable[Row]) -> list[str]:
+    head = head.split("|") if isinstance(head, str) else head
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
@@ -201,18 +192,8 @@ def _throughput_rows(rec: Record) -> Iterable[Row]:
 
 THROUGHPUT = Spec(
     "train_throughput",
-    (
-        "CPU class",
-        "ST fp32",
-        "ST bf16",
-        "kit fp32",
-        "kit bf16",
-        "kit auto",
-        "auto decided",
-        "kit fp32 / ST fp32",
-        "kit auto / ST best",
-        "runs busy",
-    ),
+    "CPU class|ST fp32|ST bf16|kit fp32|kit bf16|kit auto|"
+    "auto decided|kit fp32 / ST fp32|kit auto / ST best|runs busy",
     _throughput_rows,
     "Sentences/s, median of the rounds (range); ratios paired within each round. Unsup SimCSE, all-MiniLM-L6-v2, "
     'batch 64, max length 32, gradient clipping at 1.0 on both sides. "ST best": the faster sentence-transformers '
@@ -241,42 +222,6 @@ FLOPS = Spec(
         f"Matmul GFLOP/s of the training loop on fresh wiki1m_head batches (batch {kept[0]['args']['batch_size']}, "
         f"max length {kept[0]['args']['max_seq_len']}, packed as a run packs), and its share of the matmul peak "
         f"({kept[0]['args']['n']}^3) in the precision it ran, measured in the same round. Median of the rounds (range)."
-    ),
-)
-
-
-def _profile_rows(rec: Record) -> Iterable[Row]:
-    for setting, s in rec["summary"].items():
-        step = s["median_ms"]["median"]
-        bounds = [
-            f"{s[k]['median']:.0f} ms ({step / s[k]['median']:.2f}x)" for k in ("bound_only_matmul_ms", "bound_matmul_at_peak_ms")
-        ]
-        yield [
-            _class(rec), setting, _precision(s["precision"]), _range(s["median_ms"], 0),
-            _range(s["share_matmul/linear"], 1, 100, "%"), _range(s["matmul_fraction_of_peak"], 1, 100, "%"),
-            _range(s["step_fraction_of_peak"], 1, 100, "%") + " (steady state)", *bounds, _busy(rec),
-        ]  # fmt: skip
-
-
-PROFILE = Spec(
-    "profile_step",
-    (
-        "CPU class",
-        "setting",
-        "precision",
-        "step ms",
-        "matmul/linear share of the step",
-        "matmul kernels, % of bf16 peak",
-        "whole step, % of bf16 peak",
-        "bound: all but matmul free",
-        "bound: matmuls at the peak",
-        "runs busy",
-    ),
-    _profile_rows,
-    lambda kept: (
-        "One training step by operator class (`torch.profiler`), a **steady state**: "
-        f"{kept[0]['figure'].removeprefix('steady state: ')}. Median of the rounds (range); the bounds are the step time "
-        "if every class but matmul/linear cost nothing, and if the product kernels ran at the peak."
     ),
 )
 
@@ -333,15 +278,8 @@ def _rss_rows(rec: Record) -> Iterable[Row]:
 
 GRADCACHE_RSS = Spec(
     "gradcache_rss",
-    (
-        "CPU class",
-        "`train.mmap_threshold_mib`",
-        "peak RSS MiB",
-        "RSS after the last step MiB",
-        "s/step",
-        "peak vs default",
-        "after vs default",
-    ),
+    "CPU class|`train.mmap_threshold_mib`|peak RSS MiB|"
+    "RSS after the last step MiB|s/step|peak vs default|after vs default",
     _rss_rows,
     lambda kept: (
         f"GradCache at batch {kept[0]['args']['batch_size']}, chunks of {kept[0]['args']['chunk']} rows, "
@@ -647,7 +585,6 @@ BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {
     "train-throughput": _spec(THROUGHPUT),
     "speed-headline": (headline, README),
     "flops": _spec(FLOPS),
-    "profile-step": _spec(PROFILE),
     "encode-throughput": _spec(ENCODE),
     "memory": _spec(MEMORY),
     "gradcache-rss": _spec(GRADCACHE_RSS),

@@ -30,10 +30,7 @@ logger = logging.getLogger("st_peers")
 
 
 def delete_words(sentence: str, rng: random.Random, ratio: float = TSDAE_DELETION) -> str:
-    """TSDAE's noise: delete each word with probability ``ratio``, keeping at least one.
-
-    Words are whitespace-separated (no nltk here); the kept ones are joined with spaces.
-    """
+    """TSDAE's noise: delete each word with probability ``ratio``, keeping at least one."""
     words = sentence.split()
     if not words:
         return sentence
@@ -169,21 +166,7 @@ def resolve_precision(precision: str) -> str:
 def st_train(
     cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False
 ) -> dict[str, Any]:
-    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection.
-
-    Args:
-        cfg: the simcse-kit recipe (``simcse_kit.config.RunConfig``).
-        seed: model-side randomness (dropout, TSDAE's fresh decoder weights), data order,
-            TSDAE's noise and, as in the kit's runs, corpus mixing.
-        loss: one of :data:`LOSSES`.
-        precision: ``fp32`` or ``bf16`` (sentence-transformers' own ``bf16=True``: autocast).
-        retrieval: BEIR-format task folders scored on the selected model (nDCG@10 etc.).
-        dev_only: training and dev evaluations only (a learning-rate sweep): no final table.
-
-    Returns:
-        best step and dev score, every evaluation, training seconds, the STS table and
-        the retrieval results (empty with ``dev_only``).
-    """
+    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection."""
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     from simcse_kit.evaluation import DevEvaluator, STSEvaluator

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from benchmarks import flops, memory, profile_step, report
+from benchmarks import flops, memory, report
 from benchmarks._harness import difference, summary_of
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 # The scripts whose JSON report.py turns into tables (the harness scripts).
-HARNESS = ("train_throughput", "flops", "profile_step", "encode_throughput", "memory", "gradcache_rss")
+HARNESS = ("train_throughput", "flops", "encode_throughput", "memory", "gradcache_rss")
 MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
 MACHINE |= {"versions": {"torch": "2.13.0"}}
 
@@ -187,40 +187,6 @@ def test_flops_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             f"| {busy} |",
             "",
             "- avx2, 2026-11-24 07:00 UTC: Test CPU, 2 threads; torch 2.13.0; commit abc1234; `python -m benchmarks.flops`",
-        ]
-    )
-
-
-def test_profile_table_known_answer_is_labelled_a_steady_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 100 ms profiled (60 matmul/linear, 50 of it in the product kernels), a 100 ms median
-    # step, 50 GFLOP: kernels at 1000 GFLOP/s, the step at 500; bf16 peaks 2000, 2500, 1250.
-    ms = dict.fromkeys(profile_step.ORDER, 0.0) | {"matmul/linear": 60.0, "dropout": 20.0, "other": 20.0}
-    step = {
-        "profiled_ms": ms | {"kernels": 50.0, "untraced": 5.0},
-        "wall_ms": [100.0, 110.0, 90.0],
-        "flops_per_step": 50e9,
-        "precision": {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True},
-    }
-    runs = rounds({"peak-bf16": [{"gflops": g} for g in (2000.0, 2500.0, 1250.0)], "recipe": [step, step, step]})
-    assert profile_step.add_derived(runs) == {0: 2000.0, 1: 2500.0, 2: 1250.0}
-    record = {"figure": profile_step.steady_state(4), "runs": runs, "summary": profile_step.summarise(runs, ["recipe"])}
-    keep(tmp_path, monkeypatch, "profile_step", {"batch_size": 64, "max_seq_len": 32}, record)
-    assert report.render_spec(report.PROFILE) == "\n".join(
-        [
-            "One training step by operator class (`torch.profiler`), a **steady state**: 4 fixed batches repeated (oneDNN "
-            "has kernels for every shape); a real run's share of the peak, on fresh batches, is flops.py's. Median of the "
-            "rounds (range); the bounds are the step time if every class but matmul/linear cost nothing, and if the "
-            "product kernels ran at the peak.",
-            "",
-            "| CPU class | setting | precision | step ms | matmul/linear share of the step | matmul kernels, % of bf16 peak "
-            "| whole step, % of bf16 peak | bound: all but matmul free | bound: matmuls at the peak | runs busy |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            # bounds: 60 ms (100 x 0.6); 50 ms outside the kernels + 50 GFLOP at the peak (25, 20, 40 ms): 75, 70, 90
-            "| avx2 | recipe | bf16 + bf16 weights + fast dropout | 100 (100–100) | 60.0% (60.0–60.0) | 50.0% (40.0–80.0) | "
-            "25.0% (20.0–40.0) (steady state) | 60 ms (1.67x) | 75 ms (1.33x) | 0/6 (max 0%) |",
-            "",
-            "- avx2, 2026-11-24 07:00 UTC: Test CPU, 2 threads; torch 2.13.0; commit abc1234; "
-            "`python -m benchmarks.profile_step`",
         ]
     )
 
