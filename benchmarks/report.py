@@ -22,15 +22,10 @@ RESULTS = REPO / "benchmarks" / "results"
 BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
 FILES = (BENCH, README)
 CLASS_ORDER = ("avx2", "avx2-limited", "avx512_bf16", "amx")  # the CPU classes in table order
-CLASS_TEXT = {
-    "avx2": "AVX2 only (no native bf16)",
-    "avx2-limited": "AVX2 kernels only (a newer CPU limited to AVX2 by "
-    "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2)",
-    "avx512_bf16": "avx512_bf16 (native bf16 matmul, no AMX)",
-    "amx": "AMX",
-}
+CLASS_TEXT = {"avx2": "AVX2 only", "avx2-limited": "AVX2 kernels only", "avx512_bf16": "avx512_bf16", "amx": "AMX"}
 STS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
-STS_HEAD = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg.")
+STS_HEAD = "STS12|STS13|STS14|STS15|STS16|STS-B|SICK-R|Avg."
+SPREAD = "A difference is claimed only where it exceeds the run-to-run spread (the larger range of the two)."
 Record = dict[str, Any]
 Row = list[str]
 
@@ -46,10 +41,7 @@ def records(script: str) -> list[Record]:
 
 
 def _cell(summary: dict[str, Any], variant: str) -> str:
-    if variant not in summary:
-        return "–"
-    s = summary[variant]["sentences_per_s"]
-    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
+    return _range(summary[variant]["sentences_per_s"]) if variant in summary else "–"
 
 
 def _ratio(r: dict[str, Any] | None) -> str:
@@ -84,19 +76,22 @@ def _decided(rec: Record) -> str:
 
 def _busy(rec: Record) -> str:
     busy = sum(1 for x in rec["runs"] if x["activity"]["busy"])
-    worst = max(x["activity"]["other_cpu_share"] for x in rec["runs"])
-    return f"{busy}/{len(rec['runs'])} (max {100 * worst:.0f}%)"
+    return f"{busy}/{len(rec['runs'])} (max {100 * max(x['activity']['other_cpu_share'] for x in rec['runs']):.0f}%)"
 
 
-def _ms(mean: dict[str, float], std: dict[str, float], key: str, n: int, digits: int = 2) -> str:
+def _ms(mean: dict[str, float], std: dict[str, float], key: str, n: int) -> str:
     """``mean ± std`` over seeds (the mean alone for one seed), ``–`` where absent."""
     if key not in mean:
         return "–"
-    return f"{mean[key]:.{digits}f} ± {std[key]:.{digits}f}" if n > 1 and key in std else f"{mean[key]:.{digits}f}"
+    return f"{mean[key]:.2f} ± {std[key]:.2f}" if n > 1 and key in std else f"{mean[key]:.2f}"
 
 
 def _class(rec: Record) -> str:
     return rec["machine"]["cpu_class"]
+
+
+def _a(kept: list[Record], key: str) -> Any:
+    return kept[0]["args"][key]
 
 
 # --------------------------------------------------------------------------- the machine line
@@ -104,24 +99,22 @@ def _class(rec: Record) -> str:
 
 def machine_line(rec: Record, label: str = "") -> str:
     """Where, when and how ``rec`` was measured: date, CPU model and ISA flags, threads, GPU
-    and driver, library versions, commit and command, all read from the JSON."""
+    and driver, load (where above the cores), library versions, commit and command, from the JSON."""
     m, args = rec["machine"], rec.get("args") or {}
     flags = m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]
     threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
     detail = ", ".join(flags) + ("; kernels limited to AVX2" if m.get("kernel_limits") else "")
-    cpu = f"{m['cpu']} ({detail})" if detail else m["cpu"]
-    where = [cpu + (f", {threads} thread{'s' if threads > 1 else ''}" if threads else "")]
+    where = [(f"{m['cpu']} ({detail})" if detail else m["cpu"]) + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")]
     gpu = rec.get("device") if rec.get("device", "cpu") != "cpu" else m.get("gpu")
     if gpu:
         where.append(f"{gpu}, driver {m.get('gpu_driver', '?')}")
+    if (m.get("load_avg_1min") or 0) > (m.get("cores") or 1):
+        where.append(f"1-min load average {m['load_avg_1min']:g} (a shared machine)")
     versions = m.get("versions") or rec.get("versions") or {"torch": m.get("torch")}
     libs = ", ".join(f"{k} {v}" for k, v in versions.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
-    command = rec.get("command") or _command(rec)
     note = " (transcribed from the measurement log)" if rec.get("transcribed") else ""
-    if (m.get("load_avg_1min") or 0) > (m.get("cores") or 1):
-        where.append(f"1-min load average {m['load_avg_1min']:g} (a shared machine)")
-    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{command}`{note}"
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec.get('command') or _command(rec)}`{note}"
 
 
 def _command(rec: Record) -> str:
@@ -142,8 +135,10 @@ def _command(rec: Record) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """One generated block: a table over the records of ``script`` (``results/<script>-*.json``)."""
+    """Block ``name``: a table of ``head`` over ``rows`` of each record of ``script``
+    (``results/<script>-*.json``), ``intro`` above it, ``after`` and the machine lines below."""
 
+    name: str
     script: str
     head: str | Sequence[str]
     rows: Callable[[Record], Iterable[Row]]
@@ -158,23 +153,17 @@ def md_table(head: str | Sequence[str], rows: Iterable[Row]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def _missing(script: str) -> str:
-    return (
-        f"Not measured under the harness yet: no `benchmarks/results/{script}-*.json`. "
-        f"`python -m benchmarks.{script}` on a quiet machine keeps one; `python -m benchmarks.report` then fills this block."
-    )
-
-
 def render_spec(spec: Spec) -> str:
     kept = records(spec.script)
     if not kept:
-        return _missing(spec.script)
+        return (
+            f"Not measured under the harness yet: no `benchmarks/results/{spec.script}-*.json`. `python -m "
+            f"benchmarks.{spec.script}` on a quiet machine keeps one; `python -m benchmarks.report` then fills this block."
+        )
     intro = spec.intro(kept) if callable(spec.intro) else spec.intro
-    out = [intro, ""] if intro else []
-    out += md_table(spec.head, (row for rec in kept for row in spec.rows(rec)))
+    out = ([intro, ""] if intro else []) + md_table(spec.head, (row for rec in kept for row in spec.rows(rec)))
     after = spec.after(kept) if spec.after else []
-    if after:
-        out += ["", *after]
+    out += ["", *after] if after else []
     if spec.machines:
         out += ["", *(machine_line(r, f"{_class(r)}, " if "cpu_class" in r["machine"] and "runs" in r else "") for r in kept)]
     return "\n".join(out)
@@ -190,40 +179,13 @@ def _throughput_rows(rec: Record) -> Iterable[Row]:
     yield [_class(rec), *variants, _decided(rec), _ratio(r.get("kit-fp32/st-fp32")), best, _busy(rec)]
 
 
-THROUGHPUT = Spec(
-    "train_throughput",
-    "CPU class|ST fp32|ST bf16|kit fp32|kit bf16|kit auto|"
-    "auto decided|kit fp32 / ST fp32|kit auto / ST best|runs busy",
-    _throughput_rows,
-    "Sentences/s, median of the rounds (range); ratios paired within each round. Unsup SimCSE, all-MiniLM-L6-v2, "
-    'batch 64, max length 32, gradient clipping at 1.0 on both sides. "ST best": the faster sentence-transformers '
-    "setting on that CPU.",
-)
-
-
 def _flops_rows(rec: Record) -> Iterable[Row]:
     s = rec["summary"]
     peaks = [_range(s.get(p, {}).get("gflops"), 0) for p in ("peak-bf16", "peak-fp32")]
     for v in (v for v in s if v.startswith("kit-")):
         own, share = s[v]["own_peak"].removeprefix("peak-"), s[v]["share_of_own_peak"]
-        text = (
-            f"**{100 * share['median']:.1f}%** of {own} ({100 * share['min']:.1f}–{100 * share['max']:.1f}%)"
-            if share
-            else f"– ({own} peak not measured)"
-        )
+        text = f"**{100 * share['median']:.1f}%** of {own} ({100 * share['min']:.1f}–{100 * share['max']:.1f}%)" if share else "–"
         yield [_class(rec), v, _precision(s[v]["precision"]), _range(s[v]["gflops"], 0), text, *peaks, _busy(rec)]
-
-
-FLOPS = Spec(
-    "flops",
-    ("CPU class", "variant", "precision", "GFLOP/s", "share of its peak", "bf16 peak GFLOP/s", "fp32 peak GFLOP/s", "runs busy"),
-    _flops_rows,
-    lambda kept: (
-        f"Matmul GFLOP/s of the training loop on fresh wiki1m_head batches (batch {kept[0]['args']['batch_size']}, "
-        f"max length {kept[0]['args']['max_seq_len']}, packed as a run packs), and its share of the matmul peak "
-        f"({kept[0]['args']['n']}^3) in the precision it ran, measured in the same round. Median of the rounds (range)."
-    ),
-)
 
 
 def _encode_rows(rec: Record) -> Iterable[Row]:
@@ -233,42 +195,6 @@ def _encode_rows(rec: Record) -> Iterable[Row]:
         yield [_class(rec), v, _range(s["sentences_per_s"]), ratio, f"{s['stsb_test']['median']:.2f}", cos, _busy(rec)]
 
 
-ENCODE = Spec(
-    "encode_throughput",
-    ("CPU class", "variant", "sentences/s", "vs st-fp32 (paired)", "STS-B test", "min cosine vs st-fp32", "runs busy"),
-    _encode_rows,
-    lambda kept: (
-        f"The STS-B dev + test sentences at batch {kept[0]['args']['batch_size']}, max length "
-        f"{kept[0]['args']['max_seq_len']}: median of the rounds (range)."
-    ),
-)
-
-
-def _memory_rows(rec: Record) -> Iterable[Row]:
-    for v, s in rec["summary"].items():
-        yield [_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["sentences_per_s"]), _busy(rec)]
-
-
-def _memory_claims(kept: list[Record]) -> list[str]:
-    return md_table(
-        ("CPU class", "difference", "peak RSS"), ([_class(r), n, _claim(d)] for r in kept for n, d in r["comparisons"].items())
-    )
-
-
-SPREAD = "A difference is claimed only where it exceeds the run-to-run spread (the larger range of the two)."
-MEMORY = Spec(
-    "memory",
-    ("CPU class", "point", "peak RSS MiB", "sentences/s", "runs busy"),
-    _memory_rows,
-    lambda kept: (
-        f"Peak RSS of the unsup recipe's training loop ({kept[0]['args']['precision']}, max length "
-        f"{kept[0]['args']['max_seq_len']}): `b<batch>` plain, `b<batch>-gc<chunk>` GradCache; median of the rounds (range). "
-        + SPREAD
-    ),
-    after=_memory_claims,
-)
-
-
 def _rss_rows(rec: Record) -> Iterable[Row]:
     for v, s in rec["summary"].items():
         c = rec["comparisons"].get(v)
@@ -276,16 +202,44 @@ def _rss_rows(rec: Record) -> Iterable[Row]:
         yield [_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["after_last_mib"], 0), _range(s["s_per_step"], 2), *vs]
 
 
+THROUGHPUT = Spec(
+    "train-throughput", "train_throughput",
+    "CPU class|ST fp32|ST bf16|kit fp32|kit bf16|kit auto|auto decided|kit fp32 / ST fp32|kit auto / ST best|runs busy",
+    _throughput_rows,
+    "Sentences/s, median of the rounds (range); ratios paired within each round. Unsup SimCSE, all-MiniLM-L6-v2, "
+    'batch 64, max length 32, gradient clipping at 1.0 on both sides. "ST best": the faster sentence-transformers '
+    "setting on that CPU.",
+)  # fmt: skip
+FLOPS = Spec(
+    "flops", "flops", "CPU class|variant|precision|GFLOP/s|share of its peak|bf16 peak GFLOP/s|fp32 peak GFLOP/s|runs busy",
+    _flops_rows,
+    lambda kept: f"Matmul GFLOP/s of the training loop on fresh wiki1m_head batches (batch {_a(kept, 'batch_size')}, "
+    f"max length {_a(kept, 'max_seq_len')}, packed as a run packs), and its share of the matmul peak "
+    f"({_a(kept, 'n')}^3) in the precision it ran, measured in the same round. Median of the rounds (range).",
+)  # fmt: skip
+ENCODE = Spec(
+    "encode-throughput", "encode_throughput",
+    "CPU class|variant|sentences/s|vs st-fp32 (paired)|STS-B test|min cosine vs st-fp32|runs busy",
+    _encode_rows,
+    lambda kept: f"The STS-B dev + test sentences at batch {_a(kept, 'batch_size')}, max length "
+    f"{_a(kept, 'max_seq_len')}: median of the rounds (range).",
+)  # fmt: skip
+MEMORY = Spec(
+    "memory", "memory", "CPU class|point|peak RSS MiB|sentences/s|runs busy",
+    lambda rec: ([_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["sentences_per_s"]), _busy(rec)]
+                 for v, s in rec["summary"].items()),
+    lambda kept: f"Peak RSS of the unsup recipe's training loop ({_a(kept, 'precision')}, max length "
+    f"{_a(kept, 'max_seq_len')}): `b<batch>` plain, `b<batch>-gc<chunk>` GradCache; median of the rounds (range). " + SPREAD,
+    after=lambda kept: md_table("CPU class|difference|peak RSS", ([_class(r), n, _claim(d)] for r in kept
+                                                                   for n, d in r["comparisons"].items())),
+)  # fmt: skip
 GRADCACHE_RSS = Spec(
-    "gradcache_rss",
-    "CPU class|`train.mmap_threshold_mib`|peak RSS MiB|"
-    "RSS after the last step MiB|s/step|peak vs default|after vs default",
+    "gradcache-rss", "gradcache_rss",
+    "CPU class|`train.mmap_threshold_mib`|peak RSS MiB|RSS after the last step MiB|s/step|peak vs default|after vs default",
     _rss_rows,
-    lambda kept: (
-        f"GradCache at batch {kept[0]['args']['batch_size']}, chunks of {kept[0]['args']['chunk']} rows, "
-        f"{kept[0]['args']['steps']} steps, per `train.mmap_threshold_mib`; median of the rounds (range). " + SPREAD
-    ),
-)
+    lambda kept: f"GradCache at batch {_a(kept, 'batch_size')}, chunks of {_a(kept, 'chunk')} rows, {_a(kept, 'steps')} "
+    "steps, per `train.mmap_threshold_mib`; median of the rounds (range). " + SPREAD,
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- GPU
@@ -297,101 +251,64 @@ def _gpu_rows(rec: Record) -> Iterable[Row]:
     for job, data in rec["jobs"].items():
         summary = data["summary"]
         for v in (v for v in summary if "/" not in v):
-            ratio = summary.get(f"{v}/st-w{v.rpartition('-w')[2]}")
-            mfu = summary[v]["mfu"]
+            ratio, mfu = summary.get(f"{v}/st-w{v.rpartition('-w')[2]}"), summary[v]["mfu"]
             yield [
                 rec["_file"].removeprefix("gpu-"), job, v, _cell(summary, v), _ratio(ratio) if ratio else "–",
                 f"{summary[v]['peak_memory_mib']:.0f}", "–" if mfu is None else f"{100 * mfu['median']:.1f}%",
             ]  # fmt: skip
 
 
-def _gpu_machines(kept: list[Record]) -> list[str]:
-    """One machine line, then each file's date and command (the files share the machine)."""
-    timed = [r for r in kept if not r["args"].get("sync_debug")]
-    return [machine_line(timed[0]).split("; `")[0]] + [
-        f"- {r['_file']}: {r['machine']['date_utc']}; `{_command(r)}`" for r in timed
-    ]
-
-
-GPU = Spec(
-    "gpu",
-    ("file", "job", "variant", "sentences/s", "vs sentence-transformers, same workers", "peak MiB", "MFU (bf16 peak)"),
-    _gpu_rows,
-    lambda kept: (
-        f"Median of {kept[0]['args']['rounds']} rounds (range); `-wN`: DataLoader workers; `pack`/`pad`: "
-        "packing on/off; `padc`: padded with `train.compile: true`. MFU: matmul FLOPs of the real tokens over the "
-        "dense bf16 peak."
-    ),
-    after=_gpu_machines,
-    machines=False,
-)
-
-
 def _sync_rows(rec: Record) -> Iterable[Row]:
-    if not rec["args"].get("sync_debug"):
-        return
-    for job, data in rec["jobs"].items():
+    for job, data in rec["jobs"].items() if rec["args"].get("sync_debug") else ():
         for run in data["runs"]:
             where = {k: n for k, n in (run["syncs"] or {}).items() if "set_sync_debug_mode" not in k}
             text = "; ".join(f"`{k.split(' ')[0]}` x{n}" for k, n in where.items()) or "none"
-            yield [
-                rec["_file"].removeprefix("gpu-h100-syncs-"),
-                job,
-                run["variant"],
-                f"{sum(where.values()) / run['steps']:g}",
-                text,
-            ]
+            per_step = f"{sum(where.values()) / run['steps']:g}"
+            yield [rec["_file"].removeprefix("gpu-h100-syncs-"), job, run["variant"], per_step, text]
 
 
+def _dated(kept: list[Record], sync_debug: bool) -> list[str]:
+    """Each file's date and command (the files share one machine)."""
+    chosen = (r for r in kept if bool(r["args"].get("sync_debug")) == sync_debug)
+    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{_command(r)}`" for r in chosen]
+
+
+GPU = Spec(
+    "gpu", "gpu", "file|job|variant|sentences/s|vs sentence-transformers, same workers|peak MiB|MFU (bf16 peak)",
+    _gpu_rows,
+    lambda kept: f"Median of {_a(kept, 'rounds')} rounds (range); `-wN`: DataLoader workers; `pack`/`pad`: packing on/off; "
+    "`padc`: padded with `train.compile: true`. MFU: matmul FLOPs of the real tokens over the dense bf16 peak.",
+    after=lambda kept: [machine_line(kept[0]).split("; `")[0], *_dated(kept, False)],
+    machines=False,
+)  # fmt: skip
 GPU_SYNCS = Spec(
-    "gpu-h100-syncs",
-    ("stage", "job", "variant", "reads per step", "where (first library frame x times over the timed steps)"),
+    "gpu-syncs", "gpu-h100-syncs", "stage|job|variant|reads per step|where (first library frame x times over the timed steps)",
     _sync_rows,
     "Device-to-host reads per timed step (`--sync-debug`), before and after the fixes:",
-    after=lambda kept: [
-        f"- {r['_file']}: {r['machine']['date_utc']}; `{_command(r)}`" for r in kept if r["args"].get("sync_debug")
-    ],
+    after=lambda kept: _dated(kept, True),
     machines=False,
-)
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- quality
 
 
-def _quality_rows(rec: Record) -> Iterable[Row]:
-    for name, r in rec["results"].items():
-        yield [name, str(r["n"]), *(_ms(r["mean"], r["std"], k, r["n"]) for k in (*STS, "best_stsb_dev"))]
-
-
 def _quality_verdict(kept: list[Record]) -> list[str]:
     res, lines = kept[0]["results"], []
     for family in ("unsup", "hardneg"):
-        kit = {n: r for n, r in res.items() if n.startswith(f"kit-{family}")}
-        best = max(kit, key=lambda n: kit[n]["mean"]["best_stsb_dev"])
-        peer = res[f"st-{family}"]["mean"]["avg"]
+        kit = {n: r["mean"] for n, r in res.items() if n.startswith(f"kit-{family}")}
+        best, peer = max(kit, key=lambda n: kit[n]["best_stsb_dev"]), res[f"st-{family}"]["mean"]["avg"]
         lines.append(
-            f"- {family}: the simcse-kit recipe best on STS-B dev, `{best}`, averages {kit[best]['mean']['avg']:.2f} "
-            f"against sentence-transformers' {peer:.2f} ({kit[best]['mean']['avg'] - peer:+.2f})."
+            f"- {family}: the simcse-kit recipe best on STS-B dev, `{best}`, averages {kit[best]['avg']:.2f} "
+            f"against sentence-transformers' {peer:.2f} ({kit[best]['avg'] - peer:+.2f})."
         )
     return lines
-
-
-QUALITY = Spec(
-    "sts",
-    ("config", "seeds", *STS_HEAD, "STS-B dev (selection)"),
-    _quality_rows,
-    "Spearman x 100 by cosine, mean ± sample std over the seeds.",
-    after=_quality_verdict,
-)
 
 
 def _main_job_rows(rec: Record) -> Iterable[Row]:
     for name, label in (("kit-unsup", "`train/unsup.yaml`"), ("base", "all-MiniLM-L6-v2 untouched")):
         r = rec["results"][name]
-        yield [f"{label} ({r['n']} seed{'s' if r['n'] > 1 else ''})", *(_ms(r["mean"], r["std"], k, r["n"]) for k in STS)]
-
-
-MAIN_JOB = Spec("sts", ("model", *STS_HEAD), _main_job_rows, machines=False, home=README)
+        yield [f"{label} ({r['n']} seed{'s' * (r['n'] > 1)})", *(_ms(r["mean"], r["std"], k, r["n"]) for k in STS)]
 
 
 def _best_step(per_seed: dict[str, dict[str, float]]) -> str:
@@ -404,7 +321,7 @@ def _best_step(per_seed: dict[str, dict[str, float]]) -> str:
 
 
 def _domain_tables(rec: Record) -> dict[str, Record]:
-    """The per-row stats of a domain-shaped table (``teacher`` nests them per domain)."""
+    """The per-row stats of a domain-shaped table (older ``teacher`` records nest them per domain)."""
     res = rec["results"]
     flat = {k: v for d in res.values() for k, v in d.items()} if "sick" in res else res
     return {k: v for k, v in flat.items() if not k.startswith("selection_")}
@@ -423,41 +340,24 @@ def _domain_verdict(kept: list[Record]) -> list[str]:
     stats, lines = _domain_tables(kept[0]), []
     for domain in dict.fromkeys(s["domain"] for s in stats.values()):
         of = {n: s for n, s in stats.items() if s["domain"] == domain}
-        kit = {n: s for n, s in of.items() if s["kind"] == "kit"}
         target = next(iter(of.values()))["target"]
-        best = max(kit, key=lambda n: kit[n]["mean"]["best_stsb_dev"])
-        score = kit[best]["mean"][target]
+        kit = {n: s["mean"] for n, s in of.items() if s["kind"] == "kit"}
+        best = max(kit, key=lambda n: kit[n]["best_stsb_dev"])
         base = next(s for s in of.values() if s["kind"] == "base")["mean"][target]
         peers = {n: s["mean"][target] for n, s in of.items() if s["kind"] == "st"}
-        peer = max(peers, key=peers.__getitem__)
+        peer, score = max(peers, key=peers.__getitem__), kit[best][target]
         lines.append(
             f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {score - base:+.2f} over the base, "
-            f"{score - peers[peer]:+.2f} over the best peer `{peer}`; 7-task average {kit[best]['mean']['avg']:.2f}."
+            f"{score - peers[peer]:+.2f} over the best peer `{peer}`; 7-task average {kit[best]['avg']:.2f}."
         )
     return lines
-
-
-DOMAIN_HEAD = ("row", "lr", "seeds", "domain test (SICK-R / STS-B)", "7-task avg", "dev (selection)", "best step", "nDCG@10 avg")
-DOMAIN = Spec("domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
-TEACHER = Spec("teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
-
-
-def _general_rows(rec: Record) -> Iterable[Row]:
-    for lr, r in rec["results"].items():
-        yield [lr, str(r["best_step"]), *(f"{r[k]:.2f}" for k in ("best_stsb_dev", "STSBenchmark", "SICKRelatedness", "avg"))]
-
-
-TEACHER_GENERAL = Spec(
-    "teacher_general", ("learning rate", "best step", "STS-B dev", "STS-B test", "SICK-R", "7-task avg"), _general_rows
-)
 
 
 def _mining_rows(rec: Record) -> Iterable[Row]:
     for name, s in rec["results"].items():
         m, sd, n = s["mean"], s["std"], len(s["per_seed"])
-        rows = f"{s['rows']:,}" if s.get("rows") else "–"
         cells = [_ms(m, sd, k, n) for k in ("avg", "STSBenchmark", "best_stsb_dev", "retrieval:avg")]
-        yield [name, rows, str(n), *cells[:3], _best_step(s["per_seed"]), cells[3]]
+        yield [name, f"{s['rows']:,}" if s.get("rows") else "–", str(n), *cells[:3], _best_step(s["per_seed"]), cells[3]]
 
 
 def _mining_verdict(kept: list[Record]) -> list[str]:
@@ -469,40 +369,42 @@ def _mining_verdict(kept: list[Record]) -> list[str]:
     ]
 
 
+def _fixed(values: Iterable[float]) -> list[str]:
+    return [f"{v:.2f}" for v in values]
+
+
+QUALITY = Spec(
+    "quality", "sts", f"config|seeds|{STS_HEAD}|STS-B dev (selection)",
+    lambda rec: ([n, str(r["n"]), *(_ms(r["mean"], r["std"], k, r["n"]) for k in (*STS, "best_stsb_dev"))]
+                 for n, r in rec["results"].items()),
+    "Spearman x 100 by cosine, mean ± sample std over the seeds.",
+    after=_quality_verdict,
+)  # fmt: skip
+MAIN_JOB = Spec("main-job", "sts", f"model|{STS_HEAD}", _main_job_rows, machines=False, home=README)
+DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selection)|best step|nDCG@10 avg"
+DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
+TEACHER = Spec("teacher", "teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
+TEACHER_GENERAL = Spec(
+    "teacher-general", "teacher_general", "learning rate|best step|STS-B dev|STS-B test|SICK-R|7-task avg",
+    lambda rec: ([lr, str(r["best_step"]), *_fixed(r[k] for k in ("best_stsb_dev", "STSBenchmark", "SICKRelatedness", "avg"))]
+                 for lr, r in rec["results"].items()),
+)  # fmt: skip
 MINING = Spec(
-    "mining",
-    ("config", "rows", "seeds", "7-task avg", "STS-B test", "STS-B dev (selection)", "best step", "nDCG@10 avg"),
-    _mining_rows,
-    after=_mining_verdict,
-)
-
-
-def _retrieval_rows(rec: Record) -> Iterable[Row]:
-    mean = rec["results"]["sick-base"]["mean"]
-    for task in rec["retrieval_tasks"]:
-        keys = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100")
-        yield [task, *(f"{mean[f'retrieval:{task}/{k}']:.2f}" for k in keys)]
-
-
+    "mining", "mining", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
+    _mining_rows, after=_mining_verdict,
+)  # fmt: skip
 RETRIEVAL = Spec(
-    "domain",
-    ("task", "nDCG@10", "MRR@10", "R@1", "R@10", "R@100", "MAP@100"),
-    _retrieval_rows,
+    "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",
+    lambda rec: ([t, *_fixed(rec["results"]["sick-base"]["mean"][f"retrieval:{t}/{k}"]
+                            for k in ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100"))]
+                 for t in rec["retrieval_tasks"]),
     "all-MiniLM-L6-v2 untouched, exact search, x 100 (the base row of the domain table's run):",
-)
-
-
-def _matryoshka_rows(rec: Record) -> Iterable[Row]:
-    for r in rec["rows"]:
-        keys = ("STSBenchmark", "stsb-similar", "mrpc-paraphrase", "sick-related", "avg")
-        yield [r["model"], str(r["dim"]), *(f"{r[k]:.2f}" for k in keys)]
-
-
+)  # fmt: skip
 MATRYOSHKA = Spec(
-    "matryoshka_dims",
-    ("model", "dim", "STS-B test", "nDCG@10 stsb-similar", "mrpc-paraphrase", "sick-related", "avg"),
-    _matryoshka_rows,
-)
+    "matryoshka", "matryoshka_dims", "model|dim|STS-B test|nDCG@10 stsb-similar|mrpc-paraphrase|sick-related|avg",
+    lambda rec: ([r["model"], str(r["dim"]), *_fixed(r[k] for k in ("STSBenchmark", "stsb-similar", "mrpc-paraphrase",
+                                                                    "sick-related", "avg"))] for r in rec["rows"]),
+)  # fmt: skip
 
 
 def _onnx_rows(rec: Record) -> Iterable[Row]:
@@ -512,25 +414,16 @@ def _onnx_rows(rec: Record) -> Iterable[Row]:
         yield [name, f"{sps:.0f}", f"{sps / torch_sps:.2f}x", f"{r['latency_ms_b1']:.2f}", f"{r['sts_avg']:.2f}"]
 
 
-def _onnx_cold(kept: list[Record]) -> list[str]:
-    rows = (
-        [n, f"{c['cold_start_s']:.2f} s", f"{c['cold_start_with_interpreter_s']:.2f} s", f"{c['peak_rss_mib']:.0f} MiB"]
-        for n, c in kept[0]["cold_start_median"].items()
-    )
-    return md_table(("encoder", "import → first vector", "with interpreter start", "peak RSS"), rows)
-
-
 ONNX = Spec(
-    "onnx_speed",
-    ("backend", "batch 128, sentences/s", "vs torch", "batch 1, ms", "7-task STS"),
+    "onnx", "onnx_speed", "backend|batch 128, sentences/s|vs torch|batch 1, ms|7-task STS",
     _onnx_rows,
-    lambda kept: (
-        f"Medians of {kept[0]['rounds']} alternating rounds; throughput on the {kept[0]['n_sentences']:,} "
-        f"STS-B dev+test sentences at batch {kept[0]['batch_size']}, latency on {kept[0]['latency_sentences']} of them "
-        "one at a time. Cold start in a fresh interpreter, peak RSS after encoding 1,024 sentences:"
-    ),
-    after=_onnx_cold,
-)
+    lambda kept: f"Medians of {kept[0]['rounds']} alternating rounds; throughput on the {kept[0]['n_sentences']:,} "
+    f"STS-B dev+test sentences at batch {kept[0]['batch_size']}, latency on {kept[0]['latency_sentences']} of them "
+    "one at a time. Cold start in a fresh interpreter, peak RSS after encoding 1,024 sentences:",
+    after=lambda kept: md_table("encoder|import → first vector|with interpreter start|peak RSS", (
+        [n, f"{c['cold_start_s']:.2f} s", f"{c['cold_start_with_interpreter_s']:.2f} s", f"{c['peak_rss_mib']:.0f} MiB"]
+        for n, c in kept[0]["cold_start_median"].items())),
+)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- README sentences
@@ -540,61 +433,34 @@ def headline() -> str:
     """The README's speed sentence per CPU class, like for like and against the best peer."""
     lines = []
     for rec in records("train_throughput"):
-        r, klass = rec["ratios"], _class(rec)
-        auto, fp32 = r.get("kit-auto/st-best"), r.get("kit-fp32/st-fp32")
-        bits = []
-        if auto:
+        r, bits = rec["ratios"], []
+        if auto := r.get("kit-auto/st-best"):
             bits.append(
                 f"the recipe (`auto` → {_decided(rec)}) trains at **{auto['median']:.2f}x** sentence-transformers' "
                 f"faster setting there ({r['st-best'].replace('st-', '')})"
             )
-        if fp32:
+        if fp32 := r.get("kit-fp32/st-fp32"):
             bits.append(f"fp32 against fp32 **{fp32['median']:.2f}x**")
         n = rec["args"]["rounds"]
-        lines.append(f"- {CLASS_TEXT.get(klass, klass).split(' (')[0]}: " + "; ".join(bits) + f" (median of {n} paired rounds).")
+        lines.append(f"- {CLASS_TEXT.get(_class(rec), _class(rec))}: {'; '.join(bits)} (median of {n} paired rounds).")
     return "\n".join(lines)
 
 
 def gpu_headline() -> str:
     """The README's GPU sentence: the like-for-like runs (both sides clip, same workers)."""
-    lines = []
-    for rec in (r for r in records("gpu") if r["_file"].endswith("-clip")):
-        for job, data in rec["jobs"].items():
-            for key, r in data["summary"].items():
-                if "/" in key:
-                    kit, peer = key.split("/")
-                    lines.append(
-                        f"- {rec['device']}, {job}: simcse-kit (`{kit}`) trains at **{r['median']:.2f}x** "
-                        f"({r['min']:.2f}–{r['max']:.2f}) the sentence-transformers trainer (`{peer}`, bf16), "
-                        f"same DataLoader workers and gradient clipping (median of {r['n']} paired rounds)."
-                    )
-    return "\n".join(lines)
+    return "\n".join(
+        f"- {rec['device']}, {job}: simcse-kit (`{key.split('/')[0]}`) trains at **{r['median']:.2f}x** "
+        f"({r['min']:.2f}–{r['max']:.2f}) the sentence-transformers trainer (`{key.split('/')[1]}`, bf16), "
+        f"same DataLoader workers and gradient clipping (median of {r['n']} paired rounds)."
+        for rec in records("gpu") if rec["_file"].endswith("-clip")
+        for job, data in rec["jobs"].items() for key, r in data["summary"].items() if "/" in key
+    )  # fmt: skip
 
 
-def _spec(spec: Spec) -> tuple[Callable[[], str], Path]:
-    return (lambda: render_spec(spec)), spec.home
-
-
-BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {
-    "quality": _spec(QUALITY),
-    "main-job": _spec(MAIN_JOB),
-    "domain": _spec(DOMAIN),
-    "mining": _spec(MINING),
-    "teacher": _spec(TEACHER),
-    "teacher-general": _spec(TEACHER_GENERAL),
-    "train-throughput": _spec(THROUGHPUT),
-    "speed-headline": (headline, README),
-    "flops": _spec(FLOPS),
-    "encode-throughput": _spec(ENCODE),
-    "memory": _spec(MEMORY),
-    "gradcache-rss": _spec(GRADCACHE_RSS),
-    "gpu": _spec(GPU),
-    "gpu-headline": (gpu_headline, README),
-    "gpu-syncs": _spec(GPU_SYNCS),
-    "retrieval": _spec(RETRIEVAL),
-    "matryoshka": _spec(MATRYOSHKA),
-    "onnx": _spec(ONNX),
-}
+SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, FLOPS, ENCODE, MEMORY, GRADCACHE_RSS)
+SPECS += (GPU, GPU_SYNCS, RETRIEVAL, MATRYOSHKA, ONNX)
+BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
+BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -617,18 +483,15 @@ def problems(texts: dict[Path, str]) -> list[str]:
             out.append(f"{home.name}: the block {name} is missing (<!-- generated:{name} --> ... <!-- /generated:{name} -->)")
         elif not found.group(2).strip():
             out.append(f"{home.name}: the block {name} is empty")
-    out += [f"{path.name}: stale generated blocks" for path, text in texts.items() if render(text) != text]
-    return out
+    return out + [f"{path.name}: stale generated blocks" for path, text in texts.items() if render(text) != text]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check: exit 1 where a block is missing, empty or stale")
-    args = parser.parse_args()
     texts = {path: path.read_text() for path in FILES}
-    if args.check:
-        found = problems(texts)
-        for problem in found:
+    if parser.parse_args().check:
+        for problem in (found := problems(texts)):
             print(f"{problem}: run python -m benchmarks.report", file=sys.stderr)
         return 1 if found else 0
     for path, old in texts.items():
