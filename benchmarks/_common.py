@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,7 @@ def _version(name: str) -> str:
 
 def machine() -> dict[str, Any]:
     """What the numbers were measured on: CPU model, ISA flags, the kernel limits in
-    force, threads, library versions, the commit, the date and the load average."""
+    force, threads, GPU and driver, library versions, the commit, the date and the load average."""
     import torch
 
     cpu, flags = cpu_flags()
@@ -108,7 +108,21 @@ def machine() -> dict[str, Any]:
         "commit": commit,
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+    } | gpu_record()
+
+
+def gpu_record() -> dict[str, Any]:
+    """The CUDA device, its CUDA version and driver (``nvidia-smi``), or ``{"device": "cpu"}``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": "cpu"}
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        driver = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        driver = "?"
+    return {"device": "cuda", "gpu": torch.cuda.get_device_name(0), "torch_cuda": torch.version.cuda, "gpu_driver": driver}
 
 
 def _busy_jiffies() -> tuple[int, int]:
@@ -343,29 +357,6 @@ def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
             objective.step(model, batch)
     model.zero_grad(set_to_none=True)
     return counter.get_total_flops() / len(batches)
-
-
-def seeds_table(
-    rows: Mapping[str, Mapping[int, Mapping[str, float]]], columns: Mapping[str, str], digits: Mapping[str, int] | None = None
-) -> tuple[str, dict[str, dict[str, Any]]]:
-    """A multi-seed benchmark's markdown table, through the library's formatter
-    (``simcse_kit.evaluation.tables.format_rows``): one row per config with its seed count
-    and, per column, the mean ± std over seeds (the mean alone for one seed, ``–`` where
-    the config has no such result)."""
-    from simcse_kit.evaluation.tables import format_rows
-    from simcse_kit.experiments import aggregate
-
-    table, stats = [], {}
-    for name, per_seed in rows.items():
-        mean, std = aggregate(list(per_seed.values()))
-        stats[name] = {"mean": mean, "std": std, "n": len(per_seed), "per_seed": {str(k): v for k, v in per_seed.items()}}
-        row = {"config": name, "seeds": str(len(per_seed))}
-        for key in columns:
-            d = (digits or {}).get(key, 2)
-            spread = f" ± {std[key]:.{d}f}" if len(per_seed) > 1 and key in std else ""
-            row[key] = f"{mean[key]:.{d}f}{spread}" if key in mean else "–"
-        table.append(row)
-    return format_rows(table, {"config": "config", "seeds": "seeds", **columns}, markdown=True, label="config"), stats
 
 
 def emit(result: dict[str, Any]) -> None:

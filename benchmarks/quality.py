@@ -436,10 +436,7 @@ def stats(name: str, domain: str, kind: str, per_seed: Mapping[int, Mapping[str,
     mean, std = aggregate(list(per_seed.values()))
     seeds = {str(k): dict(v) for k, v in per_seed.items()}
     return {"domain": domain, "kind": kind, "target": TARGET[domain], "learning_rate": lr, "n": len(per_seed)} | {
-        "mean": mean,
-        "std": std,
-        "per_seed": seeds,
-    }
+        "mean": mean, "std": std, "per_seed": seeds}  # fmt: skip
 
 
 def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -456,17 +453,9 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
             encode_teacher(domain, args)
     senteval = str(args.eval_data_dir or args.data_root / "senteval")
     models = {"base": DEFAULT_MODEL, "teacher": str(getattr(args, "teacher", None))}
-    untouched = [
-        Job(
-            name=u,
-            kind="base",
-            out=str(args.output_dir / u),
-            model=models[u],
-            retrieval=tuple(args.tasks),
-            eval_data_dir=senteval,
-        )
-        for u in spec.untouched
-    ]
+    tasks = tuple(args.tasks)
+    untouched = [Job(u, "base", out=str(args.output_dir / u), model=models[u], retrieval=tasks, eval_data_dir=senteval)
+                 for u in spec.untouched]  # fmt: skip
     rows = {(d, r): (lambda lr, s, sw, d=d, r=r: row_job(table, d, r, lr, s, sw, args)) for d in spec.domains for r in args.rows}
     made = sweep_and_run({f"{d}-{r}" if d else r: job for (d, r), job in rows.items()}, lrs, args, untouched)
     results: dict[str, Any] = {}
@@ -482,7 +471,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
                 if table == "mining":
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
-    return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine() | device_record()} | {
+    return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
         "data_root": str(args.data_root),
         "seeds": args.seeds,
         "steps": args.steps,
@@ -494,14 +483,6 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "lost": made.lost,
         "results": results,
     }
-
-
-def device_record() -> dict[str, Any]:
-    import torch
-
-    if torch.cuda.is_available():
-        return {"device": "cuda", "gpu": torch.cuda.get_device_name(0), "torch_cuda": torch.version.cuda}
-    return {"device": "cpu"}
 
 
 def prepare(args: argparse.Namespace, table: Table) -> None:
