@@ -18,9 +18,8 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from benchmarks._common import DATA, REPO, emit, machine, module_command  # noqa: E402
+from benchmarks._common import DATA, ISA_LIMITS, REPO, emit, machine, module_command  # noqa: E402
 
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed-avx512_bf16.json"
 
 
@@ -47,11 +46,8 @@ def measure(encode: Any, sentences: list[str], latency_n: int, batch: int) -> di
         t0 = time.perf_counter()
         encode([s], 1)
         times.append((time.perf_counter() - t0) * 1000)
-    return {
-        "sentences_per_s": throughput,
-        "latency_ms_median": statistics.median(times),
-        "latency_ms_p90": sorted(times)[int(0.9 * len(times))],
-    }
+    p90 = sorted(times)[int(0.9 * len(times))]
+    return {"sentences_per_s": throughput, "latency_ms_median": statistics.median(times), "latency_ms_p90": p90}
 
 
 def peak_rss_since_exec_mib() -> float:
@@ -61,16 +57,6 @@ def peak_rss_since_exec_mib() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_flags() -> dict[str, bool]:
-    flags: set[str] = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-    return {f: f in flags for f in wanted}
 
 
 def versions() -> dict[str, str]:
@@ -84,45 +70,27 @@ def versions() -> dict[str, str]:
 
 
 def worker(args: argparse.Namespace) -> None:
+    """``cold-onnx`` / ``cold-torch``: import, load, first vector, then 1,024 sentences; ``torch-avx2``: a round."""
     sentences = json.loads(Path(args.sentences_file).read_text())
     if args.worker == "cold-onnx":
         from simcse_kit.onnx_encoder import OnnxEncoder
 
-        encoder = OnnxEncoder(args.export, threads=args.threads)
-        encoder.encode(sentences[:1])
-        first = time.perf_counter() - START
-        encoder.encode(sentences[:1024], 128)
-        rss = peak_rss_since_exec_mib()
-        emit(
-            {
-                "cold_start_s": first,
-                "peak_rss_mib": rss,
-                "torch_loaded": "torch" in sys.modules,
-                "total_s": time.perf_counter() - START,
-            }
-        )
-    elif args.worker == "cold-torch":
-        import torch
-
-        from simcse_kit.inference import load_encoder
-
-        torch.set_num_threads(args.threads)
-        encoder = load_encoder(args.source)
-        encoder.encode(sentences[:1])
-        first = time.perf_counter() - START
-        encoder.encode(sentences[:1024], 128)
-        rss = peak_rss_since_exec_mib()
-        emit({"cold_start_s": first, "peak_rss_mib": rss, "torch_loaded": True, "total_s": time.perf_counter() - START})
-    elif args.worker == "torch-avx2":
-        import torch
-
-        from simcse_kit.inference import load_encoder
-
-        torch.set_num_threads(args.threads)
-        encoder = load_encoder(args.source)
-        emit(measure(lambda s, b: encoder.encode(s, b), sentences, args.latency_sentences, args.batch_size))
+        encoder: Any = OnnxEncoder(args.export, threads=args.threads)
     else:
-        raise SystemExit(f"unknown worker {args.worker}")
+        import torch
+
+        from simcse_kit.inference import load_encoder
+
+        torch.set_num_threads(args.threads)
+        encoder = load_encoder(args.source)
+    if args.worker == "torch-avx2":
+        emit(measure(lambda s, b: encoder.encode(s, b), sentences, args.latency_sentences, args.batch_size))
+        return
+    encoder.encode(sentences[:1])
+    first = time.perf_counter() - START
+    encoder.encode(sentences[:1024], 128)
+    rss, loaded = peak_rss_since_exec_mib(), "torch" in sys.modules
+    emit({"cold_start_s": first, "peak_rss_mib": rss, "torch_loaded": loaded, "total_s": time.perf_counter() - START})
 
 
 def run_worker(args: argparse.Namespace, name: str, sentences_file: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -226,12 +194,9 @@ def main() -> int:
             if name in backends:
                 res = measure(backends[name], sentences, args.latency_sentences, args.batch_size)
             else:
-                res = run_worker(args, "torch-avx2", sentences_file, AVX2_ENV)
+                res = run_worker(args, "torch-avx2", sentences_file, ISA_LIMITS)
             runs[name].append(res)
-            print(
-                f"round {r} {name:26s} {res['sentences_per_s']:7.1f} sent/s  batch-1 {res['latency_ms_median']:.2f} ms",
-                flush=True,
-            )
+            print(f"round {r} {name:26s} {res['sentences_per_s']:7.1f} sent/s  batch-1 {res['latency_ms_median']:.2f} ms")
     cold: dict[str, list[dict[str, Any]]] = {"onnx_encoder": [], "torch (simcse-kit Encoder)": []}
     for _ in range(args.rounds):
         cold["onnx_encoder"].append(run_worker(args, "cold-onnx", sentences_file))
@@ -251,9 +216,8 @@ def main() -> int:
     cold_keys = ("cold_start_s", "cold_start_with_interpreter_s", "peak_rss_mib")
     cold_table = {n: {k: med(rs, k) for k in cold_keys} for n, rs in cold.items()}
     payload = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine() | {"flags": cpu_flags(), "threads": args.threads, "load_avg_before": load_before},
-        "versions": versions(),
+        "command": " ".join(["python -m benchmarks.onnx_speed", *sys.argv[1:]]),
+        "machine": machine() | {"versions": versions(), "threads": args.threads, "load_avg_before": load_before},
         "export": {"seconds": export_s, "exporter": onnx_info["exporter"], "opset": onnx_info["opset"], "gate_sts": gate_sts},
         "n_sentences": len(sentences),
         "latency_sentences": args.latency_sentences,
@@ -268,18 +232,10 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
 
-    base = table["torch fp32"]
-    print("\n| backend | batch 128 (sentences/s) | vs torch | batch 1 (ms, median) | 7-task STS |\n|---|---|---|---|---|")
-    for n, row in table.items():
-        print(
-            f"| {n} | {row['sentences_per_s_b128']:.0f} | {row['sentences_per_s_b128'] / base['sentences_per_s_b128']:.2f}x "
-            f"| {row['latency_ms_b1']:.2f} | {row['sts_avg']:.2f} |"
-        )
-    print("\n| encoder | cold start: import to first vector (s) | with interpreter start (s) | peak RSS (MiB) |")
-    print("|---|---|---|---|")
-    for n, row in cold_table.items():
-        print(f"| {n} | {row['cold_start_s']:.2f} | {row['cold_start_with_interpreter_s']:.2f} | {row['peak_rss_mib']:.0f} |")
-    print(f"\nwritten {args.json}; load average before {load_before}, after {payload['machine']['load_avg_after']}")
+    from benchmarks import report
+
+    print("\n".join(report.md_table(report.ONNX.head, report.ONNX.rows(payload))))
+    print(f"written {args.json}; load average before {load_before}, after {payload['machine']['load_avg_after']}")
     return 0
 
 
