@@ -326,39 +326,6 @@ def kit_recipe_run(
     return build_run(cfg, dataset=dataset, evaluate=False, cpu=True, wrap_collate=timer.around if timer else None)
 
 
-def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float:
-    """Best-of-``repeats`` GFLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` on torch's threads,
-    after one warm-up call (oneDNN picks and caches its kernel). Not
-    ``simcse_kit.precision.cpu_matmul_speeds``: that probe times one thread within a few
-    milliseconds, as a run's start-up must; this times what the machine can do."""
-    import torch
-
-    a = torch.randn(m, k).to(dtype)
-    b = torch.randn(k, n).to(dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * m * k * n / best / 1e9
-
-
-def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
-    """Mean matmul FLOPs of one forward + backward (``objective.step(model, batch)``: with no
-    ``backward`` a step calls ``loss.backward()`` itself, simcse_kit.steps),
-    over ``batches``, as torch's ``FlopCounterMode`` counts them (whatever the precision);
-    the gradients are dropped afterwards."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        for batch in batches:
-            objective.step(model, batch)
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / len(batches)
-
-
 def emit(result: dict[str, Any]) -> None:
     """A worker's one machine-readable output line."""
     print("RESULT " + json.dumps(result), flush=True)

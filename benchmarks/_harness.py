@@ -61,7 +61,12 @@ def keep(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Path:
     info["torch_threads"] = args.threads  # the workers' (this process never set its own)
     out = args.json or RESULTS / f"{name}-{klass}.json"
     command = " ".join(["python -m benchmarks." + name, shlex.join(sys.argv[1:])]).strip()
-    save_results(out, {"machine": info, "args": vars(args), "command": command, **record})
+    full = {"machine": info, "args": vars(args), "command": command, **record}
+    save_results(out, full)
+    from benchmarks import report  # the summary is the table BENCHMARKS.md will show
+
+    for spec in (s for s in report.SPECS if s.script == name):
+        print("\n".join(report.md_table(spec.head, spec.rows(full))))
     return out
 
 
@@ -87,11 +92,3 @@ def difference(ours: list[float], theirs: list[float]) -> dict[str, Any]:
     else:
         verdict = "higher" if diff > 0 else "lower"
     return {"difference": diff, "spread": noise, "ratio": a["median"] / b["median"], "verdict": verdict}
-
-
-def print_spread(label: str, s: dict[str, float], unit: str, digits: int = 1) -> None:
-    """One summary line: median (min-max, +-half range %, n)."""
-    print(
-        f"{label:28s} {s['median']:10.{digits}f} {unit} (range {s['min']:.{digits}f}-{s['max']:.{digits}f}, "
-        f"±{s['half_range_pct']:.1f}%, {s['n']} rounds)"
-    )

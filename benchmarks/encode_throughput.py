@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import DATA, emit, paired_ratios, peak_rss_mib, run_rounds, setup_threads
-from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, chosen, forwarded, keep, start, summary_of
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16")
 PAIRS = (("kit-fp32", "st-fp32"), ("kit-bf16", "st-fp32"), ("kit-bf16", "st-bf16"))
@@ -132,15 +132,6 @@ def main() -> None:
     keys = ("sentences_per_s", "stsb_test") + (("min_cos_vs_st_fp32",) if "st-fp32" in variants else ())
     summary = summary_of(runs, variants, keys)
     ratios = {f"{a}/{b}": paired_ratios(runs, a, b) for a, b in PAIRS if a in variants and b in variants}
-    n = values(runs, variants[0], "sentences")[0]
-    print(f"\n{n} sentences, batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads, {args.rounds} rounds")
-    for v, s in summary.items():
-        print_spread(f"{v} sent/s", s["sentences_per_s"], "sent/s")
-        agree = f", min cos vs st-fp32 {s['min_cos_vs_st_fp32']['min']:.5f}" if "min_cos_vs_st_fp32" in s else ""
-        print(f"  STS-B test {s['stsb_test']['median']:.2f}{agree}")
-    for name, r in ratios.items():
-        if r:
-            print_spread(name, r, "x", digits=2)
     keep("encode_throughput", args, {"runs": runs, "summary": summary, "ratios": ratios})
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import WIKI, emit, kit_recipe_run, paired_ratios, run_rounds, setup_threads
-from benchmarks._harness import add_options, chosen, difference, forwarded, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, chosen, difference, forwarded, keep, start, summary_of, values
 
 # name -> (train.mmap_threshold_mib, extra environment variables)
 VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {
@@ -120,23 +120,8 @@ def main() -> None:
     env = start(args)
     shared = forwarded(args, "batch-size", "chunk", "steps", "threads")
     runs = run_rounds(Path(__file__), names, shared, args.rounds, args.threads, env=env, metric="peak_rss_mib")
-    chunks = f"GradCache chunks of {args.chunk} rows" if args.chunk else "no GradCache"
-    print(f"\nbatch {args.batch_size}, {chunks}, {args.steps} steps, {args.threads} threads\n")
-    print("| round | variant | RSS after model MiB | each step: peak / after MiB | peak RSS MiB | s/step after the first |")
-    print("|---|---|---:|---|---:|---:|")
-    for r in runs:
-        per_step = ", ".join(f"{s['peak']:.0f} / {s['after']:.0f}" for s in r["steps"])
-        rss, seconds = r["peak_rss_mib"], r["s_per_step"]
-        print(f"| {r['round']} | {r['variant']} | {r['start']:.0f} | {per_step} | {rss:.0f} | {seconds:.3f} |")
     summary = summary_of(runs, names, ("peak_rss_mib", "max_step_peak_mib", "after_last_mib", "s_per_step"))
     diffs = comparisons(runs, names)
-    print()
-    for name, s in summary.items():
-        print_spread(f"{name} peak RSS", s["peak_rss_mib"], "MiB", digits=0)
-    for name, c in diffs.items():
-        for key, d in c.items():
-            if key != "s_per_step_ratio":
-                print(f"{name} - default {key:16s} {d['difference']:+7.0f} MiB (spread {d['spread']:.0f} MiB): {d['verdict']}")
     keep("gradcache_rss", args, {"runs": runs, "summary": summary, "comparisons": diffs})
 
 

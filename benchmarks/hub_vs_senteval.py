@@ -1,25 +1,8 @@
 """STS scores on the hub's (untokenised) text vs SentEval's (tokenised, lowercased) text.
 
-``simcse-kit evaluate --source hub`` reads MTEB's copies of STS12-16, STS-B and SICK-R:
-the original, cased, untokenised sentences. ``--source senteval`` reads SentEval's
-Moses-tokenised, lowercased copies (SICK: tokenised only). The gold scores and pairs are
-the same, so any difference is the text. Offline, this script builds hub-schema copies
-from the original releases in ``../shared/data`` (``sts_raw/``, ``stsbenchmark/``,
-``sick/SICK.txt``) and from the SentEval pairs themselves, and scores each with one
-model:
-
-* ``senteval``: the folder path (the paper's protocol);
-* ``hub-same``: hub-schema copies of the SentEval pairs: must equal ``senteval``;
-* ``hub-raw``: hub-schema copies of the original text: what ``--source hub`` measures
-  on STS12-16 and STS-B (the full SICK release lacks 21 of SICK-R's 4927 test pairs:
-  4906 here);
-* ``sick-all``: SICK-R on every pair of ``SICK.txt`` (9840): MTEB's ``mteb/sickr-sts``
-  test split is all of SICK (9927 pairs: train, trial and test), not SemEval's test set.
-
-Usage::
-
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.hub_vs_senteval      # ~15-30 min on 2 cores
-    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.hub_vs_senteval --json out.json
+Variants ``senteval``, ``hub-same`` (hub-schema copies of the SentEval pairs), ``hub-raw`` (of
+the original text) and ``sick-all`` (every pair of ``SICK.txt``, as MTEB scores SICK-R).
+Results: docs/evaluation.md.
 """
 
 from __future__ import annotations

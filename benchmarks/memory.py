@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import emit, peak_rss_mib, run_rounds, setup_threads
-from benchmarks._harness import add_options, difference, forwarded, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, difference, forwarded, keep, start, summary_of, values
 
 
 def variant_name(batch: int, chunk: int) -> str:
@@ -92,11 +92,6 @@ def main() -> None:
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env, metric="peak_rss_mib")
     summary = summary_of(runs, variants, ("peak_rss_mib", "sentences_per_s"))
     diffs = comparisons(runs, variants)
-    print(f"\nunsup recipe ({args.precision}), max len {args.max_seq_len}, {args.threads} threads, {args.rounds} rounds")
-    for v, s in summary.items():
-        print_spread(f"{v} peak RSS", s["peak_rss_mib"], "MiB", digits=0)
-    for name, d in diffs.items():
-        print(f"{name:28s} {d['difference']:+8.0f} MiB (spread {d['spread']:.0f} MiB): {d['verdict']}")
     keep("memory", args, {"runs": runs, "summary": summary, "comparisons": diffs})
 
 

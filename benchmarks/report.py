@@ -179,15 +179,6 @@ def _throughput_rows(rec: Record) -> Iterable[Row]:
     yield [_class(rec), *variants, _decided(rec), _ratio(r.get("kit-fp32/st-fp32")), best, _busy(rec)]
 
 
-def _flops_rows(rec: Record) -> Iterable[Row]:
-    s = rec["summary"]
-    peaks = [_range(s.get(p, {}).get("gflops"), 0) for p in ("peak-bf16", "peak-fp32")]
-    for v in (v for v in s if v.startswith("kit-")):
-        own, share = s[v]["own_peak"].removeprefix("peak-"), s[v]["share_of_own_peak"]
-        text = f"**{100 * share['median']:.1f}%** of {own} ({100 * share['min']:.1f}–{100 * share['max']:.1f}%)" if share else "–"
-        yield [_class(rec), v, _precision(s[v]["precision"]), _range(s[v]["gflops"], 0), text, *peaks, _busy(rec)]
-
-
 def _encode_rows(rec: Record) -> Iterable[Row]:
     for v, s in rec["summary"].items():
         cos = f"{s['min_cos_vs_st_fp32']['min']:.5f}" if "min_cos_vs_st_fp32" in s else "–"
@@ -209,13 +200,6 @@ THROUGHPUT = Spec(
     "Sentences/s, median of the rounds (range); ratios paired within each round. Unsup SimCSE, all-MiniLM-L6-v2, "
     'batch 64, max length 32, gradient clipping at 1.0 on both sides. "ST best": the faster sentence-transformers '
     "setting on that CPU.",
-)  # fmt: skip
-FLOPS = Spec(
-    "flops", "flops", "CPU class|variant|precision|GFLOP/s|share of its peak|bf16 peak GFLOP/s|fp32 peak GFLOP/s|runs busy",
-    _flops_rows,
-    lambda kept: f"Matmul GFLOP/s of the training loop on fresh wiki1m_head batches (batch {_a(kept, 'batch_size')}, "
-    f"max length {_a(kept, 'max_seq_len')}, packed as a run packs), and its share of the matmul peak "
-    f"({_a(kept, 'n')}^3) in the precision it ran, measured in the same round. Median of the rounds (range).",
 )  # fmt: skip
 ENCODE = Spec(
     "encode-throughput", "encode_throughput",
@@ -400,11 +384,6 @@ RETRIEVAL = Spec(
                  for t in rec["retrieval_tasks"]),
     "all-MiniLM-L6-v2 untouched, exact search, x 100 (the base row of the domain table's run):",
 )  # fmt: skip
-MATRYOSHKA = Spec(
-    "matryoshka", "matryoshka_dims", "model|dim|STS-B test|nDCG@10 stsb-similar|mrpc-paraphrase|sick-related|avg",
-    lambda rec: ([r["model"], str(r["dim"]), *_fixed(r[k] for k in ("STSBenchmark", "stsb-similar", "mrpc-paraphrase",
-                                                                    "sick-related", "avg"))] for r in rec["rows"]),
-)  # fmt: skip
 
 
 def _onnx_rows(rec: Record) -> Iterable[Row]:
@@ -457,8 +436,8 @@ def gpu_headline() -> str:
     )  # fmt: skip
 
 
-SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, FLOPS, ENCODE, MEMORY, GRADCACHE_RSS)
-SPECS += (GPU, GPU_SYNCS, RETRIEVAL, MATRYOSHKA, ONNX)
+SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY, GRADCACHE_RSS)
+SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

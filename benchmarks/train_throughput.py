@@ -12,24 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
-    ISA_LIMITS,
-    REPO,
     WIKI,
     TimedCollator,
-    check_quiet,
-    cpu_class,
-    cpu_flags,
     emit,
     kit_recipe_run,
-    machine,
     paired_ratios,
     peak_rss_mib,
     run_rounds,
-    save_results,
     setup_threads,
     spread,
     st_pair_throughput,
 )
+from benchmarks._harness import add_options, chosen, forwarded, keep, start
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-auto")
 ABLATIONS = ("kit-auto-padded", "kit-auto-densegrad")
@@ -129,48 +123,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="measured steps per variant per round")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations of all variants (>= 3 for a kept result)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grad-cache-chunk", type=int, default=0, help="kit only: GradCache chunk rows (0: off)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS + ABLATIONS}")
-    parser.add_argument("--isa", choices=("native", "avx2"), default="native", help="avx2: limit the kernels to AVX2")
-    parser.add_argument("--allow-busy", action="store_true", help="run on a busy machine; rounds are flagged")
-    parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/train_throughput-<cpu class>.json")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
+    add_options(parser, "train_throughput")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
 
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS) - set(ABLATIONS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS + ABLATIONS}")
-    check_quiet(args.allow_busy)
-    env = ISA_LIMITS if args.isa == "avx2" else {}
-    common = [
-        f"--{k}={getattr(args, k.replace('-', '_'))}"
-        for k in ("steps", "warmup", "batch-size", "max-seq-len", "threads", "grad-cache-chunk")
-    ]
+    variants = chosen(parser, args.variants, VARIANTS + ABLATIONS)
+    env = start(args)
+    common = forwarded(args, "steps", "warmup", "batch-size", "max-seq-len", "threads", "grad-cache-chunk")
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
     summary, ratios = summarise(variants, runs)
-    shape = f"batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads"
-    print(f"\n{shape}, {args.rounds} rounds x {args.steps} steps")
-    for v, s in summary.items():
-        sps = s["sentences_per_s"]
-        rss = s["peak_rss_mib"]["median"]
-        print(f"{v:20s} {sps['median']:8.1f} sent/s (range {sps['min']:.1f}-{sps['max']:.1f})  RSS {rss:.0f} MiB")
-    for name, r in ratios.items():
-        if isinstance(r, dict):
-            print(f"{name:28s} {r['median']:.2f}x (range {r['min']:.2f}-{r['max']:.2f})")
-    _, flags = cpu_flags()
-    klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
-    out = args.json or REPO / "benchmarks" / "results" / f"train_throughput-{klass}.json"
-    info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})
-    save_results(out, {"machine": info, "args": vars(args), "runs": runs, "summary": summary, "ratios": ratios})
+    keep("train_throughput", args, {"runs": runs, "summary": summary, "ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from benchmarks import flops, memory, report
+from benchmarks import memory, report
 from benchmarks._harness import difference, summary_of
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 # The scripts whose JSON report.py turns into tables (the harness scripts).
-HARNESS = ("train_throughput", "flops", "encode_throughput", "memory", "gradcache_rss")
+HARNESS = ("train_throughput", "encode_throughput", "memory", "gradcache_rss")
 MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
 MACHINE |= {"versions": {"torch": "2.13.0"}}
 
@@ -152,45 +152,6 @@ def test_memory_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
 
 
-def test_flops_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bf16 = {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True, "reason": "auto"}
-    fp32 = {"mixed_precision": "no", "bf16_weights": False, "fast_dropout": False, "reason": "set in the config"}
-
-    def kit(gflops: list[float], own: str, precision: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{"gflops": g, "flops": 1.9e12, "steps": 10, "own_peak": own, "precision": precision} for g in gflops]
-
-    runs = rounds(
-        {
-            "peak-bf16": [{"gflops": g} for g in (800, 1000, 900)],
-            "peak-fp32": [{"gflops": g} for g in (200, 250, 225)],
-            "kit-auto": kit([400, 450, 360], "peak-bf16", bf16),  # shares 0.5, 0.45, 0.4 of the round's bf16 peak
-            "kit-fp32": kit([150, 150, 180], "peak-fp32", fp32),  # shares 0.75, 0.6, 0.8 of the fp32 peak
-        }
-    )
-    summary = flops.summarise(runs, ["peak-bf16", "peak-fp32", "kit-auto", "kit-fp32"])
-    assert summary["kit-auto"]["gflop_per_step"]["median"] == pytest.approx(190.0)
-    args = {"batch_size": 64, "max_seq_len": 32, "n": 2048, "steps": 10, "warmup": 3}
-    keep(tmp_path, monkeypatch, "flops", args, {"runs": runs, "summary": summary})
-    busy = "0/12 (max 0%)"
-    assert report.render_spec(report.FLOPS) == "\n".join(
-        [
-            "Matmul GFLOP/s of the training loop on fresh wiki1m_head batches (batch 64, max length 32, packed as a run "
-            "packs), and its share of the matmul peak (2048^3) in the precision it ran, measured in the same round. "
-            "Median of the rounds (range).",
-            "",
-            "| CPU class | variant | precision | GFLOP/s | share of its peak | bf16 peak GFLOP/s | fp32 peak GFLOP/s "
-            "| runs busy |",
-            "|---|---|---|---|---|---|---|---|",
-            "| avx2 | kit-auto | bf16 + bf16 weights + fast dropout | 400 (360–450) | **45.0%** of bf16 (40.0–50.0%) | "
-            f"900 (800–1000) | 225 (200–250) | {busy} |",
-            f"| avx2 | kit-fp32 | fp32 | 150 (150–180) | **75.0%** of fp32 (60.0–80.0%) | 900 (800–1000) | 225 (200–250) "
-            f"| {busy} |",
-            "",
-            "- avx2, 2026-11-24 07:00 UTC: Test CPU, 2 threads; torch 2.13.0; commit abc1234; `python -m benchmarks.flops`",
-        ]
-    )
-
-
 def test_a_block_without_kept_results_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     assert report.render_spec(report.ENCODE) == (
@@ -208,21 +169,24 @@ def test_memory_points_and_their_names() -> None:
 
 
 def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> None:
-    """flops.py's matmul-peak variant end to end (fresh interpreters, seconds): each round
-    kept with its CPU activity, the machine and the command, and the summary their median."""
-    out = tmp_path / "peak.json"
-    argv = ["--rounds", "2", "--variants", "peak-fp32", "--n", "64", "--threads", "1", "--allow-busy", "--json", str(out)]
+    """encode_throughput.py end to end on 64 sentences (fresh interpreters, seconds): each round
+    kept with its CPU activity, the machine and the command, the summary their median, and the
+    summary printed as BENCHMARKS.md's table."""
+    out = tmp_path / "encode.json"
+    argv = ["--rounds", "2", "--variants", "kit-fp32", "--limit", "64", "--batch-size", "16", "--threads", "1"]
+    argv += ["--allow-busy", "--json", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.flops", *argv], capture_output=True, text=True, timeout=120, cwd=REPO
+        [sys.executable, "-m", "benchmarks.encode_throughput", *argv], capture_output=True, text=True, timeout=300, cwd=REPO
     )
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(out.read_text())
-    assert [(r["round"], r["variant"], r["n"]) for r in record["runs"]] == [(0, "peak-fp32", 64), (1, "peak-fp32", 64)]
+    assert [(r["round"], r["variant"], r["sentences"]) for r in record["runs"]] == [(0, "kit-fp32", 64), (1, "kit-fp32", 64)]
     assert all({"other_cpu_share", "busy", "load_avg_before", "load_avg_after"} <= set(r["activity"]) for r in record["runs"])
-    assert record["command"] == "python -m benchmarks.flops " + " ".join(argv)
+    assert record["command"] == "python -m benchmarks.encode_throughput " + " ".join(argv)
     assert record["machine"]["torch_threads"] == 1 and record["args"]["rounds"] == 2
-    gflops = [r["gflops"] for r in record["runs"]]
-    assert record["summary"]["peak-fp32"]["gflops"] == pytest.approx(
-        {"median": statistics.median(gflops), "min": min(gflops), "max": max(gflops), "n": 2}
-        | {"half_range_pct": 100 * (max(gflops) - min(gflops)) / 2 / statistics.median(gflops)}
+    speeds = [r["sentences_per_s"] for r in record["runs"]]
+    assert record["summary"]["kit-fp32"]["sentences_per_s"] == pytest.approx(
+        {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds), "n": 2}
+        | {"half_range_pct": 100 * (max(speeds) - min(speeds)) / 2 / statistics.median(speeds)}
     )
+    assert "| CPU class | variant | sentences/s |" in done.stdout and "| kit-fp32 |" in done.stdout
