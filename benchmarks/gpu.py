@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -411,6 +412,7 @@ def main() -> None:
     jobs = [parse_job(j) for j in args.jobs] if args.jobs else SMOKE_JOBS if smoke else GPU_JOBS
     variants = args.variants or [f"{kind}-w{w}" for w in args.workers for kind in ("kit-pack", "kit-pad", "st")]
     record: dict[str, Any] = {
+        "command": " ".join(["python -m benchmarks.gpu", *sys.argv[1:]]),
         "machine": machine(),
         "device": device_peak()[0],
         "smoke": smoke,

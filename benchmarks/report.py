@@ -22,7 +22,6 @@ RESULTS = REPO / "benchmarks" / "results"
 BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
 FILES = (BENCH, README)
 CLASS_ORDER = ("avx2", "avx2-limited", "avx512_bf16", "amx")  # the CPU classes in table order
-CLASS_TEXT = {"avx2": "AVX2 only", "avx2-limited": "AVX2 kernels only", "avx512_bf16": "avx512_bf16", "amx": "AMX"}
 STS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
 STS_HEAD = "STS12|STS13|STS14|STS15|STS16|STS-B|SICK-R|Avg."
 SPREAD = "A difference is claimed only where it exceeds the run-to-run spread (the larger range of the two)."
@@ -114,20 +113,7 @@ def machine_line(rec: Record, label: str = "") -> str:
     libs = ", ".join(f"{k} {v}" for k, v in versions.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
     note = " (transcribed from the measurement log)" if rec.get("transcribed") else ""
-    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec.get('command') or _command(rec)}`{note}"
-
-
-def _command(rec: Record) -> str:
-    """The command of a record that did not keep its own (rebuilt from its arguments)."""
-    script, a = rec["_file"].split("-")[0], rec.get("args") or {}
-    parts = [f"python -m benchmarks.{script}"]
-    if script == "gpu":
-        parts += ["--jobs", *a["jobs"], *(["--variants", *a["variants"]] if a.get("variants") else [])]
-        parts += [f"--rounds {a['rounds']}", f"--warmup {a['warmup']}", f"--steps {a['steps']}"]
-        parts += [flag for flag in ("--in-process", "--sync-debug") if a.get(flag[2:].replace("-", "_"))]
-    elif script == "train_throughput":
-        parts += (["--isa avx2"] if a.get("isa") == "avx2" else []) + [f"--variants {a['variants']}", f"--rounds {a['rounds']}"]
-    return " ".join(parts)
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec['command']}`{note}"
 
 
 # --------------------------------------------------------------------------- the renderer
@@ -254,7 +240,7 @@ def _sync_rows(rec: Record) -> Iterable[Row]:
 def _dated(kept: list[Record], sync_debug: bool) -> list[str]:
     """Each file's date and command (the files share one machine)."""
     chosen = (r for r in kept if bool(r["args"].get("sync_debug")) == sync_debug)
-    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{_command(r)}`" for r in chosen]
+    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{r['command']}`" for r in chosen]
 
 
 GPU = Spec(
@@ -305,10 +291,7 @@ def _best_step(per_seed: dict[str, dict[str, float]]) -> str:
 
 
 def _domain_tables(rec: Record) -> dict[str, Record]:
-    """The per-row stats of a domain-shaped table (older ``teacher`` records nest them per domain)."""
-    res = rec["results"]
-    flat = {k: v for d in res.values() for k, v in d.items()} if "sick" in res else res
-    return {k: v for k, v in flat.items() if not k.startswith("selection_")}
+    return {k: v for k, v in rec["results"].items() if not k.startswith("selection_")}
 
 
 def _domain_rows(rec: Record) -> Iterable[Row]:
@@ -421,7 +404,8 @@ def headline() -> str:
         if fp32 := r.get("kit-fp32/st-fp32"):
             bits.append(f"fp32 against fp32 **{fp32['median']:.2f}x**")
         n = rec["args"]["rounds"]
-        lines.append(f"- {CLASS_TEXT.get(_class(rec), _class(rec))}: {'; '.join(bits)} (median of {n} paired rounds).")
+        klass = {"avx2": "AVX2 only", "avx2-limited": "AVX2 kernels only"}.get(_class(rec), _class(rec))
+        lines.append(f"- {klass}: {'; '.join(bits)} (median of {n} paired rounds).")
     return "\n".join(lines)
 
 
