@@ -29,8 +29,7 @@ def setup_threads(threads: int) -> None:
 
 
 def setup_run(threads: int) -> None:
-    """A long multi-run script's set-up: INFO logs with time stamps, the libraries'
-    chatter at WARNING, and :func:`setup_threads`."""
+    """A long multi-run script's set-up."""
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -64,9 +63,7 @@ def cpu_flags() -> tuple[str, set[str]]:
 
 
 def cpu_class(flags: set[str]) -> str:
-    """The CPU classes the speed tables are kept per: ``amx``, ``avx512_bf16``, ``avx2``
-    (no native bf16), or ``avx2-limited`` (a newer CPU run with :data:`ISA_LIMITS` set in
-    the environment)."""
+    """The CPU classes the speed tables are kept per."""
     if all(os.environ.get(k) == v for k, v in ISA_LIMITS.items()):
         return "avx2-limited"
     if any(f.startswith("amx") for f in flags):
@@ -84,8 +81,7 @@ def _version(name: str) -> str:
 
 
 def machine() -> dict[str, Any]:
-    """What the numbers were measured on: CPU model, ISA flags, the kernel limits in
-    force, threads, GPU and driver, library versions, the commit, the date and the load average."""
+    """What the numbers were measured on."""
     import torch
 
     cpu, flags = cpu_flags()
@@ -94,20 +90,14 @@ def machine() -> dict[str, Any]:
     except OSError:
         commit = "?"
     return {
-        "cpu": cpu,
-        "cpu_class": cpu_class(flags),
-        "cores": os.cpu_count(),
+        "cpu": cpu, "cpu_class": cpu_class(flags), "cores": os.cpu_count(),
         "isa_flags": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"} or f.startswith("amx")),
-        "amx": any(f.startswith("amx") for f in flags),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "kernel_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
-        "torch_threads": torch.get_num_threads(),
+        "amx": any(f.startswith("amx") for f in flags), "avx512_bf16": "avx512_bf16" in flags,
+        "kernel_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ}, "torch_threads": torch.get_num_threads(),
         "versions": {n: _version(n) for n in ("torch", "transformers", "sentence-transformers", "accelerate", "simcse-kit")},
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "commit": commit,
+        "torch": torch.__version__, "python": platform.python_version(), "commit": commit,
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "load_avg_1min": (round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None),
     } | gpu_record()
 
 
@@ -138,9 +128,7 @@ def _own_cpu_seconds() -> float:
 
 
 class CpuActivity:
-    """How much CPU *other* processes used while a measurement ran: the machine's busy
-    time (``/proc/stat``) minus this process's and its finished children's, as a share
-    of all cores over the wall time. Also the load averages before and after."""
+    """How much CPU *other* processes used while a measurement ran."""
 
     # Another process using more than this share of the machine makes a round "busy".
     BUSY_SHARE = 0.05
@@ -159,20 +147,15 @@ class CpuActivity:
         others = (busy - self.busy) / tick - (_own_cpu_seconds() - self.own)
         cores = os.cpu_count() or 1
         self.record = {
-            "load_avg_before": round(self.load_before, 2),
-            "load_avg_after": round(os.getloadavg()[0], 2),
-            "wall_s": round(wall, 2),
-            "other_cpu_share": round(max(0.0, others) / (wall * cores), 4),
+            "load_avg_before": round(self.load_before, 2), "load_avg_after": round(os.getloadavg()[0], 2),
+            "wall_s": round(wall, 2), "other_cpu_share": round(max(0.0, others) / (wall * cores), 4),
             "steal_share": round((steal - self.steal) / tick / (wall * cores), 4),
         }
         self.record["busy"] = self.record["other_cpu_share"] > self.BUSY_SHARE
 
 
 def check_quiet(allow_busy: bool, threshold: float = 0.10, seconds: float = 3.0) -> None:
-    """Refuse to start while other processes keep the CPU busy: their share of all cores
-    over ``seconds`` of sampling (``/proc/stat``; nothing of ours runs meanwhile) above
-    ``threshold``, unless ``allow_busy``: then the rounds are kept, flagged. The load
-    average is not used: it still counts a benchmark that has just finished."""
+    """Refuse to start while other processes keep the CPU busy."""
     with CpuActivity() as activity:
         time.sleep(seconds)
     share = activity.record["other_cpu_share"]
@@ -221,25 +204,18 @@ class TimedCollator:
         sentences = sum(self.sentences[warmup : warmup + steps])
         tokens = sum(self.tokens[warmup : warmup + steps])
         return {
-            "seconds": seconds,
-            "sentences": sentences,
-            "sentences_per_s": sentences / seconds,
-            "padded_tokens_per_s": tokens / seconds,
+            "seconds": seconds, "sentences": sentences, "sentences_per_s": (sentences / seconds),
+            "padded_tokens_per_s": (tokens / seconds),
         }
 
 
 def module_command(script: str | Path) -> list[str]:
-    """The command of a fresh interpreter of benchmark ``script`` (a path, e.g. ``__file__``):
-    ``python -m benchmarks.NAME``. Run it with ``cwd=REPO``: ``-m`` puts the working folder
-    first on the module path, so the package imports from this checkout wherever the
-    parent was started."""
+    """``python -m benchmarks.NAME`` for benchmark ``script`` (a path); run it with ``cwd=REPO``."""
     return [sys.executable, "-m", f"benchmarks.{Path(script).stem}"]
 
 
 def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter of ``script`` (clean RSS, clean Accelerate
-    state; :func:`module_command`); ``env``: extra environment variables (read at the
-    process's start)."""
+    """Run one measurement in a fresh interpreter of ``script`` (clean RSS, clean Accelerate state)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
     proc = subprocess.run([*module_command(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
@@ -280,17 +256,13 @@ def spread(values: list[float]) -> dict[str, float]:
 
     med = statistics.median(values)
     return {
-        "median": med,
-        "min": min(values),
-        "max": max(values),
-        "half_range_pct": 100 * (max(values) - min(values)) / 2 / med if med else float("nan"),
-        "n": len(values),
+        "median": med, "min": min(values), "max": max(values),
+        "half_range_pct": (100 * (max(values) - min(values)) / 2 / med if med else float("nan")), "n": len(values),
     }
 
 
 def paired_ratios(runs: list[dict[str, Any]], ours: str, theirs: str, metric: str = "sentences_per_s") -> dict[str, float] | None:
-    """``ours / theirs`` within each round (the two ran minutes apart), summarised by
-    :func:`spread`; None when either variant is missing."""
+    """``ours / theirs`` within each round (the two ran minutes apart), summarised by :func:`spread`."""
     by_round: dict[int, dict[str, float]] = {}
     for x in runs:
         by_round.setdefault(x["round"], {})[x["variant"]] = x[metric]

@@ -29,8 +29,7 @@ def add_options(parser: argparse.ArgumentParser, name: str, rounds: int = 3) -> 
 
 
 def chosen(parser: argparse.ArgumentParser, text: str, allowed: tuple[str, ...] | list[str]) -> list[str]:
-    """The comma-separated variants of ``text``, in order; a usage error naming any not in
-    ``allowed`` (before anything runs: a variant costs minutes)."""
+    """The comma-separated variants of ``text``, in order."""
     names = [name for name in text.split(",") if name]
     unknown = [name for name in names if name not in allowed]
     if unknown:
@@ -44,8 +43,7 @@ def forwarded(args: argparse.Namespace, *options: str) -> list[str]:
 
 
 def start(args: argparse.Namespace) -> dict[str, str]:
-    """Refuse a busy machine (unless ``--allow-busy``); the workers' extra environment
-    (the AVX2 kernel limits with ``--isa avx2``)."""
+    """Refuse a busy machine (unless ``--allow-busy``)."""
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     check_quiet(args.allow_busy)
@@ -53,8 +51,7 @@ def start(args: argparse.Namespace) -> dict[str, str]:
 
 
 def keep(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Path:
-    """Write ``record`` with the machine and the arguments to ``--json`` or
-    ``benchmarks/results/<name>-<cpu class>.json``; the path."""
+    """Write ``record`` with the machine and the arguments to ``--json`` or ``benchmarks/results/<name>-<cpu class>.json``."""
     _, flags = cpu_flags()
     klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
     info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})

@@ -22,8 +22,7 @@ PAIRS = (("kit-fp32", "st-fp32"), ("kit-bf16", "st-fp32"), ("kit-bf16", "st-bf16
 
 
 def sts_sentences(limit: int | None = None) -> tuple[list[str], list[tuple[int, int, float]]]:
-    """Unique STS-B dev+test sentences (the first ``limit``), and the test pairs among
-    them as indices into them."""
+    """Unique STS-B dev+test sentences (the first ``limit``), and the test pairs among them as indices into them."""
     from simcse_kit.evaluation import read_stsb
 
     folder = DATA / "senteval" / "STS" / "STSBenchmark"
@@ -88,12 +87,8 @@ def worker(args: argparse.Namespace) -> None:
     np.save(Path(args.emb_dir) / f"{args.worker}-{args.offset}.npy", emb)
     emit(
         {
-            "variant": args.worker,
-            "sentences": len(sentences),
-            "seconds": seconds,
-            "sentences_per_s": len(sentences) / seconds,
-            "stsb_test": sts_b(emb, pairs),
-            "peak_rss_mib": peak_rss_mib(),
+            "variant": args.worker, "sentences": len(sentences), "seconds": seconds,
+            "sentences_per_s": (len(sentences) / seconds), "stsb_test": sts_b(emb, pairs), "peak_rss_mib": peak_rss_mib(),
         }
     )
 

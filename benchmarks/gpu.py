@@ -33,21 +33,11 @@ from benchmarks._common import (
 
 SCRIPT = Path(__file__).resolve()
 
-# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets.
-BF16_PEAK = {
-    "H200": 989.4e12,
-    "H100 SXM": 989.4e12,
-    "H100 80GB HBM3": 989.4e12,
-    "H100 PCIe": 756.5e12,
-    "H100 NVL": 835.5e12,
-    "H100": 989.4e12,  # an H100 whose name says no more: the SXM part
-    "A100": 312e12,
-    "L40S": 362.05e12,
-    "L4": 121e12,
-    "A10G": 70e12,
-    "A10": 125e12,
-    "RTX 4090": 165.2e12,
-}
+# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets; the first name found in the
+# device's name wins (a bare "H100" is the SXM part).
+BF16_PEAK = {"H200": 989.4e12, "H100 SXM": 989.4e12, "H100 80GB HBM3": 989.4e12, "H100 PCIe": 756.5e12}
+BF16_PEAK |= {"H100 NVL": 835.5e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362.05e12, "L4": 121e12, "A10G": 70e12}
+BF16_PEAK |= {"A10": 125e12, "RTX 4090": 165.2e12}
 
 
 @dataclass(frozen=True)
@@ -227,12 +217,10 @@ def run_kit(
     fit(run, step, run.cfg.train)
     model = run.accelerator.unwrap_model(run.model)
     return {
-        "seconds": clock.seconds(),
-        "sentences": 2 * job.batch_size * args.steps,
+        "seconds": clock.seconds(), "sentences": (2 * job.batch_size * args.steps),
         "flops": step_flops(model.encoder.config, real_lengths(run.tokenizer, sents, job, args)),
-        "precision": run.cfg.train.mixed_precision,
-        "packing_active": bool(model.packing),
-        "syncs": None if syncs is None else syncs.where,
+        "precision": run.cfg.train.mixed_precision, "packing_active": bool(model.packing),
+        "syncs": (None if syncs is None else syncs.where),
     }
 
 
@@ -263,11 +251,9 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
     reset_peak()
     trainer.train()
     return {
-        "seconds": clock.seconds(),
-        "sentences": 2 * job.batch_size * args.steps,
+        "seconds": clock.seconds(), "sentences": (2 * job.batch_size * args.steps),
         "flops": step_flops(model[0].auto_model.config, real_lengths(model.tokenizer, sents, job, args)),
-        "precision": "bf16" if on_gpu else "no",
-        "packing_active": False,
+        "precision": ("bf16" if on_gpu else "no"), "packing_active": False,
     }
 
 
@@ -292,19 +278,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     device, peak = device_peak()
     flops_per_s = res["flops"] / res["seconds"]
     return {
-        "variant": args.worker,
-        "job": job.name,
-        "device": device,
-        "workers": workers,
-        "packing": res["packing_active"],
-        "precision": res["precision"],
-        "steps": args.steps,
-        "seconds": res["seconds"],
-        "sentences_per_s": res["sentences"] / res["seconds"],
-        "peak_memory_mib": peak_mib,
-        "memory_kind": kind_of_memory,
-        "model_tflops_per_s": flops_per_s / 1e12,
-        "mfu": None if peak is None else flops_per_s / peak,
+        "variant": args.worker, "job": job.name, "device": device, "workers": workers, "packing": res["packing_active"],
+        "precision": res["precision"], "steps": args.steps, "seconds": res["seconds"],
+        "sentences_per_s": (res["sentences"] / res["seconds"]), "peak_memory_mib": peak_mib, "memory_kind": kind_of_memory,
+        "model_tflops_per_s": (flops_per_s / 1e12), "mfu": (None if peak is None else flops_per_s / peak),
         "syncs": res.get("syncs"),
     }
 
@@ -412,12 +389,8 @@ def main() -> None:
     jobs = [parse_job(j) for j in args.jobs] if args.jobs else SMOKE_JOBS if smoke else GPU_JOBS
     variants = args.variants or [f"{kind}-w{w}" for w in args.workers for kind in ("kit-pack", "kit-pad", "st")]
     record: dict[str, Any] = {
-        "command": " ".join(["python -m benchmarks.gpu", *sys.argv[1:]]),
-        "machine": machine(),
-        "device": device_peak()[0],
-        "smoke": smoke,
-        "args": vars(args) | {"out": str(args.out)},
-        "jobs": {},
+        "command": " ".join(["python -m benchmarks.gpu", *sys.argv[1:]]), "machine": machine(), "device": device_peak()[0],
+        "smoke": smoke, "args": (vars(args) | {"out": str(args.out)}), "jobs": {},
     }
     for job in jobs:
         folder = model_folder(job)

@@ -7,7 +7,6 @@ Results: BENCHMARKS.md, "Memory".
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import threading
 import time
@@ -17,15 +16,8 @@ from typing import Any
 from benchmarks._common import WIKI, emit, kit_recipe_run, paired_ratios, run_rounds, setup_threads
 from benchmarks._harness import add_options, chosen, difference, forwarded, keep, start, summary_of, values
 
-# name -> (train.mmap_threshold_mib, extra environment variables)
-VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {
-    "default": (None, {}),
-    "mmap1": (1, {}),
-    "mmap2": (2, {}),
-    "mmap4": (4, {}),
-    "mmap1-nocache": (1, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}),
-}
-DEFAULT_VARIANTS = "default,mmap1,mmap2,mmap4"
+VARIANTS: dict[str, int | None] = {"default": None, "mmap1": 1, "mmap2": 2, "mmap4": 4}  # -> train.mmap_threshold_mib
+DEFAULT_VARIANTS = ",".join(VARIANTS)
 
 
 def rss_mib() -> float:
@@ -51,16 +43,13 @@ class PeakSampler:
 
 
 def worker(args: argparse.Namespace) -> None:
-    os.environ.update(VARIANTS[args.worker][1])  # before torch loads oneDNN
     setup_threads(args.threads)
     from simcse_kit.loop import fit
 
     sampler = PeakSampler()
     overrides = {
-        "batch_size": args.batch_size,
-        "grad_cache_chunk": args.chunk,
-        "max_steps": args.steps,
-        "mmap_threshold_mib": VARIANTS[args.worker][0],
+        "batch_size": args.batch_size, "grad_cache_chunk": args.chunk, "max_steps": args.steps,
+        "mmap_threshold_mib": VARIANTS[args.worker],
     }
     sentences = WIKI.read_text(encoding="utf-8").splitlines()[: args.batch_size * args.steps]
     run = kit_recipe_run("unsup", overrides, sentences)
@@ -92,8 +81,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def comparisons(runs: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
-    """Each variant against ``default``: peak RSS and RSS after the last step as differences
-    judged against the run-to-run spread, the step time as a ratio paired by round."""
+    """Each variant against ``default``."""
     if "default" not in names:
         return {}
     out = {}

@@ -25,8 +25,7 @@ def parse_variant(name: str) -> tuple[int, int]:
 
 
 def points(args: argparse.Namespace) -> list[str]:
-    """The measured points: each batch plain (up to ``--max-plain-batch``) and with GradCache
-    (where a chunk holds less than the whole batch's 2 x batch rows)."""
+    """The measured points."""
     out = []
     for batch in args.batch_sizes:
         for chunk in (0, args.chunk):
@@ -46,7 +45,7 @@ def worker(args: argparse.Namespace) -> None:
 
     transformers.logging.set_verbosity_error()
     args.batch_size, args.grad_cache_chunk = parse_variant(args.worker)
-    res = worker_kit(args, sentences_for(args), args.precision, [])
+    res = worker_kit(args, sentences_for(args), args.precision)
     emit(
         res
         | {"variant": args.worker, "batch": args.batch_size, "grad_cache_chunk": args.grad_cache_chunk}
@@ -55,8 +54,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def comparisons(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[str, Any]]:
-    """Peak RSS differences, each against the run-to-run spread: GradCache minus plain at
-    the same batch, and within each mode every batch minus the smallest."""
+    """Peak RSS differences, each against the run-to-run spread."""
     rss = {v: values(runs, v, "peak_rss_mib") for v in variants}
     out = {}
     for v in variants:

@@ -51,8 +51,7 @@ def measure(encode: Any, sentences: list[str], latency_n: int, batch: int) -> di
 
 
 def peak_rss_since_exec_mib() -> float:
-    """VmHWM: this process's peak RSS since its exec. Not ``ru_maxrss``, which Linux keeps
-    across exec, so a worker started from a 2 GB parent would report the parent's size."""
+    """VmHWM: this process's peak RSS since its exec (``ru_maxrss`` survives exec)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
@@ -178,9 +177,8 @@ def main() -> int:
     onnx32 = OnnxEncoder(out, FP32_FILE, threads=args.threads)
     onnx8 = OnnxEncoder(out, INT8_FILE, threads=args.threads)
     backends: dict[str, Any] = {
-        "torch fp32": lambda s, b: kit.encode(s, b),
-        "onnx fp32": lambda s, b: onnx32.encode(s, b),
-        "onnx int8": lambda s, b: onnx8.encode(s, b),
+        "torch fp32": (lambda s, b: kit.encode(s, b)), "onnx fp32": (lambda s, b: onnx32.encode(s, b)),
+        "onnx int8": (lambda s, b: onnx8.encode(s, b)),
     }
     sts = {
         "torch fp32": gate_sts["simcse-kit fp32"],
@@ -217,16 +215,10 @@ def main() -> int:
     cold_table = {n: {k: med(rs, k) for k in cold_keys} for n, rs in cold.items()}
     payload = {
         "command": " ".join(["python -m benchmarks.onnx_speed", *sys.argv[1:]]),
-        "machine": machine() | {"versions": versions(), "threads": args.threads, "load_avg_before": load_before},
+        "machine": (machine() | {"versions": versions(), "threads": args.threads, "load_avg_before": load_before}),
         "export": {"seconds": export_s, "exporter": onnx_info["exporter"], "opset": onnx_info["opset"], "gate_sts": gate_sts},
-        "n_sentences": len(sentences),
-        "latency_sentences": args.latency_sentences,
-        "batch_size": args.batch_size,
-        "rounds": args.rounds,
-        "table_median": table,
-        "cold_start_median": cold_table,
-        "runs": runs,
-        "cold_runs": cold,
+        "n_sentences": len(sentences), "latency_sentences": args.latency_sentences, "batch_size": args.batch_size,
+        "rounds": args.rounds, "table_median": table, "cold_start_median": cold_table, "runs": runs, "cold_runs": cold,
     }
     payload["machine"]["load_avg_after"] = os.getloadavg()
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -39,9 +39,8 @@ logger = logging.getLogger("quality")
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """A table row: ``train/<recipe>.yaml`` (``{d}``: the domain) with ``overrides``; ``peer``:
-    a sentence-transformers loss instead; ``teacher``: learns from ``--teacher``; ``mined``:
-    trains on the re-mined SNLI pairs."""
+    """A table row: ``train/<recipe>.yaml`` (``{d}``: the domain) with ``overrides``, or a
+    sentence-transformers ``peer`` of it; ``teacher``/``mined``: learns from ``--teacher`` / the re-mined pairs."""
 
     recipe: str
     overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -52,9 +51,8 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-    """A quality table: its rows (``default`` of them run unless ``--rows`` says otherwise),
-    the learning rates swept on dev, the domains (``""``: one table scored on STS-B) and the
-    untouched models scored beside the rows."""
+    """A quality table: its rows (``default`` run unless ``--rows``), the learning rates swept on
+    dev, the domains (``""``: one table scored on STS-B) and the untouched models scored beside."""
 
     rows: Mapping[str, Row]
     default: Sequence[str]
@@ -72,17 +70,14 @@ for _mode in ("unsup", "sup", "hardneg"):
         _STS_ROWS[f"kit-{_mode}{_suffix}"] = Row(_mode, _extra)
 _STS_ROWS["kit-unsup-fp32"] = Row("unsup", {"mixed_precision": "no", "bf16_weights": "false"})
 _DOMAIN_ROWS = {
-    "domain": Row("domain/{d}"),
-    "wiki": Row("domain/{d}", {"train_file": WIKI, "train_format": "auto"}),
+    "domain": Row("domain/{d}"), "wiki": Row("domain/{d}", {"train_file": WIKI, "train_format": "auto"}),
     "domain-rep": Row("domain/{d}", {"word_repetition": "0.32"}),
-    "mix50": Row("domain/{d}", {"mix_file": WIKI, "mix_ratio": "0.5"}),
-    "tau0.1": Row("domain/{d}", {"temperature": "0.1"}),
+    "mix50": Row("domain/{d}", {"mix_file": WIKI, "mix_ratio": "0.5"}), "tau0.1": Row("domain/{d}", {"temperature": "0.1"}),
     "fnt0.8": Row("domain/{d}", {"false_negative_threshold": "0.8"}),
     **{f"st-{loss}": Row("domain/{d}", peer=loss) for loss in ("mnrl", "tsdae", "ct")},
 }
 _TEACHER_ROWS = {
-    "kit-unsup": Row("domain/{d}"),
-    "kit-similarity": Row("teacher/{d}", teacher=True),
+    "kit-unsup": Row("domain/{d}"), "kit-similarity": Row("teacher/{d}", teacher=True),
     "kit-embedding": Row("teacher/{d}", {"teacher_loss": "embedding"}, teacher=True),
     "kit-similarity+simcse": Row("teacher/{d}", {"teacher_weight": "0.5"}, teacher=True),
     "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
@@ -98,8 +93,7 @@ TABLES = {
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One run, JSON-serialisable for a worker: ``kind`` ``kit``, ``st`` (``loss`` in
-    ``precision``) or ``base`` (``model`` untouched, scored on ``eval_data_dir``) into ``out``."""
+    """One run, JSON-serialisable for a worker."""
 
     name: str
     kind: str
@@ -125,8 +119,8 @@ def lr_tag(lr: float) -> str:
 
 
 def choose_learning_rate(sweep: Mapping[float, Sequence[Mapping[str, float]]]) -> float:
-    """The rate whose runs have the best mean ``best_stsb_dev``; ties go to the better mean
-    ``dev_trained`` (the best trained checkpoint), then to the earlier rate. Never a test column."""
+    """The rate with the best mean ``best_stsb_dev``; ties: the better mean ``dev_trained``, then
+    the earlier rate. Never a test column."""
     if not sweep:
         raise ValueError("no learning rate to choose from")
 
@@ -139,8 +133,8 @@ def choose_learning_rate(sweep: Mapping[float, Sequence[Mapping[str, float]]]) -
 
 
 def build_tasks(out: Path, data_root: Path, names: Sequence[str], train_files: Sequence[str]) -> list[str]:
-    """The built-in retrieval tasks ``names`` built from ``data_root`` into ``out``; refuses
-    SNLI tasks when a run trains on ``snli_triplets.csv`` (built from SNLI's dev and test)."""
+    """The built-in retrieval tasks ``names`` built from ``data_root`` into ``out``; SNLI's refused
+    when a run trains on ``snli_triplets.csv`` (built from SNLI's dev and test)."""
     from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks
 
     if any("snli" in Path(f).name.lower() for f in train_files) and any("snli" in n.lower() for n in names):
@@ -271,8 +265,7 @@ def execute(
     jobs: Sequence[Job], parallel: int, threads: int, logs: Path, keep_going: bool = False
 ) -> dict[str, dict[str, float]]:
     """Every job's table; with ``parallel`` > 1 the runs are made first in fresh interpreters
-    (``threads`` each, logging to ``logs/<job>.log``) and read back here. ``keep_going``: a
-    failed run is left out, not fatal."""
+    (logs in ``logs``); ``keep_going``: a failed run is left out, not fatal."""
     failed: list[Job] = []
     if parallel > 1:
         logs.mkdir(parents=True, exist_ok=True)
@@ -307,8 +300,7 @@ def execute(
 
 @dataclasses.dataclass
 class TableResults:
-    """What :func:`sweep_and_run` made: per row the sweep (rate -> dev run), the chosen rate
-    and the per-seed tables; the ``extra`` jobs' tables; the failed runs by name."""
+    """What :func:`sweep_and_run` made."""
 
     sweep: dict[str, dict[float, dict[str, float]]]
     chosen: dict[str, float]
@@ -323,9 +315,7 @@ def sweep_and_run(
     args: argparse.Namespace,
     extra: Sequence[Job] = (),
 ) -> TableResults:
-    """Each row (``job(lr, seed, sweep)``) at each of ``lrs`` for ``args.sweep_seed``, dev only;
-    the rate chosen on dev; then every row over ``args.seeds`` at its rate, seed by seed across
-    the rows, with the ``extra`` jobs. A single rate skips the sweep."""
+    """Each row (``job(lr, seed, sweep)``) at each of ``lrs`` for ``args.sweep_seed``, dev only."""
     logs = args.output_dir / "logs"
     sweep: dict[str, dict[float, dict[str, float]]] = {name: {} for name in rows}
     lost: list[str] = []
@@ -369,8 +359,7 @@ def recipe_path(row: Row, domain: str) -> Path:
 
 
 def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: bool, args: argparse.Namespace) -> Job:
-    """The run of row ``name`` of ``table`` on ``domain`` at ``lr`` and ``seed``: a dev-only
-    sweep run under ``OUTPUT_DIR/sweep`` (no retrieval), or a table run scored on ``args.tasks``."""
+    """The run of row ``name`` of ``table`` on ``domain`` at ``lr`` and ``seed``."""
     row = TABLES[table].rows[name]
     opts = dict(row.overrides) | {"learning_rate": str(lr)}
     if row.teacher:
@@ -472,16 +461,9 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
-        "data_root": str(args.data_root),
-        "seeds": args.seeds,
-        "steps": args.steps,
-        "retrieval_tasks": args.task_names,
-        "st_precision": resolve_precision(args.st_precision),
-        "learning_rates": lrs,
-        "chosen_learning_rates": made.chosen,
-        "sweep": sweep,
-        "lost": made.lost,
-        "results": results,
+        "data_root": str(args.data_root), "seeds": args.seeds, "steps": args.steps, "retrieval_tasks": args.task_names,
+        "st_precision": resolve_precision(args.st_precision), "learning_rates": lrs, "chosen_learning_rates": made.chosen,
+        "sweep": sweep, "lost": made.lost, "results": results,
     }
 
 

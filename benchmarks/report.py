@@ -97,8 +97,8 @@ def _a(kept: list[Record], key: str) -> Any:
 
 
 def machine_line(rec: Record, label: str = "") -> str:
-    """Where, when and how ``rec`` was measured: date, CPU model and ISA flags, threads, GPU
-    and driver, load (where above the cores), library versions, commit and command, from the JSON."""
+    """Where, when and how ``rec`` was measured: date, CPU and ISA flags, threads, GPU and driver,
+    load, library versions, commit and command, all from its JSON."""
     m, args = rec["machine"], rec.get("args") or {}
     flags = m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]
     threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
@@ -121,8 +121,8 @@ def machine_line(rec: Record, label: str = "") -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """Block ``name``: a table of ``head`` over ``rows`` of each record of ``script``
-    (``results/<script>-*.json``), ``intro`` above it, ``after`` and the machine lines below."""
+    """Block ``name``: a table of ``head`` over ``rows`` of each record of ``results/<script>-*.json``,
+    ``intro`` above it, ``after`` and the machine lines below."""
 
     name: str
     script: str

@@ -59,11 +59,7 @@ def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> dat
 
 
 def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datasets.Dataset:
-    """sentence-transformers' model-distillation data: each sentence with the teacher's
-    vector as its label, reduced by PCA to the student's ``width`` when the teacher is wider
-    (its documented recipe for a smaller student), L2-normalised like the student's output.
-    The teacher's vectors come from the kit's cache (:mod:`simcse_kit.teacher`): the same
-    vectors the kit's distillation rows learn from."""
+    """sentence-transformers' model-distillation data."""
     from simcse_kit.teacher import load_teacher_table, pca_projection, teacher_texts
 
     if cfg.loss.teacher is None or cfg.data.mode != "unsup":
@@ -79,8 +75,7 @@ def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datase
 
 
 def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
-    """The sentence-transformers loss; call after seeding (TSDAE's cross-attention and CT's
-    learnt scale are initialised here)."""
+    """The sentence-transformers loss."""
     from sentence_transformers.sentence_transformer.losses import (
         ContrastiveTensionLossInBatchNegatives,
         DenoisingAutoEncoderLoss,
@@ -104,8 +99,7 @@ def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
 
 
 class DevSelection(TrainerCallback):
-    """Dev score at step 0 (optional), every ``eval_steps`` and at the end; the best
-    weights kept in memory (as simcse-kit's trainer keeps its best model)."""
+    """Dev score at step 0 (optional), every ``eval_steps`` and at the end."""
 
     def __init__(self, score: Callable[[], float], model: nn.Module, eval_steps: int, at_start: bool, label: str) -> None:
         self.score, self.model, self.eval_steps, self.at_start, self.label = score, model, eval_steps, at_start, label
@@ -156,8 +150,7 @@ def peer_device() -> str:
 
 
 def resolve_precision(precision: str) -> str:
-    """``auto``: ``bf16`` on a GPU that computes it, else ``fp32`` (sentence-transformers'
-    default, and on a CPU its bf16 autocast is not what a user would pick everywhere)."""
+    """``auto``: bf16 on a GPU that computes it, else fp32 (sentence-transformers' default)."""
     if precision != "auto":
         return precision
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
@@ -236,22 +229,14 @@ def st_train(
         sts = final_sts(encoder(best, eval_len, eval_len))
         scored = score_tasks(best, retrieval, eval_len, device)
     return {
-        "loss": loss,
-        "best_step": selection.best_step,
-        "best_stsb_dev": selection.best,
-        "dev_file": str(dev.path),
-        "evals": selection.evals,
-        "train_seconds": train_seconds,
-        "device": device,
-        "sts": sts,
-        "retrieval": scored,
+        "loss": loss, "best_step": selection.best_step, "best_stsb_dev": selection.best, "dev_file": str(dev.path),
+        "evals": selection.evals, "train_seconds": train_seconds, "device": device, "sts": sts, "retrieval": scored,
     }
 
 
 @functools.lru_cache(maxsize=4)
 def base_table(path: str, eval_data_dir: str, eval_len: int, device: str = "cpu") -> dict[str, float]:
-    """The untouched model's STS table, scored once per process: every run that keeps
-    step 0 reports it (1-2 minutes of encoding saved per such run)."""
+    """The untouched model's STS table, scored once per process."""
     from sentence_transformers import SentenceTransformer
 
     from simcse_kit.evaluation import STSEvaluator
@@ -279,20 +264,13 @@ def base_retrieval(path: str, tasks: tuple[str, ...], eval_len: int, device: str
 
 
 def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False) -> dict[str, Any]:
-    """What a peer run depends on: a finished seed is reused only when all of it matches
-    (``auto`` precision as this machine decides it; the retrieval tasks by name)."""
+    """What a peer run depends on."""
     data, train = cfg.data, cfg.train
     extra = {"retrieval": [Path(t).name for t in retrieval]} if retrieval else {}
     return {
-        **extra,
-        **({"dev_only": True} if dev_only else {}),
-        "loss": loss,
-        "precision": resolve_precision(precision),
-        "model": cfg.model.name_or_path,
-        "max_seq_len": cfg.model.max_seq_len,
-        "eval_max_seq_len": cfg.model.eval_max_seq_len,
-        "temperature": cfg.loss.temperature,
-        **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
+        **extra, **({"dev_only": True} if dev_only else {}), "loss": loss, "precision": resolve_precision(precision),
+        "model": cfg.model.name_or_path, "max_seq_len": cfg.model.max_seq_len, "eval_max_seq_len": cfg.model.eval_max_seq_len,
+        "temperature": cfg.loss.temperature, **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
         **{k: getattr(data, k) for k in ("mode", "train_file", "train_format", "max_train_samples", "mix_file", "mix_ratio")},
         **{k: getattr(data, k) for k in ("eval_data_dir", "dev_file", "dev_format")},
         **{k: getattr(train, k) for k in ("batch_size", "num_epochs", "max_steps", "learning_rate", "weight_decay")},
@@ -310,11 +288,7 @@ def run_st(
     retrieval: Sequence[str] = (),
     dev_only: bool = False,
 ) -> dict[int, dict[str, float]]:
-    """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its
-    ``settings`` match; default :func:`run_settings`); per seed, the STS table plus
-    ``best_stsb_dev``, ``best_step``, the dev curve and, with ``retrieval`` folders, their
-    nDCG@10 under ``retrieval:<task>`` and mean under ``retrieval:avg``. ``precision``
-    ``auto``: :func:`resolve_precision`."""
+    """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its ``settings`` match); per seed its table."""
     from simcse_kit.fileio import write_json_atomic
 
     settings = run_settings(cfg, loss, precision, retrieval, dev_only) if settings is None else settings
@@ -332,12 +306,8 @@ def run_st(
         scored = metrics.get("retrieval") or {}
         row = retrieval_row(scored, retrieval) if retrieval and scored else {}
         per_seed[seed] = {
-            **metrics["sts"],
-            "best_stsb_dev": metrics["best_stsb_dev"],
-            "best_step": metrics["best_step"],
-            "train_seconds": metrics["train_seconds"],
-            **dev_curve(curve),
-            **row,
+            **metrics["sts"], "best_stsb_dev": metrics["best_stsb_dev"], "best_step": metrics["best_step"],
+            "train_seconds": metrics["train_seconds"], **dev_curve(curve), **row,
         }
     return per_seed
 
@@ -352,9 +322,7 @@ def retrieval_row(results: Mapping[str, float], tasks: Sequence[str]) -> dict[st
 
 
 def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
-    """From a run's dev evaluations (``metrics["evals"]``, simcse-kit's form): the best
-    score of a trained checkpoint (step > 0: what training did, whether or not selection
-    kept the base model) and the score at the end of training."""
+    """The best trained checkpoint's dev score (step > 0) and the end's, from a run's dev evaluations."""
     trained = [e for e in metrics["evals"] if e["step"] > 0]
     if not trained:
         return {}

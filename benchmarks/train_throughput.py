@@ -26,12 +26,10 @@ from benchmarks._common import (
 from benchmarks._harness import add_options, chosen, forwarded, keep, start
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-auto")
-ABLATIONS = ("kit-auto-padded", "kit-auto-densegrad")
 # Precision overrides of the recipe per kit variant ("auto" keeps the recipe's own).
 KIT_PRECISION = {
     "fp32": {"mixed_precision": "no", "bf16_weights": False, "fast_dropout": False},
-    "bf16": {"mixed_precision": "bf16", "bf16_weights": False, "fast_dropout": False},
-    "auto": {},
+    "bf16": {"mixed_precision": "bf16", "bf16_weights": False, "fast_dropout": False}, "auto": {},
 }
 MAX_GRAD_NORM = 1.0  # sentence-transformers' default, applied to both
 
@@ -48,27 +46,19 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest: list[str]) -> dict[str, Any]:
+def worker_kit(args: argparse.Namespace, sents: list[str], precision: str) -> dict[str, Any]:
     from simcse_kit.loop import fit
 
     overrides: dict[str, Any] = {
-        "batch_size": args.batch_size,
-        "max_seq_len": args.max_seq_len,
-        "max_steps": args.warmup + args.steps + 2,
-        "max_grad_norm": MAX_GRAD_NORM,
-        "grad_cache_chunk": args.grad_cache_chunk,
-        "packing": "padded" not in rest,
-        **({"sparse_embedding_grad": False} if "densegrad" in rest else {}),
-        **KIT_PRECISION[precision],
+        "batch_size": args.batch_size, "max_seq_len": args.max_seq_len, "max_steps": (args.warmup + args.steps + 2),
+        "max_grad_norm": MAX_GRAD_NORM, "grad_cache_chunk": args.grad_cache_chunk, **KIT_PRECISION[precision],
     }
     collator = TimedCollator(None, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
     run = kit_recipe_run("unsup", overrides, sents, timer=collator)
     fit(run, run.step, run.cfg.train)
     decided = {
-        "mixed_precision": run.cfg.train.mixed_precision,
-        "bf16_weights": run.cfg.train.bf16_weights,
-        "fast_dropout": run.cfg.train.fast_dropout,
-        "reason": getattr(run.precision, "reason", None),
+        "mixed_precision": run.cfg.train.mixed_precision, "bf16_weights": run.cfg.train.bf16_weights,
+        "fast_dropout": run.cfg.train.fast_dropout, "reason": getattr(run.precision, "reason", None),
     }
     return collator.rate(args.warmup, args.steps) | {"precision": decided}
 
@@ -87,17 +77,16 @@ def worker(args: argparse.Namespace) -> None:
 
     transformers.logging.set_verbosity_error()
     sents = sentences_for(args)
-    framework, precision, *rest = args.worker.split("-")
+    framework, precision = args.worker.split("-")
     if framework == "kit":
-        result = worker_kit(args, sents, precision, rest)
+        result = worker_kit(args, sents, precision)
     else:
         result = worker_st(args, sents, precision)
     emit(result | {"variant": args.worker, "peak_rss_mib": peak_rss_mib()})
 
 
 def summarise(variants: list[str], runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Median and range per variant; ratios within rounds of each kit variant to each
-    sentence-transformers one, plus ``kit-auto / st-best`` (the faster ST setting here)."""
+    """Median and range per variant."""
     summary = {
         v: {
             "sentences_per_s": spread([x["sentences_per_s"] for x in runs if x["variant"] == v]),
@@ -127,14 +116,14 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grad-cache-chunk", type=int, default=0, help="kit only: GradCache chunk rows (0: off)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS + ABLATIONS}")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
     add_options(parser, "train_throughput")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
 
-    variants = chosen(parser, args.variants, VARIANTS + ABLATIONS)
+    variants = chosen(parser, args.variants, VARIANTS)
     env = start(args)
     common = forwarded(args, "steps", "warmup", "batch-size", "max-seq-len", "threads", "grad-cache-chunk")
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
