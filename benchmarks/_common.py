@@ -226,12 +226,7 @@ def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] 
 
 
 def run_rounds(
-    script: Path,
-    variants: list[str],
-    common: list[str],
-    rounds: int,
-    threads: int,
-    env: dict[str, str] | None = None,
+    script: Path, variants: list[str], common: list[str], rounds: int, threads: int, env: dict[str, str] | None = None,
     metric: str = "sentences_per_s",
 ) -> list[dict[str, Any]]:
     """Each variant in a fresh interpreter (:func:`run_worker` with ``--worker=VARIANT``),
@@ -277,9 +272,7 @@ def save_results(path: Path, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-def kit_recipe_run(
-    recipe: str, overrides: dict[str, Any], sentences: list[str], timer: TimedCollator | None = None
-) -> Any:
+def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str], timer: TimedCollator | None = None) -> Any:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
     line), on the CPU, built as a text run is (``simcse_kit.run.build_run``: "auto"
@@ -313,26 +306,13 @@ def st_pair_trainer(
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     train_args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=batch_size,
-        max_steps=max_steps,
-        learning_rate=3e-5,
-        bf16=bf16,
-        use_cpu=cpu,
-        dataloader_num_workers=workers,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10**9,
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-        seed=42,
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch_size, max_steps=max_steps, learning_rate=3e-5,
+        bf16=bf16, use_cpu=cpu, dataloader_num_workers=workers, save_strategy="no", report_to="none", logging_steps=10**9,
+        disable_tqdm=True, dataloader_drop_last=True, seed=42,
     )
     return SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
-        loss=loss,
-        callbacks=list(callbacks),
+        model=model, args=train_args, train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
+        loss=loss, callbacks=list(callbacks),
     )
 
 

@@ -310,9 +310,7 @@ class TableResults:
 
 
 def sweep_and_run(
-    rows: Mapping[str, Callable[[float, int, bool], Job]],
-    lrs: Sequence[float],
-    args: argparse.Namespace,
+    rows: Mapping[str, Callable[[float, int, bool], Job]], lrs: Sequence[float], args: argparse.Namespace,
     extra: Sequence[Job] = (),
 ) -> TableResults:
     """Each row (``job(lr, seed, sweep)``) at each of ``lrs`` for ``args.sweep_seed``, dev only."""
@@ -333,11 +331,9 @@ def sweep_and_run(
     done = {name: {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables} for name in kept}
     lost += [j.name for j in [*extra, *jobs.values()] if j.name not in tables]
     return TableResults(
-        sweep={name: sweep[name] for name in kept},
-        chosen=chosen,
+        sweep={name: sweep[name] for name in kept}, chosen=chosen,
         rows={name: per_seed for name, per_seed in done.items() if per_seed},
-        extra={j.name: tables[j.name] for j in extra if j.name in tables},
-        lost=lost,
+        extra={j.name: tables[j.name] for j in extra if j.name in tables}, lost=lost,
     )
 
 
@@ -370,16 +366,10 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
         opts["train_file"] = str(args.mined)
     label, sweep_dir = f"{domain}-{name}" if domain else name, "sweep" if sweep else ""
     return Job(
-        name=str(Path(sweep_dir, label, lr_tag(lr), f"seed-{seed}")),
-        kind="st" if row.peer else "kit",
-        recipe=str(recipe_path(row, domain)),
-        overrides=row_overrides(opts, args),
-        seed=seed,
-        out=str(args.output_dir / sweep_dir / label / lr_tag(lr)),
-        loss=row.peer,
-        precision=args.st_precision if row.peer else "",
-        retrieval=() if sweep else tuple(args.tasks),
-        dev_only=sweep,
+        name=str(Path(sweep_dir, label, lr_tag(lr), f"seed-{seed}")), kind="st" if row.peer else "kit",
+        recipe=str(recipe_path(row, domain)), overrides=row_overrides(opts, args), seed=seed,
+        out=str(args.output_dir / sweep_dir / label / lr_tag(lr)), loss=row.peer,
+        precision=args.st_precision if row.peer else "", retrieval=() if sweep else tuple(args.tasks), dev_only=sweep,
     )
 
 

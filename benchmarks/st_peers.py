@@ -279,14 +279,8 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
 
 
 def run_st(
-    cfg: Any,
-    seeds: list[int],
-    loss: str,
-    precision: str,
-    out: Path,
-    settings: dict[str, Any] | None = None,
-    retrieval: Sequence[str] = (),
-    dev_only: bool = False,
+    cfg: Any, seeds: list[int], loss: str, precision: str, out: Path, settings: dict[str, Any] | None = None,
+    retrieval: Sequence[str] = (), dev_only: bool = False,
 ) -> dict[int, dict[str, float]]:
     """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its ``settings`` match); per seed its table."""
     from simcse_kit.fileio import write_json_atomic
