@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,7 @@ def setup_threads(threads: int) -> None:
 
 
 def setup_run(threads: int) -> None:
-    """A long multi-run script's set-up: INFO logs with time stamps, the libraries'
-    chatter at WARNING, and :func:`setup_threads`."""
+    """A long multi-run script's set-up."""
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -64,9 +63,7 @@ def cpu_flags() -> tuple[str, set[str]]:
 
 
 def cpu_class(flags: set[str]) -> str:
-    """The CPU classes the speed tables are kept per: ``amx``, ``avx512_bf16``, ``avx2``
-    (no native bf16), or ``avx2-limited`` (a newer CPU run with :data:`ISA_LIMITS` set in
-    the environment)."""
+    """The CPU classes the speed tables are kept per."""
     if all(os.environ.get(k) == v for k, v in ISA_LIMITS.items()):
         return "avx2-limited"
     if any(f.startswith("amx") for f in flags):
@@ -84,8 +81,7 @@ def _version(name: str) -> str:
 
 
 def machine() -> dict[str, Any]:
-    """What the numbers were measured on: CPU model, ISA flags, the kernel limits in
-    force, threads, library versions, the commit, the date and the load average."""
+    """What the numbers were measured on."""
     import torch
 
     cpu, flags = cpu_flags()
@@ -94,21 +90,29 @@ def machine() -> dict[str, Any]:
     except OSError:
         commit = "?"
     return {
-        "cpu": cpu,
-        "cpu_class": cpu_class(flags),
-        "cores": os.cpu_count(),
+        "cpu": cpu, "cpu_class": cpu_class(flags), "cores": os.cpu_count(),
         "isa_flags": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"} or f.startswith("amx")),
-        "amx": any(f.startswith("amx") for f in flags),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "kernel_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
-        "torch_threads": torch.get_num_threads(),
+        "amx": any(f.startswith("amx") for f in flags), "avx512_bf16": "avx512_bf16" in flags,
+        "kernel_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ}, "torch_threads": torch.get_num_threads(),
         "versions": {n: _version(n) for n in ("torch", "transformers", "sentence-transformers", "accelerate", "simcse-kit")},
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "commit": commit,
+        "torch": torch.__version__, "python": platform.python_version(), "commit": commit,
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+        "load_avg_1min": (round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None),
+    } | gpu_record()
+
+
+def gpu_record() -> dict[str, Any]:
+    """The CUDA device, its CUDA version and driver (``nvidia-smi``), or ``{"device": "cpu"}``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"device": "cpu"}
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        driver = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        driver = "?"
+    return {"device": "cuda", "gpu": torch.cuda.get_device_name(0), "torch_cuda": torch.version.cuda, "gpu_driver": driver}
 
 
 def _busy_jiffies() -> tuple[int, int]:
@@ -124,9 +128,7 @@ def _own_cpu_seconds() -> float:
 
 
 class CpuActivity:
-    """How much CPU *other* processes used while a measurement ran: the machine's busy
-    time (``/proc/stat``) minus this process's and its finished children's, as a share
-    of all cores over the wall time. Also the load averages before and after."""
+    """How much CPU *other* processes used while a measurement ran."""
 
     # Another process using more than this share of the machine makes a round "busy".
     BUSY_SHARE = 0.05
@@ -145,20 +147,15 @@ class CpuActivity:
         others = (busy - self.busy) / tick - (_own_cpu_seconds() - self.own)
         cores = os.cpu_count() or 1
         self.record = {
-            "load_avg_before": round(self.load_before, 2),
-            "load_avg_after": round(os.getloadavg()[0], 2),
-            "wall_s": round(wall, 2),
-            "other_cpu_share": round(max(0.0, others) / (wall * cores), 4),
+            "load_avg_before": round(self.load_before, 2), "load_avg_after": round(os.getloadavg()[0], 2),
+            "wall_s": round(wall, 2), "other_cpu_share": round(max(0.0, others) / (wall * cores), 4),
             "steal_share": round((steal - self.steal) / tick / (wall * cores), 4),
         }
         self.record["busy"] = self.record["other_cpu_share"] > self.BUSY_SHARE
 
 
 def check_quiet(allow_busy: bool, threshold: float = 0.10, seconds: float = 3.0) -> None:
-    """Refuse to start while other processes keep the CPU busy: their share of all cores
-    over ``seconds`` of sampling (``/proc/stat``; nothing of ours runs meanwhile) above
-    ``threshold``, unless ``allow_busy``: then the rounds are kept, flagged. The load
-    average is not used: it still counts a benchmark that has just finished."""
+    """Refuse to start while other processes keep the CPU busy."""
     with CpuActivity() as activity:
         time.sleep(seconds)
     share = activity.record["other_cpu_share"]
@@ -170,13 +167,7 @@ def check_quiet(allow_busy: bool, threshold: float = 0.10, seconds: float = 3.0)
 
 
 class TimedCollator:
-    """Wraps a collate function and stamps the time of each call.
-
-    The training loops prefetch at a fixed phase, so the gap between collate call
-    ``i`` and ``i + n`` is ``n`` steps in steady state whatever the loop does around
-    them: the same clock for both frameworks. Unknown attributes pass through (the
-    sentence-transformers trainer reads some off its collator).
-    """
+    """Wraps a collate function and stamps the time of each call."""
 
     def __init__(
         self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]] | None, count: Callable[[dict[str, Any]], tuple[int, int]]
@@ -213,25 +204,18 @@ class TimedCollator:
         sentences = sum(self.sentences[warmup : warmup + steps])
         tokens = sum(self.tokens[warmup : warmup + steps])
         return {
-            "seconds": seconds,
-            "sentences": sentences,
-            "sentences_per_s": sentences / seconds,
-            "padded_tokens_per_s": tokens / seconds,
+            "seconds": seconds, "sentences": sentences, "sentences_per_s": (sentences / seconds),
+            "padded_tokens_per_s": (tokens / seconds),
         }
 
 
 def module_command(script: str | Path) -> list[str]:
-    """The command of a fresh interpreter of benchmark ``script`` (a path, e.g. ``__file__``):
-    ``python -m benchmarks.NAME``. Run it with ``cwd=REPO``: ``-m`` puts the working folder
-    first on the module path, so the package imports from this checkout wherever the
-    parent was started."""
+    """``python -m benchmarks.NAME`` for benchmark ``script`` (a path); run it with ``cwd=REPO``."""
     return [sys.executable, "-m", f"benchmarks.{Path(script).stem}"]
 
 
 def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter of ``script`` (clean RSS, clean Accelerate
-    state; :func:`module_command`); ``env``: extra environment variables (read at the
-    process's start)."""
+    """Run one measurement in a fresh interpreter of ``script`` (clean RSS, clean Accelerate state)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | (env or {})
     proc = subprocess.run([*module_command(script), *args], env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
@@ -242,12 +226,7 @@ def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] 
 
 
 def run_rounds(
-    script: Path,
-    variants: list[str],
-    common: list[str],
-    rounds: int,
-    threads: int,
-    env: dict[str, str] | None = None,
+    script: Path, variants: list[str], common: list[str], rounds: int, threads: int, env: dict[str, str] | None = None,
     metric: str = "sentences_per_s",
 ) -> list[dict[str, Any]]:
     """Each variant in a fresh interpreter (:func:`run_worker` with ``--worker=VARIANT``),
@@ -272,17 +251,13 @@ def spread(values: list[float]) -> dict[str, float]:
 
     med = statistics.median(values)
     return {
-        "median": med,
-        "min": min(values),
-        "max": max(values),
-        "half_range_pct": 100 * (max(values) - min(values)) / 2 / med if med else float("nan"),
-        "n": len(values),
+        "median": med, "min": min(values), "max": max(values),
+        "half_range_pct": (100 * (max(values) - min(values)) / 2 / med if med else float("nan")), "n": len(values),
     }
 
 
 def paired_ratios(runs: list[dict[str, Any]], ours: str, theirs: str, metric: str = "sentences_per_s") -> dict[str, float] | None:
-    """``ours / theirs`` within each round (the two ran minutes apart), summarised by
-    :func:`spread`; None when either variant is missing."""
+    """``ours / theirs`` within each round (the two ran minutes apart), summarised by :func:`spread`."""
     by_round: dict[int, dict[str, float]] = {}
     for x in runs:
         by_round.setdefault(x["round"], {})[x["variant"]] = x[metric]
@@ -297,9 +272,7 @@ def save_results(path: Path, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-def kit_recipe_run(
-    recipe: str, overrides: dict[str, Any], sentences: list[str], timer: TimedCollator | None = None
-) -> Any:
+def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str], timer: TimedCollator | None = None) -> Any:
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
     line), on the CPU, built as a text run is (``simcse_kit.training.run.build_run``: "auto"
@@ -318,71 +291,6 @@ def kit_recipe_run(
     return build_run(cfg, dataset=dataset, evaluate=False, cpu=True, wrap_collate=timer.around if timer else None)
 
 
-def matmul_gflops(m: int, k: int, n: int, dtype: Any, repeats: int = 5) -> float:
-    """Best-of-``repeats`` GFLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` on torch's threads,
-    after one warm-up call (oneDNN picks and caches its kernel). Not
-    ``simcse_kit.model.precision.cpu_matmul_speeds``: that probe times one thread within a few
-    milliseconds, as a run's start-up must; this times what the machine can do."""
-    import torch
-
-    a = torch.randn(m, k).to(dtype)
-    b = torch.randn(k, n).to(dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * m * k * n / best / 1e9
-
-
-def step_flops(model: Any, objective: Any, batches: Sequence[Any]) -> float:
-    """Mean matmul FLOPs of one forward + backward (``objective.step(model, batch)``: with no
-    ``backward`` a step calls ``loss.backward()`` itself, simcse_kit.training.steps),
-    over ``batches``, as torch's ``FlopCounterMode`` counts them (whatever the precision);
-    the gradients are dropped afterwards."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
-        for batch in batches:
-            objective.step(model, batch)
-    model.zero_grad(set_to_none=True)
-    return counter.get_total_flops() / len(batches)
-
-
-def seeds_table(
-    rows: Mapping[str, Mapping[int, Mapping[str, float]]], columns: Mapping[str, str], digits: Mapping[str, int] | None = None
-) -> tuple[str, dict[str, dict[str, Any]]]:
-    """A multi-seed benchmark's markdown table, through the library's formatter
-    (``simcse_kit.evaluation.tables.format_rows``): one row per config with its seed count
-    and, per column, the mean ± std over seeds (the mean alone for one seed, ``–`` where
-    the config has no such result).
-
-    Args:
-        rows: config -> seed -> that run's results.
-        columns: result key -> header, in column order.
-        digits: decimals per result key (default 2).
-
-    Returns:
-        The table, and per config its ``mean``, ``std``, seed count ``n`` and ``per_seed``.
-    """
-    from simcse_kit.evaluation.tables import format_rows
-    from simcse_kit.training.experiments import aggregate
-
-    table, stats = [], {}
-    for name, per_seed in rows.items():
-        mean, std = aggregate(list(per_seed.values()))
-        stats[name] = {"mean": mean, "std": std, "n": len(per_seed), "per_seed": {str(k): v for k, v in per_seed.items()}}
-        row = {"config": name, "seeds": str(len(per_seed))}
-        for key in columns:
-            d = (digits or {}).get(key, 2)
-            spread = f" ± {std[key]:.{d}f}" if len(per_seed) > 1 and key in std else ""
-            row[key] = f"{mean[key]:.{d}f}{spread}" if key in mean else "–"
-        table.append(row)
-    return format_rows(table, {"config": "config", "seeds": "seeds", **columns}, markdown=True, label="config"), stats
-
-
 def emit(result: dict[str, Any]) -> None:
     """A worker's one machine-readable output line."""
     print("RESULT " + json.dumps(result), flush=True)
@@ -398,35 +306,18 @@ def st_pair_trainer(
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     train_args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(),
-        per_device_train_batch_size=batch_size,
-        max_steps=max_steps,
-        learning_rate=3e-5,
-        bf16=bf16,
-        use_cpu=cpu,
-        dataloader_num_workers=workers,
-        save_strategy="no",
-        report_to="none",
-        logging_steps=10**9,
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-        seed=42,
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch_size, max_steps=max_steps, learning_rate=3e-5,
+        bf16=bf16, use_cpu=cpu, dataloader_num_workers=workers, save_strategy="no", report_to="none", logging_steps=10**9,
+        disable_tqdm=True, dataloader_drop_last=True, seed=42,
     )
     return SentenceTransformerTrainer(
-        model=model,
-        args=train_args,
-        train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
-        loss=loss,
-        callbacks=list(callbacks),
+        model=model, args=train_args, train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
+        loss=loss, callbacks=list(callbacks),
     )
 
 
 def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], Any]) -> dict[str, float]:
-    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it.
-
-    ``args`` needs ``batch_size``, ``max_seq_len``, ``precision`` (``bf16`` or ``fp32``),
-    ``warmup`` and ``steps``. Returns :meth:`TimedCollator.rate` over ``steps`` steps after ``warmup``.
-    """
+    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it."""
     from sentence_transformers import SentenceTransformer
 
     from simcse_kit.model.modeling import resolve_model_path

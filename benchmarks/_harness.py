@@ -1,12 +1,7 @@
 """The options, start and kept JSON that every harness script shares (on top of ``_common``).
 
-A harness script runs each variant in a fresh interpreter, alternating over ``--rounds``
-(``_common.run_rounds``), refuses to start on a busy machine unless ``--allow-busy``
-(``_common.check_quiet``), can limit the kernels to AVX2 (``--isa avx2``:
-``_common.ISA_LIMITS``), and keeps every round with the machine in
-``benchmarks/results/<script>-<cpu class>.json`` (``_common.save_results``), which
-``benchmarks/report.py`` turns into BENCHMARKS.md's tables. :func:`difference` is the
-rule for memory claims: a difference counts only when it exceeds the run-to-run spread.
+Variants alternate over ``--rounds`` in fresh interpreters; a busy machine is refused unless
+``--allow-busy``; every round is kept in ``results/<script>-<cpu class>.json`` for ``report.py``.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ def add_options(parser: argparse.ArgumentParser, name: str, rounds: int = 3) -> 
 
 
 def chosen(parser: argparse.ArgumentParser, text: str, allowed: tuple[str, ...] | list[str]) -> list[str]:
-    """The comma-separated variants of ``text``, in order; a usage error naming any not in
-    ``allowed`` (before anything runs: a variant costs minutes)."""
+    """The comma-separated variants of ``text``, in order."""
     names = [name for name in text.split(",") if name]
     unknown = [name for name in names if name not in allowed]
     if unknown:
@@ -49,8 +43,7 @@ def forwarded(args: argparse.Namespace, *options: str) -> list[str]:
 
 
 def start(args: argparse.Namespace) -> dict[str, str]:
-    """Refuse a busy machine (unless ``--allow-busy``); the workers' extra environment
-    (the AVX2 kernel limits with ``--isa avx2``)."""
+    """Refuse a busy machine (unless ``--allow-busy``)."""
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     check_quiet(args.allow_busy)
@@ -58,15 +51,19 @@ def start(args: argparse.Namespace) -> dict[str, str]:
 
 
 def keep(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Path:
-    """Write ``record`` with the machine and the arguments to ``--json`` or
-    ``benchmarks/results/<name>-<cpu class>.json``; the path."""
+    """Write ``record`` with the machine and the arguments to ``--json`` or ``benchmarks/results/<name>-<cpu class>.json``."""
     _, flags = cpu_flags()
     klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
     info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})
     info["torch_threads"] = args.threads  # the workers' (this process never set its own)
     out = args.json or RESULTS / f"{name}-{klass}.json"
     command = " ".join(["python -m benchmarks." + name, shlex.join(sys.argv[1:])]).strip()
-    save_results(out, {"machine": info, "args": vars(args), "command": command, **record})
+    full = {"machine": info, "args": vars(args), "command": command, **record}
+    save_results(out, full)
+    from benchmarks import report  # the summary is the table BENCHMARKS.md will show
+
+    for spec in (s for s in report.SPECS if s.script == name):
+        print("\n".join(report.md_table(spec.head, spec.rows(full))))
     return out
 
 
@@ -81,12 +78,7 @@ def summary_of(runs: list[dict[str, Any]], variants: list[str], keys: tuple[str,
 
 
 def difference(ours: list[float], theirs: list[float]) -> dict[str, Any]:
-    """``median(ours) - median(theirs)`` and whether it exceeds the run-to-run spread.
-
-    The spread is the larger of the two ranges (max - min over rounds): a difference no
-    larger than what one variant moves between its own rounds is "within spread", and
-    no claim is made. With fewer than 2 rounds of either the spread is not measured.
-    """
+    """``median(ours) - median(theirs)`` and whether it exceeds the run-to-run spread."""
     a, b = spread(ours), spread(theirs)
     diff = a["median"] - b["median"]
     noise = max(a["max"] - a["min"], b["max"] - b["min"])
@@ -97,11 +89,3 @@ def difference(ours: list[float], theirs: list[float]) -> dict[str, Any]:
     else:
         verdict = "higher" if diff > 0 else "lower"
     return {"difference": diff, "spread": noise, "ratio": a["median"] / b["median"], "verdict": verdict}
-
-
-def print_spread(label: str, s: dict[str, float], unit: str, digits: int = 1) -> None:
-    """One summary line: median (min-max, +-half range %, n)."""
-    print(
-        f"{label:28s} {s['median']:10.{digits}f} {unit} (range {s['min']:.{digits}f}-{s['max']:.{digits}f}, "
-        f"±{s['half_range_pct']:.1f}%, {s['n']} rounds)"
-    )

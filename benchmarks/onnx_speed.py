@@ -1,28 +1,6 @@
-"""torch fp32 vs ONNX fp32 vs ONNX int8 for an export made by the kit: latency, throughput,
-7-task STS, and the onnxruntime-only encoder's cold start and peak RSS.
+"""torch fp32 vs ONNX fp32 vs ONNX int8 for an export made by the kit: throughput, latency, STS, cold start.
 
-The default model (all-MiniLM-L6-v2 wrapped as a simcse-kit model, mean pooling, max length
-256) is exported with ``simcse_kit.export.export_model(..., quantize="int8")`` (torch.onnx,
-no optimum; its int8 gate computes the STS of simcse-kit fp32 and of int8). Then, in
-``--rounds`` rounds that alternate the backends (the order rotates each round, so a change of
-load on a shared machine hits all of them):
-
-* throughput: every distinct STS-B dev+test sentence (5,383) at batch 128, sentences/s;
-* latency: the first ``--latency-sentences`` of them one at a time (batch 1), ms per call;
-
-for ``torch fp32`` (simcse-kit's own :class:`~simcse_kit.model.inference.Encoder`), ``onnx fp32``
-and ``onnx int8`` (:class:`~simcse_kit.export.onnx_encoder.OnnxEncoder`: onnxruntime + tokenizers).
-``--avx2-torch`` adds torch fp32 with its kernels held to AVX2 (``ATEN_CPU_CAPABILITY=avx2
-ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2``, read at process start, so in a fresh
-process per round); onnxruntime has no such switch. Cold start: a fresh interpreter that
-imports the encoder, loads the export and encodes one sentence (time from the first line of
-the script, and the parent's wall clock including interpreter start), then encodes 1,024
-sentences at batch 128 and reports its peak RSS; the same for simcse-kit's torch encoder.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.onnx_speed                  # ~15 min on 2 busy cores
-    .venv/bin/python -m benchmarks.onnx_speed --avx2-torch --rounds 5
+Results: BENCHMARKS.md, "Export: ONNX".
 """
 
 from __future__ import annotations
@@ -40,10 +18,9 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from benchmarks._common import DATA, REPO, emit, machine, module_command  # noqa: E402
+from benchmarks._common import DATA, ISA_LIMITS, REPO, emit, machine, module_command  # noqa: E402
 
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed-avx512_bf16.json"
 
 
 def speed_sentences(data_dir: Path) -> list[str]:
@@ -69,30 +46,16 @@ def measure(encode: Any, sentences: list[str], latency_n: int, batch: int) -> di
         t0 = time.perf_counter()
         encode([s], 1)
         times.append((time.perf_counter() - t0) * 1000)
-    return {
-        "sentences_per_s": throughput,
-        "latency_ms_median": statistics.median(times),
-        "latency_ms_p90": sorted(times)[int(0.9 * len(times))],
-    }
+    p90 = sorted(times)[int(0.9 * len(times))]
+    return {"sentences_per_s": throughput, "latency_ms_median": statistics.median(times), "latency_ms_p90": p90}
 
 
 def peak_rss_since_exec_mib() -> float:
-    """VmHWM: this process's peak RSS since its exec. Not ``ru_maxrss``, which Linux keeps
-    across exec, so a worker started from a 2 GB parent would report the parent's size."""
+    """VmHWM: this process's peak RSS since its exec (``ru_maxrss`` survives exec)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_flags() -> dict[str, bool]:
-    flags: set[str] = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
-    return {f: f in flags for f in wanted}
 
 
 def versions() -> dict[str, str]:
@@ -106,45 +69,27 @@ def versions() -> dict[str, str]:
 
 
 def worker(args: argparse.Namespace) -> None:
+    """``cold-onnx`` / ``cold-torch``: import, load, first vector, then 1,024 sentences; ``torch-avx2``: a round."""
     sentences = json.loads(Path(args.sentences_file).read_text())
     if args.worker == "cold-onnx":
         from simcse_kit.export.onnx_encoder import OnnxEncoder
 
-        encoder = OnnxEncoder(args.export, threads=args.threads)
-        encoder.encode(sentences[:1])
-        first = time.perf_counter() - START
-        encoder.encode(sentences[:1024], 128)
-        rss = peak_rss_since_exec_mib()
-        emit(
-            {
-                "cold_start_s": first,
-                "peak_rss_mib": rss,
-                "torch_loaded": "torch" in sys.modules,
-                "total_s": time.perf_counter() - START,
-            }
-        )
-    elif args.worker == "cold-torch":
-        import torch
-
-        from simcse_kit.model.inference import load_encoder
-
-        torch.set_num_threads(args.threads)
-        encoder = load_encoder(args.source)
-        encoder.encode(sentences[:1])
-        first = time.perf_counter() - START
-        encoder.encode(sentences[:1024], 128)
-        rss = peak_rss_since_exec_mib()
-        emit({"cold_start_s": first, "peak_rss_mib": rss, "torch_loaded": True, "total_s": time.perf_counter() - START})
-    elif args.worker == "torch-avx2":
-        import torch
-
-        from simcse_kit.model.inference import load_encoder
-
-        torch.set_num_threads(args.threads)
-        encoder = load_encoder(args.source)
-        emit(measure(lambda s, b: encoder.encode(s, b), sentences, args.latency_sentences, args.batch_size))
+        encoder: Any = OnnxEncoder(args.export, threads=args.threads)
     else:
-        raise SystemExit(f"unknown worker {args.worker}")
+        import torch
+
+        from simcse_kit.model.inference import load_encoder
+
+        torch.set_num_threads(args.threads)
+        encoder = load_encoder(args.source)
+    if args.worker == "torch-avx2":
+        emit(measure(lambda s, b: encoder.encode(s, b), sentences, args.latency_sentences, args.batch_size))
+        return
+    encoder.encode(sentences[:1])
+    first = time.perf_counter() - START
+    encoder.encode(sentences[:1024], 128)
+    rss, loaded = peak_rss_since_exec_mib(), "torch" in sys.modules
+    emit({"cold_start_s": first, "peak_rss_mib": rss, "torch_loaded": loaded, "total_s": time.perf_counter() - START})
 
 
 def run_worker(args: argparse.Namespace, name: str, sentences_file: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -232,9 +177,8 @@ def main() -> int:
     onnx32 = OnnxEncoder(out, FP32_FILE, threads=args.threads)
     onnx8 = OnnxEncoder(out, INT8_FILE, threads=args.threads)
     backends: dict[str, Any] = {
-        "torch fp32": lambda s, b: kit.encode(s, b),
-        "onnx fp32": lambda s, b: onnx32.encode(s, b),
-        "onnx int8": lambda s, b: onnx8.encode(s, b),
+        "torch fp32": (lambda s, b: kit.encode(s, b)), "onnx fp32": (lambda s, b: onnx32.encode(s, b)),
+        "onnx int8": (lambda s, b: onnx8.encode(s, b)),
     }
     sts = {
         "torch fp32": gate_sts["simcse-kit fp32"],
@@ -248,12 +192,9 @@ def main() -> int:
             if name in backends:
                 res = measure(backends[name], sentences, args.latency_sentences, args.batch_size)
             else:
-                res = run_worker(args, "torch-avx2", sentences_file, AVX2_ENV)
+                res = run_worker(args, "torch-avx2", sentences_file, ISA_LIMITS)
             runs[name].append(res)
-            print(
-                f"round {r} {name:26s} {res['sentences_per_s']:7.1f} sent/s  batch-1 {res['latency_ms_median']:.2f} ms",
-                flush=True,
-            )
+            print(f"round {r} {name:26s} {res['sentences_per_s']:7.1f} sent/s  batch-1 {res['latency_ms_median']:.2f} ms")
     cold: dict[str, list[dict[str, Any]]] = {"onnx_encoder": [], "torch (simcse-kit Encoder)": []}
     for _ in range(args.rounds):
         cold["onnx_encoder"].append(run_worker(args, "cold-onnx", sentences_file))
@@ -273,35 +214,20 @@ def main() -> int:
     cold_keys = ("cold_start_s", "cold_start_with_interpreter_s", "peak_rss_mib")
     cold_table = {n: {k: med(rs, k) for k in cold_keys} for n, rs in cold.items()}
     payload = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine() | {"flags": cpu_flags(), "threads": args.threads, "load_avg_before": load_before},
-        "versions": versions(),
+        "command": " ".join(["python -m benchmarks.onnx_speed", *sys.argv[1:]]),
+        "machine": (machine() | {"versions": versions(), "threads": args.threads, "load_avg_before": load_before}),
         "export": {"seconds": export_s, "exporter": onnx_info["exporter"], "opset": onnx_info["opset"], "gate_sts": gate_sts},
-        "n_sentences": len(sentences),
-        "latency_sentences": args.latency_sentences,
-        "batch_size": args.batch_size,
-        "rounds": args.rounds,
-        "table_median": table,
-        "cold_start_median": cold_table,
-        "runs": runs,
-        "cold_runs": cold,
+        "n_sentences": len(sentences), "latency_sentences": args.latency_sentences, "batch_size": args.batch_size,
+        "rounds": args.rounds, "table_median": table, "cold_start_median": cold_table, "runs": runs, "cold_runs": cold,
     }
     payload["machine"]["load_avg_after"] = os.getloadavg()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2) + "\n")
 
-    base = table["torch fp32"]
-    print("\n| backend | batch 128 (sentences/s) | vs torch | batch 1 (ms, median) | 7-task STS |\n|---|---|---|---|---|")
-    for n, row in table.items():
-        print(
-            f"| {n} | {row['sentences_per_s_b128']:.0f} | {row['sentences_per_s_b128'] / base['sentences_per_s_b128']:.2f}x "
-            f"| {row['latency_ms_b1']:.2f} | {row['sts_avg']:.2f} |"
-        )
-    print("\n| encoder | cold start: import to first vector (s) | with interpreter start (s) | peak RSS (MiB) |")
-    print("|---|---|---|---|")
-    for n, row in cold_table.items():
-        print(f"| {n} | {row['cold_start_s']:.2f} | {row['cold_start_with_interpreter_s']:.2f} | {row['peak_rss_mib']:.0f} |")
-    print(f"\nwritten {args.json}; load average before {load_before}, after {payload['machine']['load_avg_after']}")
+    from benchmarks import report
+
+    print("\n".join(report.md_table(report.ONNX.head, report.ONNX.rows(payload))))
+    print(f"written {args.json}; load average before {load_before}, after {payload['machine']['load_avg_after']}")
     return 0
 
 

@@ -1,156 +1,54 @@
-"""Regenerate the speed tables of BENCHMARKS.md and README.md from the kept JSON.
+"""Regenerate every table of BENCHMARKS.md and the README's figures from ``benchmarks/results/*.json``.
 
-Every number in a generated block comes from ``benchmarks/results/*.json`` (written by the
-benchmark scripts, kept in the repository), so a table and its data cannot drift apart:
-``tests/test_benchmark_report.py`` runs ``--check`` and fails when a block differs from what
-the JSON gives. A block sits between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``
-and is replaced whole; edit the JSON's producer, never the block.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.report            # rewrite the blocks
-    .venv/bin/python -m benchmarks.report --check    # exit 1 if any block is stale
+A block sits between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->`` and is
+replaced whole from its :class:`Spec`; ``--check`` exits 1 where a block is missing, empty
+or stale (``tests/test_benchmark_report.py`` runs it). Edit the JSON's producer, never a block.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks._common import REPO
+
 RESULTS = REPO / "benchmarks" / "results"
-# CPU classes in the order the tables list them.
-CLASS_ORDER = ("avx2", "avx2-limited", "avx512_bf16", "amx")
-CLASS_TEXT = {
-    "avx2": "AVX2 only (no native bf16)",
-    "avx2-limited": "AVX2 kernels only (a newer CPU limited to AVX2 by "
-    "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2)",
-    "avx512_bf16": "avx512_bf16 (native bf16 matmul, no AMX)",
-    "amx": "AMX",
-}
+BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
+FILES = (BENCH, README)
+CLASS_ORDER = ("avx2", "avx2-limited", "avx512_bf16", "amx")  # the CPU classes in table order
+STS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
+STS_HEAD = "STS12|STS13|STS14|STS15|STS16|STS-B|SICK-R|Avg."
+SPREAD = "A difference is claimed only where it exceeds the run-to-run spread (the larger range of the two)."
+Record = dict[str, Any]
+Row = list[str]
 
 
-def records(script: str) -> list[dict[str, Any]]:
-    """The kept results of benchmark ``script`` (``benchmarks/results/<script>-<cpu class>.json``),
-    one per CPU class, in table order."""
-    kept = [json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"{script}-*.json"))]
+def records(script: str) -> list[Record]:
+    """The kept results of ``script`` (``results/<script>-*.json``), CPU classes in table order."""
+    kept = [json.loads(p.read_text()) | {"_file": p.stem} for p in sorted(RESULTS.glob(f"{script}-*.json"))]
     order = {name: i for i, name in enumerate(CLASS_ORDER)}
-    return sorted(kept, key=lambda r: order.get(r["machine"]["cpu_class"], len(order)))
+    return sorted(kept, key=lambda r: order.get(r["machine"].get("cpu_class", ""), len(order)))
 
 
-def throughput_records() -> list[dict[str, Any]]:
-    """The kept training-throughput results, one per CPU class, in table order."""
-    return records("train_throughput")
+# --------------------------------------------------------------------------- cells
 
 
 def _cell(summary: dict[str, Any], variant: str) -> str:
-    if variant not in summary:
-        return "–"
-    s = summary[variant]["sentences_per_s"]
-    return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
+    return _range(summary[variant]["sentences_per_s"]) if variant in summary else "–"
 
 
 def _ratio(r: dict[str, Any] | None) -> str:
     return "–" if not r else f"**{r['median']:.2f}x** ({r['min']:.2f}–{r['max']:.2f})"
 
 
-def _decided(record: dict[str, Any]) -> str:
-    auto = [x for x in record["runs"] if x["variant"] == "kit-auto"]
-    return _precision(auto[0]["precision"]) if auto else "–"
-
-
-def _precision(p: dict[str, Any]) -> str:
-    """``fp32``, or ``bf16`` with what comes with it (``+ bf16 weights + fast dropout``)."""
-    if p["mixed_precision"] == "no":
-        return "fp32"
-    extras = [
-        name for name, on in (("bf16 weights", p.get("bf16_weights")), ("fast dropout", p.get("fast_dropout"))) if on is True
-    ]
-    return " + ".join([p["mixed_precision"], *extras])
-
-
-def _busy(record: dict[str, Any]) -> str:
-    busy = sum(1 for x in record["runs"] if x["activity"]["busy"])
-    worst = max(x["activity"]["other_cpu_share"] for x in record["runs"])
-    return f"{busy} of {len(record['runs'])} (max {100 * worst:.0f}% of the CPU)"
-
-
-def throughput_table() -> str:
-    rows = [
-        "| CPU class | ST fp32 | ST bf16 | kit fp32 | kit bf16 | kit auto | auto decided | "
-        "kit fp32 / ST fp32 | kit auto / ST best | runs busy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    notes = []
-    for rec in throughput_records():
-        m, s, r = rec["machine"], rec["summary"], rec["ratios"]
-        best = r.get("st-best", "–")
-        rows.append(
-            f"| {m['cpu_class']} | {_cell(s, 'st-fp32')} | {_cell(s, 'st-bf16')} | {_cell(s, 'kit-fp32')} | "
-            f"{_cell(s, 'kit-bf16')} | {_cell(s, 'kit-auto')} | {_decided(rec)} | {_ratio(r.get('kit-fp32/st-fp32'))} | "
-            f"{_ratio(r.get('kit-auto/st-best'))} vs {best} | {_busy(rec)} |"
-        )
-        a = rec["args"]
-        notes.append(
-            f"- {m['cpu_class']}: {CLASS_TEXT.get(m['cpu_class'], m['cpu_class'])}; {m['cpu']}, {a['threads']} threads, "
-            f"{a['rounds']} rounds x {a['steps']} steps (after {a['warmup']}), commit {m['commit']}, {m['date_utc']}; "
-            f"torch {m['versions']['torch']}, sentence-transformers {m['versions']['sentence-transformers']}; "
-            f"`{_command(a)}`"
-        )
-    return "\n".join(
-        [
-            "Sentences/s, median of the rounds (range in brackets); ratios are taken within each round "
-            "(paired) and summarised the same way. Unsup SimCSE, all-MiniLM-L6-v2, batch 64, max length 32, "
-            'gradient clipping at 1.0 on both sides. "ST best" is the faster sentence-transformers setting '
-            "measured on that CPU.",
-            "",
-            *rows,
-            "",
-            *notes,
-        ]
-    )
-
-
-def _command(args: dict[str, Any]) -> str:
-    parts = ["python -m benchmarks.train_throughput"]
-    if args.get("isa") == "avx2":
-        parts.append("--isa avx2")
-    parts.append(f"--variants {args['variants']}")
-    if args["rounds"] != 3:
-        parts.append(f"--rounds {args['rounds']}")
-    return " ".join(parts)
-
-
-def headline() -> str:
-    """The README's speed sentence per CPU class, like for like and against the best peer."""
-    lines = []
-    for rec in throughput_records():
-        r = rec["ratios"]
-        auto, fp32 = r.get("kit-auto/st-best"), r.get("kit-fp32/st-fp32")
-        klass = rec["machine"]["cpu_class"]
-        bits = []
-        if auto:
-            bits.append(
-                f"the recipe (`auto` → {_decided(rec)}) trains at **{auto['median']:.2f}x** sentence-transformers' "
-                f"faster setting there ({r['st-best'].replace('st-', '')})"
-            )
-        if fp32:
-            bits.append(f"fp32 against fp32 **{fp32['median']:.2f}x**")
-        n = rec["args"]["rounds"]
-        lines.append(f"- {CLASS_TEXT.get(klass, klass).split(' (')[0]}: " + "; ".join(bits) + f" (median of {n} paired rounds).")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- the harness scripts' tables
-
-
 def _range(s: dict[str, float] | None, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
-    """``median (min–max)`` of a :func:`_common.spread` summary, times ``scale``."""
+    """``median (min–max)`` of a ``_common.spread`` summary, times ``scale``."""
     if not s:
         return "–"
     m, lo, hi = (scale * s[k] for k in ("median", "min", "max"))
@@ -162,314 +60,370 @@ def _claim(d: dict[str, Any]) -> str:
     return f"{d['difference']:+.0f} MiB (spread {d['spread']:.0f}): {d['verdict']}"
 
 
-def _note(rec: dict[str, Any], script: str, extra: str = "") -> str:
-    """The line under a table: the CPU class, machine, rounds, commit, date, versions and command."""
-    m, a = rec["machine"], rec["args"]
-    command = rec.get("command") or f"python -m benchmarks.{script}"
-    return (
-        f"- {m['cpu_class']}: {CLASS_TEXT.get(m['cpu_class'], m['cpu_class'])}; {m['cpu']}, {a['threads']} threads, "
-        f"{a['rounds']} rounds{extra}, commit {m['commit']}, {m['date_utc']}; torch {m['versions']['torch']}; `{command}`"
-    )
+def _precision(p: dict[str, Any]) -> str:
+    """``fp32``, or ``bf16`` with what comes with it (``+ bf16 weights + fast dropout``)."""
+    if p["mixed_precision"] == "no":
+        return "fp32"
+    extras = [n for n, on in (("bf16 weights", p.get("bf16_weights")), ("fast dropout", p.get("fast_dropout"))) if on is True]
+    return " + ".join([p["mixed_precision"], *extras])
 
 
-def _missing(script: str) -> str:
-    return (
-        f"Not measured under the harness yet: no `benchmarks/results/{script}-*.json`. "
-        f"`python -m benchmarks.{script}` on a quiet machine keeps one; `python -m benchmarks.report` then fills this block."
-    )
+def _decided(rec: Record) -> str:
+    auto = [x for x in rec["runs"] if x["variant"] == "kit-auto"]
+    return _precision(auto[0]["precision"]) if auto else "–"
 
 
-def _variants(rec: dict[str, Any]) -> list[str]:
-    return list(rec["summary"])
+def _busy(rec: Record) -> str:
+    busy = sum(1 for x in rec["runs"] if x["activity"]["busy"])
+    return f"{busy}/{len(rec['runs'])} (max {100 * max(x['activity']['other_cpu_share'] for x in rec['runs']):.0f}%)"
 
 
-def _first(rec: dict[str, Any], variant: str) -> dict[str, Any]:
-    """The first kept round of ``variant``."""
-    return next(x for x in rec["runs"] if x["variant"] == variant)
+def _ms(mean: dict[str, float], std: dict[str, float], key: str, n: int) -> str:
+    """``mean ± std`` over seeds (the mean alone for one seed), ``–`` where absent."""
+    if key not in mean:
+        return "–"
+    return f"{mean[key]:.2f} ± {std[key]:.2f}" if n > 1 and key in std else f"{mean[key]:.2f}"
 
 
-def flops_table() -> str:
-    kept = records("flops")
+def _class(rec: Record) -> str:
+    return rec["machine"]["cpu_class"]
+
+
+def _a(kept: list[Record], key: str) -> Any:
+    return kept[0]["args"][key]
+
+
+# --------------------------------------------------------------------------- the machine line
+
+
+def machine_line(rec: Record, label: str = "") -> str:
+    """Where, when and how ``rec`` was measured: date, CPU and ISA flags, threads, GPU and driver,
+    load, library versions, commit and command, all from its JSON."""
+    m, args = rec["machine"], rec.get("args") or {}
+    flags = m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]
+    threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
+    detail = ", ".join(flags) + ("; kernels limited to AVX2" if m.get("kernel_limits") else "")
+    where = [(f"{m['cpu']} ({detail})" if detail else m["cpu"]) + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")]
+    gpu = rec.get("device") if rec.get("device", "cpu") != "cpu" else m.get("gpu")
+    if gpu:
+        where.append(f"{gpu}, driver {m.get('gpu_driver', '?')}")
+    if (m.get("load_avg_1min") or 0) > (m.get("cores") or 1):
+        where.append(f"1-min load average {m['load_avg_1min']:g} (a shared machine)")
+    versions = m.get("versions") or rec.get("versions") or {"torch": m.get("torch")}
+    libs = ", ".join(f"{k} {v}" for k, v in versions.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
+    commit = f"; commit {m['commit']}" if m.get("commit") else ""
+    note = " (transcribed from the measurement log)" if rec.get("transcribed") else ""
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec['command']}`{note}"
+
+
+# --------------------------------------------------------------------------- the renderer
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Block ``name``: a table of ``head`` over ``rows`` of each record of ``results/<script>-*.json``,
+    ``intro`` above it, ``after`` and the machine lines below."""
+
+    name: str
+    script: str
+    head: str | Sequence[str]
+    rows: Callable[[Record], Iterable[Row]]
+    intro: str | Callable[[list[Record]], str] = ""
+    after: Callable[[list[Record]], list[str]] | None = None
+    machines: bool = True
+    home: Path = BENCH
+
+
+def md_table(head: str | Sequence[str], rows: Iterable[Row]) -> list[str]:
+    head = head.split("|") if isinstance(head, str) else head
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def render_spec(spec: Spec) -> str:
+    kept = records(spec.script)
     if not kept:
-        return _missing("flops")
-    rows = [
-        "| CPU class | variant | precision | GFLOP/s | share of its peak | bf16 peak GFLOP/s | fp32 peak GFLOP/s | runs busy |",
-        "|---|---|---|---|---|---|---|---|",
+        return (
+            f"Not measured under the harness yet: no `benchmarks/results/{spec.script}-*.json`. `python -m "
+            f"benchmarks.{spec.script}` on a quiet machine keeps one; `python -m benchmarks.report` then fills this block."
+        )
+    intro = spec.intro(kept) if callable(spec.intro) else spec.intro
+    out = ([intro, ""] if intro else []) + md_table(spec.head, (row for rec in kept for row in spec.rows(rec)))
+    after = spec.after(kept) if spec.after else []
+    out += ["", *after] if after else []
+    if spec.machines:
+        out += ["", *(machine_line(r, f"{_class(r)}, " if "cpu_class" in r["machine"] and "runs" in r else "") for r in kept)]
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- CPU speed and memory
+
+
+def _throughput_rows(rec: Record) -> Iterable[Row]:
+    s, r = rec["summary"], rec["ratios"]
+    variants = [_cell(s, v) for v in ("st-fp32", "st-bf16", "kit-fp32", "kit-bf16", "kit-auto")]
+    best = f"{_ratio(r.get('kit-auto/st-best'))} vs {r.get('st-best', '–')}"
+    yield [_class(rec), *variants, _decided(rec), _ratio(r.get("kit-fp32/st-fp32")), best, _busy(rec)]
+
+
+def _encode_rows(rec: Record) -> Iterable[Row]:
+    for v, s in rec["summary"].items():
+        cos = f"{s['min_cos_vs_st_fp32']['min']:.5f}" if "min_cos_vs_st_fp32" in s else "–"
+        ratio = _ratio(rec["ratios"].get(f"{v}/st-fp32"))
+        yield [_class(rec), v, _range(s["sentences_per_s"]), ratio, f"{s['stsb_test']['median']:.2f}", cos, _busy(rec)]
+
+
+def _rss_rows(rec: Record) -> Iterable[Row]:
+    for v, s in rec["summary"].items():
+        c = rec["comparisons"].get(v)
+        vs = [_claim(c[k]) if c else "–" for k in ("peak_rss_mib", "after_last_mib")]
+        yield [_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["after_last_mib"], 0), _range(s["s_per_step"], 2), *vs]
+
+
+THROUGHPUT = Spec(
+    "train-throughput", "train_throughput",
+    "CPU class|ST fp32|ST bf16|kit fp32|kit bf16|kit auto|auto decided|kit fp32 / ST fp32|kit auto / ST best|runs busy",
+    _throughput_rows,
+    "Sentences/s, median of the rounds (range); ratios paired within each round. Unsup SimCSE, all-MiniLM-L6-v2, "
+    'batch 64, max length 32, gradient clipping at 1.0 on both sides. "ST best": the faster sentence-transformers '
+    "setting on that CPU.",
+)  # fmt: skip
+ENCODE = Spec(
+    "encode-throughput", "encode_throughput",
+    "CPU class|variant|sentences/s|vs st-fp32 (paired)|STS-B test|min cosine vs st-fp32|runs busy",
+    _encode_rows,
+    lambda kept: f"The STS-B dev + test sentences at batch {_a(kept, 'batch_size')}, max length "
+    f"{_a(kept, 'max_seq_len')}: median of the rounds (range).",
+)  # fmt: skip
+MEMORY = Spec(
+    "memory", "memory", "CPU class|point|peak RSS MiB|sentences/s|runs busy",
+    lambda rec: ([_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["sentences_per_s"]), _busy(rec)]
+                 for v, s in rec["summary"].items()),
+    lambda kept: f"Peak RSS of the unsup recipe's training loop ({_a(kept, 'precision')}, max length "
+    f"{_a(kept, 'max_seq_len')}): `b<batch>` plain, `b<batch>-gc<chunk>` GradCache; median of the rounds (range). " + SPREAD,
+    after=lambda kept: md_table("CPU class|difference|peak RSS", ([_class(r), n, _claim(d)] for r in kept
+                                                                   for n, d in r["comparisons"].items())),
+)  # fmt: skip
+GRADCACHE_RSS = Spec(
+    "gradcache-rss", "gradcache_rss",
+    "CPU class|`train.mmap_threshold_mib`|peak RSS MiB|RSS after the last step MiB|s/step|peak vs default|after vs default",
+    _rss_rows,
+    lambda kept: f"GradCache at batch {_a(kept, 'batch_size')}, chunks of {_a(kept, 'chunk')} rows, {_a(kept, 'steps')} "
+    "steps, per `train.mmap_threshold_mib`; median of the rounds (range). " + SPREAD,
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _gpu_rows(rec: Record) -> Iterable[Row]:
+    if rec.get("smoke") or rec["args"].get("sync_debug"):
+        return
+    for job, data in rec["jobs"].items():
+        summary = data["summary"]
+        for v in (v for v in summary if "/" not in v):
+            ratio, mfu = summary.get(f"{v}/st-w{v.rpartition('-w')[2]}"), summary[v]["mfu"]
+            yield [
+                rec["_file"].removeprefix("gpu-"), job, v, _cell(summary, v), _ratio(ratio) if ratio else "–",
+                f"{summary[v]['peak_memory_mib']:.0f}", "–" if mfu is None else f"{100 * mfu['median']:.1f}%",
+            ]  # fmt: skip
+
+
+def _sync_rows(rec: Record) -> Iterable[Row]:
+    for job, data in rec["jobs"].items() if rec["args"].get("sync_debug") else ():
+        for run in data["runs"]:
+            where = {k: n for k, n in (run["syncs"] or {}).items() if "set_sync_debug_mode" not in k}
+            text = "; ".join(f"`{k.split(' ')[0]}` x{n}" for k, n in where.items()) or "none"
+            per_step = f"{sum(where.values()) / run['steps']:g}"
+            yield [rec["_file"].removeprefix("gpu-h100-syncs-"), job, run["variant"], per_step, text]
+
+
+def _dated(kept: list[Record], sync_debug: bool) -> list[str]:
+    """Each file's date and command (the files share one machine)."""
+    chosen = (r for r in kept if bool(r["args"].get("sync_debug")) == sync_debug)
+    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{r['command']}`" for r in chosen]
+
+
+GPU = Spec(
+    "gpu", "gpu", "file|job|variant|sentences/s|vs sentence-transformers, same workers|peak MiB|MFU (bf16 peak)",
+    _gpu_rows,
+    lambda kept: f"Median of {_a(kept, 'rounds')} rounds (range); `-wN`: DataLoader workers; `pack`/`pad`: packing on/off; "
+    "`padc`: padded with `train.compile: true`. MFU: matmul FLOPs of the real tokens over the dense bf16 peak.",
+    after=lambda kept: [machine_line(kept[0]).split("; `")[0], *_dated(kept, False)],
+    machines=False,
+)  # fmt: skip
+GPU_SYNCS = Spec(
+    "gpu-syncs", "gpu-h100-syncs", "stage|job|variant|reads per step|where (first library frame x times over the timed steps)",
+    _sync_rows,
+    "Device-to-host reads per timed step (`--sync-debug`), before and after the fixes:",
+    after=lambda kept: _dated(kept, True),
+    machines=False,
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- quality
+
+
+def _quality_verdict(kept: list[Record]) -> list[str]:
+    res, lines = kept[0]["results"], []
+    for family in ("unsup", "hardneg"):
+        kit = {n: r["mean"] for n, r in res.items() if n.startswith(f"kit-{family}")}
+        best, peer = max(kit, key=lambda n: kit[n]["best_stsb_dev"]), res[f"st-{family}"]["mean"]["avg"]
+        lines.append(
+            f"- {family}: the simcse-kit recipe best on STS-B dev, `{best}`, averages {kit[best]['avg']:.2f} "
+            f"against sentence-transformers' {peer:.2f} ({kit[best]['avg'] - peer:+.2f})."
+        )
+    return lines
+
+
+def _main_job_rows(rec: Record) -> Iterable[Row]:
+    for name, label in (("kit-unsup", "`train/unsup.yaml`"), ("base", "all-MiniLM-L6-v2 untouched")):
+        r = rec["results"][name]
+        yield [f"{label} ({r['n']} seed{'s' * (r['n'] > 1)})", *(_ms(r["mean"], r["std"], k, r["n"]) for k in STS)]
+
+
+def _best_step(per_seed: dict[str, dict[str, float]]) -> str:
+    """Mean best step, with each seed's (a mean of 0 and 75 hides a kept base model)."""
+    steps = [t["best_step"] for t in per_seed.values() if "best_step" in t]
+    if len(steps) != len(per_seed) or not steps:
+        return "–"
+    mean = f"{sum(steps) / len(steps):.0f}"
+    return mean if len(steps) == 1 else f"{mean} ({', '.join(f'{s:.0f}' for s in steps)})"
+
+
+def _domain_tables(rec: Record) -> dict[str, Record]:
+    return {k: v for k, v in rec["results"].items() if not k.startswith("selection_")}
+
+
+def _domain_rows(rec: Record) -> Iterable[Row]:
+    for name, s in _domain_tables(rec).items():
+        m, sd, n = s["mean"], s["std"], len(s["per_seed"])
+        lr = "–" if s["learning_rate"] is None else f"{s['learning_rate']:g}"
+        cells = [_ms(m, sd, k, n) for k in (s["target"], "avg", "best_stsb_dev")]
+        yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _ms(m, sd, "retrieval:avg", n)]
+
+
+def _domain_verdict(kept: list[Record]) -> list[str]:
+    """Per domain: the kit row chosen on dev (never on test) against base and the best peer."""
+    stats, lines = _domain_tables(kept[0]), []
+    for domain in dict.fromkeys(s["domain"] for s in stats.values()):
+        of = {n: s for n, s in stats.items() if s["domain"] == domain}
+        target = next(iter(of.values()))["target"]
+        kit = {n: s["mean"] for n, s in of.items() if s["kind"] == "kit"}
+        best = max(kit, key=lambda n: kit[n]["best_stsb_dev"])
+        base = next(s for s in of.values() if s["kind"] == "base")["mean"][target]
+        peers = {n: s["mean"][target] for n, s in of.items() if s["kind"] == "st"}
+        peer, score = max(peers, key=peers.__getitem__), kit[best][target]
+        lines.append(
+            f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {score - base:+.2f} over the base, "
+            f"{score - peers[peer]:+.2f} over the best peer `{peer}`; 7-task average {kit[best]['avg']:.2f}."
+        )
+    return lines
+
+
+def _mining_rows(rec: Record) -> Iterable[Row]:
+    for name, s in rec["results"].items():
+        m, sd, n = s["mean"], s["std"], len(s["per_seed"])
+        cells = [_ms(m, sd, k, n) for k in ("avg", "STSBenchmark", "best_stsb_dev", "retrieval:avg")]
+        yield [name, f"{s['rows']:,}" if s.get("rows") else "–", str(n), *cells[:3], _best_step(s["per_seed"]), cells[3]]
+
+
+def _mining_verdict(kept: list[Record]) -> list[str]:
+    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
+    return [
+        f"- `sup+mined` − `{o}` ({what}): {m['sup+mined']['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
+        f"{m['sup+mined']['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
+        for o, what in (("sup-4509", "the same rows"), ("sup", "all rows"))
     ]
-    for rec in kept:
-        s, klass = rec["summary"], rec["machine"]["cpu_class"]
-        peaks = [_range(s.get(p, {}).get("gflops"), 0) for p in ("peak-bf16", "peak-fp32")]
-        for v in (v for v in _variants(rec) if v.startswith("kit-")):
-            own = s[v]["own_peak"].removeprefix("peak-")
-            share = s[v]["share_of_own_peak"]
-            share_text = (
-                f"**{100 * share['median']:.1f}%** of {own} ({100 * share['min']:.1f}–{100 * share['max']:.1f}%)"
-                if share
-                else f"– ({own} peak not measured)"
+
+
+def _fixed(values: Iterable[float]) -> list[str]:
+    return [f"{v:.2f}" for v in values]
+
+
+QUALITY = Spec(
+    "quality", "sts", f"config|seeds|{STS_HEAD}|STS-B dev (selection)",
+    lambda rec: ([n, str(r["n"]), *(_ms(r["mean"], r["std"], k, r["n"]) for k in (*STS, "best_stsb_dev"))]
+                 for n, r in rec["results"].items()),
+    "Spearman x 100 by cosine, mean ± sample std over the seeds.",
+    after=_quality_verdict,
+)  # fmt: skip
+MAIN_JOB = Spec("main-job", "sts", f"model|{STS_HEAD}", _main_job_rows, machines=False, home=README)
+DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selection)|best step|nDCG@10 avg"
+DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
+TEACHER = Spec("teacher", "teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
+TEACHER_GENERAL = Spec(
+    "teacher-general", "teacher_general", "learning rate|best step|STS-B dev|STS-B test|SICK-R|7-task avg",
+    lambda rec: ([lr, str(r["best_step"]), *_fixed(r[k] for k in ("best_stsb_dev", "STSBenchmark", "SICKRelatedness", "avg"))]
+                 for lr, r in rec["results"].items()),
+)  # fmt: skip
+MINING = Spec(
+    "mining", "mining", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
+    _mining_rows, after=_mining_verdict,
+)  # fmt: skip
+RETRIEVAL = Spec(
+    "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",
+    lambda rec: ([t, *_fixed(rec["results"]["sick-base"]["mean"][f"retrieval:{t}/{k}"]
+                            for k in ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100", "map@100"))]
+                 for t in rec["retrieval_tasks"]),
+    "all-MiniLM-L6-v2 untouched, exact search, x 100 (the base row of the domain table's run):",
+)  # fmt: skip
+
+
+def _onnx_rows(rec: Record) -> Iterable[Row]:
+    torch_sps = rec["table_median"]["torch fp32"]["sentences_per_s_b128"]
+    for name, r in rec["table_median"].items():
+        sps = r["sentences_per_s_b128"]
+        yield [name, f"{sps:.0f}", f"{sps / torch_sps:.2f}x", f"{r['latency_ms_b1']:.2f}", f"{r['sts_avg']:.2f}"]
+
+
+ONNX = Spec(
+    "onnx", "onnx_speed", "backend|batch 128, sentences/s|vs torch|batch 1, ms|7-task STS",
+    _onnx_rows,
+    lambda kept: f"Medians of {kept[0]['rounds']} alternating rounds; throughput on the {kept[0]['n_sentences']:,} "
+    f"STS-B dev+test sentences at batch {kept[0]['batch_size']}, latency on {kept[0]['latency_sentences']} of them "
+    "one at a time. Cold start in a fresh interpreter, peak RSS after encoding 1,024 sentences:",
+    after=lambda kept: md_table("encoder|import → first vector|with interpreter start|peak RSS", (
+        [n, f"{c['cold_start_s']:.2f} s", f"{c['cold_start_with_interpreter_s']:.2f} s", f"{c['peak_rss_mib']:.0f} MiB"]
+        for n, c in kept[0]["cold_start_median"].items())),
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- README sentences
+
+
+def headline() -> str:
+    """The README's speed sentence per CPU class, like for like and against the best peer."""
+    lines = []
+    for rec in records("train_throughput"):
+        r, bits = rec["ratios"], []
+        if auto := r.get("kit-auto/st-best"):
+            bits.append(
+                f"the recipe (`auto` → {_decided(rec)}) trains at **{auto['median']:.2f}x** sentence-transformers' "
+                f"faster setting there ({r['st-best'].replace('st-', '')})"
             )
-            rows.append(
-                f"| {klass} | {v} | {_precision(s[v]['precision'])} | {_range(s[v]['gflops'], 0)} | {share_text} | "
-                f"{peaks[0]} | {peaks[1]} | {_busy(rec)} |"
-            )
-    a = kept[0]["args"]
-    return "\n".join(
-        [
-            f"Matmul GFLOP/s of the training loop as a run executes it (the unsup recipe, batch {a['batch_size']}, max length "
-            f"{a['max_seq_len']}, a fresh batch of wiki1m_head every step, packed as the run packs it; FLOPs counted on "
-            "exactly the measured batches), and its share of the matmul peak of the precision it ran in "
-            f"({a['n']}^3, measured in the same round): the real run's share of the peak. Median of the rounds (range).",
-            "",
-            *rows,
-            "",
-            *(_note(r, "flops", f" x {r['args']['steps']} steps (after {r['args']['warmup']})") for r in kept),
-        ]
-    )
-
-
-BOUNDS = ("bound_only_matmul_ms", "bound_matmul_at_peak_ms")
-
-
-def profile_table() -> str:
-    kept = records("profile_step")
-    if not kept:
-        return _missing("profile_step")
-    rows = [
-        "| CPU class | setting | precision | step ms | matmul/linear share of the step | matmul kernels, % of bf16 peak "
-        "| whole step, % of bf16 peak | bound: all but matmul free | bound: matmuls at the peak | runs busy |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for rec in kept:
-        klass = rec["machine"]["cpu_class"]
-        for setting, s in rec["summary"].items():
-            step = s["median_ms"]["median"]
-            bounds = [
-                f"{s[k]['median']:.0f} ms ({step / s[k]['median']:.2f}x)"
-                for k in ("bound_only_matmul_ms", "bound_matmul_at_peak_ms")
-            ]
-            rows.append(
-                f"| {klass} | {setting} | {_precision(s['precision'])} | {_range(s['median_ms'], 0)} | "
-                f"{_range(s['share_matmul/linear'], 1, 100, '%')} | {_range(s['matmul_fraction_of_peak'], 1, 100, '%')} | "
-                f"{_range(s['step_fraction_of_peak'], 1, 100, '%')} (steady state) | {bounds[0]} | {bounds[1]} | {_busy(rec)} |"
-            )
-    return "\n".join(
-        [
-            f"One training step by operator class (`torch.profiler`), a **steady state**: "
-            f"{kept[0]['figure'].removeprefix('steady state: ')}. "
-            "Median of the rounds (range); shares of the bf16 matmul peak measured in the same round; the bounds are "
-            "the step time if every class but matmul/linear cost nothing, and if the product kernels ran at the peak.",
-            "",
-            *rows,
-            "",
-            *(_note(r, "profile_step", f", batch {r['args']['batch_size']}, length {r['args']['max_seq_len']}") for r in kept),
-        ]
-    )
-
-
-def encode_table() -> str:
-    kept = records("encode_throughput")
-    if not kept:
-        return _missing("encode_throughput")
-    rows = ["| CPU class | variant | sentences/s | STS-B test | min cosine vs st-fp32 | runs busy |", "|---|---|---|---|---|---|"]
-    ratios = ["| CPU class | ratio (paired by round) | median (range) |", "|---|---|---|"]
-    for rec in kept:
-        klass = rec["machine"]["cpu_class"]
-        for v, s in rec["summary"].items():
-            cos = f"{s['min_cos_vs_st_fp32']['min']:.5f}" if "min_cos_vs_st_fp32" in s else "–"
-            rows.append(
-                f"| {klass} | {v} | {_range(s['sentences_per_s'])} | {s['stsb_test']['median']:.2f} | {cos} | {_busy(rec)} |"
-            )
-        for name, r in rec["ratios"].items():
-            if r:
-                ratios.append(f"| {klass} | {name} | **{r['median']:.2f}x** ({r['min']:.2f}–{r['max']:.2f}) |")
-    a = kept[0]["args"]
-    return "\n".join(
-        [
-            f"Encoding throughput on the STS-B dev + test sentences, batch {a['batch_size']}, max length {a['max_seq_len']}: "
-            "sentences/s, median of the rounds (range); the smallest cosine over the rounds with st-fp32's vectors.",
-            "",
-            *rows,
-            "",
-            *ratios,
-            "",
-            *(_note(r, "encode_throughput") for r in kept),
-        ]
-    )
-
-
-def memory_table() -> str:
-    kept = records("memory")
-    if not kept:
-        return _missing("memory")
-    rows = ["| CPU class | point | peak RSS MiB | sentences/s | runs busy |", "|---|---|---|---|---|"]
-    claims = ["| CPU class | difference | peak RSS |", "|---|---|---|"]
-    for rec in kept:
-        klass = rec["machine"]["cpu_class"]
-        for v, s in rec["summary"].items():
-            rows.append(f"| {klass} | {v} | {_range(s['peak_rss_mib'], 0)} | {_range(s['sentences_per_s'])} | {_busy(rec)} |")
-        claims += [f"| {klass} | {name} | {_claim(d)} |" for name, d in rec["comparisons"].items()]
-    a = kept[0]["args"]
-    return "\n".join(
-        [
-            f"Peak RSS of the unsup recipe's training loop ({a['precision']}, max length {a['max_seq_len']}) per batch: "
-            f"`b<batch>` plain, `b<batch>-gc<chunk>` GradCache; median of the rounds (range). A difference is claimed "
-            "only where it exceeds the run-to-run spread (the larger range of the two), else it is *within spread*.",
-            "",
-            *rows,
-            "",
-            *claims,
-            "",
-            *(_note(r, "memory") for r in kept),
-        ]
-    )
-
-
-def gradcache_rss_table() -> str:
-    kept = records("gradcache_rss")
-    if not kept:
-        return _missing("gradcache_rss")
-    rows = [
-        "| CPU class | variant | peak RSS MiB | RSS after the last step MiB | s/step | peak RSS vs default | after vs default |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for rec in kept:
-        klass, comp = rec["machine"]["cpu_class"], rec["comparisons"]
-        for v, s in rec["summary"].items():
-            c = comp.get(v)
-            vs = [_claim(c[k]) if c else "–" for k in ("peak_rss_mib", "after_last_mib")]
-            rows.append(
-                f"| {klass} | {v} | {_range(s['peak_rss_mib'], 0)} | {_range(s['after_last_mib'], 0)} | "
-                f"{_range(s['s_per_step'], 2)} | {vs[0]} | {vs[1]} |"
-            )
-    a = kept[0]["args"]
-    chunks = f"GradCache chunks of {a['chunk']} rows" if a["chunk"] else "no GradCache"
-    return "\n".join(
-        [
-            f"Resident memory of the unsup recipe at batch {a['batch_size']}, {chunks}, {a['steps']} steps, per "
-            "`train.mmap_threshold_mib` setting; median of the rounds (range). A difference from `default` is claimed "
-            "only where it exceeds the run-to-run spread (the larger range of the two), else it is *within spread*.",
-            "",
-            *rows,
-            "",
-            *(_note(r, "gradcache_rss") for r in kept),
-        ]
-    )
-
-
-def gradcache_vs_cmnrl_table(kept: list[dict[str, Any]] | None = None) -> str:
-    """The block, from the kept results or from ``kept`` (the script prints its own run with it)."""
-    kept = records("gradcache_vs_cmnrl") if kept is None else kept
-    if not kept:
-        return _missing("gradcache_vs_cmnrl")
-    rows = ["| CPU class | variant | precision | sentences/s | peak RSS MiB | runs busy |", "|---|---|---|---|---|---|"]
-    pairs = ["| CPU class | simcse-kit / CachedMNRL | speed (paired by round) | peak RSS |", "|---|---|---|---|"]
-    for rec in kept:
-        klass = rec["machine"]["cpu_class"]
-        for v, s in rec["summary"].items():
-            rows.append(
-                f"| {klass} | {v} | {_precision(_first(rec, v)['precision'])} | {_range(s['sentences_per_s'])} | "
-                f"{_range(s['peak_rss_mib'], 0)} | "
-                f"{_busy(rec)} |"
-            )
-        for name, c in rec["comparisons"].items():
-            r = c["speed_ratio"]
-            pairs.append(f"| {klass} | {name} | **{r['median']:.2f}x** ({r['min']:.2f}–{r['max']:.2f}) | {_claim(c['rss'])} |")
-    a = kept[0]["args"]
-    return "\n".join(
-        [
-            f"GradCache side by side: unsup SimCSE at batch {a['batch_size']}, max length {a['max_seq_len']}, "
-            f"{a['chunk']} sequences per forward pass on both sides; median of the rounds (range). A peak-RSS "
-            "difference is claimed only where it exceeds the run-to-run spread, else it is *within spread*.",
-            "",
-            *rows,
-            "",
-            *pairs,
-            "",
-            *(_note(r, "gradcache_vs_cmnrl", f" x {r['args']['steps']} steps") for r in kept),
-        ]
-    )
-
-
-BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
-# Each block's name, what makes it, and the file it lives in.
-def gpu_records(pattern: str = "gpu-*.json") -> list[tuple[Path, dict[str, Any]]]:
-    """benchmarks/gpu.py's kept results (``benchmarks/results/gpu-*.json``), by file name."""
-    return [(path, json.loads(path.read_text())) for path in sorted(RESULTS.glob(pattern))]
-
-
-def gpu_table() -> str:
-    """benchmarks/gpu.py's kept runs: per device and job, every variant against the peer."""
-    rows = [
-        "| device | results file | job | variant | sentences/s, median (min–max) | vs sentence-transformers, same workers | "
-        "peak memory MiB | MFU (bf16 peak) | rounds |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for path, rec in gpu_records():
-        if rec.get("smoke") or not rec.get("jobs") or rec["args"].get("sync_debug"):
-            continue
-        for job, data in rec["jobs"].items():
-            summary = data["summary"]
-            variants = [v for v in summary if "/" not in v]
-            for v in variants:
-                workers = v.rpartition("-w")[2]
-                ratio = summary.get(f"{v}/st-w{workers}")
-                mfu = summary[v]["mfu"]
-                mfu_text = "–" if mfu is None else f"{100 * mfu['median']:.1f}%"
-                n = summary[v]["sentences_per_s"]["n"]
-                rows.append(
-                    f"| {rec['device']} | {path.stem} | {job} | {v} | {_cell(summary, v)} | {_ratio(ratio) if ratio else '–'} | "
-                    f"{summary[v]['peak_memory_mib']:.0f} | {mfu_text} | {n} |"
-                )
-    return "\n".join(rows)
+        if fp32 := r.get("kit-fp32/st-fp32"):
+            bits.append(f"fp32 against fp32 **{fp32['median']:.2f}x**")
+        n = rec["args"]["rounds"]
+        klass = {"avx2": "AVX2 only", "avx2-limited": "AVX2 kernels only"}.get(_class(rec), _class(rec))
+        lines.append(f"- {klass}: {'; '.join(bits)} (median of {n} paired rounds).")
+    return "\n".join(lines)
 
 
 def gpu_headline() -> str:
     """The README's GPU sentence: the like-for-like runs (both sides clip, same workers)."""
-    lines = []
-    for _, rec in gpu_records("gpu-*-clip.json"):
-        for job, data in rec["jobs"].items():
-            for key, r in data["summary"].items():
-                if "/" in key:
-                    kit, peer = key.split("/")
-                    lines.append(
-                        f"- {rec['device']}, {job}: simcse-kit (`{kit}`) trains at **{r['median']:.2f}x** "
-                        f"({r['min']:.2f}–{r['max']:.2f}) the sentence-transformers trainer (`{peer}`, bf16), "
-                        f"same DataLoader workers and gradient clipping (median of {r['n']} paired rounds)."
-                    )
-    return "\n".join(lines)
+    return "\n".join(
+        f"- {rec['device']}, {job}: simcse-kit (`{key.split('/')[0]}`) trains at **{r['median']:.2f}x** "
+        f"({r['min']:.2f}–{r['max']:.2f}) the sentence-transformers trainer (`{key.split('/')[1]}`, bf16), "
+        f"same DataLoader workers and gradient clipping (median of {r['n']} paired rounds)."
+        for rec in records("gpu") if rec["_file"].endswith("-clip")
+        for job, data in rec["jobs"].items() for key, r in data["summary"].items() if "/" in key
+    )  # fmt: skip
 
 
-def gpu_syncs_table() -> str:
-    """benchmarks/gpu.py --sync-debug: device-to-host reads per timed step, and where."""
-    rows = [
-        "| file | job | variant | reads per step | where (first library frame: count over the timed steps) |",
-        "|---|---|---|---:|---|",
-    ]
-    for path, rec in gpu_records():
-        if not rec["args"].get("sync_debug"):
-            continue
-        for job, data in rec["jobs"].items():
-            for run in data["runs"]:
-                where = {k: n for k, n in (run["syncs"] or {}).items() if "set_sync_debug_mode" not in k}
-                per_step = sum(where.values()) / run["steps"]
-                text = "; ".join(f"`{k}`: {n}" for k, n in where.items()) or "none"
-                rows.append(f"| {path.name} | {job} | {run['variant']} | {per_step:g} | {text} |")
-    return "\n".join(rows)
-
-
-BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {
-    "train-throughput": (throughput_table, BENCH),
-    "speed-headline": (headline, README),
-    "flops": (flops_table, BENCH),
-    "profile-step": (profile_table, BENCH),
-    "encode-throughput": (encode_table, BENCH),
-    "memory": (memory_table, BENCH),
-    "gradcache-rss": (gradcache_rss_table, BENCH),
-    "gradcache-vs-cmnrl": (gradcache_vs_cmnrl_table, BENCH),
-    "gpu": (gpu_table, BENCH),
-    "gpu-headline": (gpu_headline, README),
-    "gpu-syncs": (gpu_syncs_table, BENCH),
-}
-FILES = (BENCH, README)
+SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY, GRADCACHE_RSS)
+SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX)
+BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
+BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -484,8 +438,7 @@ def render(text: str) -> str:
 
 
 def problems(texts: dict[Path, str]) -> list[str]:
-    """What is wrong with the generated blocks of ``texts`` (file -> its text): a block
-    missing from its file, empty, or different from what the JSON gives now."""
+    """What is wrong with the generated blocks of ``texts`` (file -> text): missing, empty or stale."""
     out = []
     for name, (_, home) in BLOCKS.items():
         found = _pattern(name).search(texts.get(home, ""))
@@ -493,23 +446,19 @@ def problems(texts: dict[Path, str]) -> list[str]:
             out.append(f"{home.name}: the block {name} is missing (<!-- generated:{name} --> ... <!-- /generated:{name} -->)")
         elif not found.group(2).strip():
             out.append(f"{home.name}: the block {name} is empty")
-    out += [f"{path.name}: stale generated blocks" for path, text in texts.items() if render(text) != text]
-    return out
+    return out + [f"{path.name}: stale generated blocks" for path, text in texts.items() if render(text) != text]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check: exit 1 where a block is missing, empty or stale")
-    args = parser.parse_args()
     texts = {path: path.read_text() for path in FILES}
-    if args.check:
-        found = problems(texts)
-        for problem in found:
+    if parser.parse_args().check:
+        for problem in (found := problems(texts)):
             print(f"{problem}: run python -m benchmarks.report", file=sys.stderr)
         return 1 if found else 0
     for path, old in texts.items():
-        new = render(old)
-        if new != old:
+        if (new := render(old)) != old:
             path.write_text(new)
     missing = [p for p in problems({path: path.read_text() for path in FILES}) if "missing" in p]
     for problem in missing:

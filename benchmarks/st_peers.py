@@ -1,53 +1,11 @@
-"""Sentence-transformers peers of a simcse-kit recipe: same data, budget and dev selection.
-
-What it measures: the 7-task STS table (and the dev score that selected the checkpoint)
-of the default model trained by ``SentenceTransformerTrainer`` with one of three
-sentence-transformers losses, on exactly what a simcse-kit recipe trains on, so a kit
-row and a peer row differ only in the method.
-
-Method: the recipe (a ``RunConfig``) gives everything. The training set is the kit's own
-(``simcse_kit.training.run.load_training_data``: column ``sent0`` for unsup; ``sent0, sent1,
-hard_neg`` for hardneg); batch size, epochs / ``max_steps``, learning rate (linear decay,
-the recipe's warm-up, no gradient clipping, as simcse-kit), training length
-``model.max_seq_len``; the dev split of the recipe (``data.dev_file``, default STS-B dev)
-scored at step 0 when ``train.eval_at_start`` (the untouched model may win, as with the
-kit's trainer), every ``train.eval_steps`` and at the end, best weights kept; the final
-table by ``simcse_kit.evaluation.STSEvaluator`` at ``model.eval_max_seq_len``. The
-model's pooling and normalisation stay as they ship. Losses (``--losses``):
-
-* ``mnrl``: ``MultipleNegativesRankingLoss(scale=1/temperature)`` on ``(anchor,
-  positive)`` = the same sentence twice (dropout makes the views: sentence-transformers'
-  documented unsupervised SimCSE), or ``(anchor, positive, negative)`` for hardneg;
-* ``tsdae``: ``DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True)`` on
-  ``(noisy, original)`` with TSDAE's deletion noise (each word deleted with p = 0.6, at
-  least one kept). Deviation from TSDAE: nltk is not installed (and its tokenizer data
-  cannot be fetched offline), so words are split on whitespace and joined with spaces
-  instead of ``word_tokenize`` / ``TreebankWordDetokenizer`` (the SentEval files are
-  Moses-tokenised already, so the words are nearly the same). The noise is drawn once,
-  before training, from ``random.Random(seed)``: a seed's run is reproducible. The
-  decoder is built from the encoder's own local folder (offline);
-* ``ct``: ``ContrastiveTensionLossInBatchNegatives(model, scale=1/temperature)``: the
-  loss encodes each sentence once with the model and once with a copy of it, so its
-  input is one text column (sentence-transformers' documented input; a second copy
-  of the column would be tokenised and ignored).
-
-Training time excludes the dev evaluations, as simcse-kit's loop does. Each seed runs
-into ``OUTPUT/seed-N/metrics.json`` with the settings it ran with; a finished seed whose
-settings match is reused, so a table can be built over several sessions.
-``benchmarks/results.py`` and ``benchmarks/domain.py`` use :func:`run_st`; run alone,
-this script trains the peers of one recipe and prints their table.
-
-Usage::
-
-    # the three peers of the SICK domain recipe, 3 seeds (an estimate: 3-6 min per run on 2 quiet cores)
-    .venv/bin/python -m benchmarks.st_peers train/domain/sick.yaml --output-dir runs/benchmarks/st_peers
-    # a smoke run
-    .venv/bin/python -m benchmarks.st_peers train/domain/sick.yaml --losses tsdae --seeds 1 --steps 2 --eval-steps 1
+"""Sentence-transformers peers of a simcse-kit recipe (``quality.py``'s ``st-*`` rows): the
+recipe's data, budget, dev selection (step 0 included) and final evaluator, with one of
+``MultipleNegativesRankingLoss``, ``DenoisingAutoEncoderLoss`` (TSDAE; words split on
+whitespace: no nltk offline), ``ContrastiveTensionLossInBatchNegatives`` or ``MSELoss`` from a teacher.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -64,8 +22,6 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from benchmarks._common import REPO, setup_run
-
 LOSSES = ("mnrl", "tsdae", "ct", "mse")  # mse: MSELoss distillation from the recipe's loss.teacher
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
 EVAL_BATCH_SIZE = 128  # as simcse_kit.training.run, so dev and test scores batch alike
@@ -74,10 +30,7 @@ logger = logging.getLogger("st_peers")
 
 
 def delete_words(sentence: str, rng: random.Random, ratio: float = TSDAE_DELETION) -> str:
-    """TSDAE's noise: delete each word with probability ``ratio``, keeping at least one.
-
-    Words are whitespace-separated (no nltk here); the kept ones are joined with spaces.
-    """
+    """TSDAE's noise: delete each word with probability ``ratio``, keeping at least one."""
     words = sentence.split()
     if not words:
         return sentence
@@ -106,11 +59,7 @@ def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> dat
 
 
 def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datasets.Dataset:
-    """sentence-transformers' model-distillation data: each sentence with the teacher's
-    vector as its label, reduced by PCA to the student's ``width`` when the teacher is wider
-    (its documented recipe for a smaller student), L2-normalised like the student's output.
-    The teacher's vectors come from the kit's cache (:mod:`simcse_kit.training.teacher`): the same
-    vectors the kit's distillation rows learn from."""
+    """sentence-transformers' model-distillation data."""
     from simcse_kit.training.teacher import load_teacher_table, pca_projection, teacher_texts
 
     if cfg.loss.teacher is None or cfg.data.mode != "unsup":
@@ -126,8 +75,7 @@ def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datase
 
 
 def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
-    """The sentence-transformers loss; call after seeding (TSDAE's cross-attention and CT's
-    learnt scale are initialised here)."""
+    """The sentence-transformers loss."""
     from sentence_transformers.sentence_transformer.losses import (
         ContrastiveTensionLossInBatchNegatives,
         DenoisingAutoEncoderLoss,
@@ -151,8 +99,7 @@ def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
 
 
 class DevSelection(TrainerCallback):
-    """Dev score at step 0 (optional), every ``eval_steps`` and at the end; the best
-    weights kept in memory (as simcse-kit's trainer keeps its best model)."""
+    """Dev score at step 0 (optional), every ``eval_steps`` and at the end."""
 
     def __init__(self, score: Callable[[], float], model: nn.Module, eval_steps: int, at_start: bool, label: str) -> None:
         self.score, self.model, self.eval_steps, self.at_start, self.label = score, model, eval_steps, at_start, label
@@ -203,8 +150,7 @@ def peer_device() -> str:
 
 
 def resolve_precision(precision: str) -> str:
-    """``auto``: ``bf16`` on a GPU that computes it, else ``fp32`` (sentence-transformers'
-    default, and on a CPU its bf16 autocast is not what a user would pick everywhere)."""
+    """``auto``: bf16 on a GPU that computes it, else fp32 (sentence-transformers' default)."""
     if precision != "auto":
         return precision
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
@@ -213,21 +159,7 @@ def resolve_precision(precision: str) -> str:
 def st_train(
     cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False
 ) -> dict[str, Any]:
-    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection.
-
-    Args:
-        cfg: the simcse-kit recipe (``simcse_kit.config.run.RunConfig``).
-        seed: model-side randomness (dropout, TSDAE's fresh decoder weights), data order,
-            TSDAE's noise and, as in the kit's runs, corpus mixing.
-        loss: one of :data:`LOSSES`.
-        precision: ``fp32`` or ``bf16`` (sentence-transformers' own ``bf16=True``: autocast).
-        retrieval: BEIR-format task folders scored on the selected model (nDCG@10 etc.).
-        dev_only: training and dev evaluations only (a learning-rate sweep): no final table.
-
-    Returns:
-        best step and dev score, every evaluation, training seconds, the STS table and
-        the retrieval results (empty with ``dev_only``).
-    """
+    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection."""
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     from simcse_kit.evaluation import DevEvaluator, STSEvaluator
@@ -297,22 +229,14 @@ def st_train(
         sts = final_sts(encoder(best, eval_len, eval_len))
         scored = score_tasks(best, retrieval, eval_len, device)
     return {
-        "loss": loss,
-        "best_step": selection.best_step,
-        "best_stsb_dev": selection.best,
-        "dev_file": str(dev.path),
-        "evals": selection.evals,
-        "train_seconds": train_seconds,
-        "device": device,
-        "sts": sts,
-        "retrieval": scored,
+        "loss": loss, "best_step": selection.best_step, "best_stsb_dev": selection.best, "dev_file": str(dev.path),
+        "evals": selection.evals, "train_seconds": train_seconds, "device": device, "sts": sts, "retrieval": scored,
     }
 
 
 @functools.lru_cache(maxsize=4)
 def base_table(path: str, eval_data_dir: str, eval_len: int, device: str = "cpu") -> dict[str, float]:
-    """The untouched model's STS table, scored once per process: every run that keeps
-    step 0 reports it (1-2 minutes of encoding saved per such run)."""
+    """The untouched model's STS table, scored once per process."""
     from sentence_transformers import SentenceTransformer
 
     from simcse_kit.evaluation import STSEvaluator
@@ -340,20 +264,13 @@ def base_retrieval(path: str, tasks: tuple[str, ...], eval_len: int, device: str
 
 
 def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False) -> dict[str, Any]:
-    """What a peer run depends on: a finished seed is reused only when all of it matches
-    (``auto`` precision as this machine decides it; the retrieval tasks by name)."""
+    """What a peer run depends on."""
     data, train = cfg.data, cfg.train
     extra = {"retrieval": [Path(t).name for t in retrieval]} if retrieval else {}
     return {
-        **extra,
-        **({"dev_only": True} if dev_only else {}),
-        "loss": loss,
-        "precision": resolve_precision(precision),
-        "model": cfg.model.name_or_path,
-        "max_seq_len": cfg.model.max_seq_len,
-        "eval_max_seq_len": cfg.model.eval_max_seq_len,
-        "temperature": cfg.loss.temperature,
-        **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
+        **extra, **({"dev_only": True} if dev_only else {}), "loss": loss, "precision": resolve_precision(precision),
+        "model": cfg.model.name_or_path, "max_seq_len": cfg.model.max_seq_len, "eval_max_seq_len": cfg.model.eval_max_seq_len,
+        "temperature": cfg.loss.temperature, **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
         **{k: getattr(data, k) for k in ("mode", "train_file", "train_format", "max_train_samples", "mix_file", "mix_ratio")},
         **{k: getattr(data, k) for k in ("eval_data_dir", "dev_file", "dev_format")},
         **{k: getattr(train, k) for k in ("batch_size", "num_epochs", "max_steps", "learning_rate", "weight_decay")},
@@ -362,20 +279,10 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
 
 
 def run_st(
-    cfg: Any,
-    seeds: list[int],
-    loss: str,
-    precision: str,
-    out: Path,
-    settings: dict[str, Any] | None = None,
-    retrieval: Sequence[str] = (),
-    dev_only: bool = False,
+    cfg: Any, seeds: list[int], loss: str, precision: str, out: Path, settings: dict[str, Any] | None = None,
+    retrieval: Sequence[str] = (), dev_only: bool = False,
 ) -> dict[int, dict[str, float]]:
-    """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its
-    ``settings`` match; default :func:`run_settings`); per seed, the STS table plus
-    ``best_stsb_dev``, ``best_step``, the dev curve and, with ``retrieval`` folders, their
-    nDCG@10 under ``retrieval:<task>`` and mean under ``retrieval:avg``. ``precision``
-    ``auto``: :func:`resolve_precision`."""
+    """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its ``settings`` match); per seed its table."""
     from simcse_kit.files import write_json_atomic
 
     settings = run_settings(cfg, loss, precision, retrieval, dev_only) if settings is None else settings
@@ -393,12 +300,8 @@ def run_st(
         scored = metrics.get("retrieval") or {}
         row = retrieval_row(scored, retrieval) if retrieval and scored else {}
         per_seed[seed] = {
-            **metrics["sts"],
-            "best_stsb_dev": metrics["best_stsb_dev"],
-            "best_step": metrics["best_step"],
-            "train_seconds": metrics["train_seconds"],
-            **dev_curve(curve),
-            **row,
+            **metrics["sts"], "best_stsb_dev": metrics["best_stsb_dev"], "best_step": metrics["best_step"],
+            "train_seconds": metrics["train_seconds"], **dev_curve(curve), **row,
         }
     return per_seed
 
@@ -413,51 +316,8 @@ def retrieval_row(results: Mapping[str, float], tasks: Sequence[str]) -> dict[st
 
 
 def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
-    """From a run's dev evaluations (``metrics["evals"]``, simcse-kit's form): the best
-    score of a trained checkpoint (step > 0: what training did, whether or not selection
-    kept the base model) and the score at the end of training."""
+    """The best trained checkpoint's dev score (step > 0) and the end's, from a run's dev evaluations."""
     trained = [e for e in metrics["evals"] if e["step"] > 0]
     if not trained:
         return {}
     return {"dev_trained": max(e["stsb_dev"] for e in trained), "dev_end": trained[-1]["stsb_dev"]}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipe", type=Path, help="a simcse-kit training recipe (YAML)")
-    parser.add_argument("--losses", nargs="+", default=list(LOSSES), choices=LOSSES)
-    parser.add_argument("--seeds", default="1,2,3", help="comma-separated")
-    parser.add_argument("--steps", type=int, default=None, help="max optimiser steps per run (default: the recipe's epochs)")
-    parser.add_argument("--eval-steps", type=int, default=None, help="dev every N steps (default: the recipe's)")
-    parser.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder for the final table (default: the recipe's)")
-    parser.add_argument(
-        "--precision",
-        choices=("fp32", "bf16", "auto"),
-        default="fp32",
-        help="fp32: sentence-transformers' default; auto: bf16 on a GPU",
-    )
-    parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "benchmarks" / "st_peers")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    setup_run(args.threads)
-
-    from simcse_kit.config.run import load_config
-    from simcse_kit.training.experiments import TABLE_HEADERS, TABLE_KEYS, aggregate, parse_seeds
-
-    overrides = {"max_steps": args.steps, "eval_steps": args.eval_steps, "eval_data_dir": args.eval_data_dir}
-    cfg = load_config(args.recipe, {k: str(v) for k, v in overrides.items() if v is not None})
-    seeds = parse_seeds(args.seeds)
-    keys, headers = (*TABLE_KEYS, "best_stsb_dev", "best_step"), (*TABLE_HEADERS, "dev (selection)", "best step per seed")
-    lines = ["| peer | seeds | " + " | ".join(headers) + " |", "|---|---:|" + "---:|" * len(headers)]
-    for loss in args.losses:
-        per_seed = run_st(cfg, seeds, loss, args.precision, args.output_dir / f"st-{loss}")
-        mean, std = aggregate(list(per_seed.values()))
-        cells = [f"{mean[k]:.2f} ± {std[k]:.2f}" if len(seeds) > 1 else f"{mean[k]:.2f}" for k in keys[:-1]]
-        cells.append(", ".join(str(int(t["best_step"])) for t in per_seed.values()))  # 0: the untouched model kept
-        lines.append(f"| st-{loss} | {len(seeds)} | " + " | ".join(cells) + " |")
-    print(f"{args.recipe} ({cfg.data.dev_file or 'STS-B dev'} selection), sentence-transformers in {args.precision}\n")
-    print("\n".join(lines))
-
-
-if __name__ == "__main__":
-    main()

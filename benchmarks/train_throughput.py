@@ -1,35 +1,8 @@
 """Training throughput: simcse-kit vs sentence-transformers on the same job.
 
-The job: unsupervised SimCSE on the default model (all-MiniLM-L6-v2), sentences
-from ../shared/data/train/wiki1m_head.txt, batch 64, max length 32, temperature
-0.05, AdamW lr 3e-5, gradient norm clipped at 1.0 on both sides (sentence-transformers'
-default; the kit's recipe does not clip, so here it is set to match). simcse-kit runs its
-``unsup`` recipe through the library's own seam (``_common.kit_recipe_run``: the recipe's
-config, model, loader and step, as ``simcse-kit train`` builds them); sentence-transformers
-runs ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss(scale=20)`` on
-``(anchor, positive)`` = the same sentence twice, its documented unsupervised-SimCSE recipe.
-Both encode 2 x 64 sentences per step.
-
-Variants:
-  st-fp32, st-bf16      sentence-transformers in fp32 / with ``bf16=True`` (autocast)
-  kit-fp32, kit-bf16    simcse-kit forced to fp32 / to bf16 autocast (like for like)
-  kit-auto              the recipe as shipped: ``mixed_precision: auto`` decides on this CPU
-                        (bf16 weights + fast dropout where bf16 is native, fp32 elsewhere)
-  ablations             kit-auto-padded (no packing), kit-auto-densegrad (no sparse embedding gradient)
-
-Each measurement runs in a fresh interpreter; the variants alternate over ``--rounds``
-(default 3) so a load change hits all of them; every round is kept in the JSON with the
-machine and the CPU used by other processes around it (``_common.CpuActivity``), and the
-run refuses to start on a busy machine unless ``--allow-busy``. Ratios are taken within
-each round and summarised by their median and range. ``--isa avx2`` runs every worker with
-the kernels limited to AVX2 (``_common.ISA_LIMITS``): an AVX2-only CPU approximated on a
-newer one. ``benchmarks/report.py`` turns the JSON into the tables of BENCHMARKS.md/README.
-
-Usage::
-
-    .venv/bin/python -m benchmarks.train_throughput                  # this CPU, ~10 min on 2 cores
-    .venv/bin/python -m benchmarks.train_throughput --isa avx2 --variants st-fp32,kit-auto
-    .venv/bin/python -m benchmarks.train_throughput --rounds 1 --steps 3 --warmup 1 --variants kit-auto --json /tmp/x.json
+Unsup SimCSE on all-MiniLM-L6-v2, batch 64, max length 32, clipping at 1.0 on both sides;
+variants ``st-fp32``, ``st-bf16``, ``kit-fp32``, ``kit-bf16``, ``kit-auto`` (the recipe as
+shipped). Results: BENCHMARKS.md, "Training speed per CPU class".
 """
 
 from __future__ import annotations
@@ -39,32 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import (
-    ISA_LIMITS,
-    REPO,
     WIKI,
     TimedCollator,
-    check_quiet,
-    cpu_class,
-    cpu_flags,
     emit,
     kit_recipe_run,
-    machine,
     paired_ratios,
     peak_rss_mib,
     run_rounds,
-    save_results,
     setup_threads,
     spread,
     st_pair_throughput,
 )
+from benchmarks._harness import add_options, chosen, forwarded, keep, start
 
 VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-auto")
-ABLATIONS = ("kit-auto-padded", "kit-auto-densegrad")
 # Precision overrides of the recipe per kit variant ("auto" keeps the recipe's own).
 KIT_PRECISION = {
     "fp32": {"mixed_precision": "no", "bf16_weights": False, "fast_dropout": False},
-    "bf16": {"mixed_precision": "bf16", "bf16_weights": False, "fast_dropout": False},
-    "auto": {},
+    "bf16": {"mixed_precision": "bf16", "bf16_weights": False, "fast_dropout": False}, "auto": {},
 }
 MAX_GRAD_NORM = 1.0  # sentence-transformers' default, applied to both
 
@@ -81,27 +46,19 @@ def sentences_for(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def worker_kit(args: argparse.Namespace, sents: list[str], precision: str, rest: list[str]) -> dict[str, Any]:
+def worker_kit(args: argparse.Namespace, sents: list[str], precision: str) -> dict[str, Any]:
     from simcse_kit.training.loop import fit
 
     overrides: dict[str, Any] = {
-        "batch_size": args.batch_size,
-        "max_seq_len": args.max_seq_len,
-        "max_steps": args.warmup + args.steps + 2,
-        "max_grad_norm": MAX_GRAD_NORM,
-        "grad_cache_chunk": args.grad_cache_chunk,
-        "packing": "padded" not in rest,
-        **({"sparse_embedding_grad": False} if "densegrad" in rest else {}),
-        **KIT_PRECISION[precision],
+        "batch_size": args.batch_size, "max_seq_len": args.max_seq_len, "max_steps": (args.warmup + args.steps + 2),
+        "max_grad_norm": MAX_GRAD_NORM, "grad_cache_chunk": args.grad_cache_chunk, **KIT_PRECISION[precision],
     }
     collator = TimedCollator(None, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
     run = kit_recipe_run("unsup", overrides, sents, timer=collator)
     fit(run, run.step, run.cfg.train)
     decided = {
-        "mixed_precision": run.cfg.train.mixed_precision,
-        "bf16_weights": run.cfg.train.bf16_weights,
-        "fast_dropout": run.cfg.train.fast_dropout,
-        "reason": getattr(run.precision, "reason", None),
+        "mixed_precision": run.cfg.train.mixed_precision, "bf16_weights": run.cfg.train.bf16_weights,
+        "fast_dropout": run.cfg.train.fast_dropout, "reason": getattr(run.precision, "reason", None),
     }
     return collator.rate(args.warmup, args.steps) | {"precision": decided}
 
@@ -120,17 +77,16 @@ def worker(args: argparse.Namespace) -> None:
 
     transformers.logging.set_verbosity_error()
     sents = sentences_for(args)
-    framework, precision, *rest = args.worker.split("-")
+    framework, precision = args.worker.split("-")
     if framework == "kit":
-        result = worker_kit(args, sents, precision, rest)
+        result = worker_kit(args, sents, precision)
     else:
         result = worker_st(args, sents, precision)
     emit(result | {"variant": args.worker, "peak_rss_mib": peak_rss_mib()})
 
 
 def summarise(variants: list[str], runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Median and range per variant; ratios within rounds of each kit variant to each
-    sentence-transformers one, plus ``kit-auto / st-best`` (the faster ST setting here)."""
+    """Median and range per variant."""
     summary = {
         v: {
             "sentences_per_s": spread([x["sentences_per_s"] for x in runs if x["variant"] == v]),
@@ -156,48 +112,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="measured steps per variant per round")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
-    parser.add_argument("--rounds", type=int, default=3, help="alternations of all variants (>= 3 for a kept result)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--grad-cache-chunk", type=int, default=0, help="kit only: GradCache chunk rows (0: off)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS + ABLATIONS}")
-    parser.add_argument("--isa", choices=("native", "avx2"), default="native", help="avx2: limit the kernels to AVX2")
-    parser.add_argument("--allow-busy", action="store_true", help="run on a busy machine; rounds are flagged")
-    parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/train_throughput-<cpu class>.json")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    add_options(parser, "train_throughput")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
 
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS) - set(ABLATIONS)
-    if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS + ABLATIONS}")
-    check_quiet(args.allow_busy)
-    env = ISA_LIMITS if args.isa == "avx2" else {}
-    common = [
-        f"--{k}={getattr(args, k.replace('-', '_'))}"
-        for k in ("steps", "warmup", "batch-size", "max-seq-len", "threads", "grad-cache-chunk")
-    ]
+    variants = chosen(parser, args.variants, VARIANTS)
+    env = start(args)
+    common = forwarded(args, "steps", "warmup", "batch-size", "max-seq-len", "threads", "grad-cache-chunk")
     runs = run_rounds(Path(__file__), variants, common, args.rounds, args.threads, env=env)
     summary, ratios = summarise(variants, runs)
-    shape = f"batch {args.batch_size}, max len {args.max_seq_len}, {args.threads} threads"
-    print(f"\n{shape}, {args.rounds} rounds x {args.steps} steps")
-    for v, s in summary.items():
-        sps = s["sentences_per_s"]
-        rss = s["peak_rss_mib"]["median"]
-        print(f"{v:20s} {sps['median']:8.1f} sent/s (range {sps['min']:.1f}-{sps['max']:.1f})  RSS {rss:.0f} MiB")
-    for name, r in ratios.items():
-        if isinstance(r, dict):
-            print(f"{name:28s} {r['median']:.2f}x (range {r['min']:.2f}-{r['max']:.2f})")
-    _, flags = cpu_flags()
-    klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
-    out = args.json or REPO / "benchmarks" / "results" / f"train_throughput-{klass}.json"
-    info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})
-    save_results(out, {"machine": info, "args": vars(args), "runs": runs, "summary": summary, "ratios": ratios})
+    keep("train_throughput", args, {"runs": runs, "summary": summary, "ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from benchmarks import flops, gradcache_vs_cmnrl, memory, profile_step, report
+from benchmarks import memory, report
 from benchmarks._harness import difference, summary_of
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 # The scripts whose JSON report.py turns into tables (the harness scripts).
-HARNESS = ("train_throughput", "flops", "profile_step", "encode_throughput", "memory", "gradcache_rss", "gradcache_vs_cmnrl")
+HARNESS = ("train_throughput", "encode_throughput", "memory", "gradcache_rss")
 MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
 MACHINE |= {"versions": {"torch": "2.13.0"}}
 
@@ -130,147 +130,31 @@ def test_memory_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     summary = summary_of(runs, variants, ("peak_rss_mib", "sentences_per_s"))
     record = {"runs": runs, "summary": summary, "comparisons": memory.comparisons(runs, variants)}
     keep(tmp_path, monkeypatch, "memory", {"precision": "auto", "max_seq_len": 32}, record)
-    assert report.memory_table() == "\n".join(
+    assert report.render_spec(report.MEMORY) == "\n".join(
         [
-            "Peak RSS of the unsup recipe's training loop (auto, max length 32) per batch: `b<batch>` plain, "
+            "Peak RSS of the unsup recipe's training loop (auto, max length 32): `b<batch>` plain, "
             "`b<batch>-gc<chunk>` GradCache; median of the rounds (range). A difference is claimed only where it "
-            "exceeds the run-to-run spread (the larger range of the two), else it is *within spread*.",
+            "exceeds the run-to-run spread (the larger range of the two).",
             "",
             "| CPU class | point | peak RSS MiB | sentences/s | runs busy |",
             "|---|---|---|---|---|",
-            "| avx2 | b64 | 1020 (1000–1040) | 51.0 (50.0–52.0) | 1 of 9 (max 8% of the CPU) |",
-            "| avx2 | b64-gc32 | 1010 (980–1030) | 21.0 (20.0–22.0) | 1 of 9 (max 8% of the CPU) |",
-            "| avx2 | b256-gc32 | 1120 (1100–1150) | 31.0 (30.0–33.0) | 1 of 9 (max 8% of the CPU) |",
+            "| avx2 | b64 | 1020 (1000–1040) | 51.0 (50.0–52.0) | 1/9 (max 8%) |",
+            "| avx2 | b64-gc32 | 1010 (980–1030) | 21.0 (20.0–22.0) | 1/9 (max 8%) |",
+            "| avx2 | b256-gc32 | 1120 (1100–1150) | 31.0 (30.0–33.0) | 1/9 (max 8%) |",
             "",
             "| CPU class | difference | peak RSS |",
             "|---|---|---|",
             "| avx2 | b64-gc32 - b64 | -10 MiB (spread 50): within spread |",
             "| avx2 | b256-gc32 - b64-gc32 | +110 MiB (spread 50): higher |",
             "",
-            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds, commit abc1234, 2026-11-24 07:00 UTC; "
-            "torch 2.13.0; `python -m benchmarks.memory`",
-        ]
-    )
-
-
-def test_flops_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bf16 = {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True, "reason": "auto"}
-    fp32 = {"mixed_precision": "no", "bf16_weights": False, "fast_dropout": False, "reason": "set in the config"}
-
-    def kit(gflops: list[float], own: str, precision: dict[str, Any]) -> list[dict[str, Any]]:
-        return [{"gflops": g, "flops": 1.9e12, "steps": 10, "own_peak": own, "precision": precision} for g in gflops]
-
-    runs = rounds(
-        {
-            "peak-bf16": [{"gflops": g} for g in (800, 1000, 900)],
-            "peak-fp32": [{"gflops": g} for g in (200, 250, 225)],
-            "kit-auto": kit([400, 450, 360], "peak-bf16", bf16),  # shares 0.5, 0.45, 0.4 of the round's bf16 peak
-            "kit-fp32": kit([150, 150, 180], "peak-fp32", fp32),  # shares 0.75, 0.6, 0.8 of the fp32 peak
-        }
-    )
-    summary = flops.summarise(runs, ["peak-bf16", "peak-fp32", "kit-auto", "kit-fp32"])
-    assert summary["kit-auto"]["gflop_per_step"]["median"] == pytest.approx(190.0)
-    args = {"batch_size": 64, "max_seq_len": 32, "n": 2048, "steps": 10, "warmup": 3}
-    keep(tmp_path, monkeypatch, "flops", args, {"runs": runs, "summary": summary})
-    busy = "0 of 12 (max 0% of the CPU)"
-    assert report.flops_table() == "\n".join(
-        [
-            "Matmul GFLOP/s of the training loop as a run executes it (the unsup recipe, batch 64, max length 32, a fresh "
-            "batch of wiki1m_head every step, packed as the run packs it; FLOPs counted on exactly the measured batches), "
-            "and its share of the matmul peak of the precision it ran in (2048^3, measured in the same round): the real "
-            "run's share of the peak. Median of the rounds (range).",
-            "",
-            "| CPU class | variant | precision | GFLOP/s | share of its peak | bf16 peak GFLOP/s | fp32 peak GFLOP/s "
-            "| runs busy |",
-            "|---|---|---|---|---|---|---|---|",
-            "| avx2 | kit-auto | bf16 + bf16 weights + fast dropout | 400 (360–450) | **45.0%** of bf16 (40.0–50.0%) | "
-            f"900 (800–1000) | 225 (200–250) | {busy} |",
-            f"| avx2 | kit-fp32 | fp32 | 150 (150–180) | **75.0%** of fp32 (60.0–80.0%) | 900 (800–1000) | 225 (200–250) "
-            f"| {busy} |",
-            "",
-            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds x 10 steps (after 3), commit abc1234, "
-            "2026-11-24 07:00 UTC; torch 2.13.0; `python -m benchmarks.flops`",
-        ]
-    )
-
-
-def test_gradcache_vs_cmnrl_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    st = {"mixed_precision": "no", "reason": "its default (fp32)"}
-    kit = {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True, "reason": "auto"}
-    runs = rounds(
-        {
-            "st-fp32": [
-                {"sentences_per_s": s, "peak_rss_mib": m, "precision": st} for s, m in ((100, 2000), (110, 2100), (90, 2050))
-            ],
-            # speed 2.0x, 2.1x, 1.9x within the rounds; RSS 100 MiB lower at the medians, inside the 110 MiB spread
-            "kit-auto": [
-                {"sentences_per_s": s, "peak_rss_mib": m, "precision": kit} for s, m in ((200, 1900), (231, 1950), (171, 2010))
-            ],
-        }
-    )
-    variants = ["st-fp32", "kit-auto"]
-    record = {"runs": runs, "summary": gradcache_vs_cmnrl.summarise(runs, variants)}
-    record["comparisons"] = gradcache_vs_cmnrl.compare(runs, variants)
-    keep(tmp_path, monkeypatch, "gradcache_vs_cmnrl", {"batch_size": 1024, "max_seq_len": 32, "chunk": 128, "steps": 20}, record)
-    busy = "0 of 6 (max 0% of the CPU)"
-    assert report.gradcache_vs_cmnrl_table() == "\n".join(
-        [
-            "GradCache side by side: unsup SimCSE at batch 1024, max length 32, 128 sequences per forward pass on both "
-            "sides; median of the rounds (range). A peak-RSS difference is claimed only where it exceeds the run-to-run "
-            "spread, else it is *within spread*.",
-            "",
-            "| CPU class | variant | precision | sentences/s | peak RSS MiB | runs busy |",
-            "|---|---|---|---|---|---|",
-            f"| avx2 | st-fp32 | fp32 | 100.0 (90.0–110.0) | 2050 (2000–2100) | {busy} |",
-            f"| avx2 | kit-auto | bf16 + bf16 weights + fast dropout | 200.0 (171.0–231.0) | 1950 (1900–2010) | {busy} |",
-            "",
-            "| CPU class | simcse-kit / CachedMNRL | speed (paired by round) | peak RSS |",
-            "|---|---|---|---|",
-            "| avx2 | kit-auto/st-fp32 | **2.00x** (1.90–2.10) | -100 MiB (spread 110): within spread |",
-            "",
-            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds x 20 steps, commit abc1234, "
-            "2026-11-24 07:00 UTC; torch 2.13.0; `python -m benchmarks.gradcache_vs_cmnrl`",
-        ]
-    )
-
-
-def test_profile_table_known_answer_is_labelled_a_steady_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # 100 ms profiled (60 matmul/linear, 50 of it in the product kernels), a 100 ms median
-    # step, 50 GFLOP: kernels at 1000 GFLOP/s, the step at 500; bf16 peaks 2000, 2500, 1250.
-    ms = dict.fromkeys(profile_step.ORDER, 0.0) | {"matmul/linear": 60.0, "dropout": 20.0, "other": 20.0}
-    step = {
-        "profiled_ms": ms | {"kernels": 50.0, "untraced": 5.0},
-        "wall_ms": [100.0, 110.0, 90.0],
-        "flops_per_step": 50e9,
-        "precision": {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": True},
-    }
-    runs = rounds({"peak-bf16": [{"gflops": g} for g in (2000.0, 2500.0, 1250.0)], "recipe": [step, step, step]})
-    assert profile_step.add_derived(runs) == {0: 2000.0, 1: 2500.0, 2: 1250.0}
-    record = {"figure": profile_step.steady_state(4), "runs": runs, "summary": profile_step.summarise(runs, ["recipe"])}
-    keep(tmp_path, monkeypatch, "profile_step", {"batch_size": 64, "max_seq_len": 32}, record)
-    assert report.profile_table() == "\n".join(
-        [
-            "One training step by operator class (`torch.profiler`), a **steady state**: 4 fixed batches repeated (oneDNN "
-            "has kernels for every shape); a real run's share of the peak, on fresh batches, is flops.py's. Median of the "
-            "rounds (range); shares of the bf16 matmul peak measured in the same round; the bounds are the step time if "
-            "every class but matmul/linear cost nothing, and if the product kernels ran at the peak.",
-            "",
-            "| CPU class | setting | precision | step ms | matmul/linear share of the step | matmul kernels, % of bf16 peak "
-            "| whole step, % of bf16 peak | bound: all but matmul free | bound: matmuls at the peak | runs busy |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-            # bounds: 60 ms (100 x 0.6); 50 ms outside the kernels + 50 GFLOP at the peak (25, 20, 40 ms): 75, 70, 90
-            "| avx2 | recipe | bf16 + bf16 weights + fast dropout | 100 (100–100) | 60.0% (60.0–60.0) | 50.0% (40.0–80.0) | "
-            "25.0% (20.0–40.0) (steady state) | 60 ms (1.67x) | 75 ms (1.33x) | 0 of 6 (max 0% of the CPU) |",
-            "",
-            "- avx2: AVX2 only (no native bf16); Test CPU, 2 threads, 3 rounds, batch 64, length 32, commit abc1234, "
-            "2026-11-24 07:00 UTC; torch 2.13.0; `python -m benchmarks.profile_step`",
+            "- avx2, 2026-11-24 07:00 UTC: Test CPU, 2 threads; torch 2.13.0; commit abc1234; `python -m benchmarks.memory`",
         ]
     )
 
 
 def test_a_block_without_kept_results_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    assert report.encode_table() == (
+    assert report.render_spec(report.ENCODE) == (
         "Not measured under the harness yet: no `benchmarks/results/encode_throughput-*.json`. "
         "`python -m benchmarks.encode_throughput` on a quiet machine keeps one; "
         "`python -m benchmarks.report` then fills this block."
@@ -285,21 +169,24 @@ def test_memory_points_and_their_names() -> None:
 
 
 def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> None:
-    """flops.py's matmul-peak variant end to end (fresh interpreters, seconds): each round
-    kept with its CPU activity, the machine and the command, and the summary their median."""
-    out = tmp_path / "peak.json"
-    argv = ["--rounds", "2", "--variants", "peak-fp32", "--n", "64", "--threads", "1", "--allow-busy", "--json", str(out)]
+    """encode_throughput.py end to end on 64 sentences (fresh interpreters, seconds): each round
+    kept with its CPU activity, the machine and the command, the summary their median, and the
+    summary printed as BENCHMARKS.md's table."""
+    out = tmp_path / "encode.json"
+    argv = ["--rounds", "2", "--variants", "kit-fp32", "--limit", "64", "--batch-size", "16", "--threads", "1"]
+    argv += ["--allow-busy", "--json", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.flops", *argv], capture_output=True, text=True, timeout=120, cwd=REPO
+        [sys.executable, "-m", "benchmarks.encode_throughput", *argv], capture_output=True, text=True, timeout=300, cwd=REPO
     )
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(out.read_text())
-    assert [(r["round"], r["variant"], r["n"]) for r in record["runs"]] == [(0, "peak-fp32", 64), (1, "peak-fp32", 64)]
+    assert [(r["round"], r["variant"], r["sentences"]) for r in record["runs"]] == [(0, "kit-fp32", 64), (1, "kit-fp32", 64)]
     assert all({"other_cpu_share", "busy", "load_avg_before", "load_avg_after"} <= set(r["activity"]) for r in record["runs"])
-    assert record["command"] == "python -m benchmarks.flops " + " ".join(argv)
+    assert record["command"] == "python -m benchmarks.encode_throughput " + " ".join(argv)
     assert record["machine"]["torch_threads"] == 1 and record["args"]["rounds"] == 2
-    gflops = [r["gflops"] for r in record["runs"]]
-    assert record["summary"]["peak-fp32"]["gflops"] == pytest.approx(
-        {"median": statistics.median(gflops), "min": min(gflops), "max": max(gflops), "n": 2}
-        | {"half_range_pct": 100 * (max(gflops) - min(gflops)) / 2 / statistics.median(gflops)}
+    speeds = [r["sentences_per_s"] for r in record["runs"]]
+    assert record["summary"]["kit-fp32"]["sentences_per_s"] == pytest.approx(
+        {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds), "n": 2}
+        | {"half_range_pct": 100 * (max(speeds) - min(speeds)) / 2 / statistics.median(speeds)}
     )
+    assert "| CPU class | variant | sentences/s |" in done.stdout and "| kit-fp32 |" in done.stdout

@@ -9,10 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
-from benchmarks._common import REPO, module_command, seeds_table, step_flops
+from benchmarks._common import REPO, module_command
 
 SCRIPTS = sorted(p for p in (REPO / "benchmarks").glob("*.py") if p.name != "__init__.py")
 
@@ -30,35 +28,3 @@ def test_every_benchmark_imports_from_the_package(script: Path) -> None:
 
 def test_a_fresh_interpreter_runs_the_module() -> None:
     assert module_command(REPO / "benchmarks" / "gpu.py") == [sys.executable, "-m", "benchmarks.gpu"]
-
-
-def test_seeds_table_known_answer() -> None:
-    rows = {
-        "kit": {1: {"avg": 70.0, "STSBenchmark": 80.0}, 2: {"avg": 72.0, "STSBenchmark": 81.0}},
-        "base": {0: {"avg": 65.125, "best_step": 3.0}},
-    }
-    table, stats = seeds_table(rows, {"avg": "Avg.", "STSBenchmark": "STS-B", "best_step": "best step"}, {"best_step": 0})
-    assert table.splitlines() == [
-        "| config | seeds | Avg. | STS-B | best step |",
-        "|---|---:|---:|---:|---:|",
-        "| kit | 2 | 71.00 ± 1.41 | 80.50 ± 0.71 | – |",  # sample std over the seeds
-        "| base | 1 | 65.12 | – | 3 |",
-    ]
-    assert stats["kit"]["n"] == 2 and stats["kit"]["per_seed"]["2"]["avg"] == 72.0
-    assert stats["kit"]["mean"]["avg"] == pytest.approx(71.0)
-
-
-def test_step_flops_counts_forward_and_backward_matmuls() -> None:
-    """Linear [8, 4] -> [8, 3]: 2*8*4*3 FLOPs forward, the same again for the weight's
-    gradient (the input needs none)."""
-
-    class SquaredOutput:
-        def step(self, model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-            loss = model(batch).pow(2).sum()
-            loss.backward()  # the step contract (simcse_kit.training.steps): no backward given, loss.backward()
-            return loss.detach()
-
-    model = nn.Linear(4, 3, bias=False)
-    flops = step_flops(model, SquaredOutput(), [torch.randn(8, 4), torch.randn(8, 4)])
-    assert flops == 2 * (2 * 8 * 4 * 3)
-    assert model.weight.grad is None

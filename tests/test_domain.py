@@ -134,7 +134,7 @@ def test_word_repetition_run_resumes_exactly(tiny_run: TinyRun, monkeypatch: pyt
     assert tiny_run.train("plain", save_steps=4)["losses"] != ref["losses"]
 
 
-# --------------------------------------------------------------------------- benchmarks/domain.py, table_runs.py
+# --------------------------------------------------------------------------- benchmarks/quality.py
 
 
 def bench(name: str):  # noqa: ANN201 - a benchmark module
@@ -166,7 +166,7 @@ class DevOnly(Mapping):
 
 
 def test_the_learning_rate_is_chosen_on_the_mean_dev_score_never_on_test() -> None:
-    choose = bench("table_runs").choose_learning_rate
+    choose = bench("quality").choose_learning_rate
     # Test scores rank the rates the other way round; the best single dev run is 3e-5's;
     # the best MEAN dev is 1e-5's (87.0 against 86.9 and 86.9).
     sweep = {
@@ -202,18 +202,17 @@ def domain_args(tmp_path: Path, **changes: object) -> argparse.Namespace:
 
 
 def test_every_row_runs_at_the_swept_learning_rate_on_the_data_root(tmp_path: Path) -> None:
-    domain = bench("domain")
-    table_runs = bench("table_runs")
+    quality = bench("quality")
     args = domain_args(tmp_path)
-    peer = domain.row_job("sick", "st-tsdae", 1e-5, 1, True, args)
+    peer = quality.row_job("domain", "sick", "st-tsdae", 1e-5, 1, True, args)
     assert (peer.kind, peer.loss, peer.precision, peer.dev_only, peer.retrieval) == ("st", "tsdae", "auto", True, ())
     assert peer.out == str(tmp_path / "out" / "sweep" / "sick-st-tsdae" / "lr1e-05")
-    kit = domain.row_job("stsb", "tau0.1", 3e-5, 2, False, args)
+    kit = quality.row_job("domain", "stsb", "tau0.1", 3e-5, 2, False, args)
     assert (kit.kind, kit.seed, kit.dev_only, kit.retrieval) == ("kit", 2, False, ("/rt/mrpc-paraphrase", "/rt/sick-related"))
     assert kit.out == str(tmp_path / "out" / "stsb-tau0.1" / "lr3e-05") and kit.name == "stsb-tau0.1/lr3e-05/seed-2"
     # A job survives the trip to a worker's file.
     assert type(kit).from_json(json.dumps(dataclasses.asdict(kit))) == kit
-    cfg = table_runs.kit_config(kit)
+    cfg = quality.kit_config(kit)
     assert cfg.train.learning_rate == 3e-5 and cfg.loss.temperature == 0.1 and cfg.train.max_steps == 2
     assert cfg.train.output_dir == kit.out and cfg.train.final_eval
     root = tmp_path / "data"  # every data path under --data-root, not ../shared/data
@@ -223,49 +222,58 @@ def test_every_row_runs_at_the_swept_learning_rate_on_the_data_root(tmp_path: Pa
         == Path(cfg.data.eval_data_dir) / "STS" / "STSBenchmark"
         == root / "senteval" / "STS" / "STSBenchmark"
     )
-    assert not table_runs.kit_config(domain.row_job("sick", "domain", 1e-5, 1, True, args)).train.final_eval
-    mix = table_runs.kit_config(domain.row_job("sick", "mix50", 1e-5, 1, False, args))
+    assert not quality.kit_config(quality.row_job("domain", "sick", "domain", 1e-5, 1, True, args)).train.final_eval
+    mix = quality.kit_config(quality.row_job("domain", "sick", "mix50", 1e-5, 1, False, args))
     assert Path(mix.data.mix_file) == root / "train" / "wiki1m_head.txt"
 
 
-def test_the_domain_table_has_the_chosen_rate_and_the_retrieval_columns() -> None:
-    domain = bench("domain")
-    scores = {"SICKRelatedness": 77.0, "avg": 78.0, "best_stsb_dev": 79.0, "retrieval:sick-related": 80.0, "retrieval:avg": 85.0}
-    rows = {
-        "sick-base": ("sick", "base", {0: scores}),
-        "sick-domain": (
+def test_the_domain_table_has_the_chosen_rate_the_seeds_and_the_verdict_chosen_on_dev() -> None:
+    """report.py renders quality.py's record: the kit row is picked on dev (not the best on test)
+    and compared on the domain's test column with the base and the best peer."""
+    quality, report = bench("quality"), bench("report")
+    scores = {"SICKRelatedness": 77.0, "avg": 78.0, "best_stsb_dev": 79.0, "retrieval:avg": 85.0}
+    results = {
+        "sick-base": quality.stats("sick-base", "sick", "base", {0: scores}, None),
+        "sick-domain": quality.stats(
+            "sick-domain",
             "sick",
             "kit",
             {1: scores | {"best_step": 25.0, "retrieval:avg": 86.0}, 2: scores | {"best_step": 0.0, "retrieval:avg": 88.0}},
+            1e-5,
         ),
+        # best on test, worse on dev: never the one chosen
+        "sick-tau0.1": quality.stats(
+            "sick-tau0.1", "sick", "kit", {1: scores | {"SICKRelatedness": 90.0, "best_stsb_dev": 1.0}}, 3e-5
+        ),
+        "sick-st-mnrl": quality.stats("sick-st-mnrl", "sick", "st", {1: scores | {"SICKRelatedness": 76.5}}, 1e-5),
     }
-    text, stats = domain.markdown(rows, {"sick-domain": 1e-5})
-    lines = text.splitlines()
-    assert lines[0].endswith("| dev: end | nDCG@10 sick-related | nDCG@10 avg |")
-    assert lines[2].startswith("| sick-base (SICKRelatedness) | – | 1 | 77.00 | 78.00 | 79.00 | – |")
-    assert lines[3].startswith("| sick-domain (SICKRelatedness) | 1e-05 | 2 | 77.00 ± 0.00 |")
-    assert lines[3].endswith("| 80.00 ± 0.00 | 87.00 ± 1.41 |") and "| 12 (25, 0) |" in lines[3]
-    assert stats["sick-domain"]["learning_rate"] == 1e-5
+    record = {"results": results}
+    rows = list(report.DOMAIN.rows(record))
+    assert rows[0] == ["sick-base", "–", "1", "77.00", "78.00", "79.00", "–", "85.00"]
+    assert rows[1] == ["sick-domain", "1e-05", "2", "77.00 ± 0.00", "78.00 ± 0.00", "79.00 ± 0.00", "12 (25, 0)", "87.00 ± 1.41"]
+    assert report._domain_verdict([record]) == [
+        "- sick: chosen on dev `sick-domain`, SICKRelatedness 77.00: +0.00 over the base, +0.50 over the best peer "
+        "`sick-st-mnrl`; 7-task average 78.00."
+    ]
 
 
 def test_retrieval_rows_and_never_snli(tmp_path: Path) -> None:
-    table_runs = bench("table_runs")
+    quality = bench("quality")
     from benchmarks.st_peers import retrieval_row
 
     results = {"a": 90.0, "a/mrr@10": 80.0, "b": 70.0, "avg": 80.0, "c": 1.0}
     want = {"retrieval:a": 90.0, "retrieval:a/mrr@10": 80.0, "retrieval:b": 70.0, "retrieval:avg": 80.0}
     assert retrieval_row(results, ["/x/a", "/y/b"]) == want
     with pytest.raises(ValueError, match="never evaluate on SNLI"):
-        table_runs.build_tasks(tmp_path, tmp_path, ["snli-entailment"], [str(tmp_path / "train" / "snli_triplets.csv")])
+        quality.build_tasks(tmp_path, tmp_path, ["snli-entailment"], [str(tmp_path / "train" / "snli_triplets.csv")])
 
 
 def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """benchmarks/mining.py: ``sup-4509`` and ``sup+mined`` read the same rows, those the
-    miner kept, in the same order; ``sup`` and ``hardneg`` read every row of the data root's file."""
-    from simcse_kit.config.run import load_config
+    """The mining table: ``sup-4509`` and ``sup+mined`` read the same rows, those the miner
+    kept, in the same order; ``sup`` and ``hardneg`` read every row of the data root's file."""
     from simcse_kit.training import mining as kit_mining
 
-    mining = bench("mining")
+    quality, report = bench("quality"), bench("report")
     triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
     triplets.parent.mkdir(parents=True)
     rows = [(f"premise {i}", f"entailment {i}", f"contradiction {i}") for i in range(9)]
@@ -281,12 +289,12 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
         return {"rows": len(kept), "skipped": len(rows) - len(kept)}
 
     monkeypatch.setattr(kit_mining, "mine_file", mine)
-    mined = mining.mined_file(tmp_path / "out", triplets)
-    args = argparse.Namespace(eval_steps=25, data_root=tmp_path / "data", steps=None)
+    mined = quality.mined_file(tmp_path / "out", triplets)
+    args = domain_args(tmp_path, steps=None, mined=mined)
 
     def columns(name: str) -> list[tuple[str, ...]]:
-        recipe, opts = mining.config_overrides(name, args, mined)
-        cfg = load_config(recipe, opts)
+        job = quality.row_job("mining", "", name, 3e-5, 1, False, args)
+        cfg = load_config(job.recipe, job.overrides)
         data = load_training_data(cfg)
         names = ("sent0", "sent1", "hard_neg") if cfg.data.mode == "hardneg" else ("sent0", "sent1")
         return list(zip(*(data[c] for c in names), strict=True))
@@ -294,23 +302,28 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
     assert columns("sup-4509") == [(p, e) for p, e, _ in kept]
     assert columns("sup+mined") == kept
     assert columns("sup") == [(p, e) for p, e, _ in rows] and columns("hardneg") == rows
-    counts = {name: mining.training_rows(name, args, mined) for name in mining.CONFIGS}
+    counts = {
+        n: quality.training_rows(quality.row_job("mining", "", n, 3e-5, 1, False, args)) for n in quality.TABLES["mining"].rows
+    }
     assert counts == {"sup": 9, "sup-4509": 6, "sup+mined": 6, "hardneg": 9}
     table = {"avg": 78.0, "STSBenchmark": 82.0, "best_stsb_dev": 86.0, "retrieval:avg": 90.0}
-    text, _ = mining.markdown({"sup-4509": {1: table}, "sup+mined": {1: table | {"avg": 78.5, "retrieval:avg": 89.0}}}, counts)
-    assert "Rows trained on: sup 9; sup-4509 6; sup+mined 6; hardneg 9." in text
-    assert "mined negatives vs pairs only on the same rows (`sup+mined` − `sup-4509`): +0.50 on the 7-task average, -1.00" in text
+    means = {"sup": table, "sup-4509": table, "sup+mined": table | {"avg": 78.5, "retrieval:avg": 89.0}}
+    record = {"results": {n: {"mean": m} for n, m in means.items()}}
+    assert (
+        report._mining_verdict([record])[0]
+        == "- `sup+mined` − `sup-4509` (the same rows): +0.50 on the 7-task average, -1.00 nDCG@10"
+    )
 
 
 def test_a_failed_run_stops_the_table_or_with_keep_going_is_left_out(tmp_path: Path) -> None:
     """The worker path too: a fresh interpreter per job, its output in its own log."""
-    table_runs = bench("table_runs")
-    bad = table_runs.Job(name="bogus/seed-1", kind="bogus", out=str(tmp_path / "bogus"))
+    quality = bench("quality")
+    bad = quality.Job(name="bogus/seed-1", kind="bogus", out=str(tmp_path / "bogus"))
     with pytest.raises(ValueError, match="unknown job kind 'bogus'"):
-        table_runs.execute([bad], 1, 1, tmp_path / "logs")
-    assert table_runs.execute([bad], 1, 1, tmp_path / "logs", keep_going=True) == {}
+        quality.execute([bad], 1, 1, tmp_path / "logs")
+    assert quality.execute([bad], 1, 1, tmp_path / "logs", keep_going=True) == {}
     with pytest.raises(RuntimeError, match="1 of 1 runs failed"):
-        table_runs.execute([bad], 2, 1, tmp_path / "logs")
+        quality.execute([bad], 2, 1, tmp_path / "logs")
     assert "unknown job kind 'bogus'" in (tmp_path / "logs" / "bogus_seed-1.log").read_text(encoding="utf-8")
     assert json.loads((tmp_path / "logs" / "bogus_seed-1.json").read_text(encoding="utf-8"))["kind"] == "bogus"
 
@@ -318,10 +331,10 @@ def test_a_failed_run_stops_the_table_or_with_keep_going_is_left_out(tmp_path: P
 def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_rate(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``sweep_and_run`` (the domain and teacher tables): the rate is chosen on the sweep's dev
-    score alone (its test column says otherwise), the seeds run seed by seed across rows, and
-    a row whose every sweep run failed is left out and named."""
-    table_runs = bench("table_runs")
+    """``sweep_and_run``: the rate is chosen on the sweep's dev score alone (its test column
+    says otherwise), the seeds run seed by seed across rows, and a row whose every sweep run
+    failed is left out and named."""
+    quality = bench("quality")
     dev = {1e-5: 80.0, 3e-5: 82.0, 1e-4: 81.0}
     batches: list[list[str]] = []
 
@@ -337,13 +350,13 @@ def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_ra
             tables[job.name] = {"best_stsb_dev": dev.get(lr, 0.0), "test": test, "seed": float(job.seed)}
         return tables
 
-    monkeypatch.setattr(table_runs, "execute", fake_execute)
+    monkeypatch.setattr(quality, "execute", fake_execute)
 
     def row(name: str):  # noqa: ANN202 - a job factory
         def job(lr: float, seed: int, sweep: bool) -> object:
             prefix = "sweep/" if sweep else ""
-            return table_runs.Job(
-                name=f"{prefix}{name}/{table_runs.lr_tag(lr)}/seed-{seed}",
+            return quality.Job(
+                name=f"{prefix}{name}/{quality.lr_tag(lr)}/seed-{seed}",
                 kind="kit",
                 overrides={"learning_rate": str(lr)},
                 seed=seed,
@@ -353,8 +366,8 @@ def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_ra
         return job
 
     args = argparse.Namespace(seeds=[1, 2, 3], sweep_seed=7, parallel=2, threads=1, keep_going=True, output_dir=tmp_path)
-    base = table_runs.Job(name="base", kind="base")
-    made = table_runs.sweep_and_run({"a": row("a"), "b": row("b"), "bad": row("bad")}, list(dev), args, [base])
+    base = quality.Job(name="base", kind="base")
+    made = quality.sweep_and_run({"a": row("a"), "b": row("b"), "bad": row("bad")}, list(dev), args, [base])
     assert made.chosen == {"a": 3e-5, "b": 3e-5}
     assert [n for n in batches[0] if n.startswith("sweep/a/")] == [f"sweep/a/lr{lr:.0e}/seed-7" for lr in dev]
     assert batches[1] == ["base"] + [f"{r}/lr3e-05/seed-{s}" for s in (1, 2, 3) for r in ("a", "b")]
@@ -365,24 +378,24 @@ def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_ra
 
 def test_a_finished_run_is_reused_only_with_the_same_config(tmp_path: Path) -> None:
     """What lets a stopped table continue: the run folder's config.yaml must match the job's."""
-    table_runs = bench("table_runs")
+    quality = bench("quality")
     from simcse_kit.config.run import save_config
 
-    job = table_runs.Job(name="x", kind="kit", recipe=str(REPO / "train" / "domain" / "sick.yaml"), out=str(tmp_path))
-    cfg = table_runs.kit_config(job)
+    job = quality.Job(name="x", kind="kit", recipe=str(REPO / "train" / "domain" / "sick.yaml"), out=str(tmp_path))
+    cfg = quality.kit_config(job)
     folder = tmp_path / "seed-42"
     folder.mkdir()
     save_config(cfg, folder / "config.yaml")
-    table_runs.check_same_run(cfg, folder)  # the same: reused
-    other = table_runs.kit_config(dataclasses.replace(job, overrides={"learning_rate": "1e-4"}))
+    quality.check_same_run(cfg, folder)  # the same: reused
+    other = quality.kit_config(dataclasses.replace(job, overrides={"learning_rate": "1e-4"}))
     with pytest.raises(ConfigError, match=r"another config \(train.learning_rate"):
-        table_runs.check_same_run(other, folder)
+        quality.check_same_run(other, folder)
 
 
-def test_the_teacher_table_has_the_issues_rows_on_one_protocol(tmp_path: Path) -> None:
-    teacher = bench("teacher")
+def test_the_teacher_table_has_its_rows_on_one_protocol(tmp_path: Path) -> None:
+    quality = bench("quality")
     args = domain_args(tmp_path, teacher="/models/mpnet", teacher_cache_dir=tmp_path / "cache")
-    jobs = {row: teacher.row_job("sick", row, 3e-5, 2, False, args) for row in teacher.ROWS[2:]}
+    jobs = {row: quality.row_job("teacher", "sick", row, 3e-5, 2, False, args) for row in quality.TABLES["teacher"].rows}
     assert {r: (j.kind, Path(j.recipe).parent.name, j.loss) for r, j in jobs.items()} == {
         "kit-unsup": ("kit", "domain", ""),
         "kit-similarity": ("kit", "teacher", ""),
@@ -392,29 +405,12 @@ def test_the_teacher_table_has_the_issues_rows_on_one_protocol(tmp_path: Path) -
     }
     assert all(j.retrieval == ("/rt/mrpc-paraphrase", "/rt/sick-related") and j.seed == 2 for j in jobs.values())
     assert "teacher" not in jobs["kit-unsup"].overrides  # plain SimCSE: no teacher loaded
-    loss = {r: bench("table_runs").kit_config(j).loss for r, j in jobs.items() if j.kind == "kit"}
+    loss = {r: quality.kit_config(j).loss for r, j in jobs.items() if j.kind == "kit"}
     assert loss["kit-unsup"].teacher is None
     assert (loss["kit-similarity"].teacher, loss["kit-similarity"].teacher_loss) == ("/models/mpnet", "similarity")
     assert loss["kit-embedding"].teacher_loss == "embedding" and loss["kit-similarity+simcse"].teacher_weight == 0.5
     assert Path(loss["kit-similarity"].teacher_cache_dir) == tmp_path / "cache"
     assert jobs["st-mse"].overrides["teacher"] == "/models/mpnet"
-    sweep = teacher.row_job("stsb", "kit-embedding", 1e-4, 1, True, args)
+    sweep = quality.row_job("teacher", "stsb", "kit-embedding", 1e-4, 1, True, args)
     assert sweep.dev_only and sweep.retrieval == ()
     assert sweep.out == str(tmp_path / "out" / "sweep" / "stsb-kit-embedding" / "lr1e-04")
-
-
-def test_the_teacher_table_states_the_average_goal_with_the_ceiling() -> None:
-    domain, teacher = bench("domain"), bench("teacher")
-    scores = {"SICKRelatedness": 77.0, "avg": 79.0, "best_stsb_dev": 80.0, "train_seconds": 10.0}
-    rows = {
-        "sick-base": ("sick", "base", {0: scores}),
-        "sick-teacher": ("sick", "teacher", {0: scores | {"avg": 82.5}}),
-        "sick-kit-similarity": ("sick", "kit", {1: scores | {"SICKRelatedness": 78.5, "avg": 80.25, "best_stsb_dev": 81.0}}),
-        "sick-st-mse": ("sick", "st", {1: scores | {"SICKRelatedness": 78.2, "train_seconds": 30.0}}),
-    }
-    text, stats = domain.markdown(rows, {})
-    assert text.splitlines()[0].endswith("| train s |") and "| 30.00 |" in text
-    assert "+1.50 over base 77.00 (meets" in text and "+0.30 over the best peer `sick-st-mse` 78.20 (does NOT meet" in text
-    assert teacher.goals("sick", stats) == (
-        "sick: 7-task average of `sick-kit-similarity` 80.25 (meets the 80.0 goal; the teacher's own is 82.50)"
-    )

@@ -45,7 +45,7 @@ class ModelConfig:
         None,
         "Run the encoder on packed rows instead of padded ones where the model is verified to give the same token states "
         "(simcse_kit.model.packing): same loss, about a third less work at max_seq_len 32 on Wikipedia sentences. null (auto): "
-        "on the CPU, off on CUDA (where benchmarks/gpu.py measured padding faster); true/false: as set, on any device.",
+        "on the CPU, off on CUDA (padding is faster there: BENCHMARKS.md, GPU); true/false: as set, on any device.",
     )
 
 
@@ -67,7 +67,7 @@ class DataConfig:
     num_workers: int | None = option(
         None,
         "DataLoader worker processes for tokenisation (0: in the training process). null (auto): 0 on the CPU (workers "
-        "take the step's cores), 8 on CUDA (measured: benchmarks/gpu.py).",
+        "take the step's cores), 8 on CUDA (BENCHMARKS.md, GPU).",
     )
     train_format: str = option(
         "auto",
@@ -209,8 +209,7 @@ class TrainConfig(LoopConfig):
     mmap_threshold_mib: int | None = option(
         None,
         "glibc only: blocks of this many MiB or more get their own mapping, given back to the OS when freed "
-        "(simcse_kit.model.heap). Less resident memory for more page faults: 2 trims a GradCache run's peak RSS by ~1/6 for a "
-        "1.2-1.3x slower step. None: malloc as it comes.",
+        "(simcse_kit.model.heap). Less resident memory for a slower step (BENCHMARKS.md, Memory). None: malloc as it comes.",
     )
     final_eval: bool = option(True, "score the best model on the 7 STS tasks at the end (false: dev-only sweeps)")
     compile: bool = option(

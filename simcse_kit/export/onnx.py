@@ -186,7 +186,7 @@ def shape_parity(
 def quantize_int8(src: Path, dst: Path) -> None:
     """Dynamic int8 (onnxruntime): :data:`INT8_OPS` weights signed int8, one scale per output
     channel: per-tensor scales cost all-MiniLM-L6-v2 several times more cosine to fp32
-    (BENCHMARKS.md, "ONNX through torch.onnx")."""
+    (BENCHMARKS.md, "Export: ONNX")."""
     from onnxruntime.quantization import QuantType, quantize_dynamic  # the optional [onnx] extra
 
     with _quiet_logs():

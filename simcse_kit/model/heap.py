@@ -4,17 +4,15 @@ glibc's malloc serves a request of at least its *mmap threshold* (128 KiB at sta
 a fresh mapping and unmaps it when freed. But every time such a block is freed, glibc
 raises the threshold to that block's size (up to 32 MiB), so a training step's large
 transient tensors soon come from the heap instead, and the heap only shrinks from its
-top. With tensor sizes that change every packed batch, freed fragments pile up: on the
-unsup recipe the peak RSS keeps climbing for tens of steps, and a GradCache step at batch
-1024 peaks ~700 MiB above what it needs with its blocks unmapped when freed
-(``benchmarks/gradcache_rss.py``).
+top. With tensor sizes that change every packed batch, freed fragments pile up: the peak
+RSS keeps climbing for tens of steps, well above what the step needs with its blocks
+unmapped when freed (BENCHMARKS.md, "Memory").
 
 Fixing the threshold (``mallopt(M_MMAP_THRESHOLD, n)``, the same as starting the process
 with ``MALLOC_MMAP_THRESHOLD_=n``) stops the raising: every block of ``n`` bytes or more is
 its own mapping again and goes back to the system when freed. The price is a system call
-and freshly zeroed pages for each such block, and a step allocates many: measured on the
-unsup recipe (``BENCHMARKS.md``), 1 MiB cuts a GradCache step's peak RSS by 30% but makes
-the step 1.9x slower; 2 MiB cuts 16% for 1.16x; 4 MiB changes neither. So
+and freshly zeroed pages for each such block, and a step allocates many: the lower the
+threshold, the less memory and the slower the step (per setting: BENCHMARKS.md, "Memory"). So
 nothing is set unless ``train.mmap_threshold_mib`` asks; it is a knob for runs whose
 memory matters more than their speed (GradCache at large batches).
 

@@ -44,7 +44,7 @@ class Encoder:
 
     Sentences are tokenised a block at a time and sorted by *token* count before
     batching, then returned in input order. Sorting by characters, the usual shortcut,
-    leaves ~30% of the positions of STS-B batches as padding; by tokens ~4%.
+    leaves far more of the positions as padding.
     """
 
     # Sentences tokenised (and sorted) together: bounds the memory held in token lists.

@@ -1,12 +1,12 @@
 """Choosing the training and inference precision from what the hardware actually does.
 
 bf16 is only a speed-up where the matmul kernels are native. On a CPU with
-avx512_bf16 or AMX, oneDNN's bf16 matmul runs ~4x faster than fp32 and the recipes'
+avx512_bf16 or AMX, oneDNN's bf16 matmul is several times faster than fp32 and the recipes'
 setting (bf16 weights with fp32 masters, fast dropout) is the fastest way to train. On a
 CPU without them (most AVX2 machines; simulate with ``ONEDNN_MAX_CPU_ISA=AVX2``) bf16 is
-emulated: ~2.5 GFLOP/s against ~100 for fp32, and a bf16 step is ~17x slower than fp32
-(issue 12). CPU flags do not settle it (oneDNN may be capped below what the CPU has, or
-built without a kernel), so on CPU ``auto`` *measures*: one few-millisecond bf16 and fp32
+emulated and far slower than fp32. CPU
+flags do not settle it (oneDNN may be capped below what the CPU has, or built without a
+kernel), so on CPU ``auto`` *measures*: one few-millisecond bf16 and fp32
 matmul of a model-like shape, cached per process.
 
 On CUDA nothing is timed: bf16 is native from compute capability 8.0 (Ampere: A100,
@@ -54,15 +54,15 @@ logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "no", "fp16", "bf16")
 # A low-precision matmul must beat fp32 by this factor to count as native: the ratio is
-# ~4x where bf16 is native and ~0.03x where it is emulated, so 1.2 sits far from both
-# and keeps a machine where bf16 merely ties fp32 (AVX-512 without bf16) on fp32.
+# several-fold where bf16 is native and far below 1 where it is emulated, so 1.2 sits far
+# from both and keeps a machine where bf16 merely ties fp32 (AVX-512 without bf16) on fp32.
 BF16_SPEEDUP_THRESHOLD = 1.2
 # [tokens, hidden] @ [hidden, 4 x hidden] of all-MiniLM-L6-v2's feed-forward with 32
-# tokens, on one core: ~0.7 ms in fp32, ~0.15 ms in native bf16, ~15 ms emulated.
+# tokens: a millisecond or less on one core, more where bf16 is emulated.
 PROBE_SHAPE = (32, 384, 1536)
 _ROUNDS = 10
 # Timed rounds stop once they have used this much time (at least one always runs),
-# which bounds the probe at ~25 ms on an emulated-bf16 CPU, ~10 ms on a native one.
+# which bounds the probe to a few tens of milliseconds even where bf16 is emulated.
 _BUDGET_S = 0.008
 
 

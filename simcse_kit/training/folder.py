@@ -63,9 +63,8 @@ def with_concrete_precision(cfg: TrainConfig, cpu: bool | None = None) -> tuple[
     return replace(decided, fast_dropout=choice.fast_dropout), choice
 
 
-# benchmarks/gpu.py on an H100 (BENCHMARKS.md, the main job's model at batch 512, length
-# 32): the collator's tokenisation in 4 worker processes gave 4.5x the sentences/s of none,
-# 8 workers another 1.4x.
+# On CUDA the collator's tokenisation in the training process is the bottleneck: 4 and then
+# 8 worker processes each raised the sentences/s (BENCHMARKS.md, GPU).
 CUDA_WORKERS = 8
 
 

@@ -106,7 +106,7 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
 
 def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
     """AdamW, fused into one kernel where the parameters' device allows (the per-parameter
-    loop it replaces is several times slower on CPU: ``python -m benchmarks.adamw_step``); with
+    loop it replaces is several times slower on CPU); with
     ``cfg.bf16_model`` the model is cast to bf16 (embedding tables excepted) and AdamW
     keeps fp32 masters (:func:`simcse_kit.model.fastpath.bf16.bf16_training`), its embedding
     tables' gradients in kept dense buffers as ``cfg.sparse_embedding_grad`` says."""

@@ -9,13 +9,12 @@ weights are re-rounded from it after every step (as in Megatron / DeepSpeed bf16
 
 Embedding tables stay fp32 (:func:`bf16_training`): a lookup gains nothing from bf16,
 and the word embedding's dense gradient is half the model's parameters, so converting
-it to fp32 for the update and the table back to bf16 after it cost ~70 ms a step on
-the default model, more than the lookups themselves.
+it to fp32 for the update and the table back to bf16 after it cost more a step than the
+lookups themselves.
 
 Gradients that stay put. A dense embedding backward allocates a zeroed table-sized
 gradient every time (47 MB on the default model): on CPU a block that large is a fresh
-mapping whose every page faults in when zeroed (9 ms of a 375 ms step at batch 64,
-``benchmarks/profile_step.py``), and GradCache runs a backward per chunk. With
+mapping whose every page faults in when zeroed, and GradCache runs a backward per chunk. With
 ``sparse_tables`` the tables look up with ``sparse=True`` (their backward yields only the
 rows used) and keep one dense ``.grad`` across steps, zeroed in place, into which autograd
 adds those rows in place. Likewise each master's fp32 gradient buffer is kept and
@@ -39,9 +38,9 @@ MASTER_KEY = "master_weights"
 def copy_tensors_(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
     """``d.copy_(s)`` for each pair (here: bf16 weights re-rounded from fp32 masters).
 
-    A plain loop, not ``torch._foreach_copy_`` (private): on the default model's 102
-    bf16 <- fp32 copies (11M values, CPU) both take 1.9 ms, as the copies' memory
-    traffic dominates, and give identical tensors.
+    A plain loop, not ``torch._foreach_copy_`` (private): on the default model's bf16 <- fp32
+    copies both take the same time, as the copies' memory traffic dominates, and give
+    identical tensors.
     """
     for d, s in zip(dst, src, strict=True):
         d.copy_(s)

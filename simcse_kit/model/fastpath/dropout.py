@@ -2,11 +2,11 @@
 
 In unsupervised SimCSE dropout *is* the augmentation, so it runs on every activation of
 every step: 19 dropout sites per BERT-6 forward. PyTorch's CPU dropout draws one
-Bernoulli sample per element (``bernoulli_``), about 10% of a bf16 training step on the
-default model. Here one 64-bit draw of the same generator gives four 16-bit uniforms,
+Bernoulli sample per element (``bernoulli_``), a visible share of a bf16 training step on
+the default model. Here one 64-bit draw of the same generator gives four 16-bit uniforms,
 compared against a threshold; for bf16/fp16 the comparison is done with integer ops that
 leave 1.0's bit pattern where kept, since a bool mask's conversion costs more than the
-draws. 3.2x cheaper per call than PyTorch's (``benchmarks/dropout_cost.py``).
+draws.
 
 The drop probability is rounded to a multiple of 1/65536 (0.1 -> 0.100006) and the
 kept values are scaled by the exact inverse keep rate, so the expectation is unchanged.
@@ -52,7 +52,7 @@ def fast_dropout(x: torch.Tensor, p: float, integer_mask: bool | None = None) ->
         p: the drop probability.
         integer_mask: build the mask in the integers (16-bit floats only; the default
             there) rather than as a bool mask applied with ``torch.where`` (the default for
-            other dtypes). The two give equal results; ``benchmarks/dropout_cost.py`` times them.
+            other dtypes). The two give equal results.
 
     Returns:
         A tensor of ``x``'s shape and dtype.
@@ -73,8 +73,8 @@ def fast_dropout(x: torch.Tensor, p: float, integer_mask: bool | None = None) ->
     if one is None or integer_mask is False:
         return torch.where(uniforms >= threshold, x * scale, 0.0)
     # 16-bit floats: the mask is made in the integers and read as floats, 1.0 where kept and
-    # 0.0 where dropped, because a bool mask's conversion (torch.where, x * keep) costs ~10x
-    # a multiply on CPU. x * mask is exact, so the output and its gradient equal the
+    # 0.0 where dropped, because a bool mask's conversion (torch.where, x * keep) costs many
+    # times a multiply on CPU. x * mask is exact, so the output and its gradient equal the
     # torch.where form bit for bit.
     mask = uniforms.clamp_(threshold - 1, threshold).sub_(threshold - 1).mul_(one).view(x.dtype)
     return _MaskThenScale.apply(x, mask, scale)

@@ -1,0 +1,526 @@
+"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation), each a spec in :data:`TABLES`.
+
+Every row of a table trains the default model by a recipe (or a sentence-transformers peer of
+it, ``st_peers.py``) at each learning rate of the table for one seed, dev only; the rate with
+the best mean dev score is kept (never a test score), then the row runs ``--seeds`` at it.
+Finished runs are reused; ``--parallel N`` runs N fresh interpreters at once.
+
+    python -m benchmarks.quality domain --data-root DATA --parallel 10 --threads 1 --keep-going
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import dataclasses
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks._common import REPO, machine, setup_run
+from benchmarks.st_peers import dev_curve, resolve_precision, retrieval_row, run_settings, run_st
+from simcse_kit.config.run import DEFAULT_MODEL
+
+DEV_KEY, TIE_KEY = "best_stsb_dev", "dev_trained"  # the only keys the learning-rate choice reads
+TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark", "": "STSBenchmark"}  # each domain's test column
+SNLI = "train/snli_triplets.csv"
+WIKI = "{data_root}/train/wiki1m_head.txt"  # resolved against the data root by load_config
+logger = logging.getLogger("quality")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """A table row: ``train/<recipe>.yaml`` (``{d}``: the domain) with ``overrides``, or a
+    sentence-transformers ``peer`` of it; ``teacher``/``mined``: learns from ``--teacher`` / the re-mined pairs."""
+
+    recipe: str
+    overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    peer: str = ""
+    teacher: bool = False
+    mined: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """A quality table: its rows (``default`` run unless ``--rows``), the learning rates swept on
+    dev, the domains (``""``: one table scored on STS-B) and the untouched models scored beside."""
+
+    rows: Mapping[str, Row]
+    default: Sequence[str]
+    learning_rates: str = "3e-5"
+    domains: Sequence[str] = ("",)
+    untouched: Sequence[str] = ("base",)
+    trains_on: Sequence[str] = ()
+
+
+_QUEUE = {"queue_size": "160", "momentum": "0.995"}
+_FN = {"mask_false_negatives": "true"}
+_STS_ROWS = {"st-unsup": Row("unsup", peer="mnrl"), "st-hardneg": Row("hardneg", peer="mnrl")}
+for _mode in ("unsup", "sup", "hardneg"):
+    for _suffix, _extra in (("", {}), ("-fn", _FN), ("-queue", _QUEUE), ("-fn-queue", _FN | _QUEUE)):
+        _STS_ROWS[f"kit-{_mode}{_suffix}"] = Row(_mode, _extra)
+_STS_ROWS["kit-unsup-fp32"] = Row("unsup", {"mixed_precision": "no", "bf16_weights": "false"})
+_DOMAIN_ROWS = {
+    "domain": Row("domain/{d}"), "wiki": Row("domain/{d}", {"train_file": WIKI, "train_format": "auto"}),
+    "domain-rep": Row("domain/{d}", {"word_repetition": "0.32"}),
+    "mix50": Row("domain/{d}", {"mix_file": WIKI, "mix_ratio": "0.5"}), "tau0.1": Row("domain/{d}", {"temperature": "0.1"}),
+    "fnt0.8": Row("domain/{d}", {"false_negative_threshold": "0.8"}),
+    **{f"st-{loss}": Row("domain/{d}", peer=loss) for loss in ("mnrl", "tsdae", "ct")},
+}
+_TEACHER_ROWS = {
+    "kit-unsup": Row("domain/{d}"), "kit-similarity": Row("teacher/{d}", teacher=True),
+    "kit-embedding": Row("teacher/{d}", {"teacher_loss": "embedding"}, teacher=True),
+    "kit-similarity+simcse": Row("teacher/{d}", {"teacher_weight": "0.5"}, teacher=True),
+    "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
+}
+_MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=True), "sup+mined": Row("hardneg", mined=True)}
+TABLES = {
+    "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
+    "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
+    "teacher": Table(_TEACHER_ROWS, list(_TEACHER_ROWS), "1e-5,3e-5,1e-4", ("sick", "stsb"), ("base", "teacher")),
+    "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One run, JSON-serialisable for a worker."""
+
+    name: str
+    kind: str
+    recipe: str = ""
+    overrides: dict[str, str] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    out: str = ""
+    model: str = DEFAULT_MODEL
+    loss: str = ""
+    precision: str = ""
+    retrieval: tuple[str, ...] = ()
+    dev_only: bool = False
+    eval_data_dir: str = ""
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        fields = json.loads(text)
+        return cls(**fields | {"retrieval": tuple(fields.get("retrieval", ()))})
+
+
+def lr_tag(lr: float) -> str:
+    return f"lr{lr:.0e}"
+
+
+def choose_learning_rate(sweep: Mapping[float, Sequence[Mapping[str, float]]]) -> float:
+    """The rate with the best mean ``best_stsb_dev``; ties: the better mean ``dev_trained``, then
+    the earlier rate. Never a test column."""
+    if not sweep:
+        raise ValueError("no learning rate to choose from")
+
+    def mean(runs: Sequence[Mapping[str, float]], key: str) -> float:
+        values = [float(run[key]) for run in runs if key in run]
+        return sum(values) / len(values) if values else float("-inf")
+
+    order = list(sweep)
+    return max(order, key=lambda lr: (mean(sweep[lr], DEV_KEY), mean(sweep[lr], TIE_KEY), -order.index(lr)))
+
+
+def build_tasks(out: Path, data_root: Path, names: Sequence[str], train_files: Sequence[str]) -> list[str]:
+    """The built-in retrieval tasks ``names`` built from ``data_root`` into ``out``; SNLI's refused
+    when a run trains on ``snli_triplets.csv`` (built from SNLI's dev and test)."""
+    from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks
+
+    if any("snli" in Path(f).name.lower() for f in train_files) and any("snli" in n.lower() for n in names):
+        raise ValueError(f"retrieval tasks {list(names)}: never evaluate on SNLI with a model trained on snli_triplets.csv")
+    return [str(p) for p in build_retrieval_tasks(out, data_root, names).values()] if names else []
+
+
+def score_retrieval(model: str | Path, tasks: Sequence[str], max_seq_len: int, cache: Path) -> dict[str, float]:
+    """:func:`st_peers.retrieval_row` of ``model``, cached in ``cache`` with the tasks it was scored on."""
+    from simcse_kit.evaluation.retrieval import RetrievalEvaluator
+    from simcse_kit.files import write_json_atomic
+    from simcse_kit.model.devices import resolve_device
+    from simcse_kit.model.inference import load_encoder
+
+    names = [Path(t).name for t in tasks]
+    saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
+    if saved.get("tasks") == names and saved.get("max_seq_len") == max_seq_len:
+        return saved["row"]
+    device = str(resolve_device("auto"))
+    encoder = load_encoder(str(model), max_seq_len=max_seq_len, device=device)
+    row = retrieval_row(RetrievalEvaluator(tasks, device=device, prompts=encoder.prompts)(encoder.encode), tasks)
+    write_json_atomic(cache, {"tasks": names, "max_seq_len": max_seq_len, "row": row})
+    return row
+
+
+def base_scores(job: Job) -> dict[str, float]:
+    """The untouched ``job.model``'s STS table and retrieval row, cached in ``job.out``."""
+    from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.files import write_json_atomic
+    from simcse_kit.model.devices import resolve_device
+    from simcse_kit.model.inference import load_encoder
+
+    out = Path(job.out)
+    done = out / "metrics.json"
+    saved = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {}
+    if saved.get("eval_data_dir") != job.eval_data_dir or saved.get("model") != job.model or "sts" not in saved:
+        sts = STSEvaluator(job.eval_data_dir)(load_encoder(job.model, device=str(resolve_device("auto"))).encode)
+        saved = {"sts": sts, "eval_data_dir": job.eval_data_dir, "model": job.model}
+        write_json_atomic(done, saved)
+    row = dict(saved["sts"])
+    if job.retrieval:
+        row |= score_retrieval(job.model, job.retrieval, 256, out / "retrieval.json")
+    return row
+
+
+def kit_config(job: Job) -> Any:
+    from simcse_kit.config.run import load_config
+
+    extra = {"final_eval": "false"} if job.dev_only else {}
+    return load_config(job.recipe, job.overrides | extra | {"output_dir": job.out})
+
+
+PRECISION_KEYS = ("mixed_precision", "bf16_weights", "fast_dropout")
+
+
+def check_same_run(cfg: Any, folder: Path) -> None:
+    """Refuse a finished run in ``folder`` made with another config than ``cfg`` (an ``auto``
+    precision key matches whatever the run decided: a bf16 probe on a busy CPU may differ)."""
+    from simcse_kit.config.run import load_config
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.training.folder import config_differences
+
+    auto = {f"train.{k}" for k in PRECISION_KEYS if getattr(cfg.train, k) == "auto"}
+    saved = load_config(folder / "config.yaml")
+    diffs = [d for d in config_differences(saved, dataclasses.replace(cfg)) if d.split(":")[0] not in auto | {"train.seed"}]
+    if saved.train.seed != int(folder.name.removeprefix("seed-")):
+        diffs.append(f"train.seed: {saved.train.seed} in {folder.name}")
+    if diffs:
+        raise ConfigError(
+            f"{folder} holds a finished run with another config ({'; '.join(diffs)}); remove it or use another --output-dir"
+        )
+    logger.info("reusing the finished run in %s", folder)
+
+
+def run_job(job: Job) -> dict[str, float]:
+    """Run ``job`` (or reuse its finished run); its table: STS columns, dev scores, best step, retrieval."""
+    if job.kind == "base":
+        return base_scores(job)
+    if job.kind == "st":
+        from simcse_kit.config.run import load_config
+
+        cfg = load_config(job.recipe, job.overrides | {"output_dir": job.out})
+        runs = run_st(cfg, [job.seed], job.loss, job.precision, Path(job.out), retrieval=job.retrieval, dev_only=job.dev_only)
+        return runs[job.seed]
+    if job.kind != "kit":
+        raise ValueError(f"unknown job kind {job.kind!r}")
+    from simcse_kit.training.experiments import run_seeds
+
+    cfg = kit_config(job)
+    folder = Path(job.out) / f"seed-{job.seed}"
+    if (folder / "metrics.json").is_file():
+        check_same_run(cfg, folder)
+    else:
+        if folder.is_dir():  # stopped part-way: the kit refuses to write over it
+            logger.warning("removing the unfinished run in %s", folder)
+            shutil.rmtree(folder)
+        run_seeds(cfg, [job.seed], quiet=True)
+    metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    row = {**metrics.get("sts", {}), DEV_KEY: float(metrics["best_stsb_dev"]), "best_step": float(metrics["best_step"])}
+    row |= {"train_seconds": float(metrics["train_seconds"])} | dev_curve(metrics)
+    if job.retrieval and not job.dev_only:
+        row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
+    return row
+
+
+def finished(job: Job) -> bool:
+    """Whether ``job``'s run is done (no worker is started for it)."""
+    out = Path(job.out)
+    if job.kind == "base":
+        return (out / "metrics.json").is_file() and (not job.retrieval or (out / "retrieval.json").is_file())
+    done = out / f"seed-{job.seed}" / "metrics.json"
+    if not done.is_file():
+        return False
+    if job.kind == "st":
+        from simcse_kit.config.run import load_config
+
+        cfg = load_config(job.recipe, job.overrides | {"output_dir": job.out})
+        saved = json.loads(done.read_text(encoding="utf-8")).get("settings")
+        return saved == run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only)
+    return job.dev_only or not job.retrieval or (done.parent / "retrieval.json").is_file()
+
+
+def log_name(job: Job) -> str:
+    return job.name.replace("/", "_")
+
+
+def execute(
+    jobs: Sequence[Job], parallel: int, threads: int, logs: Path, keep_going: bool = False
+) -> dict[str, dict[str, float]]:
+    """Every job's table; with ``parallel`` > 1 the runs are made first in fresh interpreters
+    (logs in ``logs``); ``keep_going``: a failed run is left out, not fatal."""
+    failed: list[Job] = []
+    if parallel > 1:
+        logs.mkdir(parents=True, exist_ok=True)
+        env = os.environ | {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+        def work(job: Job) -> tuple[Job, int]:
+            spec = logs / f"{log_name(job)}.json"
+            spec.write_text(json.dumps(dataclasses.asdict(job)), encoding="utf-8")
+            command = [sys.executable, "-m", "benchmarks.quality", "worker", "--job", str(spec), "--threads", str(threads)]
+            with (logs / f"{log_name(job)}.log").open("w", encoding="utf-8") as log:
+                status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+            logger.info("%s: %s", job.name, "done" if status == 0 else f"FAILED (status {status})")
+            return job, status
+
+        todo = [job for job in jobs if not finished(job)]
+        logger.info("%d runs to make (%d finished), %d at a time", len(todo), len(jobs) - len(todo), parallel)
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            failed = [job for job, status in pool.map(work, todo) if status != 0]
+        if failed and not keep_going:
+            names = ", ".join(str(logs / f"{log_name(j)}.log") for j in failed)
+            raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed; see {names}")
+    tables = {}
+    for job in (j for j in jobs if j not in failed):
+        try:
+            tables[job.name] = run_job(job)
+        except Exception:
+            if not keep_going:
+                raise
+            logger.exception("%s failed; left out of the table", job.name)
+    return tables
+
+
+@dataclasses.dataclass
+class TableResults:
+    """What :func:`sweep_and_run` made."""
+
+    sweep: dict[str, dict[float, dict[str, float]]]
+    chosen: dict[str, float]
+    rows: dict[str, dict[int, dict[str, float]]]
+    extra: dict[str, dict[str, float]]
+    lost: list[str]
+
+
+def sweep_and_run(
+    rows: Mapping[str, Callable[[float, int, bool], Job]], lrs: Sequence[float], args: argparse.Namespace,
+    extra: Sequence[Job] = (),
+) -> TableResults:
+    """Each row (``job(lr, seed, sweep)``) at each of ``lrs`` for ``args.sweep_seed``, dev only."""
+    logs = args.output_dir / "logs"
+    sweep: dict[str, dict[float, dict[str, float]]] = {name: {} for name in rows}
+    lost: list[str] = []
+    if len(lrs) > 1:
+        jobs = {(name, lr): job(lr, args.sweep_seed, True) for name, job in rows.items() for lr in lrs}
+        tables = execute(list(jobs.values()), args.parallel, args.threads, logs, args.keep_going)
+        for (name, lr), run in jobs.items():
+            if run.name in tables:
+                sweep[name][lr] = tables[run.name]
+        lost += [f"sweep of {name}" for name, by_lr in sweep.items() if not by_lr]
+    kept = {name: job for name, job in rows.items() if sweep[name] or len(lrs) == 1}
+    chosen = {name: choose_learning_rate({lr: [t] for lr, t in sweep[name].items()}) if sweep[name] else lrs[0] for name in kept}
+    jobs = {(name, seed): job(chosen[name], seed, False) for seed in args.seeds for name, job in kept.items()}
+    tables = execute([*extra, *jobs.values()], args.parallel, args.threads, logs, args.keep_going)
+    done = {name: {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables} for name in kept}
+    lost += [j.name for j in [*extra, *jobs.values()] if j.name not in tables]
+    return TableResults(
+        sweep={name: sweep[name] for name in kept}, chosen=chosen,
+        rows={name: per_seed for name, per_seed in done.items() if per_seed},
+        extra={j.name: tables[j.name] for j in extra if j.name in tables}, lost=lost,
+    )
+
+
+# --------------------------------------------------------------------------- the tables' rows
+
+
+def row_overrides(overrides: Mapping[str, str], args: argparse.Namespace) -> dict[str, str]:
+    """``overrides`` with this command's budget, data root and STS folder."""
+    opts = dict(overrides) | {"eval_steps": str(args.eval_steps), "progress_bar": "false", "data_root": str(args.data_root)}
+    if args.steps is not None:
+        opts["max_steps"] = str(args.steps)
+    if args.eval_data_dir is not None:  # only when set: finished runs' configs stay equal
+        opts["eval_data_dir"] = str(args.eval_data_dir)
+    return opts
+
+
+def recipe_path(row: Row, domain: str) -> Path:
+    return REPO / "train" / f"{row.recipe.format(d=domain)}.yaml"
+
+
+def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: bool, args: argparse.Namespace) -> Job:
+    """The run of row ``name`` of ``table`` on ``domain`` at ``lr`` and ``seed``."""
+    row = TABLES[table].rows[name]
+    opts = dict(row.overrides) | {"learning_rate": str(lr)}
+    if row.teacher:
+        opts["teacher"] = str(args.teacher)
+        if args.teacher_cache_dir is not None:
+            opts["teacher_cache_dir"] = str(args.teacher_cache_dir)
+    if row.mined:
+        opts["train_file"] = str(args.mined)
+    label, sweep_dir = f"{domain}-{name}" if domain else name, "sweep" if sweep else ""
+    return Job(
+        name=str(Path(sweep_dir, label, lr_tag(lr), f"seed-{seed}")), kind="st" if row.peer else "kit",
+        recipe=str(recipe_path(row, domain)), overrides=row_overrides(opts, args), seed=seed,
+        out=str(args.output_dir / sweep_dir / label / lr_tag(lr)), loss=row.peer,
+        precision=args.st_precision if row.peer else "", retrieval=() if sweep else tuple(args.tasks), dev_only=sweep,
+    )
+
+
+def mined_file(out: Path, triplets: Path) -> Path:
+    """``triplets`` without its contradictions, re-mined by ``simcse-kit mine`` (cached in ``out``)."""
+    from simcse_kit.data.readers import read_rows
+    from simcse_kit.files import write_text_atomic
+    from simcse_kit.training.mining import mine_file
+
+    target = out / "snli_pairs_mined.csv"
+    if not target.is_file():
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=("sent0", "sent1"), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(read_rows(triplets, ("sent0", "sent1")))
+        write_text_atomic(out / "snli_pairs.csv", text.getvalue())
+        mine_file(out / "snli_pairs.csv", target)
+    return target
+
+
+def training_rows(job: Job) -> int:
+    """How many examples ``job`` trains on, read as its run reads them."""
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.run import load_training_data
+
+    return len(load_training_data(load_config(job.recipe, job.overrides)))
+
+
+def encode_teacher(domain: str, args: argparse.Namespace) -> None:
+    """The teacher's vectors of ``domain``'s training sentences, cached before any worker starts."""
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.inputs import load_teacher, load_training_data
+
+    job = row_job("teacher", domain, "kit-similarity", 3e-5, 0, True, args)
+    cfg = load_config(job.recipe, job.overrides)
+    load_teacher(cfg, load_training_data(cfg))
+
+
+def stats(name: str, domain: str, kind: str, per_seed: Mapping[int, Mapping[str, float]], lr: float | None) -> dict[str, Any]:
+    """A row as ``report.py`` reads it: mean and sample std over the seeds, and each seed's table."""
+    from simcse_kit.training.experiments import aggregate
+
+    mean, std = aggregate(list(per_seed.values()))
+    seeds = {str(k): dict(v) for k, v in per_seed.items()}
+    return {"domain": domain, "kind": kind, "target": TARGET[domain], "learning_rate": lr, "n": len(per_seed)} | {
+        "mean": mean, "std": std, "per_seed": seeds}  # fmt: skip
+
+
+def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``table``'s rows (``args.rows``) and untouched models; the record ``report.py`` renders."""
+    from simcse_kit.training.experiments import parse_values
+
+    spec = TABLES[table]
+    lrs = parse_values("learning rate", args.learning_rates or spec.learning_rates)
+    if any(spec.rows[r].mined for r in args.rows):
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        args.mined = mined_file(args.output_dir, args.data_root / SNLI)
+    if any(spec.rows[r].teacher for r in args.rows):
+        for domain in spec.domains:
+            encode_teacher(domain, args)
+    senteval = str(args.eval_data_dir or args.data_root / "senteval")
+    models = {"base": DEFAULT_MODEL, "teacher": str(getattr(args, "teacher", None))}
+    tasks = tuple(args.tasks)
+    untouched = [Job(u, "base", out=str(args.output_dir / u), model=models[u], retrieval=tasks, eval_data_dir=senteval)
+                 for u in spec.untouched]  # fmt: skip
+    rows = {(d, r): (lambda lr, s, sw, d=d, r=r: row_job(table, d, r, lr, s, sw, args)) for d in spec.domains for r in args.rows}
+    made = sweep_and_run({f"{d}-{r}" if d else r: job for (d, r), job in rows.items()}, lrs, args, untouched)
+    results: dict[str, Any] = {}
+    for domain in spec.domains:
+        for u in untouched:
+            if u.name in made.extra:
+                results[f"{domain}-{u.name}" if domain else u.name] = stats(u.name, domain, u.name, {0: made.extra[u.name]}, None)
+        for d, r in rows:
+            label = f"{d}-{r}" if d else r
+            if d == domain and label in made.rows:
+                kind = "st" if spec.rows[r].peer else "kit"
+                results[label] = stats(label, d, kind, made.rows[label], made.chosen[label])
+                if table == "mining":
+                    results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
+    sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
+    return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
+        "data_root": str(args.data_root), "seeds": args.seeds, "steps": args.steps, "retrieval_tasks": args.task_names,
+        "st_precision": resolve_precision(args.st_precision), "learning_rates": lrs, "chosen_learning_rates": made.chosen,
+        "sweep": sweep, "lost": made.lost, "results": results,
+    }
+
+
+def prepare(args: argparse.Namespace, table: Table) -> None:
+    """Resolve the data root (also as ``SIMCSE_KIT_DATA`` for the workers), the output folder,
+    the seeds and the retrieval tasks (built under the output folder) in place."""
+    from simcse_kit.config.recipes import DATA_ENV, data_root
+    from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
+    from simcse_kit.training.experiments import parse_seeds
+
+    args.data_root = data_root(args.data_root)
+    if args.data_root is None or not args.data_root.is_dir():
+        raise SystemExit(f"no data root at {args.data_root}: pass --data-root DIR or set {DATA_ENV}")
+    os.environ[DATA_ENV] = str(args.data_root)
+    args.output_dir = args.output_dir.resolve()
+    args.seeds = parse_seeds(args.seeds)
+    args.task_names = [] if args.retrieval_tasks == ["none"] else (args.retrieval_tasks or list(RETRIEVAL_TASKS))
+    trained = [str(args.data_root / f) for f in table.trains_on]
+    args.tasks = build_tasks(args.output_dir / "retrieval-tasks", args.data_root, args.task_names, trained)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("table", choices=[*TABLES, "worker"], help="the table to build (worker: run one --job FILE)")
+    p.add_argument("--rows", "--configs", nargs="+", default=None, help="the rows to run (default: the table's)")
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated")
+    p.add_argument("--learning-rates", default=None, help="comma-separated, swept on dev (default: the table's)")
+    p.add_argument("--sweep-seed", type=int, default=1, help="the seed of the dev-only learning-rate sweep")
+    p.add_argument("--steps", "--max-steps", type=int, default=None, help="max optimiser steps per run (default: one epoch)")
+    p.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
+    p.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder of the final table (smoke tests)")
+    p.add_argument("--st-precision", choices=("fp32", "bf16", "auto"), default="auto", help="auto: bf16 on a GPU, else fp32")
+    p.add_argument("--teacher", default=None, help="the teacher (table teacher): a sentence-transformers folder")
+    p.add_argument("--teacher-cache-dir", type=Path, default=None, help="where its vectors are cached (default: the kit's)")
+    p.add_argument("--data-root", type=Path, default=None, help="default: $SIMCSE_KIT_DATA, else ../shared/data")
+    p.add_argument("--retrieval-tasks", nargs="+", default=None, help="built-in retrieval tasks (default: all; none: skip)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    p.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")
+    p.add_argument("--output-dir", type=Path, default=None, help="default: runs/benchmarks/<table>")
+    p.add_argument("--job", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> None:
+    from benchmarks import report
+
+    args = parser().parse_args()
+    setup_run(args.threads)
+    if args.table == "worker":
+        run_job(Job.from_json(args.job.read_text(encoding="utf-8")))
+        return
+    spec = TABLES[args.table]
+    args.rows = args.rows or list(spec.default)
+    unknown = [r for r in args.rows if r not in spec.rows]
+    if unknown or (args.table == "teacher" and not args.teacher):
+        raise SystemExit(f"--rows {unknown} not in {list(spec.rows)}" if unknown else "the teacher table needs --teacher")
+    args.output_dir = args.output_dir or REPO / "runs" / "benchmarks" / args.table
+    prepare(args, spec)
+    start = time.perf_counter()
+    record = build(args.table, args)
+    out = args.output_dir / f"{args.table}.json"
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    spec_view = {"sts": report.QUALITY, "mining": report.MINING}.get(args.table, report.DOMAIN)
+    print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
+    print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
+
+
+if __name__ == "__main__":
+    main()
