@@ -24,7 +24,8 @@ from transformers import AutoTokenizer
 from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core import losses, modes
 from simcse_kit.core.batch import batch_texts, text_ids, views_per_example
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset, mix_datasets, negatives_of
+from simcse_kit.errors import DataError
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.gradcache import effective_negatives
 from simcse_kit.training.objectives import SimCSEObjective
@@ -293,3 +294,87 @@ def test_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path: Pat
         assert grads.keys() == want_grads.keys()
         for key, g in grads.items():
             torch.testing.assert_close(g, want_grads[key], atol=1e-5, rtol=0, msg=f"{name} {key}")
+
+
+# --------------------------------------------------------------------------- the data: k read off the file
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]]) -> Path:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_a_jsonl_list_and_numbered_csv_columns_read_alike(tmp_path: Path) -> None:
+    rows = [{"sent0": f"a{i}", "sent1": f"p{i}", "hard_neg": [f"n{i}1", f"n{i}2", f"n{i}3"]} for i in range(3)]
+    from_jsonl = load_train_dataset(str(write_jsonl(tmp_path / "k.jsonl", rows)), "hardneg")
+    csv = "sent0,sent1,hard_neg_1,hard_neg_2,hard_neg_3\n" + "".join(f"a{i},p{i},n{i}1,n{i}2,n{i}3\n" for i in range(3))
+    (tmp_path / "k.csv").write_text(csv, encoding="utf-8")
+    from_csv = load_train_dataset(str(tmp_path / "k.csv"), "hardneg")
+    for ds in (from_jsonl, from_csv):
+        assert ds.column_names == ["sent0", "sent1", "hard_neg_1", "hard_neg_2", "hard_neg_3"]
+        assert negatives_of(ds.column_names) == 3
+        assert ds[1] == {"sent0": "a1", "sent1": "p1", "hard_neg_1": "n11", "hard_neg_2": "n12", "hard_neg_3": "n13"}
+    # Numbered keys in JSONL too; and one negative in any form is the old column hard_neg.
+    numbered = [{"sent0": "a", "sent1": "p", "hard_neg_1": "x", "hard_neg_2": "y"}] * 2
+    assert load_train_dataset(str(write_jsonl(tmp_path / "n.jsonl", numbered)), "hardneg")[0]["hard_neg_2"] == "y"
+    for name, one in (("s.jsonl", {"hard_neg": "x"}), ("l.jsonl", {"hard_neg": ["x"]}), ("h.jsonl", {"hard_neg_1": "x"})):
+        ds = load_train_dataset(str(write_jsonl(tmp_path / name, [{"sent0": "a", "sent1": "p"} | one] * 2)), "hardneg")
+        assert ds.column_names == ["sent0", "sent1", "hard_neg"] and negatives_of(ds.column_names) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "r.jsonl",
+            '{"sent0": "a", "sent1": "p", "hard_neg": ["x", "y", "z"]}\n{"sent0": "b", "sent1": "q", "hard_neg": ["x", "y"]}\n',
+            r"r.jsonl, line 2: 2 hard negative\(s\), the file's first row has 3; every row needs the same number",
+        ),
+        (
+            "s.jsonl",
+            '{"sent0": "a", "sent1": "p", "hard_neg": "x"}\n{"sent0": "b", "sent1": "q", "hard_neg": ["x", "y"]}\n',
+            r"s.jsonl, line 2: 2 hard negative\(s\), the file's first row has 1",
+        ),
+        ("e.jsonl", '{"sent0": "a", "sent1": "p", "hard_neg": []}\n', r"e.jsonl, line 1: column 'hard_neg' is an empty list"),
+        ("t.jsonl", '{"sent0": "a", "sent1": "p", "hard_neg": ["x", 3]}\n', r"t.jsonl, line 1: column 'hard_neg_2' must be text"),
+        ("m.jsonl", '{"sent0": "a", "sent1": "p"}\n', r"m.jsonl, line 1: missing value for column 'hard_neg'"),
+        (
+            "g.csv",
+            "sent0,sent1,hard_neg_1,hard_neg_3\na,p,x,y\n",
+            r"g.csv, line 1: .*without gaps, got \['hard_neg_1', 'hard_neg_3'\]",
+        ),
+        ("b.csv", "sent0,sent1,hard_neg,hard_neg_1\na,p,x,y\n", r"b.csv, line 1: both 'hard_neg' and hard_neg_1"),
+        ("v.csv", "sent0,sent1,hard_neg_1,hard_neg_2\na,p,x,y\nb,q,x,\n", r"v.csv, line 3: empty value in column 'hard_neg_2'"),
+        ("n.csv", "sent0,sent1\na,p\nb,q\n", r"n.csv, line 1: header .* lacks column\(s\) \['hard_neg \(or hard_neg_1"),
+    ],
+)
+def test_bad_negatives_name_the_file_and_line(tmp_path: Path, name: str, content: str, message: str) -> None:
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        load_train_dataset(str(tmp_path / name), "hardneg")
+
+
+def test_a_mix_file_needs_the_same_k(tmp_path: Path) -> None:
+    three = [{"sent0": f"a{i}", "sent1": "p", "hard_neg": ["x", "y", "z"]} for i in range(4)]
+    one = [{"sent0": f"b{i}", "sent1": "p", "hard_neg": "x"} for i in range(4)]
+    domain = load_train_dataset(str(write_jsonl(tmp_path / "d.jsonl", three)), "hardneg")
+    general = load_train_dataset(str(write_jsonl(tmp_path / "g.jsonl", one)), "hardneg")
+    with pytest.raises(DataError, match="mix_file: 1 hard negative"):
+        mix_datasets(domain, general, 0.5, seed=0)
+
+
+def test_a_run_reads_k_from_its_data(tiny_run, tmp_path: Path) -> None:
+    """A hardneg run on a k = 3 file: batches of 5 rows per example, the objective's k,
+    and a finite loss from the run's own step."""
+    from simcse_kit.training.run import build_run
+
+    s = toy_sentences(5 * 16)
+    rows = [{"sent0": s[5 * i], "sent1": s[5 * i + 1], "hard_neg": s[5 * i + 2 : 5 * i + 5]} for i in range(16)]
+    cfg = tiny_run.config("k3", mode="hardneg", train_file=write_jsonl(tmp_path / "k3.jsonl", rows), grad_cache_chunk=10)
+    run = build_run(cfg, evaluate=False)
+    assert run.objective.negatives == 3 and run.objective.views_per_example() == 5
+    batch = next(iter(run.loader))
+    assert batch["input_ids"].shape[0] == 8 * 5
+    assert torch.isfinite(run.step(run.model, batch, None))
