@@ -28,10 +28,11 @@ def circle_encode(sentences: Sequence[str]) -> torch.Tensor:
 def test_margin_and_exclusions_give_the_known_negatives() -> None:
     # margin 0: for (a0, p0) [cos 0.866] "close" (0.940) scores above the positive and is
     # skipped; p0b (0.766) is a0's other positive, never a negative; so "near" (0.819).
-    # (close, near): bound 0.966; p0 (0.985) is above it, p0b (0.940) the best below.
+    # (close, near): bound 0.966; p0 (0.985) is above it, p0b and a0 (both 20 degrees away,
+    # 0.940: an exact tie, ranked in either order) the best below.
     # (far, opposite): bound cos 120 = -0.5; everything else is above it -> none.
     got = mine_negatives(PAIRS, circle_encode, top_k=10, margin=0.0, progress=False)
-    assert got == ["near", "far", "p0b", None]
+    assert got[:2] == ["near", "far"] and got[2] in ("p0b", "a0") and got[3] is None
     # margin 0.05: "near" is within 0.047 of p0 and p0b within 0.026 of "near": both
     # skipped; "far" is next for both.
     got = mine_negatives(PAIRS, circle_encode, top_k=10, margin=0.05, progress=False)
