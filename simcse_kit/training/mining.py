@@ -246,7 +246,8 @@ def mine_file(
     kept = [(a, p, n) for (a, p), n in zip(pairs, negatives, strict=True) if n is not None]
     if not kept:  # an empty hardneg file would only fail later, at training
         raise DataError(
-            f"{pairs_path}: no row got {num_negatives} hard negative(s) ({len(pairs)} row(s), "
+            f"{pairs_path}: no row got {'a hard negative' if num_negatives == 1 else f'{num_negatives} hard negatives'} "
+            f"({len(pairs)} row(s), "
             f"{len(set(s for p in pairs for s in p))} distinct sentence(s); every candidate is one of the row's own "
             f"sentences, within the margins or past --range-max); nothing written to {out_path}"
         )
