@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core import losses, modes
-from simcse_kit.core.batch import batch_texts, text_ids, views_per_example
+from simcse_kit.core.batch import batch_texts, model_inputs, text_ids, views_per_example
 from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset, mix_datasets, negatives_of
 from simcse_kit.errors import DataError
 from simcse_kit.model.modeling import SimCSEModel
@@ -378,3 +378,34 @@ def test_a_run_reads_k_from_its_data(tiny_run, tmp_path: Path) -> None:
     batch = next(iter(run.loader))
     assert batch["input_ids"].shape[0] == 8 * 5
     assert torch.isfinite(run.step(run.model, batch, None))
+
+
+def test_the_queue_stores_the_positives_of_k_negative_examples(tiny_model_dir: Path) -> None:
+    """With k = 3 the momentum queue's keys are view 1 of each example (the positives, as
+    with one negative), their text ids beside them; the next step's loss takes them as
+    negatives of every anchor."""
+    from simcse_kit.training.momentum_queue import MomentumQueue
+    from simcse_kit.training.steps import MomentumQueueStep
+
+    k = 3
+    model = build_model(str(tiny_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    collate = ContrastiveCollator(tokenizer, "hardneg", 16, with_text_ids=True, negatives=k)
+    obj = objective(k, 2.0, mask=True)
+    queue = MomentumQueue(model, size=32, momentum=0.0, dim=model(**model_inputs(collate(k_examples(1, k)))).shape[1])
+    step = MomentumQueueStep(obj, queue)
+    first, second = k_examples(4, k), k_examples(4, k, offset=4)
+    step(model, collate(first))
+    keys, ids = queue.negatives()
+    positives = [ex["sent1"] for ex in first]
+    assert torch.equal(ids, text_ids(positives))
+    pair_batch = ContrastiveCollator(tokenizer, "sup", 16)([{"sent0": p, "sent1": p} for p in positives])
+    with torch.no_grad():
+        alone = model(**model_inputs(pair_batch))[0::2]
+    torch.testing.assert_close(keys, alone, atol=1e-5, rtol=0)
+    batch = collate(second)
+    with torch.no_grad():
+        want = obj.loss(obj.embed(model, batch), batch, queue=(keys.clone(), ids.clone()))
+        without = obj.loss(obj.embed(model, batch), batch)
+    got = step(model, batch)
+    assert abs(float(got) - float(want)) < 1e-6 and abs(float(want) - float(without)) > 1e-4

@@ -215,8 +215,9 @@ class SimCSEObjective:
         if len(weighted) == 1:  # one hard negative: its column alone ([N]), as ever
             bias = masks.weight_bias(positive + weighted[0] * block_rows, m, self.loss_cfg.hard_negative_weight, anchors)
         elif weighted:  # k hard negatives: anchor i's k own rows, [N, k]
-            blocks_at = torch.tensor(weighted, device=device) * block_rows
-            bias = masks.weight_bias(positive[:, None] + blocks_at[None, :], m, self.loss_cfg.hard_negative_weight, anchors)
+            # Offsets added as Python ints: a tensor of them would be a host-to-device copy each step.
+            columns = torch.stack([positive + block * block_rows for block in weighted], dim=1)
+            bias = masks.weight_bias(columns, m, self.loss_cfg.hard_negative_weight, anchors)
         simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
         if self.teacher is None:
             return simcse
