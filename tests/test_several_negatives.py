@@ -409,3 +409,15 @@ def test_the_queue_stores_the_positives_of_k_negative_examples(tiny_model_dir: P
         without = obj.loss(obj.embed(model, batch), batch)
     got = step(model, batch)
     assert abs(float(got) - float(want)) < 1e-6 and abs(float(want) - float(without)) > 1e-4
+
+
+def test_a_hub_dataset_with_a_list_column_reads_as_numbered_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    rows = {"sent0": ["a", "b"], "sent1": ["p", "q"], "hard_neg": [["x", "y"], ["z", "w"]], "extra": [1, 2]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **kw: datasets.Dataset.from_dict(rows))
+    ds = load_train_dataset("hub:org/triples", "hardneg")
+    assert ds.column_names == ["sent0", "sent1", "hard_neg_1", "hard_neg_2"] and ds[1]["hard_neg_2"] == "w"
+    rows["hard_neg"] = [["x", "y"], ["z"]]
+    with pytest.raises(DataError, match="hub:org/triples: row 1: 1 hard negative"):
+        load_train_dataset("hub:org/triples", "hardneg")

@@ -52,7 +52,7 @@ def read_sentences(path: str | Path) -> list[str]:
     return sentences
 
 
-def _check_row(path: Path, number: int, row: dict[str, object], columns: tuple[str, ...]) -> dict[str, str]:
+def _check_row(path: Path, number: int, row: Mapping[str, object], columns: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for col in columns:
         value = row.get(col)
@@ -209,6 +209,7 @@ def load_train_dataset(
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise DataError(f"{source}: cannot load this hub dataset ({reason})") from None
         if negatives:
+            ds = _numbered_columns(ds, source)
             columns = modes.hardneg(negatives_of(ds.column_names)).columns
         missing = [c for c in columns if c not in ds.column_names]
         if missing:
@@ -234,6 +235,24 @@ def load_train_dataset(
         ds = ds.select(range(min(max_samples, len(ds))))
     k = f", {negatives_of(ds.column_names)} hard negatives each" if negatives else ""
     logger.info("loaded %d training examples (%s%s) from %s", len(ds), mode, k, source)
+    return ds
+
+
+def _numbered_columns(ds: datasets.Dataset, source: str) -> datasets.Dataset:
+    """A hub dataset whose ``hard_neg`` holds lists of ``k`` texts, as ``hard_neg_1 ..
+    hard_neg_k`` (a list of one: ``hard_neg``); other datasets unchanged."""
+    if NEGATIVE not in ds.column_names or len(ds) == 0 or not isinstance(ds[0][NEGATIVE], list):
+        return ds
+    lists = ds[NEGATIVE]
+    k = len(lists[0])
+    for number, value in enumerate(lists):
+        if not isinstance(value, list) or len(value) != k or k == 0:
+            count = len(value) if isinstance(value, list) else "not a list of"
+            raise DataError(f"{source}: row {number}: {count} hard negative(s), the first row has {k}; every row needs the same")
+    names = modes.hard_negative_columns(k)
+    ds = ds.remove_columns(NEGATIVE)
+    for i, name in enumerate(names):
+        ds = ds.add_column(name, [value[i] for value in lists])
     return ds
 
 
