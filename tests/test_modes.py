@@ -20,7 +20,8 @@ def test_the_table_by_hand() -> None:
     assert modes.contrast("unsup", "views") == Contrast(anchor_view=None, candidate_views=(0, 1))
     assert modes.contrast("unsup", "paper") == modes.contrast("sup", "views") == Contrast(anchor_view=0, candidate_views=(1,))
     hardneg = modes.contrast("hardneg")
-    assert (hardneg.anchor_view, hardneg.candidate_views, hardneg.weighted_view, hardneg.weighted_block) == (0, (1, 2), 2, 1)
+    got = (hardneg.anchor_view, hardneg.candidate_views, hardneg.weighted_views, hardneg.weighted_blocks)
+    assert got == (0, (1, 2), (2,), (1,))
     assert modes.contrast("unsup").excludes_self and not hardneg.excludes_self
     # Negatives per anchor among 8 examples: 2N - 2, N - 1, N - 1, 2N - 1.
     counts = [
@@ -63,9 +64,9 @@ def test_a_new_row_is_a_new_loss_without_code(monkeypatch: pytest.MonkeyPatch) -
 
 def test_a_bad_row_fails_when_written() -> None:
     with pytest.raises(ValueError, match="weighted view 1"):
-        Contrast(anchor_view=0, candidate_views=(1,), weighted_view=1)  # the positives' view
+        Contrast(anchor_view=0, candidate_views=(1,), weighted_views=(1,))  # the positives' view
     with pytest.raises(ValueError, match="weighted view 2"):
-        Contrast(anchor_view=0, candidate_views=(1,), weighted_view=2)  # not a candidate
+        Contrast(anchor_view=0, candidate_views=(1,), weighted_views=(2,))  # not a candidate
     with pytest.raises(ValueError, match="out of range for 2 views"):
         Mode(("sent0", "sent1"), Contrast(anchor_view=0, candidate_views=(2,)))
     with pytest.raises(ValueError, match="only with two views"):

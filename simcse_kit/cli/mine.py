@@ -1,4 +1,5 @@
-"""``simcse-kit mine``: a hard_neg column for sent0,sent1 pairs, mined with a model
+"""``simcse-kit mine``: hard negatives (``hard_neg``, or ``hard_neg_1 .. hard_neg_k`` with
+``--num-negatives k``) for sent0,sent1 pairs, mined with a model
 (:func:`simcse_kit.training.mining.mine_file`)."""
 
 from __future__ import annotations
@@ -18,26 +19,68 @@ def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
         args.out,
         model=args.model,
         pooler=args.pooler,
-        top_k=args.top_k,
+        top_k=args.range_max,
         margin=args.margin,
         sampling_strategy=args.sampling_strategy,
         seed=args.seed,
         batch_size=args.batch_size,
         device=args.device,
+        num_negatives=args.num_negatives,
+        range_min=args.range_min,
+        relative_margin=args.relative_margin,
+        index=args.index,
     )
     return 0
 
 
 def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add_parser("mine", help="add a hard_neg column to sent0,sent1 pairs, mined with a model over the file's sentences")
+    p = add_parser("mine", help="add hard negatives to sent0,sent1 pairs, mined with a model over the file's sentences")
     p.add_argument("pairs", type=Path, help="CSV or JSONL with sent0, sent1")
-    p.add_argument("out", type=Path, help="CSV written with sent0, sent1, hard_neg")
+    p.add_argument(
+        "out",
+        type=Path,
+        help="written with sent0, sent1 and hard_neg (hard_neg_1 .. hard_neg_k with --num-negatives k); "
+        "JSONL for a .jsonl name (hard_neg a list of k texts), else CSV",
+    )
     p.add_argument("--model", default=None, help="anything 'simcse-kit evaluate' accepts (default: the default model)")
     p.add_argument("--pooler", default=None, help=POOLER_HELP)
-    p.add_argument("--top-k", type=int, default=10, help="candidates considered per anchor")
-    p.add_argument("--margin", type=float, default=0.0, help="skip candidates with cos(a, c) > cos(a, pos) - margin")
-    p.add_argument("--sampling-strategy", choices=("top", "random"), default="top", help="best candidate, or one of the top-k")
+    p.add_argument("--num-negatives", type=int, default=1, help="hard negatives per row (k); rows with fewer are left out")
+    p.add_argument(
+        "--range-max",
+        "--top-k",
+        dest="range_max",
+        type=int,
+        default=None,
+        help="candidates considered per anchor, best first (default: range-min + 10 x num-negatives)",
+    )
+    p.add_argument("--range-min", type=int, default=0, help="skip this many best candidates left after the margins")
+    p.add_argument(
+        "--margin",
+        "--absolute-margin",
+        dest="margin",
+        type=float,
+        default=0.0,
+        help="skip candidates with cos(a, c) > cos(a, pos) - margin",
+    )
+    p.add_argument(
+        "--relative-margin",
+        type=float,
+        default=None,
+        help="also skip candidates with cos(a, c) > cos(a, pos) - |cos(a, pos)| x margin (0.05: 5%% below the positive)",
+    )
+    p.add_argument(
+        "--sampling-strategy",
+        choices=("top", "random"),
+        default="top",
+        help="the best candidates left, or a seeded sample of them",
+    )
     p.add_argument("--seed", type=int, default=0, help="for --sampling-strategy random")
+    p.add_argument(
+        "--index",
+        choices=("exact", "faiss"),
+        default="exact",
+        help="exact: chunked exact search (no all-pairs matrix); faiss: a faiss IndexFlatIP (pip install simcse-kit[faiss])",
+    )
     add_batch_size(p)
     add_device(p)
     p.set_defaults(func=cmd_mine, extra_ok=False)

@@ -9,7 +9,9 @@ of example ``i`` are rows ``i*V .. i*V + V - 1``.
     ``[a, a, b, b, ...]``;
   * ``sup``, V = 2: (sent0, sent1), premise and entailment: ``[p1, e1, p2, e2, ...]``;
   * ``hardneg``, V = 3: (sent0, sent1, hard_neg), + contradiction:
-    ``[p1, e1, c1, p2, e2, c2, ...]``.
+    ``[p1, e1, c1, p2, e2, c2, ...]``;
+  * ``hardneg`` with ``k`` hard negatives, V = 2 + k: (sent0, sent1, hard_neg_1 ..
+    hard_neg_k): ``[p1, e1, c1_1, .., c1_k, p2, e2, c2_1, .., c2_k, ...]``.
 
 Example-major rows keep an example's views together, so any split on a multiple of
 ``V`` rows (GradCache's chunks, uneven per-process batches) holds whole examples.
@@ -32,6 +34,7 @@ __all__ = [
     "model_inputs",
     "split_views",
     "text_ids",
+    "view_columns",
     "view_prompts",
     "view_rows",
     "views_per_example",
@@ -45,15 +48,21 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """The keys of a collated batch that the encoder takes; others (``text_ids``) are not for it."""
 
 
-def views_per_example(mode: str) -> int:
-    """``V``: rows per example in a batch of ``mode``."""
-    return modes.mode(mode).n_views
+def views_per_example(mode: str, negatives: int = 1) -> int:
+    """``V``: rows per example in a batch of ``mode`` (``negatives`` hard negatives per example)."""
+    return modes.mode(mode, negatives).n_views
 
 
-def batch_texts(examples: Sequence[Mapping[str, str]], mode: str) -> list[str]:
+def view_columns(mode: str, negatives: int = 1) -> tuple[str, ...]:
+    """The data column of each view of ``mode`` with ``negatives`` hard negatives per
+    example (:data:`VIEW_COLUMNS` for one)."""
+    return modes.mode(mode, negatives).columns
+
+
+def batch_texts(examples: Sequence[Mapping[str, str]], mode: str, negatives: int = 1) -> list[str]:
     """The texts of a batch's rows, example-major: ``N * V`` strings."""
-    views_per_example(mode)  # a clear error for an unknown mode
-    return [ex[col] for ex in examples for col in VIEW_COLUMNS[mode]]
+    columns = view_columns(mode, negatives)  # a clear error for an unknown mode
+    return [ex[col] for ex in examples for col in columns]
 
 
 PROMPT_NAMES = ("query", "document")
@@ -61,7 +70,7 @@ PROMPT_NAMES = ("query", "document")
 the other views (its positive, its hard negative) are documents."""
 
 
-def view_prompts(prompts: Mapping[str, str] | None, mode: str) -> tuple[str, ...]:
+def view_prompts(prompts: Mapping[str, str] | None, mode: str, negatives: int = 1) -> tuple[str, ...]:
     """The text put before each view's rows: ``prompts["query"]`` for view 0,
     ``prompts["document"]`` for the others (``""`` where unset); ``()`` without prompts.
 
@@ -70,7 +79,7 @@ def view_prompts(prompts: Mapping[str, str] | None, mode: str) -> tuple[str, ...
     """
     if not prompts:
         return ()
-    n_views = views_per_example(mode)
+    n_views = views_per_example(mode, negatives)
     return (prompts.get("query", ""),) + (prompts.get("document", ""),) * (n_views - 1)
 
 

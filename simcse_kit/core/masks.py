@@ -122,10 +122,11 @@ def weight_bias(columns: torch.Tensor, n_columns: int, weight: float, like: torc
     """The ``logit_bias`` that weights candidate ``columns[i]`` of anchor ``i`` by ``weight``.
 
     ``log(weight)`` at ``(i, columns[i])``, 0 elsewhere: in the softmax denominator that
-    candidate's ``exp(cos / tau)`` becomes ``weight * exp(cos / tau)``.
+    candidate's ``exp(cos / tau)`` becomes ``weight * exp(cos / tau)``. With ``[N, K]``
+    columns, each of anchor ``i``'s ``K`` columns is weighted (its ``K`` own hard negatives).
 
     Args:
-        columns: ``[N]`` int64 column per anchor.
+        columns: ``[N]`` int64 column per anchor, or ``[N, K]`` columns per anchor.
         n_columns: ``M``, the number of candidates.
         weight: alpha > 0.
         like: a tensor giving device and (at least fp32) dtype.
@@ -138,6 +139,10 @@ def weight_bias(columns: torch.Tensor, n_columns: int, weight: float, like: torc
     if weight == 1.0:
         return None
     dtype = torch.promote_types(like.dtype, torch.float32)
-    at = torch.arange(n_columns, device=like.device)[None, :] == columns.to(like.device)[:, None]
+    columns = columns.to(like.device)
+    if columns.ndim == 1:
+        at = torch.arange(n_columns, device=like.device)[None, :] == columns[:, None]
+    else:
+        at = (torch.arange(n_columns, device=like.device)[None, None, :] == columns[:, :, None]).any(dim=1)
     # masked_fill, not an index assignment: on CUDA that would read the device back.
     return torch.zeros(columns.shape[0], n_columns, dtype=dtype, device=like.device).masked_fill(at, math.log(weight))

@@ -16,7 +16,14 @@ Rows of a batch are example-major (:mod:`simcse_kit.core.batch`): the ``V`` view
 | (views)   |                             | every row       | every row  |          |
 | sup       | sent0, sent1                | view 0          | view 1     |          |
 | hardneg   | sent0, sent1, hard_neg      | view 0          | views 1, 2 | view 2   |
+| hardneg,  | sent0, sent1, hard_neg_1,   | view 0          | views      | views    |
+| k > 1     | ..., hard_neg_k             |                 | 1 .. k + 1 | 2 .. k+1 |
 +-----------+-----------------------------+-----------------+------------+----------+
+
+``hardneg`` with ``k`` hard negatives per example (:func:`mode` ``(name, negatives=k)``,
+:func:`hardneg`) is the same contrast with ``V = 2 + k`` views: each anchor against all
+positives and all ``k`` negatives of every example (``N (1 + k)`` candidates), its own
+``k`` negatives weighted. ``k = 1`` is the table's row itself, column ``hard_neg``.
 
 ``unsup`` has two forms, chosen by ``loss.unsup_loss``: ``"paper"`` is SimCSE's
 ``z1 . z2^T`` like ``sup``; ``"views"`` is NT-Xent over the 2N views (both views are the
@@ -26,9 +33,10 @@ module imports nothing, so the config (layer 0) can read it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["TABLE", "Contrast", "Mode", "contrast", "mode"]
+__all__ = ["TABLE", "Contrast", "Mode", "contrast", "hard_negative_columns", "hardneg", "mode", "negatives_in"]
 
 
 @dataclass(frozen=True)
@@ -42,18 +50,19 @@ class Contrast:
         candidate_views: the views whose rows are the candidates, one block after
             another; an anchor's positive is its own example's row in the first block.
             With ``anchor_view`` None, all views.
-        weighted_view: the candidate view whose row of the anchor's own example enters
+        weighted_views: the candidate views whose rows of the anchor's own example enter
             the softmax weighted by ``loss.hard_negative_weight`` (hardneg's
-            contradiction); None: no weighted view.
+            contradictions, one view per hard negative); ``()``: none.
     """
 
     anchor_view: int | None
     candidate_views: tuple[int, ...]
-    weighted_view: int | None = None
+    weighted_views: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.weighted_view is not None and self.weighted_view not in self.candidate_views[1:]:
-            raise ValueError(f"the weighted view {self.weighted_view} must be a candidate view after the positives'")
+        for view in self.weighted_views:
+            if view not in self.candidate_views[1:]:
+                raise ValueError(f"the weighted view {view} must be a candidate view after the positives'")
 
     @property
     def all_rows(self) -> bool:
@@ -66,9 +75,9 @@ class Contrast:
         return self.anchor_view is None
 
     @property
-    def weighted_block(self) -> int | None:
-        """The candidate block of :attr:`weighted_view` (blocks in :attr:`candidate_views` order)."""
-        return None if self.weighted_view is None else self.candidate_views.index(self.weighted_view)
+    def weighted_blocks(self) -> tuple[int, ...]:
+        """The candidate blocks of :attr:`weighted_views` (blocks in :attr:`candidate_views` order)."""
+        return tuple(self.candidate_views.index(view) for view in self.weighted_views)
 
     def negatives(self, n_examples: int) -> int:
         """Negatives each anchor's softmax sees among ``n_examples`` examples' rows: every
@@ -118,19 +127,58 @@ PAIRED = Contrast(anchor_view=0, candidate_views=(1,))
 TABLE: dict[str, Mode] = {
     "unsup": Mode(("sent0", "sent0"), PAIRED, views_contrast=Contrast(anchor_view=None, candidate_views=(0, 1))),
     "sup": Mode(("sent0", "sent1"), PAIRED),
-    "hardneg": Mode(("sent0", "sent1", "hard_neg"), Contrast(anchor_view=0, candidate_views=(1, 2), weighted_view=2)),
+    "hardneg": Mode(("sent0", "sent1", "hard_neg"), Contrast(anchor_view=0, candidate_views=(1, 2), weighted_views=(2,))),
 }
 """Every mode, by name (the order is the config's and the CLI's)."""
 
+NEGATIVES_MODE = "hardneg"
+"""The mode whose examples carry hard negatives, one view each."""
 
-def mode(name: str) -> Mode:
-    """The row of ``name``; a clear error for an unknown mode."""
+
+def hard_negative_columns(k: int) -> tuple[str, ...]:
+    """The columns of ``k`` hard negatives: ``hard_neg`` for one, else ``hard_neg_1 .. hard_neg_k``."""
+    if k < 1:
+        raise ValueError(f"the number of hard negatives must be >= 1, got {k}")
+    return ("hard_neg",) if k == 1 else tuple(f"hard_neg_{i}" for i in range(1, k + 1))
+
+
+def negatives_in(columns: Sequence[str]) -> int:
+    """``k``, the hard negatives per example of a dataset with these columns
+    (:func:`hard_negative_columns`: ``hard_neg``, or ``hard_neg_1 .. hard_neg_k``); 1
+    when it has neither (the other modes)."""
+    k = 0
+    while f"hard_neg_{k + 1}" in columns:
+        k += 1
+    return max(k, 1)
+
+
+def hardneg(k: int) -> Mode:
+    """``hardneg`` with ``k`` hard negatives per example: ``V = 2 + k`` views (anchor,
+    positive, ``hard_neg_1 .. hard_neg_k``), every negative view a candidate block and
+    weighted. ``k = 1`` is :data:`TABLE`'s row itself (column ``hard_neg``)."""
+    if k == 1:
+        return TABLE[NEGATIVES_MODE]
+    base = TABLE[NEGATIVES_MODE]
+    negatives = tuple(range(2, 2 + k))
+    columns = (*base.columns[:2], *hard_negative_columns(k))
+    weighted = negatives if base.contrast.weighted_views else ()
+    return Mode(columns, Contrast(base.contrast.anchor_view, (*base.contrast.candidate_views[:1], *negatives), weighted))
+
+
+def mode(name: str, negatives: int = 1) -> Mode:
+    """The row of ``name`` (with ``negatives`` hard negatives per example, for
+    ``hardneg``); a clear error for an unknown mode."""
     try:
-        return TABLE[name]
+        row = TABLE[name]
     except KeyError:
         raise ValueError(f"unknown mode {name!r}; expected one of {sorted(TABLE)}") from None
+    if negatives == 1:
+        return row
+    if name != NEGATIVES_MODE:
+        raise ValueError(f"mode {name!r} has no hard negatives; {negatives} per example needs mode {NEGATIVES_MODE!r}")
+    return hardneg(negatives)
 
 
-def contrast(name: str, unsup_loss: str = "views") -> Contrast:
-    """The contrast of mode ``name`` under ``loss.unsup_loss``."""
-    return mode(name).contrast_for(unsup_loss)
+def contrast(name: str, unsup_loss: str = "views", negatives: int = 1) -> Contrast:
+    """The contrast of mode ``name`` under ``loss.unsup_loss``, ``negatives`` hard negatives per example."""
+    return mode(name, negatives).contrast_for(unsup_loss)

@@ -5,7 +5,12 @@ Excel writes it dropped, ``\r\n`` or ``\n``) and checked here, so an error names
 file and line, then handed to `datasets.Dataset`. Formats, by training mode:
   * ``unsup``: a text file, one sentence a line; blank lines are skipped.
   * ``sup``: CSV or JSONL with columns ``sent0, sent1`` (extra columns are ignored).
-  * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``.
+  * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``; or ``k`` hard negatives
+    per example: JSONL ``"hard_neg": [..k texts..]``, or CSV (or JSONL) columns
+    ``hard_neg_1 .. hard_neg_k``. ``k`` is the file's: every row must have the same
+    number (a fixed ``V = 2 + k`` views per example keeps the batch layout one reshape);
+    the dataset's columns are :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``
+    (``hard_neg`` for one, as before) and :func:`negatives_of` reads ``k`` back.
   * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
 """
 
@@ -16,6 +21,7 @@ import hashlib
 import io
 import logging
 import random
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +29,7 @@ from pathlib import Path
 import datasets
 import torch
 
+from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
 from simcse_kit.errors import DataError, where
 from simcse_kit.files import read_json_objects, read_lines
@@ -45,7 +52,7 @@ def read_sentences(path: str | Path) -> list[str]:
     return sentences
 
 
-def _check_row(path: Path, number: int, row: dict[str, object], columns: tuple[str, ...]) -> dict[str, str]:
+def _check_row(path: Path, number: int, row: Mapping[str, object], columns: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for col in columns:
         value = row.get(col)
@@ -72,13 +79,80 @@ def _csv_records(reader: Iterator[list[str]], path: Path) -> Iterator[list[str]]
         yield record
 
 
-def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    """Read CSV (header row) or JSONL (one object a line) and check the columns."""
+NEGATIVE = "hard_neg"
+"""The hard-negative column: one text, or (JSONL) a list of ``k`` texts."""
+_NUMBERED = re.compile(r"hard_neg_(\d+)")
+
+
+def negatives_of(columns: Sequence[str]) -> int:
+    """``k``, the hard negatives per example of a dataset with these columns (1 without any)."""
+    return modes.negatives_in(columns)
+
+
+def _numbered_negatives(path: Path, number: int, keys: Sequence[str]) -> list[str]:
+    """The ``hard_neg_1 .. hard_neg_k`` names among ``keys``, in order; a gap or a
+    ``hard_neg`` beside them is an error naming the line."""
+    numbers = sorted(int(m.group(1)) for key in keys if (m := _NUMBERED.fullmatch(key)))
+    if not numbers:
+        return []
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise DataError(
+            f"{where(path, number)}: hard-negative columns must be hard_neg_1 .. hard_neg_k without gaps, "
+            f"got {[f'hard_neg_{i}' for i in numbers]}"
+        )
+    if NEGATIVE in keys:
+        raise DataError(f"{where(path, number)}: both {NEGATIVE!r} and hard_neg_1 .. hard_neg_{len(numbers)}; keep one form")
+    return [f"hard_neg_{i}" for i in numbers]
+
+
+def _json_negatives(path: Path, number: int, obj: dict[str, object]) -> list[object]:
+    """A JSONL row's hard negatives: ``hard_neg`` (a text or a list of texts) or
+    ``hard_neg_1 .. hard_neg_k``."""
+    numbered = _numbered_negatives(path, number, list(obj))
+    if numbered:
+        return [obj[key] for key in numbered]
+    value = obj.get(NEGATIVE)
+    if value is None:
+        raise DataError(f"{where(path, number)}: missing value for column {NEGATIVE!r} (a text or a list of texts)")
+    if isinstance(value, list):
+        if not value:
+            raise DataError(f"{where(path, number)}: column {NEGATIVE!r} is an empty list; give at least one hard negative")
+        return list(value)
+    return [value]
+
+
+def _with_negatives(path: Path, number: int, row: dict[str, str], values: list[object], k: int) -> dict[str, str]:
+    """``row`` plus its ``k`` hard negatives under :func:`modes.hard_negative_columns`, checked."""
+    if len(values) != k:
+        raise DataError(
+            f"{where(path, number)}: {len(values)} hard negative(s), the file's first row has {k}; "
+            "every row needs the same number (mine more with simcse-kit mine --num-negatives, or drop the row)"
+        )
+    names = modes.hard_negative_columns(k)
+    named = dict(zip(names, values, strict=True))
+    return row | _check_row(path, number, named, names)
+
+
+def read_rows(path: str | Path, columns: tuple[str, ...], hard_negatives: bool = False) -> list[dict[str, str]]:
+    """Read CSV (header row) or JSONL (one object a line) and check the columns.
+
+    With ``hard_negatives`` each row also gets its ``k`` hard negatives (``k`` read off
+    the file, the same in every row; module docstring), named
+    :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``; ``columns`` are the
+    others (``sent0, sent1``).
+    """
     path = Path(path)
     rows: list[dict[str, str]] = []
+    k = 0
     if path.suffix.lower() in (".jsonl", ".json"):
-        for number, obj in read_json_objects(path, keys=f" with keys {list(columns)}"):
-            rows.append(_check_row(path, number, obj, columns))
+        wanted = [*columns, NEGATIVE] if hard_negatives else list(columns)
+        for number, obj in read_json_objects(path, keys=f" with keys {wanted}"):
+            row = _check_row(path, number, obj, columns)
+            if hard_negatives:
+                values = _json_negatives(path, number, obj)
+                k = k or len(values)
+                row = _with_negatives(path, number, row, values, k)
+            rows.append(row)
     else:
         lines = read_lines(path)
         if not lines:
@@ -91,6 +165,11 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
         except StopIteration:
             raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
         missing = [c for c in columns if c not in header]
+        negative_names: list[str] = []
+        if hard_negatives:
+            negative_names = _numbered_negatives(path, 1, header) or ([NEGATIVE] if NEGATIVE in header else [])
+            if not negative_names:
+                missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
         if missing:
             raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
         for record in records:
@@ -99,7 +178,11 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
                 continue
             if len(record) != len(header):
                 raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
-            rows.append(_check_row(path, number, dict(zip(header, record, strict=True)), columns))
+            fields = dict(zip(header, record, strict=True))
+            row = _check_row(path, number, fields, columns)
+            if hard_negatives:
+                row = _with_negatives(path, number, row, [fields[name] for name in negative_names], len(negative_names))
+            rows.append(row)
     if len(rows) < 2:
         raise DataError(f"{path}: {len(rows)} usable row(s); contrastive training needs at least two")
     return rows
@@ -114,6 +197,7 @@ def load_train_dataset(
     pair file, say); ``source`` then only names it.
     """
     columns = COLUMNS[mode]
+    negatives = mode == modes.NEGATIVES_MODE  # k hard negatives, k read off the data
     if sentences is not None:
         if mode != "unsup":
             raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
@@ -124,6 +208,9 @@ def load_train_dataset(
         except Exception as exc:  # offline, unknown id, no train split: many exception types
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise DataError(f"{source}: cannot load this hub dataset ({reason})") from None
+        if negatives:
+            ds = _numbered_columns(ds, source)
+            columns = modes.hardneg(negatives_of(ds.column_names)).columns
         missing = [c for c in columns if c not in ds.column_names]
         if missing:
             raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
@@ -141,11 +228,31 @@ def load_train_dataset(
             )
         ds = datasets.Dataset.from_dict({"sent0": sentences})
     else:
-        rows = read_rows(source, columns)
-        ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in columns})
+        base = tuple(c for c in columns if c != NEGATIVE)
+        rows = read_rows(source, base if negatives else columns, hard_negatives=negatives)
+        ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in rows[0]})
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
-    logger.info("loaded %d training examples (%s) from %s", len(ds), mode, source)
+    k = f", {negatives_of(ds.column_names)} hard negatives each" if negatives else ""
+    logger.info("loaded %d training examples (%s%s) from %s", len(ds), mode, k, source)
+    return ds
+
+
+def _numbered_columns(ds: datasets.Dataset, source: str) -> datasets.Dataset:
+    """A hub dataset whose ``hard_neg`` holds lists of ``k`` texts, as ``hard_neg_1 ..
+    hard_neg_k`` (a list of one: ``hard_neg``); other datasets unchanged."""
+    if NEGATIVE not in ds.column_names or len(ds) == 0 or not isinstance(ds[0][NEGATIVE], list):
+        return ds
+    lists = ds[NEGATIVE]
+    k = len(lists[0])
+    for number, value in enumerate(lists):
+        if not isinstance(value, list) or len(value) != k or k == 0:
+            count = len(value) if isinstance(value, list) else "not a list of"
+            raise DataError(f"{source}: row {number}: {count} hard negative(s), the first row has {k}; every row needs the same")
+    names = modes.hard_negative_columns(k)
+    ds = ds.remove_columns(NEGATIVE)
+    for i, name in enumerate(names):
+        ds = ds.add_column(name, [value[i] for value in lists])
     return ds
 
 
@@ -165,6 +272,11 @@ def mix_datasets(domain: datasets.Dataset, general: datasets.Dataset, ratio: flo
     Raises:
         DataError: ``general`` has too few examples for the ratio.
     """
+    if negatives_of(domain.column_names) != negatives_of(general.column_names):
+        raise DataError(
+            f"mix_file: {negatives_of(general.column_names)} hard negative(s) per example, the train_file "
+            f"{negatives_of(domain.column_names)}; both need the same number"
+        )
     wanted = round(len(domain) * ratio / (1 - ratio))
     if wanted > len(general):
         raise DataError(f"mix_ratio {ratio}: needs {wanted} general examples, the mix file has {len(general)}")
@@ -180,7 +292,8 @@ class ContrastiveCollator:
 
     The rows are example-major, as :mod:`simcse_kit.core.batch` lays them out
     (``unsup``: ``[a, a, b, b, ...]``, each sentence twice so dropout makes the views;
-    ``sup``: ``[p1, e1, p2, e2, ...]``; ``hardneg``: ``[p1, e1, c1, p2, e2, c2, ...]``).
+    ``sup``: ``[p1, e1, p2, e2, ...]``; ``hardneg``: ``[p1, e1, c1, p2, e2, c2, ...]``,
+    with ``k`` negatives ``[p1, e1, c1_1, .., c1_k, p2, ...]``).
     Padding is to the longest sequence of the batch, truncation at ``max_seq_len``.
 
     Args:
@@ -200,6 +313,8 @@ class ContrastiveCollator:
         packing_plan: also add the batch's packing plan (:func:`simcse_kit.model.packing.plan_batch`:
             ``pack_*`` int64 tensors), planned here in the DataLoader worker so a packing
             model's forward needs no device-to-host synchronisation.
+        negatives: ``k``, hard negatives per example (``hardneg``; :func:`negatives_of`
+            the dataset's columns): ``2 + k`` rows per example.
     """
 
     tokenizer: object
@@ -211,16 +326,17 @@ class ContrastiveCollator:
     prompts: tuple[str, ...] = ()
     teacher_index: Mapping[str, int] | None = None
     packing_plan: bool = False
+    negatives: int = 1
 
     def __post_init__(self) -> None:
-        views_per_example(self.mode)  # an unknown mode fails here, not at the first batch
-        if self.prompts and len(self.prompts) != views_per_example(self.mode):
-            raise ValueError(f"{len(self.prompts)} prompts for the {views_per_example(self.mode)} views of mode {self.mode!r}")
+        n_views = views_per_example(self.mode, self.negatives)  # an unknown mode fails here, not at the first batch
+        if self.prompts and len(self.prompts) != n_views:
+            raise ValueError(f"{len(self.prompts)} prompts for the {n_views} views of mode {self.mode!r}")
         if self.word_repetition and self.mode != "unsup":
             raise ValueError(f"word_repetition is an unsup augmentation; mode is {self.mode!r}")
 
     def __call__(self, examples: list[dict[str, str]]) -> dict[str, torch.Tensor]:
-        texts = raw = batch_texts(examples, self.mode)
+        texts = raw = batch_texts(examples, self.mode, self.negatives)
         if self.prompts:
             texts = [self.prompts[i % len(self.prompts)] + text for i, text in enumerate(raw)]
         if self.word_repetition:
@@ -248,7 +364,7 @@ class ContrastiveCollator:
         digest = hashlib.blake2b(f"{self.seed}\0".encode() + "\0".join(texts).encode("utf-8"), digest_size=8).digest()
         rng = random.Random(int.from_bytes(digest, "little"))
         n_rows = len(texts)
-        second_views = set(range(n_rows)[view_rows(n_rows, views_per_example(self.mode), 1)])
+        second_views = set(range(n_rows)[view_rows(n_rows, views_per_example(self.mode, self.negatives), 1)])
         rows = []
         for i, ids in enumerate(features["input_ids"]):
             if i in second_views:

@@ -44,17 +44,18 @@ from simcse_kit.core.batch import model_inputs
 __all__ = ["RngState", "chunk_slices", "effective_negatives", "model_chunk"]
 
 
-def effective_negatives(mode: str, n_examples: int, unsup_loss: str = "views", world_size: int = 1) -> int:
+def effective_negatives(mode: str, n_examples: int, unsup_loss: str = "views", world_size: int = 1, negatives: int = 1) -> int:
     """Negatives each anchor's softmax sees for a batch of ``n_examples`` examples
     (:meth:`simcse_kit.core.modes.Contrast.negatives` of the mode's form).
 
     ``unsup`` + ``views``: 2N views, each contrasted with all others except itself
     and its own positive -> ``2N - 2``. ``unsup`` + ``paper`` and ``sup``: ``z1 . z2^T``
     -> ``N - 1``. ``hardneg``: the other ``N - 1`` positives plus all ``N`` hard
-    negatives -> ``2N - 1``. ``world_size`` multiplies ``N`` when embeddings are
-    gathered across processes.
+    negatives -> ``2N - 1``; with ``k`` hard negatives per example (``negatives``)
+    ``N (1 + k) - 1``. ``world_size`` multiplies ``N`` when embeddings are gathered
+    across processes.
     """
-    return modes.contrast(mode, unsup_loss).negatives(n_examples * world_size)
+    return modes.contrast(mode, unsup_loss, negatives).negatives(n_examples * world_size)
 
 
 def chunk_slices(n_rows: int, chunk_rows: int, align: int = 1) -> list[slice]:

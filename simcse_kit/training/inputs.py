@@ -20,8 +20,8 @@ from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.config.run import RunConfig
-from simcse_kit.core.batch import VIEW_COLUMNS
-from simcse_kit.data.readers import load_train_dataset, mix_datasets
+from simcse_kit.core.batch import view_columns
+from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
 from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
@@ -63,7 +63,9 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
     loss = cfg.loss
     if loss.teacher is None:
         return None
-    texts = teacher_texts({name: dataset[name] for name in set(VIEW_COLUMNS[cfg.data.mode])}, cfg.data.mode)
+    negatives = negatives_of(dataset.column_names)
+    columns = set(view_columns(cfg.data.mode, negatives))
+    texts = teacher_texts({name: dataset[name] for name in columns}, cfg.data.mode, negatives)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     order = nullcontext()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:

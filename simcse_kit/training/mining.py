@@ -1,45 +1,171 @@
-"""Hard-negative mining for pair data: ``sent0, sent1`` -> ``sent0, sent1, hard_neg``.
+"""Hard-negative mining for pair data: ``sent0, sent1`` -> ``sent0, sent1, hard_neg``
+(or ``k`` negatives: ``hard_neg_1 .. hard_neg_k``).
 
-Each anchor (``sent0``) gets, as its hard negative, a sentence of the file's own corpus
-(every distinct ``sent0`` and ``sent1``) that the current model finds close to it but not
-*too* close: a candidate scored within ``margin`` of the anchor's positive, or above it,
-is likely a paraphrase the pairs do not list (a false negative) and is skipped. This is
-sentence-transformers' ``absolute_margin``: keep ``cos(a, c) <= cos(a, p) - margin``.
+Each anchor (``sent0``) gets ``num_negatives`` hard negatives from the file's own corpus
+(every distinct ``sent0`` and ``sent1``): sentences the current model finds close to it
+but not *too* close. The rules are sentence-transformers' ``mine_hard_negatives``:
 
-Why not ``sentence_transformers.util.mine_hard_negatives``: it takes a
+  * ``range_max``: the best ``range_max`` candidates of the ranking are considered (the
+    anchor and every sentence paired with it in any row aside: never a negative);
+  * ``absolute_margin`` (``--margin``): drop a candidate with ``cos(a, c) > cos(a, p) - margin``;
+  * ``relative_margin``: drop a candidate with ``cos(a, c) > cos(a, p) - |cos(a, p)| * margin``
+    (``cos(a, p) * (1 - margin)`` for a positive ``cos(a, p)``);
+  * ``range_min``: of the candidates left, in order, the ``range_min`` best are skipped
+    (likely unlabelled paraphrases);
+  * ``sampling_strategy``: ``"top"`` takes the next ``num_negatives``, ``"random"`` a
+    seeded sample of that many from all that are left (written best first); a row with
+    fewer than ``num_negatives`` left gets none (``mine_file`` leaves it out, as ST's
+    ``n-tuple`` output does).
+
+The margins use the row's own positive (ST uses the hardest of the anchor's positives).
+The search never builds the corpus's all-pairs matrix: the anchors' top candidates come
+from :func:`simcse_kit.evaluation.search.exact_search` (blocks of queries and of corpus,
+a running top-k) or, with ``index="faiss"`` (``pip install simcse-kit[faiss]``), a faiss
+``IndexFlatIP``; each keeps ``range_max`` plus the most sentences any anchor is paired
+with, so ``range_max`` candidates are left once those are set aside.
+
+Why not ``sentence_transformers.util.mine_hard_negatives`` itself: it takes a
 ``SentenceTransformer``, while MODEL here is anything :func:`load_encoder` opens (a
 simcse-kit folder with its own pooler and MLP, a plain HF model with ``--pooler``); making
-each of those a ``SentenceTransformer`` means an export round trip per call, and the
-search it would save us is the dozen lines of :func:`mine_negatives`. Its semantics
-(``range_max`` as top-k, ``absolute_margin``, ``sampling_strategy`` top/random) are kept.
+each of those a ``SentenceTransformer`` means an export round trip per call.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import math
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from simcse_kit.config.run import DEFAULT_MODEL
+from simcse_kit.core.modes import hard_negative_columns
 from simcse_kit.data.readers import read_rows
 from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.evaluation.search import SEARCHES
 from simcse_kit.files import check_writable, write_text_atomic
 from simcse_kit.model.inference import load_encoder
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SAMPLING_STRATEGIES", "mine_file", "mine_negatives"]
+__all__ = ["INDEXES", "SAMPLING_STRATEGIES", "mine_file", "mine_hard_negatives", "mine_negatives"]
 
 SAMPLING_STRATEGIES = ("top", "random")
-OUT_COLUMNS = ("sent0", "sent1", "hard_neg")
-_BLOCK = 1024  # anchors scored at once: bounds the [block, corpus] similarity matrix
+INDEXES = tuple(SEARCHES)
+"""``--index``: ``exact`` (chunked exact search, torch) or ``faiss``."""
+RANGE_PER_NEGATIVE = 10
+"""Without ``range_max``: ``range_min + 10 * num_negatives`` candidates (ST's default with a margin)."""
+
+
+def check_options(
+    num_negatives: int, range_min: int, range_max: int, margin: float, relative_margin: float | None, sampling_strategy: str
+) -> None:
+    """The options' own rules, each a ConfigError naming the option."""
+    if sampling_strategy not in SAMPLING_STRATEGIES:
+        raise ConfigError(f"--sampling-strategy {sampling_strategy!r}: must be one of {SAMPLING_STRATEGIES}")
+    if num_negatives < 1:
+        raise ConfigError(f"--num-negatives {num_negatives}: must be >= 1")
+    if range_min < 0:
+        raise ConfigError(f"--range-min {range_min}: must be >= 0")
+    if range_max < 1:
+        raise ConfigError(f"--range-max {range_max}: must be >= 1")
+    if num_negatives > range_max - range_min:
+        raise ConfigError(
+            f"--num-negatives {num_negatives}: only {max(range_max - range_min, 0)} candidate(s) remain after skipping "
+            f"--range-min {range_min} of --range-max {range_max}; lower --num-negatives or --range-min, or raise --range-max"
+        )
+    # nan compares false with everything: no candidate would ever be dropped
+    if not math.isfinite(margin):
+        raise ConfigError(f"--margin {margin}: must be a finite number")
+    if relative_margin is not None and not math.isfinite(relative_margin):
+        raise ConfigError(f"--relative-margin {relative_margin}: must be a finite number")
+
+
+def mine_hard_negatives(
+    pairs: Sequence[tuple[str, str]],
+    encode: Callable[[Sequence[str]], torch.Tensor],
+    num_negatives: int = 1,
+    *,
+    range_min: int = 0,
+    range_max: int | None = None,
+    margin: float = 0.0,
+    relative_margin: float | None = None,
+    sampling_strategy: str = "top",
+    seed: int = 0,
+    index: str = "exact",
+    device: torch.device | str = "cpu",
+) -> list[tuple[str, ...] | None]:
+    """``num_negatives`` hard negatives per pair, from the corpus of all the pairs'
+    sentences, by the rules of the module docstring.
+
+    Args:
+        pairs: ``N`` (anchor, positive) pairs.
+        encode: sentences -> ``[M, D]`` embeddings.
+        num_negatives: ``k``, negatives per pair.
+        range_min: best remaining candidates skipped (ST's ``range_min``).
+        range_max: candidates ranked per anchor (ST's ``range_max``); None:
+            ``range_min + 10 * num_negatives``.
+        margin: ST's ``absolute_margin``; 0 skips only candidates scored above the positive.
+        relative_margin: ST's ``relative_margin`` (None: off).
+        sampling_strategy: ``"top"`` or ``"random"``.
+        seed: for ``"random"``.
+        index: ``"exact"`` or ``"faiss"`` (:data:`INDEXES`).
+        device: where the exact search runs.
+
+    Returns:
+        ``N`` tuples of ``k`` negatives, best first; ``None`` where fewer than ``k`` qualify.
+    """
+    range_max = range_min + RANGE_PER_NEGATIVE * num_negatives if range_max is None else range_max
+    check_options(num_negatives, range_min, range_max, margin, relative_margin, sampling_strategy)
+    if index not in SEARCHES:
+        raise ConfigError(f"--index {index!r}: must be one of {INDEXES}")
+    corpus = list(dict.fromkeys(s for pair in pairs for s in pair))
+    position = {text: i for i, text in enumerate(corpus)}
+    queries = list(dict.fromkeys(a for a, _ in pairs))  # each distinct anchor searched once
+    query_of = {text: i for i, text in enumerate(queries)}
+    # Everything an anchor is paired with in any row, itself included: none is a negative.
+    related = {(query_of[a], position[t]) for a, p in pairs for t in (a, p)}
+    most_related = int(torch.bincount(torch.tensor([q for q, _ in related]), minlength=len(queries)).max())
+    emb = torch.nn.functional.normalize(encode(corpus).float(), dim=-1)
+    query_rows = torch.tensor([position[q] for q in queries])
+    k = min(range_max + most_related, len(corpus))
+    scores, ids = SEARCHES[index](emb[query_rows], emb, k, device=device)
+    # Set the related sentences aside (a key per (query, sentence) pair), keep the best range_max.
+    keys = torch.arange(len(queries))[:, None] * len(corpus) + ids
+    taken = torch.tensor(sorted(q * len(corpus) + c for q, c in related))
+    scores = scores.masked_fill(torch.isin(keys, taken) | (ids < 0), -math.inf)
+    scores, order = scores.sort(dim=1, descending=True, stable=True)
+    scores, ids = scores[:, :range_max], ids.gather(1, order)[:, :range_max]
+    # Per pair: its anchor's candidates, the margins against its own positive.
+    rows = torch.tensor([query_of[a] for a, _ in pairs])
+    scores, ids = scores[rows], ids[rows]
+    anchors = emb[torch.tensor([position[a] for a, _ in pairs])]
+    positive = (anchors * emb[torch.tensor([position[p] for _, p in pairs])]).sum(dim=1, keepdim=True)
+    drop = scores > positive - margin
+    if relative_margin is not None:
+        drop |= scores > positive - positive.abs() * relative_margin
+    scores = scores.masked_fill(drop, -math.inf)
+    scores, order = scores.sort(dim=1, descending=True, stable=True)
+    scores, ids = scores[:, range_min:], ids.gather(1, order)[:, range_min:]
+    generator = torch.Generator().manual_seed(seed)
+    out: list[tuple[str, ...] | None] = []
+    for r in range(len(pairs)):
+        valid = ids[r][torch.isfinite(scores[r])]
+        if valid.numel() < num_negatives:
+            out.append(None)
+            continue
+        if sampling_strategy == "top":
+            picked = valid[:num_negatives]
+        elif num_negatives == 1:  # one draw, as the one-negative miner always drew it
+            picked = valid[int(torch.randint(valid.numel(), (1,), generator=generator))][None]
+        else:  # a sample without replacement, written best first
+            picked = valid[torch.randperm(valid.numel(), generator=generator)[:num_negatives].sort().values]
+        out.append(tuple(corpus[int(i)] for i in picked))
+    return out
 
 
 def mine_negatives(
@@ -51,61 +177,15 @@ def mine_negatives(
     seed: int = 0,
     progress: bool = True,
 ) -> list[str | None]:
-    """One hard negative per pair, from the corpus of all the pairs' sentences.
+    """One hard negative per pair (:func:`mine_hard_negatives` with ``num_negatives=1``
+    and ``range_max=top_k``); ``None`` where no candidate qualifies.
 
-    A candidate is never the anchor, its positive, or any sentence paired with that
-    anchor in another row (compared as exact text, so a duplicate of the positive is
-    excluded too). Of the ``top_k`` highest-scoring other sentences, those with
-    ``cos(a, c) > cos(a, p) - margin`` are dropped; ``"top"`` takes the best one left and
-    ``"random"`` one of them at random (seeded).
-
-    Args:
-        pairs: ``N`` (anchor, positive) pairs.
-        encode: sentences -> ``[M, D]`` embeddings.
-        top_k: candidates ranked per anchor before the margin (ST's ``range_max``).
-        margin: ST's ``absolute_margin``; 0 skips only candidates scored above the positive.
-        sampling_strategy: ``"top"`` or ``"random"``.
-        seed: for ``"random"``.
-        progress: show a progress bar over anchor blocks.
-
-    Returns:
-        ``N`` negatives; ``None`` where no candidate qualifies.
+    ``progress`` is accepted for callers of the older form; the search reports nothing.
     """
-    if sampling_strategy not in SAMPLING_STRATEGIES:
-        raise ConfigError(f"--sampling-strategy {sampling_strategy!r}: must be one of {SAMPLING_STRATEGIES}")
     if top_k < 1:
         raise ConfigError(f"--top-k {top_k}: must be >= 1")
-    if not math.isfinite(margin):  # nan compares false with everything: no candidate would ever be dropped
-        raise ConfigError(f"--margin {margin}: must be a finite number")
-    corpus = list(dict.fromkeys(s for pair in pairs for s in pair))
-    index = {text: i for i, text in enumerate(corpus)}
-    # Everything an anchor is paired with in any row, itself included: none is a negative.
-    related: dict[str, set[int]] = defaultdict(set)
-    for anchor, positive in pairs:
-        related[anchor].update((index[anchor], index[positive]))
-    emb = torch.nn.functional.normalize(encode(corpus).float(), dim=-1)
-    anchors = torch.tensor([index[a] for a, _ in pairs])
-    positives = torch.tensor([index[p] for _, p in pairs])
-    generator = torch.Generator().manual_seed(seed)
-    out: list[str | None] = []
-    k = min(top_k, len(corpus))
-    for start in tqdm(range(0, len(pairs), _BLOCK), desc="mining", unit="block", disable=not progress):
-        rows = slice(start, start + _BLOCK)
-        scores = emb[anchors[rows]] @ emb.T  # [block, corpus]
-        bound = scores.gather(1, positives[rows, None]) - margin  # cos(a, p) - margin, [block, 1]
-        for r, (anchor, _) in enumerate(pairs[rows]):
-            scores[r, list(related[anchor])] = float("-inf")
-        # As ST's range_max: the top k of the ranking (positives aside), then the margin.
-        top, ids = scores.topk(k, dim=1)
-        keep = torch.isfinite(top) & (top <= bound)
-        for r in range(top.shape[0]):
-            valid = ids[r][keep[r]]
-            if valid.numel() == 0:
-                out.append(None)
-                continue
-            pick = 0 if sampling_strategy == "top" else int(torch.randint(valid.numel(), (1,), generator=generator))
-            out.append(corpus[int(valid[pick])])
-    return out
+    mined = mine_hard_negatives(pairs, encode, 1, range_max=top_k, margin=margin, sampling_strategy=sampling_strategy, seed=seed)
+    return [None if m is None else m[0] for m in mined]
 
 
 def mine_file(
@@ -113,42 +193,88 @@ def mine_file(
     out_path: str | Path,
     model: str | None = None,
     pooler: str | None = None,
-    top_k: int = 10,
+    top_k: int | None = None,
     margin: float = 0.0,
     sampling_strategy: str = "top",
     seed: int = 0,
     batch_size: int = 128,
     device: str = "auto",
+    *,
+    num_negatives: int = 1,
+    range_min: int = 0,
+    relative_margin: float | None = None,
+    index: str = "exact",
 ) -> dict[str, int]:
-    """``simcse-kit mine``: read ``sent0, sent1`` pairs, write ``sent0, sent1, hard_neg``.
+    """``simcse-kit mine``: read ``sent0, sent1`` pairs, write them with ``num_negatives``
+    hard negatives: CSV columns ``hard_neg`` (one) or ``hard_neg_1 .. hard_neg_k``; JSONL
+    (``out_path`` ending ``.jsonl``/``.json``) ``"hard_neg"``, a text for one and a list of
+    ``k`` texts for more. Both read back as ``hardneg`` training data with that ``k``.
 
-    Rows for which no candidate qualifies are left out (and counted), as
-    sentence-transformers does: a ``hardneg`` file needs a negative in every row.
+    Rows for which fewer than ``num_negatives`` candidates qualify are left out (and
+    counted), as sentence-transformers does: a ``hardneg`` file needs ``k`` in every row.
+    ``top_k`` is ``--range-max`` (:func:`mine_hard_negatives`).
 
     Returns:
-        ``{"rows": written, "skipped": rows without a negative}``.
+        ``{"rows": written, "skipped": rows without enough negatives}``.
     """
-    if not math.isfinite(margin):
-        raise ConfigError(f"--margin {margin}: must be a finite number")
+    range_max = range_min + RANGE_PER_NEGATIVE * num_negatives if top_k is None else top_k
+    check_options(num_negatives, range_min, range_max, margin, relative_margin, sampling_strategy)
+    if index not in SEARCHES:
+        raise ConfigError(f"--index {index!r}: must be one of {INDEXES}")
+    if index == "faiss":
+        try:
+            import faiss  # noqa: F401
+        except ImportError:
+            raise ConfigError("--index faiss needs faiss: pip install 'simcse-kit[faiss]' (faiss-cpu)") from None
     check_writable(out_path, "--out")  # before the model is loaded and the file encoded
     rows = read_rows(pairs_path, ("sent0", "sent1"))
     encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
     pairs = [(r["sent0"], r["sent1"]) for r in rows]
-    negatives = mine_negatives(pairs, lambda s: encoder.encode(s, batch_size=batch_size), top_k, margin, sampling_strategy, seed)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(OUT_COLUMNS)
+    negatives = mine_hard_negatives(
+        pairs,
+        lambda s: encoder.encode(s, batch_size=batch_size),
+        num_negatives,
+        range_min=range_min,
+        range_max=range_max,
+        margin=margin,
+        relative_margin=relative_margin,
+        sampling_strategy=sampling_strategy,
+        seed=seed,
+        index=index,
+        device=encoder.device,
+    )
     kept = [(a, p, n) for (a, p), n in zip(pairs, negatives, strict=True) if n is not None]
     if not kept:  # an empty hardneg file would only fail later, at training
         raise DataError(
-            f"{pairs_path}: no row got a hard negative ({len(pairs)} row(s), {len(set(s for p in pairs for s in p))} "
-            f"distinct sentence(s); every candidate is one of the row's own sentences or within --margin); "
-            f"nothing written to {out_path}"
+            f"{pairs_path}: no row got {'a hard negative' if num_negatives == 1 else f'{num_negatives} hard negatives'} "
+            f"({len(pairs)} row(s), "
+            f"{len(set(s for p in pairs for s in p))} distinct sentence(s); every candidate is one of the row's own "
+            f"sentences, within the margins or past --range-max); nothing written to {out_path}"
         )
-    writer.writerows(kept)
-    write_text_atomic(out_path, buffer.getvalue())
+    write_text_atomic(out_path, format_rows(kept, num_negatives, Path(out_path)))
     skipped = len(pairs) - len(kept)
     if skipped:
-        logger.warning("%d of %d row(s) had no candidate within top-%d below the margin; left out", skipped, len(pairs), top_k)
-    logger.info("wrote %d rows with hard negatives to %s", len(kept), out_path)
+        logger.warning(
+            "%d of %d row(s) had fewer than %d candidate(s) left in the top %d after the margins and --range-min; left out",
+            skipped,
+            len(pairs),
+            num_negatives,
+            range_max,
+        )
+    logger.info("wrote %d rows with %d hard negative(s) each to %s", len(kept), num_negatives, out_path)
     return {"rows": len(kept), "skipped": skipped}
+
+
+def format_rows(rows: Sequence[tuple[str, str, tuple[str, ...]]], num_negatives: int, out_path: Path) -> str:
+    """The mined file's text: JSONL for a ``.jsonl``/``.json`` path, else CSV (module docstring)."""
+    if out_path.suffix.lower() in (".jsonl", ".json"):
+        lines = []
+        for anchor, positive, negatives in rows:
+            value: str | list[str] = negatives[0] if num_negatives == 1 else list(negatives)
+            lines.append(json.dumps({"sent0": anchor, "sent1": positive, "hard_neg": value}, ensure_ascii=False) + "\n")
+        return "".join(lines)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(("sent0", "sent1", *hard_negative_columns(num_negatives)))
+    writer.writerows((anchor, positive, *negatives) for anchor, positive, negatives in rows)
+    return buffer.getvalue()

@@ -107,8 +107,9 @@ class SimCSEObjective:
         rows; positive: the other view (row ``i ^ 1``); the row itself excluded;
       * view-0 anchors (unsup ``"paper"``, sup, hardneg): against the candidate views'
         rows, block after block (``NW`` rows each); positive: the anchor's own row in
-        the first block; the weighted view's own row (hardneg's contradiction) enters
-        with ``loss.hard_negative_weight`` (``log(alpha)`` on that logit).
+        the first block; the weighted views' own rows (hardneg's ``k`` contradictions,
+        ``negatives``) enter with ``loss.hard_negative_weight`` (``log(alpha)`` on those
+        logits); every other example's negatives are plain in-batch negatives.
 
     With ``loss.mask_false_negatives`` the batch's ``text_ids`` drop candidates that
     share a text with the anchor or its positive (:func:`masks.false_negative_mask`);
@@ -131,6 +132,8 @@ class SimCSEObjective:
     mode: str
     loss_cfg: LossConfig
     teacher: TeacherTargets | None = None
+    negatives: int = 1
+    """``k``, hard negatives per example (``hardneg``): ``V = 2 + k`` views, each negative a block."""
     # Kept as device tensors (or 0): reading a count back every step would stall a GPU;
     # the properties below read them where they are reported (log steps, the run's end).
     _masked_total: torch.Tensor | int = field(default=0, compare=False, repr=False)
@@ -138,11 +141,11 @@ class SimCSEObjective:
     last_terms: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        views_per_example(self.mode)  # an unknown mode fails here
+        views_per_example(self.mode, self.negatives)  # an unknown mode (or k for one without negatives) fails here
 
     def views_per_example(self) -> int:
         """``V``: rows per example in this mode's batches."""
-        return views_per_example(self.mode)
+        return views_per_example(self.mode, self.negatives)
 
     def metrics(self) -> dict[str, float]:
         """The counters a tracked run logs (:mod:`simcse_kit.training.tracking`): with false-negative
@@ -160,7 +163,7 @@ class SimCSEObjective:
     @property
     def contrast(self) -> modes.Contrast:
         """Who is contrasted with whom: the mode's row of :data:`simcse_kit.core.modes.TABLE`."""
-        return modes.contrast(self.mode, self.loss_cfg.unsup_loss)
+        return modes.contrast(self.mode, self.loss_cfg.unsup_loss, self.negatives)
 
     def views(self, rows: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Per-row values (embeddings ``[B, H]``, text ids or teacher rows ``[B]``) split
@@ -207,10 +210,14 @@ class SimCSEObjective:
         if itself is not None:  # no row is its own negative
             own = masks.self_mask(n, m, offset, device)
             exclude = own if exclude is None else own | exclude
-        bias = None  # alpha on each anchor's own row of the weighted view, whole blocks after its positive
-        if form.weighted_block is not None:
-            column = positive + form.weighted_block * block_rows
-            bias = masks.weight_bias(column, m, self.loss_cfg.hard_negative_weight, anchors)
+        bias = None  # alpha on each anchor's own rows of the weighted views, whole blocks after its positive
+        weighted = form.weighted_blocks
+        if len(weighted) == 1:  # one hard negative: its column alone ([N]), as ever
+            bias = masks.weight_bias(positive + weighted[0] * block_rows, m, self.loss_cfg.hard_negative_weight, anchors)
+        elif weighted:  # k hard negatives: anchor i's k own rows, [N, k]
+            # Offsets added as Python ints: a tensor of them would be a host-to-device copy each step.
+            columns = torch.stack([positive + block * block_rows for block in weighted], dim=1)
+            bias = masks.weight_bias(columns, m, self.loss_cfg.hard_negative_weight, anchors)
         simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
         if self.teacher is None:
             return simcse

@@ -26,9 +26,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from simcse_kit.config.run import RunConfig
-from simcse_kit.core.batch import view_prompts, views_per_example
+from simcse_kit.core.batch import view_prompts
 from simcse_kit.data.pipeline import loader_options
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.readers import ContrastiveCollator, negatives_of
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
 from simcse_kit.evaluation.encoding import prompted
@@ -179,7 +179,8 @@ def build_run(
     tf32 = set_tf32(accelerator.device)
     check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
     model = build_model(cfg)
-    objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None)
+    negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
+    objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None, negatives=negatives)
     loader = make_loader(
         cfg, dataset, tokenizer, accelerator.num_processes, accelerator.device, teacher[1].index if teacher else None
     )
@@ -209,7 +210,7 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
     cfg, accelerator, evaluator = run.cfg, run.accelerator, run.evaluator
     if evaluator is None:
         raise ValueError("finish: the run was built without its dev evaluator (build_run(evaluate=False))")
-    metrics = run_metrics(state, views_per_example(cfg.data.mode), run.objective.masked_negatives)
+    metrics = run_metrics(state, run.objective.views_per_example(), run.objective.masked_negatives)
     metrics["precision"] = (
         asdict(run.precision)
         if run.precision is not None
@@ -329,12 +330,14 @@ def make_loader(
         "on" if options.pin_memory else "off (not CUDA)",
     )
     per_process = cfg.train.batch_size // num_processes
+    negatives = negatives_of(dataset.column_names)
     collator = ContrastiveCollator(
         tokenizer,
         cfg.data.mode,
         cfg.model.max_seq_len,
         with_text_ids=cfg.loss.mask_false_negatives,
-        prompts=view_prompts(cfg.data.prompts, cfg.data.mode),
+        prompts=view_prompts(cfg.data.prompts, cfg.data.mode, negatives),
+        negatives=negatives,
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
         teacher_index=teacher_index,

@@ -153,7 +153,11 @@ class GradCacheStep(ObjectiveStep):
         world = self.processes()
         gather = world > 1 and getattr(self.objective.loss_cfg, "gather", False)
         negatives = effective_negatives(
-            self.objective.mode, n_rows // self.align, self.objective.loss_cfg.unsup_loss, world if gather else 1
+            self.objective.mode,
+            n_rows // self.align,
+            self.objective.loss_cfg.unsup_loss,
+            world if gather else 1,
+            getattr(self.objective, "negatives", 1),
         )
         chunk = slices[0].stop - slices[0].start
         logger.info("GradCache: %d rows in %d chunks of <= %d; %d negatives per anchor", n_rows, len(slices), chunk, negatives)

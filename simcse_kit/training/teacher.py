@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from simcse_kit.core.batch import VIEW_COLUMNS
+from simcse_kit.core.batch import view_columns
 from simcse_kit.errors import ConfigError
 from simcse_kit.model.inference import load_encoder
 from simcse_kit.model.modeling import resolve_model_path
@@ -75,14 +75,16 @@ class TeacherTable:
         return int(self.vectors.shape[1])
 
 
-def teacher_texts(columns: Mapping[str, Sequence[str]], mode: str) -> list[str]:
+def teacher_texts(columns: Mapping[str, Sequence[str]], mode: str, negatives: int = 1) -> list[str]:
     """The distinct sentences of a training set's view columns, in first-seen order.
 
     Args:
-        columns: the dataset's columns (``sent0``, ``sent1``, ``hard_neg``) by name.
+        columns: the dataset's columns (``sent0``, ``sent1``, ``hard_neg`` or
+            ``hard_neg_1 .. hard_neg_k``) by name.
         mode: ``unsup``, ``sup`` or ``hardneg`` (which columns are views).
+        negatives: ``k``, hard negatives per example (``hardneg``).
     """
-    names = dict.fromkeys(VIEW_COLUMNS[mode])
+    names = dict.fromkeys(view_columns(mode, negatives))
     return list(dict.fromkeys(text for name in names for text in columns[name]))
 
 
