@@ -76,9 +76,12 @@ def test_last_token_vector_ignores_the_padding_side(arch: str, lora: int, decode
     assert torch.allclose(vectors["left"], alone, atol=1e-5) and torch.allclose(vectors["right"], alone, atol=1e-5)
     # The pooler reads the last real token, not the last column: a right-padded batch's last
     # column is a pad for the shorter sentences.
-    assert not torch.allclose(alone[1], vectors["right"][1].new_zeros(()) + model.encoder(
-        **tokenizer(TEXTS, padding=True, return_tensors="pt")
-    ).last_hidden_state[1, -1], atol=1e-3)
+    assert not torch.allclose(
+        alone[1],
+        vectors["right"][1].new_zeros(())
+        + model.encoder(**tokenizer(TEXTS, padding=True, return_tensors="pt")).last_hidden_state[1, -1],
+        atol=1e-3,
+    )
 
 
 def test_last_pooler_on_known_states() -> None:
@@ -112,7 +115,9 @@ def test_every_mode_trains_a_step(arch: str, lora: int, decoder_dirs: dict[str, 
             assert any("embed_tokens" in n for n in with_grad)
 
 
-def run_config(path: Path, out: Path, senteval: Path, mode: str, lora: int, data: Path | None = None, **train: object) -> RunConfig:
+def run_config(
+    path: Path, out: Path, senteval: Path, mode: str, lora: int, data: Path | None = None, **train: object
+) -> RunConfig:
     pooler = "last" if is_decoder(AutoConfig.from_pretrained(path)) else "avg"
     return RunConfig(
         model=ModelConfig(name_or_path=str(path), pooler=pooler, max_seq_len=16, eval_max_seq_len=32, dropout=0.1, lora_r=lora),

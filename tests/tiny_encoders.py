@@ -161,7 +161,9 @@ def build_tiny_decoder(arch: str, folder: Path) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = decoder_tokenizer(arch, folder)
-    ids = {f"{role}_token_id": tokenizer.convert_tokens_to_ids(tok) for role, tok in DECODER_SPECIALS[arch].items() if role != "unk"}
+    ids = {
+        f"{role}_token_id": tokenizer.convert_tokens_to_ids(tok) for role, tok in DECODER_SPECIALS[arch].items() if role != "unk"
+    }
     common = {
         "vocab_size": len(tokenizer),
         "hidden_size": 32,
