@@ -27,6 +27,7 @@ def test_train_section_is_the_loop_plus_the_run() -> None:
     assert names(TrainConfig) - names(LoopConfig) == {
         "output_dir",
         "batch_size",
+        "gradient_checkpointing",
         "fast_dropout",
         "grad_cache_chunk",
         "final_eval",

@@ -112,3 +112,74 @@ def build_tiny(arch: str, folder: Path) -> Path:
     torch.manual_seed(0)
     AutoModel.from_config(config).save_pretrained(folder)
     return folder
+
+
+# --------------------------------------------------------------------------- decoders
+
+DECODERS = ("qwen3", "llama", "gemma3_text")
+# Each family's special tokens as its real tokenizer has them: Qwen3 pads with <|endoftext|>
+# and adds nothing; Llama puts <s> first and has no pad token; Gemma3 puts <bos> first.
+DECODER_SPECIALS = {
+    "qwen3": {"unk": "<unk>", "pad": "<|endoftext|>", "eos": "<|im_end|>"},
+    "llama": {"unk": "<unk>", "bos": "<s>", "eos": "</s>"},
+    "gemma3_text": {"unk": "<unk>", "pad": "<pad>", "bos": "<bos>", "eos": "<eos>"},
+}
+
+
+def decoder_tokenizer(arch: str, folder: Path) -> object:
+    """A lower-casing word-level tokenizer with ``arch``'s special tokens: BOS first where
+    the family has one, no EOS appended (simcse-kit appends it), left padding as
+    decoder embedders (Qwen3-Embedding) use."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    specials = DECODER_SPECIALS[arch]
+    vocab = {tok: i for i, tok in enumerate([*specials.values(), *WORDS, ".", ","])}
+    core = Tokenizer(WordLevel(vocab, unk_token=specials["unk"]))
+    core.normalizer = normalizers.Lowercase()
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    if "bos" in specials:
+        bos = specials["bos"]
+        core.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B:1", special_tokens=[(bos, vocab[bos])]
+        )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        model_input_names=["input_ids", "attention_mask"],
+        padding_side="left",
+        **{f"{role}_token": tok for role, tok in specials.items()},
+    )
+    tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def build_tiny_decoder(arch: str, folder: Path) -> Path:
+    """Save a tiny random decoder-only ``arch`` model (its body, as ``AutoModel`` builds
+    it from a causal-LM config) and its tokenizer into ``folder``."""
+    from transformers import AutoModel, Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = decoder_tokenizer(arch, folder)
+    ids = {
+        f"{role}_token_id": tokenizer.convert_tokens_to_ids(tok) for role, tok in DECODER_SPECIALS[arch].items() if role != "unk"
+    }
+    common = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 37,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": MAX_POSITIONS,
+        **ids,
+    }
+    config = {
+        "qwen3": lambda: Qwen3Config(head_dim=8, **common),
+        "llama": lambda: LlamaConfig(**common),
+        # A window of 8 tokens keeps Gemma3's local attention visible in 16-token sentences.
+        "gemma3_text": lambda: Gemma3TextConfig(head_dim=8, sliding_window=8, **common),
+    }[arch]()
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(folder)
+    return folder

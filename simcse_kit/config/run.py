@@ -62,7 +62,7 @@ __all__ = [
     "save_config",
 ]
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 MLP_MODES = ("none", "train", "always")
 MODES = tuple(modes.TABLE)  # simcse_kit.core.modes: one row per mode
 PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.readers.PAIR_READERS maps each to its reader

@@ -47,6 +47,24 @@ class ModelConfig:
         "(simcse_kit.model.packing): same loss, about a third less work at max_seq_len 32 on Wikipedia sentences. null (auto): "
         "on the CPU, off on CUDA (padding is faster there: BENCHMARKS.md, GPU); true/false: as set, on any device.",
     )
+    append_eos: bool | None = option(
+        None,
+        "Append the EOS token to every text (written into the saved tokenizer). null (auto): on for a decoder-only "
+        "backbone (Qwen3, Llama, Gemma3, ...), whose last-token vector then reads a fixed end, as Qwen3-Embedding and "
+        "RepLLaMA do; off for encoders.",
+    )
+    lora_r: int = option(0, "LoRA rank (peft): 0 trains every weight; > 0 trains only the adapter (and the MLP head)")
+    lora_alpha: float = option(16.0, "LoRA scaling numerator: the update is scaled by lora_alpha / lora_r")
+    lora_dropout: float = option(
+        0.1,
+        "Dropout on the adapter's input. With the base frozen, unsup's two views of a sentence differ by the base's "
+        "own dropout (still active while training) and by this one.",
+    )
+    lora_target_modules: list[str] | None = option(
+        None,
+        'Module names the adapter wraps (e.g. ["q_proj", "v_proj"], or ["all-linear"]); null: the family\'s '
+        "default (simcse_kit.model.families.lora_targets).",
+    )
 
 
 @dataclass
@@ -201,6 +219,11 @@ class TrainConfig(LoopConfig):
     )
     bf16_weights: bool | str = option(AUTO, 'True, False or "auto": bf16 weights with fp32 masters (native-bf16 CPU)')
     batch_size: int = option(64, "examples per optimiser micro-step, over all processes")
+    gradient_checkpointing: bool = option(
+        False,
+        "Recompute the encoder's activations in the backward pass instead of keeping them: less memory for a longer "
+        "step; the same gradients (dropout's random draws are replayed).",
+    )
     fast_dropout: bool | str = option(
         AUTO,
         'cheaper dropout RNG, same distribution (simcse_kit.model.fastpath); "auto": CPU with native bf16',

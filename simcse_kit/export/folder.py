@@ -92,7 +92,8 @@ class STModule:
 
 
 def pooling(hidden_size: int, mode: str) -> STModule:
-    """``Pooling`` with the explicit boolean keys every version reads (``mode``: cls or mean)."""
+    """``Pooling`` with the explicit boolean keys every version reads (``mode``: cls, mean
+    or lasttoken)."""
     config = {
         "word_embedding_dimension": hidden_size,
         "pooling_mode_cls_token": mode == "cls",
@@ -100,6 +101,8 @@ def pooling(hidden_size: int, mode: str) -> STModule:
         "pooling_mode_max_tokens": False,
         "pooling_mode_mean_sqrt_len_tokens": False,
     }
+    if mode == "lasttoken":  # written only where used: a key older versions do not know stays out of their way
+        config["pooling_mode_lasttoken"] = True
     return STModule("Pooling", config, label=f"Pooling({mode})")
 
 
@@ -120,6 +123,9 @@ def pooling_modules(pooler: str, hidden_size: int, num_layers: int) -> list[STMo
         return [pooling(hidden_size, "cls")]
     if pooler == "avg":
         return [pooling(hidden_size, "mean")]
+    if pooler == "last":
+        # ST's lasttoken reads the last real token by the attention mask, either padding side.
+        return [pooling(hidden_size, "lasttoken")]
     if pooler in ("avg_first_last", "avg_top2"):
         if num_layers < 2:
             raise ExportError(f"pooler {pooler} needs at least 2 layers; the model has {num_layers}")

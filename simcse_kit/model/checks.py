@@ -116,19 +116,22 @@ def load_checked_tokenizer(path: str | Path, vocab_size: int | None = None) -> A
     :func:`check_tokenizer` against ``vocab_size`` (default: the folder's ``config.json``)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from simcse_kit.model.families import prepare_tokenizer  # torch and transformers only when a tokenizer loads
+
     check_tokenizer_files(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{path}: cannot load its tokenizer ({reason})") from None
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except (OSError, ValueError):
+        config = None  # an adapter folder has no config.json: its saved tokenizer is ready as is
     if vocab_size is None:
-        try:
-            vocab_size = getattr(AutoConfig.from_pretrained(str(path)), "vocab_size", None)
-        except (OSError, ValueError):
-            vocab_size = None
+        vocab_size = getattr(config, "vocab_size", None)
     check_tokenizer(tokenizer, vocab_size, path)
-    return tokenizer
+    return prepare_tokenizer(tokenizer, config) if config is not None else tokenizer
 
 
 def tokenization_problem(reference: Any, other: Any, sentences: list[str], max_length: int) -> str | None:

@@ -24,6 +24,11 @@ in facts the toolkit must not guess:
 * **local attention**: ModernBERT attends within a sliding window in some layers;
   :func:`probe_batch` makes verification probes longer than the window, so a trick
   that ignores the window (a prepared 4-D packing mask) is caught, not trusted.
+* **decoders**: a causal language model's body (Qwen3, Qwen2, Llama, Mistral, Gemma3
+  text, ...: :func:`is_decoder`) attends causally, as it was trained; its sentence vector
+  is the last real token's state (pooler ``last``) after an EOS that the tokenizer appends
+  (:func:`prepare_tokenizer`), and its position ids count real tokens only
+  (:func:`decoder_position_ids`), so left and right padding give the same vector.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModel, PretrainedConfig, PreTrainedModel
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_MASKED_LM_MAPPING, AutoModel, PretrainedConfig, PreTrainedModel
 
 from simcse_kit.errors import ConfigError
 
@@ -65,12 +70,89 @@ DROPOUT_KEYS: Mapping[str, tuple[str, ...]] = {
     "deberta-v2": _BERT_KEYS,
     "distilbert": ("dropout", "attention_dropout"),
     "modernbert": ("embedding_dropout", "mlp_dropout", "attention_dropout"),
+    # Decoders drop only attention probabilities (there is no hidden-state dropout to set).
+    **dict.fromkeys(("qwen3", "qwen2", "llama", "mistral", "gemma", "gemma2", "gemma3_text"), ("attention_dropout",)),
 }
 """``config.model_type`` -> the config keys that set every dropout of the base encoder
 (task heads' keys, such as DistilBERT's ``seq_classif_dropout``, are left alone)."""
 
 # Embeddings that build position ids as padding_idx + 1 + i (fairseq's convention).
 OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet"})
+
+
+# LoRA's default targets where peft has none of its own (peft knows BERT, RoBERTa, XLM-R,
+# ELECTRA, DeBERTa-v2 and the decoders: the query and value projections).
+LORA_TARGETS: Mapping[str, tuple[str, ...]] = {
+    "mpnet": ("q", "v"),
+    "distilbert": ("q_lin", "v_lin"),
+    "modernbert": ("Wqkv",),
+}
+
+
+def lora_targets(model_type: str, configured: list[str] | None) -> list[str] | str | None:
+    """The modules a LoRA adapter wraps: the configured names (``["all-linear"]`` is peft's
+    every-linear-layer shorthand), else this family's query and value projections (None:
+    peft's own table)."""
+    if configured:
+        return "all-linear" if configured == ["all-linear"] else list(configured)
+    known = LORA_TARGETS.get(model_type)
+    return list(known) if known else None
+
+
+def is_decoder(config: PretrainedConfig) -> bool:
+    """Whether ``config`` describes a decoder-only language model: one transformers builds
+    a causal LM for and no masked LM (BERT has both, Qwen3 and Llama only the first)."""
+    kind = type(config)
+    return kind in MODEL_FOR_CAUSAL_LM_MAPPING and kind not in MODEL_FOR_MASKED_LM_MAPPING
+
+
+def decoder_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` position ids that count real tokens only: 0, 1, 2, ... from each
+    sentence's first real token, whichever side the padding is on. A decoder given its
+    default ``arange(T)`` would start a left-padded sentence at the number of pads."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def prepare_tokenizer(tokenizer: Any, config: PretrainedConfig, append_eos: bool | None = None) -> Any:
+    """Make a decoder's tokenizer ready for embedding (encoders' tokenizers pass unchanged).
+
+    * No pad token (Llama's): the EOS token pads (the attention mask hides it).
+    * ``append_eos`` (None: on for a decoder): the tokenizer's post-processor appends the
+      EOS token to every text, as Qwen3-Embedding's and RepLLaMA's do, so the last-token
+      vector reads a state that has seen the whole sentence and a fixed end. It is written
+      into the tokenizer itself, which is saved with the model, so every client of an
+      export (sentence-transformers, Transformers.js, fastembed) appends it too.
+
+    Raises:
+        ConfigError: EOS asked for, and the tokenizer has no EOS token or is not a fast
+            (``tokenizers``) one.
+    """
+    if not is_decoder(config):
+        return tokenizer
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if append_eos is False:
+        return tokenizer
+    eos, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
+    if eos is None or eos_id is None:
+        raise ConfigError("a decoder's last-token vector needs an EOS token to append; this tokenizer has none")
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    if full and full[-1] == eos_id:
+        return tokenizer  # already appends it (Qwen3-Embedding's own tokenizer)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ConfigError(f"appending EOS needs a fast tokenizer; {type(tokenizer).__name__} is not one")
+    from tokenizers import processors
+
+    # Keep what the tokenizer already puts first (Llama's and Gemma's BOS), then append EOS.
+    prefix = full[: len(full) - len(plain)] if full[len(full) - len(plain) :] == plain else []
+    specials = {tokenizer.convert_ids_to_tokens(i): i for i in [*prefix, eos_id]}
+    head = " ".join(tokenizer.convert_ids_to_tokens(i) for i in prefix)
+    single = f"{head} $A {eos}".strip()
+    pair = f"{head} $A {eos} $B:1 {eos}:1".strip()
+    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=list(specials.items()))
+    return tokenizer
 
 
 def dropout_overrides(model_type: str, rate: float) -> dict[str, float]:

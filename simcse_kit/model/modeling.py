@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 SIMCSE_CONFIG = "simcse_config.json"
 HEAD_WEIGHTS = "simcse_head.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"  # peft's file: a folder holding a LoRA adapter, not full weights
 FORMAT_VERSION = 1
 
 
@@ -53,6 +54,50 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def base_encoder(encoder: nn.Module) -> PreTrainedModel:
+    """The transformers model under a peft wrapper (or ``encoder`` itself): the one whose
+    config, signature and embeddings describe the architecture."""
+    get_base = getattr(encoder, "get_base_model", None)
+    return get_base() if callable(get_base) and hasattr(encoder, "peft_config") else encoder  # type: ignore[return-value]
+
+
+def apply_lora(encoder: PreTrainedModel, cfg: ModelConfig) -> nn.Module:
+    """Wrap ``encoder`` in a LoRA adapter (peft): only the adapter's weights train.
+
+    Raises:
+        ConfigError: peft is not installed, or no target modules are known for the family.
+    """
+    try:
+        from peft import LoraConfig, TaskType, get_peft_model
+    except ImportError:
+        raise ConfigError("config key 'model.lora_r' > 0 needs peft: pip install 'simcse-kit[lora]'") from None
+    model_type = getattr(encoder.config, "model_type", "")
+    targets = families.lora_targets(model_type, cfg.lora_target_modules)
+    lora = LoraConfig(
+        task_type=TaskType.FEATURE_EXTRACTION,
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=targets,
+    )
+    try:
+        wrapped = get_peft_model(encoder, lora)
+    except ValueError as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"config key 'model.lora_target_modules': cannot wrap a {model_type!r} model ({reason})") from None
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in wrapped.parameters())
+    logger.info(
+        "LoRA r=%d on %s: %d of %d parameters train (%.2f%%)",
+        cfg.lora_r,
+        targets or "peft's default",
+        trainable,
+        total,
+        100 * trainable / total,
+    )
+    return wrapped
+
+
 def padded_attention_mask(attention_mask: torch.Tensor, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
     """``[B, T]`` padding mask -> the ``[B, 1, T, T]`` mask the encoder's attention takes.
 
@@ -74,7 +119,9 @@ class Pooler(nn.Module):
         differ only in whether SimCSE's MLP follows; see SimCSEModel);
       * ``avg``: mask-aware mean of the last layer;
       * ``avg_first_last``: mean of (first transformer layer + last layer) / 2;
-      * ``avg_top2``: mean of (last two layers) / 2.
+      * ``avg_top2``: mean of (last two layers) / 2;
+      * ``last``: the last real token's state (a decoder's sentence vector), found from
+        the mask, so left and right padding read the same token.
     """
 
     def __init__(self, mode: str) -> None:
@@ -93,6 +140,10 @@ class Pooler(nn.Module):
         (embeddings + one per layer, each ``[B, L, H]``). Returns ``[B, H]``."""
         if self.mode in ("cls", "cls_before_pooler"):
             return last_hidden[:, 0]
+        if self.mode == "last":
+            positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+            final = (attention_mask.bool() * positions).argmax(dim=1)  # the highest real position
+            return last_hidden[torch.arange(last_hidden.shape[0], device=last_hidden.device), final]
         if self.mode == "avg":
             tokens = last_hidden
         else:
@@ -149,19 +200,26 @@ class SimCSEModel(nn.Module):
         super().__init__()
         check_pooling(pooler, mlp)
         self.encoder = encoder
+        base = base_encoder(encoder)
         self.pooler = Pooler(pooler)
         self.mlp_mode = mlp
-        self.mlp = (
-            MLPHead(encoder.config.hidden_size, getattr(encoder.config, "initializer_range", 0.02)) if mlp != "none" else None
-        )
+        self.mlp = MLPHead(base.config.hidden_size, getattr(base.config, "initializer_range", 0.02)) if mlp != "none" else None
         self.max_seq_len = max_seq_len
         self.attn_implementation = attn_implementation
         # DistilBERT, MPNet and ModernBERT take no segment ids (a BERT tokenizer beside
         # them still makes some); RoBERTa-style positions start at padding_idx + 1.
-        self.takes_token_type_ids = families.takes_token_type_ids(encoder)
-        self.position_offset = families.position_offset(encoder)
-        self.packing = packing and packing_matches(
-            encoder, attn_implementation=attn_implementation, dtype=compute_dtype(encoder), position_offset=self.position_offset
+        self.takes_token_type_ids = families.takes_token_type_ids(base)
+        self.position_offset = families.position_offset(base)
+        # A decoder attends causally: its padded forward gets position ids that count real
+        # tokens, never the bidirectional 4-D mask, and it does not pack (the packed rows'
+        # block mask is bidirectional within a sentence).
+        self.is_decoder = families.is_decoder(base.config)
+        self.packing = (
+            packing
+            and not self.is_decoder
+            and packing_matches(
+                base, attn_implementation=attn_implementation, dtype=compute_dtype(base), position_offset=self.position_offset
+            )
         )
 
     @property
@@ -208,7 +266,9 @@ class SimCSEModel(nn.Module):
         if packed is None:
             kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
             mask = attention_mask
-            if input_ids.is_cuda and self.attn_implementation != "flash_attention_2":
+            if self.is_decoder:
+                kwargs["position_ids"] = families.decoder_position_ids(attention_mask)
+            elif input_ids.is_cuda and self.attn_implementation != "flash_attention_2":
                 mask = padded_attention_mask(attention_mask, self.attn_implementation, compute_dtype(self.encoder))
             out = self.encoder(
                 input_ids=input_ids, attention_mask=mask, output_hidden_states=want_all, return_dict=True, **kwargs
@@ -240,15 +300,23 @@ class SimCSEModel(nn.Module):
             "max_seq_len": self.max_seq_len,
             "similarity": "cosine",
             "normalize": False,
-            "hidden_size": self.encoder.config.hidden_size,
+            "hidden_size": base_encoder(self.encoder).config.hidden_size,
             "attn_implementation": self.attn_implementation,
+            "decoder": self.is_decoder,
+            "adapter": self.has_adapter,
         }
+
+    @property
+    def has_adapter(self) -> bool:
+        return base_encoder(self.encoder) is not self.encoder
 
     def save(self, path: str | Path, tokenizer: object | None = None, extra: dict[str, object] | None = None) -> None:
         """Write the model atomically (:func:`simcse_kit.files.atomic_dir`): a kill at any
         moment leaves either the old folder or the new one at ``path``, never a
         half-written one."""
         with atomic_dir(path) as tmp:
+            # With LoRA this writes the adapter alone (adapter_config.json names the base);
+            # load() merges it into the base, and export writes the merged model.
             self.encoder.save_pretrained(tmp, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
@@ -277,7 +345,8 @@ class SimCSEModel(nn.Module):
         # packing None (auto) is resolved per device before a training model is built
         # (training.folder.with_device_defaults); elsewhere auto means the CPU's choice, on.
         packing = cfg.packing is not False
-        return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=packing, attn_implementation=attn)
+        wrapped: nn.Module = apply_lora(encoder, cfg) if cfg.lora_r > 0 else encoder
+        return cls(wrapped, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=packing, attn_implementation=attn)  # type: ignore[arg-type]
 
     @classmethod
     def load(cls, path: str | Path, attn_implementation: str = families.AUTO, precision: str = "no") -> SimCSEModel:
@@ -296,8 +365,33 @@ class SimCSEModel(nn.Module):
         check_weights(path)  # names a truncated or corrupt file (and an unreadable simcse_config.json)
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         prefer = families.inference_attention(meta.get("attn_implementation"), precision)
-        encoder, attn = families.load_pretrained_encoder(path, attn_implementation, prefer=prefer)
+        if (path / ADAPTER_CONFIG).is_file():
+            encoder, attn = load_adapter_merged(path, attn_implementation, prefer)
+        else:
+            encoder, attn = families.load_pretrained_encoder(path, attn_implementation, prefer=prefer)
         model = cls(encoder, meta["pooler"], meta["mlp"], int(meta["max_seq_len"]), attn_implementation=attn)
         if model.mlp is not None:
             model.mlp.load_state_dict(load_file(str(path / HEAD_WEIGHTS)))
         return model.eval()
+
+
+def load_adapter_merged(path: Path, attn_implementation: str, prefer: str | None) -> tuple[PreTrainedModel, str]:
+    """The base model that ``path``'s LoRA adapter names, with the adapter merged into its
+    weights: a plain encoder for inference and export (no peft at run time).
+
+    Raises:
+        ConfigError: peft is missing, or the base model cannot be loaded.
+    """
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise ConfigError(f"{path}: a LoRA adapter; loading it needs peft: pip install 'simcse-kit[lora]'") from None
+    base_path = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base_path:
+        raise ConfigError(f"{path / ADAPTER_CONFIG}: names no base_model_name_or_path to put the adapter on")
+    try:
+        base, attn = families.load_pretrained_encoder(base_path, attn_implementation, prefer=prefer)
+    except OSError as exc:
+        raise ConfigError(f"{path}: the adapter's base model {base_path!r} cannot be loaded ({exc})") from None
+    merged = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+    return merged, attn

@@ -25,7 +25,7 @@ from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
 from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
-from simcse_kit.model.families import max_tokens
+from simcse_kit.model.families import max_tokens, prepare_tokenizer
 from simcse_kit.model.inference import load_encoder
 from simcse_kit.model.modeling import resolve_model_path
 from simcse_kit.training.objectives import TeacherTargets
@@ -127,6 +127,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
     check_tokenizer_files(path)  # without them transformers builds a 5-token placeholder vocabulary
     check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
+    tokenizer = prepare_tokenizer(tokenizer, hf_config, cfg.model.append_eos)  # a decoder's pad and EOS
     limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
     # A max_length below the special tokens' count is not applied at all: the tokenizer
     # logs an error and returns the whole sentence (--max-seq-len 1 trained on full

@@ -37,7 +37,7 @@ from simcse_kit.files import write_json_atomic
 from simcse_kit.model.fastpath import enable_fast_dropout
 from simcse_kit.model.heap import HeapChoice, apply_mmap_threshold
 from simcse_kit.model.inference import Encoder
-from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.model.modeling import SimCSEModel, base_encoder
 from simcse_kit.model.precision import PrecisionChoice, check_cuda_flags, set_tf32
 from simcse_kit.training.checkpoints import Checkpoints, LoopState
 from simcse_kit.training.folder import (
@@ -291,9 +291,13 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
     # The transformer's own pooler (BERT's dense + tanh on [CLS]) feeds none of our
     # poolers; DDP stops on parameters that never get a gradient, so it is frozen (it
     # would not change anyway: AdamW skips parameters without a gradient).
-    hf_pooler = getattr(model.encoder, "pooler", None)
+    hf_pooler = getattr(base_encoder(model.encoder), "pooler", None)
     if isinstance(hf_pooler, nn.Module):
         hf_pooler.requires_grad_(False)
+    if cfg.train.gradient_checkpointing:
+        # Non-reentrant: it needs no input that requires a gradient (a frozen base under
+        # LoRA has none) and it replays dropout's random draws, so the gradients are the same.
+        base_encoder(model.encoder).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.train.fast_dropout:
         enable_fast_dropout(model)
     if cfg.train.compile:
