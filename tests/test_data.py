@@ -3,12 +3,10 @@ training-file readers (UTF-8 with or without a byte-order mark, through files)."
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
 from transformers import AutoTokenizer
 
 from simcse_kit.core.batch import (
@@ -124,13 +122,6 @@ def test_a_bad_byte_names_its_line(tmp_path: Path) -> None:
     path.write_bytes(b"sent0,sent1\na,b\nc\xff,d\n")
     with pytest.raises(DataError, match=r"p.csv, line 3: not valid UTF-8"):
         read_rows(path, ("sent0", "sent1"))
-
-
-def test_data_imports_neither_negatives_nor_optimisers() -> None:
-    tree = ast.parse((REPO / "simcse_kit" / "data.py").read_text(encoding="utf-8"))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not imported & {"simcse_kit.training.momentum_queue", "simcse_kit.training.objectives", "simcse_kit.optim"}
 
 
 # --------------------------------------------------------------------------- word repetition (ESimCSE)
