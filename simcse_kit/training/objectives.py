@@ -21,15 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simcse_kit.config.run import LossConfig
+from simcse_kit.config.run import TEACHER_LOSSES, LossConfig
 from simcse_kit.core import distributed, losses, masks, modes
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
 from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
 
 __all__ = ["SimCSEObjective", "TeacherTargets"]
-
-
-TEACHER_LOSSES = ("similarity", "embedding")
 
 
 @dataclass
