@@ -121,7 +121,7 @@ class RunConfig:
         return asdict(self)
 
 
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(RunConfig)}  # type: ignore[misc]
+SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(RunConfig)[f.name] for f in fields(RunConfig)}
 
 
 def key_help() -> list[tuple[str, str, Any, str]]:
@@ -133,7 +133,7 @@ def key_help() -> list[tuple[str, str, Any, str]]:
     rows = []
     for section, cls in SECTIONS.items():
         for f in fields(cls):
-            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            default = f.default if f.default_factory is MISSING else f.default_factory()
             rows.append((f"{section}.{f.name}", str(f.type), default, f.metadata.get("help", "")))
     return rows
 
@@ -227,6 +227,7 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
             raise ConfigError(f"config key 'data.{key}' = '': an empty path; give a file or folder")
     if any(DATA_ROOT in getattr(data, key) for key in keys):
         # --data-root (a command-line override) > SIMCSE_KIT_DATA > the recipe's > the default.
+        root: Path | None
         if data.data_root is not None and "data.data_root" not in recipe_keys:
             root = absolute(data.data_root)
         elif os.environ.get(DATA_ENV):

@@ -19,6 +19,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -27,6 +28,9 @@ from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows
 from simcse_kit.errors import DataError, where
 from simcse_kit.files import read_json_objects, read_lines
 from simcse_kit.model.packing import plan_batch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +206,7 @@ class ContrastiveCollator:
             model's forward needs no device-to-host synchronisation.
     """
 
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     mode: str
     max_seq_len: int = 32
     with_text_ids: bool = False
@@ -263,7 +267,7 @@ class ContrastiveCollator:
             if "token_type_ids" in features:
                 row["token_type_ids"] = [0] * len(ids)
             rows.append(row)
-        return self.tokenizer.pad(rows, return_tensors="pt")
+        return dict(self.tokenizer.pad(rows, return_tensors="pt"))
 
 
 def repeat_tokens(ids: list[int], special: list[int], rate: float, max_len: int, rng: random.Random) -> list[int]:
