@@ -87,7 +87,7 @@ def check_pooling(pooler: str, mlp: str = "none") -> None:
             raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
 
 
-def check_temperature(tau: float) -> bool:
+def usable_temperature(tau: float) -> bool:
     """Whether ``tau`` is in :data:`TEMPERATURE_RANGE` (a SimCSE or a teacher softmax's)."""
     low, high = TEMPERATURE_RANGE
     return low <= tau <= high
@@ -256,7 +256,7 @@ class LossConfig:
         in_range = f"{temperature_range()} ({TEMPERATURE_WHY})"
         unsup_losses = modes.UNSUP_LOSSES
         rules: list[Rule] = [
-            ("temperature", check_temperature(self.temperature), in_range),
+            ("temperature", usable_temperature(self.temperature), in_range),
             ("hard_negative_weight", self.hard_negative_weight > 0, "> 0"),
             ("unsup_loss", self.unsup_loss in unsup_losses, one_of(unsup_losses)),
         ]
@@ -276,10 +276,10 @@ class LossConfig:
             rules += [
                 ("teacher_loss", self.teacher_loss in TEACHER_LOSSES, one_of(TEACHER_LOSSES)),
                 ("teacher_weight", 0 <= self.teacher_weight <= 1, "in [0, 1]"),
-                ("teacher_temperature", check_temperature(self.teacher_temperature), in_range),
+                ("teacher_temperature", usable_temperature(self.teacher_temperature), in_range),
             ]
             student_tau = self.teacher_student_temperature
-            student_tau_ok = student_tau is None or check_temperature(student_tau)
+            student_tau_ok = student_tau is None or usable_temperature(student_tau)
             rules.append(("teacher_student_temperature", student_tau_ok, f"null or {temperature_range()}"))
             projection_ok = self.teacher_projection in TEACHER_PROJECTIONS
             rules.append(("teacher_projection", projection_ok, one_of(TEACHER_PROJECTIONS)))
