@@ -4,13 +4,32 @@ every recipe loading, the resolved config round-tripping, errors naming the key.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO
 
-from simcse_kit.config.run import LoopConfig, RunConfig, TrainConfig, load_config, save_config
+from simcse_kit.config.run import (
+    DEV_FORMATS,
+    MLP_MODES,
+    MODES,
+    POOLERS,
+    PRECISIONS,
+    TEACHER_LOSSES,
+    TEACHER_PROJECTIONS,
+    DataConfig,
+    LoopConfig,
+    LossConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    key_help,
+    load_config,
+    save_config,
+)
+from simcse_kit.core import modes
 from simcse_kit.errors import ConfigError
 
 RECIPES = sorted((REPO / "train").rglob("*.yaml"))
@@ -155,3 +174,69 @@ def test_a_text_key_keeps_its_text_on_the_command_line(tmp_path: Path) -> None:
 def test_type_errors_name_the_key_and_the_type(overrides: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_each_section_checks_its_own_keys() -> None:
+    """A section's rules are its own ``check()``: a bad value is refused by the section that
+    holds it, the loop's keys by the LoopConfig the image demo trains with too; the run
+    adds only the rules that span sections."""
+    bad = [
+        (ModelConfig(pooler="max"), "'model.pooler' = 'max'"),
+        (DataConfig(mix_ratio=0.5), "'data.mix_file' = None: must be set with data.mix_ratio > 0"),
+        (LossConfig(teacher="t", teacher_loss="kl"), "'loss.teacher_loss' = 'kl': must be 'similarity' or 'embedding'"),
+        (LoopConfig(learning_rate=0.0), "'train.learning_rate' = 0.0: must be > 0 and finite"),
+        (TrainConfig(batch_size=1), "'train.batch_size' = 1"),
+        (TrainConfig(mmap_threshold_mib=64), "'train.mmap_threshold_mib' = 64"),
+    ]
+    for section, message in bad:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            section.check()
+    # A queue and GradCache: each section is fine alone, the run refuses the pair.
+    loss, train = LossConfig(queue_size=8), TrainConfig(grad_cache_chunk=4)
+    loss.check()
+    train.check()
+    with pytest.raises(ConfigError, match=re.escape("'train.grad_cache_chunk' = 4: must be 0 with loss.queue_size > 0")):
+        RunConfig(loss=loss, train=train).validate()
+
+
+# Each key with a fixed set of values, that set, and what else the check needs to see it.
+ENUMERATED = [
+    ("model.pooler", POOLERS, {}),
+    ("model.mlp", MLP_MODES, {"pooler": "cls"}),
+    ("data.mode", MODES, {}),
+    ("data.dev_format", DEV_FORMATS, {"dev_file": "."}),
+    ("loss.unsup_loss", modes.UNSUP_LOSSES, {}),
+    ("loss.teacher_loss", TEACHER_LOSSES, {"teacher": "t"}),
+    ("loss.teacher_projection", TEACHER_PROJECTIONS, {"teacher": "t"}),
+    ("train.mixed_precision", PRECISIONS, {}),
+]
+
+
+@pytest.mark.parametrize(("key", "allowed", "context"), ENUMERATED, ids=[key for key, _, _ in ENUMERATED])
+def test_a_keys_help_names_the_values_its_check_allows(key: str, allowed: tuple[str, ...], context: dict[str, str]) -> None:
+    """One list per key: ``--help`` names every value the check takes, each one passes and
+    anything else is refused naming the key."""
+    meaning = {dotted: meaning for dotted, _, _, meaning in key_help()}[key]
+    for value in allowed:
+        assert f'"{value}"' in meaning or repr(value) in meaning, (key, value, meaning)
+        section, name = key.split(".")
+        cfg = RunConfig()
+        for field, setting in {**context, name: value}.items():
+            target = next(s for s in (cfg.model, cfg.data, cfg.loss, cfg.train) if hasattr(s, field))
+            setattr(target, field, setting)
+        cfg.validate()
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}' = 'nope': must be")):
+        load_config(None, {**context, key: "nope"})
+
+
+def test_allowed_values_have_one_definition() -> None:
+    """The modules that act on a key's values read the config's list (or the config reads
+    theirs, where they sit below it), not a copy that could drift."""
+    from simcse_kit.core import batch
+    from simcse_kit.model import precision
+    from simcse_kit.training import objectives
+
+    assert objectives.TEACHER_LOSSES is TEACHER_LOSSES
+    assert precision.PRECISIONS is PRECISIONS
+    assert batch.PROMPT_NAMES is modes.PROMPT_NAMES
+    assert MODES == tuple(modes.TABLE)

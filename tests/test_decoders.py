@@ -194,7 +194,7 @@ def test_lora_trains_the_adapter_and_leaves_the_base(decoder_dirs: dict[str, Pat
         stem = key.removesuffix(".weight")
         a = next(v for k, v in adapter.items() if stem in k and "lora_A" in k)
         b = next(v for k, v in adapter.items() if stem in k and "lora_B" in k)
-        assert torch.allclose(merged[key], base[key] + (b @ a) * (16.0 / 4), atol=1e-6), key
+        assert torch.allclose(merged[key], base[key] + (b @ a) * (16 / 4), atol=1e-6), key
 
 
 @pytest.mark.parametrize("lora", [0, 4])

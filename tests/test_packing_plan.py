@@ -210,3 +210,16 @@ def test_planned_step_on_cuda_does_not_synchronise(tiny_model_dir: Path) -> None
         objective.loss(objective.embed(model, batch), batch).backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_partial_plan_is_refused_in_one_line(tiny_model_dir: Path) -> None:
+    """The plan's four tensors come together from the collator; a forward given only some
+    of them names what is missing instead of failing inside the packing."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    planned = ContrastiveCollator(tokenizer, "unsup", 16, packing_plan=True)(mixed_examples(8))
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), dropout=0.0, packing=True))
+    assert model.packing
+    model(**planned)  # the whole plan: fine
+    partial = {k: v for k, v in planned.items() if k != "pack_segment"}
+    with pytest.raises(ValueError, match="a packing plan needs all four of pack_source, pack_index, pack_position_ids"):
+        model(**partial)

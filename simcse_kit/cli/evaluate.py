@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from simcse_kit.cli.options import add_batch_size, add_data_options, add_device, add_json, add_model, check_output, show
 from simcse_kit.config.recipes import find_recipe, senteval_dir
 from simcse_kit.errors import ConfigError
 
 
-def shared(args: argparse.Namespace) -> dict[str, object]:
+def shared(args: argparse.Namespace) -> dict[str, Any]:
     """The options the STS and the retrieval evaluation both take: how to load and run the
     model, and where MTEB-format results go."""
     keys = ("pooler", "batch_size", "precision", "device", "mteb_results", "truncate_dim")
@@ -58,7 +59,9 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
     check_output(args.json)
     results = evaluate_retrieval(args.model, args.retrieval, split=args.retrieval_split, index=args.index, **shared(args))
     tasks = [key for key in results if "/" not in key and key != "avg"]  # nDCG@10 under each task's name
-    rows = [{"task": name, **{m: results[f"{name}/{m}"] for m in RETRIEVAL_COLUMNS if m != "task"}} for name in tasks]
+    rows: list[dict[str, float | str]] = [
+        {"task": name, **{m: results[f"{name}/{m}"] for m in RETRIEVAL_COLUMNS if m != "task"}} for name in tasks
+    ]
     show(format_rows(rows, RETRIEVAL_COLUMNS), results, args.json)
     return 0
 

@@ -28,7 +28,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             **({"opset": args.opset} if args.opset is not None else {}),
             truncate_dim=args.truncate_dim,
             # STS data is read only for the int8 check: exporting needs no data root otherwise.
-            **({"data_dir": senteval_dir(args.data_dir, args.data_root)} if args.quantize else {}),
+            data_dir=senteval_dir(args.data_dir, args.data_root) if args.quantize else None,
         )
     except ExportError as exc:
         # Not a user error (exit 2) but a failed check: one line, no traceback, status 1.

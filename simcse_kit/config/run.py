@@ -8,7 +8,6 @@ command line any key may be given by its leaf name (``--pooler avg``) or dotted
 
 from __future__ import annotations
 
-import math
 import os
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -22,17 +21,27 @@ from simcse_kit.config.recipes import DATA_ENV, DATA_ROOT_HINT, absolute, defaul
 from simcse_kit.config.sections import (
     AUTO,
     DEFAULT_MODEL,
+    DEV_FORMATS,
     HUB_PREFIX,
+    MLP_MODES,
+    MODES,
     OPTIONAL_DATA_PATHS,
+    PAIR_FORMATS,
+    POOLERS,
+    PRECISIONS,
+    TEACHER_LOSSES,
+    TEACHER_PROJECTIONS,
+    TEMPERATURE_RANGE,
     DataConfig,
     LoopConfig,
     LossConfig,
     ModelConfig,
     TrainConfig,
+    check_pooling,
     option,
+    raise_first,
 )
 from simcse_kit.config.values import DuplicateKeyError, UniqueKeyLoader, parse_value
-from simcse_kit.core import modes
 from simcse_kit.errors import ConfigError
 from simcse_kit.files import write_text_atomic
 
@@ -40,6 +49,7 @@ from simcse_kit.files import write_text_atomic
 __all__ = [
     "AUTO",
     "DEFAULT_MODEL",
+    "DEV_FORMATS",
     "HUB_PREFIX",
     "MLP_MODES",
     "MODES",
@@ -48,6 +58,9 @@ __all__ = [
     "POOLERS",
     "PRECISIONS",
     "SECTIONS",
+    "TEACHER_LOSSES",
+    "TEACHER_PROJECTIONS",
+    "TEMPERATURE_RANGE",
     "DataConfig",
     "LoopConfig",
     "LossConfig",
@@ -62,37 +75,7 @@ __all__ = [
     "save_config",
 ]
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
-MLP_MODES = ("none", "train", "always")
-MODES = tuple(modes.TABLE)  # simcse_kit.core.modes: one row per mode
-PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.readers.PAIR_READERS maps each to its reader
-PRECISIONS = ("auto", "no", "fp16", "bf16")
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
-# The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
-# the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
-# and a negative is a logit gap over 100, past where fp32's exp underflows (exp(-104) = 0), so
-# the softmax is one-hot, the loss exactly 0 and no gradient flows (tau 1e-6: loss 0.0 from
-# step 1). Above 10 every logit lies within 0.2 of the others and the loss is log(N), flat.
-TEMPERATURE_RANGE = (1e-3, 10.0)
-TEMPERATURE_WHY = "lower, fp32's exp underflows: loss 0 and no gradient; higher, all logits are alike: a flat loss"
-
-
-def check_pooling(pooler: str, mlp: str = "none") -> None:
-    """The one check of a pooler and an MLP mode: a recipe's (:meth:`RunConfig.validate`) and
-    a model's built in code (:class:`simcse_kit.model.modeling.SimCSEModel`, ``Pooler``).
-
-    Raises:
-        ConfigError: naming the key, its value and what it must be.
-    """
-    rules = (
-        ("model.pooler", pooler, pooler in POOLERS, f"one of {POOLERS}"),
-        ("model.mlp", mlp, mlp in MLP_MODES, f"one of {MLP_MODES}"),
-        # SimCSE's MLP replaces BERT's own pooler layer, which cls_before_pooler reads past.
-        ("model.mlp", mlp, pooler != "cls_before_pooler" or mlp == "none", "'none' with pooler cls_before_pooler"),
-    )
-    for key, value, ok, expected in rules:
-        if not ok:
-            raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
 
 
 @dataclass
@@ -105,97 +88,18 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> RunConfig:
-        """Check enumerations and ranges; raise ConfigError naming the key.
+        """Check every key's value; raise ConfigError naming the first key that is wrong.
 
-        Rules another module owns are its checks, called here (:func:`check_pooling`); the
-        others are the config's own (a usable temperature range, a batch with a negative).
+        Each section checks its own keys (``ModelConfig.check``, ..., beside their help in
+        :mod:`simcse_kit.config.sections`); the rules here are the ones that span sections.
         """
-        check_pooling(self.model.pooler, self.model.mlp)
-        low, high = TEMPERATURE_RANGE
-        checks: list[tuple[str, bool, str]] = [
-            ("model.max_seq_len", self.model.max_seq_len > 0, "> 0"),
-            ("data.mode", self.data.mode in MODES, f"one of {MODES}"),
-            ("loss.temperature", low <= self.loss.temperature <= high, f"in [{low:g}, {high:g}] ({TEMPERATURE_WHY})"),
-            ("loss.hard_negative_weight", self.loss.hard_negative_weight > 0, "> 0"),
-            ("loss.unsup_loss", self.loss.unsup_loss in ("views", "paper"), "'views' or 'paper'"),
-            ("train.batch_size", self.train.batch_size >= 2, ">= 2 (in-batch negatives need a second example)"),
-            ("train.learning_rate", 0 < self.train.learning_rate < math.inf, "> 0 and finite"),
-            ("train.grad_accum", self.train.grad_accum >= 1, ">= 1"),
-            ("train.num_epochs", self.train.num_epochs >= 1, ">= 1"),
-            ("train.mixed_precision", self.train.mixed_precision in PRECISIONS, f"one of {PRECISIONS}"),
-            ("train.warmup_ratio", 0 <= self.train.warmup_ratio < 1, "in [0, 1)"),
-            ("train.eval_steps", self.train.eval_steps >= 0, ">= 0 (0: evaluate only at the end)"),
-            ("train.save_steps", self.train.save_steps >= 0, ">= 0 (0: no periodic checkpoints)"),
-            ("train.log_steps", self.train.log_steps >= 1, ">= 1"),
-            (
-                "train.output_dir",
-                self.train.output_dir.strip() != "",
-                "a folder ('' would write into the current one)",
-            ),
-            ("model.name_or_path", self.model.name_or_path.strip() != "", "a model folder, hub id or the default's name"),
-        ]
-        if self.train.max_steps is not None:
-            checks.append(("train.max_steps", self.train.max_steps >= 0, ">= 0 or null (0 or null: all epochs)"))
-        if self.train.max_grad_norm is not None:
-            # 0 would clip every update to nothing: the model would silently never change.
-            ok = math.isfinite(self.train.max_grad_norm) and self.train.max_grad_norm > 0
-            checks.append(("train.max_grad_norm", ok, "> 0, or null for no clipping"))
-        if self.model.dropout is not None:
-            checks.append(("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"))
-        checks.append(
-            ("data.train_format", self.data.train_format in ("auto", *PAIR_FORMATS), f"'auto' or one of {PAIR_FORMATS}")
-        )
-        dev_formats = (*PAIR_FORMATS, "beir")
-        checks.append(("data.dev_format", self.data.dev_format in dev_formats, f"one of {dev_formats}"))
-        if self.data.dev_format == "beir":
-            checks.append(("data.dev_file", self.data.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
-        checks.append(("data.word_repetition", 0 <= self.data.word_repetition <= 1, "in [0, 1]"))
-        if self.data.word_repetition or self.data.train_format != "auto":
-            checks.append(("data.mode", self.data.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))
-        checks.append(("data.mix_ratio", 0 <= self.data.mix_ratio < 1, "in [0, 1)"))
-        if self.data.mix_ratio > 0:
-            checks.append(("data.mix_file", self.data.mix_file is not None, "set with data.mix_ratio > 0"))
-        if self.data.max_train_samples is not None:
-            # One example would make batches without a single negative: a zero loss.
-            checks.append(("data.max_train_samples", self.data.max_train_samples >= 2, ">= 2 (or null for all)"))
-        if self.loss.false_negative_threshold is not None:
-            checks.append(("loss.false_negative_threshold", -1 < self.loss.false_negative_threshold <= 1, "in (-1, 1] or null"))
-        if self.data.prompts is not None:
-            names = ("query", "document")  # simcse_kit.core.batch.PROMPT_NAMES
-            ok = set(self.data.prompts) <= set(names)
-            checks.append(("data.prompts", ok, f"a mapping with keys among {names}, e.g. {{query: 'query: '}}"))
-        if self.loss.matryoshka_dims is not None:
-            dims = self.loss.matryoshka_dims
-            ok = bool(dims) and all(d > 0 for d in dims) and len(set(dims)) == len(dims)
-            checks.append(("loss.matryoshka_dims", ok, "distinct sizes > 0, e.g. [384, 256, 128, 64] (or null)"))
-        if self.loss.matryoshka_weights is not None:
-            n = len(self.loss.matryoshka_dims or [])
-            ok = len(self.loss.matryoshka_weights) == n and all(w > 0 for w in self.loss.matryoshka_weights)
-            checks.append(("loss.matryoshka_weights", ok, f"{n} weights > 0, one per loss.matryoshka_dims entry"))
-        if self.loss.queue_size > 0:
-            checks.append(("loss.momentum", 0 <= self.loss.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
-            checks.append(
-                ("train.grad_cache_chunk", self.train.grad_cache_chunk == 0, "0 with loss.queue_size > 0 (use one of them)")
-            )
-        if self.loss.teacher is not None:
-            kinds = ("similarity", "embedding")
-            checks.append(("loss.teacher_loss", self.loss.teacher_loss in kinds, "'similarity' or 'embedding'"))
-            checks.append(("loss.teacher_weight", 0 <= self.loss.teacher_weight <= 1, "in [0, 1]"))
-            teacher_tau_ok = low <= self.loss.teacher_temperature <= high  # the same bounds, for the teacher's softmax
-            checks.append(("loss.teacher_temperature", teacher_tau_ok, f"in [{low:g}, {high:g}] ({TEMPERATURE_WHY})"))
-            student_tau = self.loss.teacher_student_temperature
-            student_tau_ok = student_tau is None or low <= student_tau <= high
-            checks.append(("loss.teacher_student_temperature", student_tau_ok, f"null or in [{low:g}, {high:g}]"))
-            projection_ok = self.loss.teacher_projection in ("pca", "aligned", "none")
-            checks.append(("loss.teacher_projection", projection_ok, "'pca', 'aligned' or 'none'"))
-        if self.train.mmap_threshold_mib is not None:
-            # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
-            checks.append(("train.mmap_threshold_mib", 1 <= self.train.mmap_threshold_mib <= 32, "in [1, 32] or null"))
-        for key, ok, expected in checks:
-            if not ok:
-                section, name = key.split(".")
-                value = getattr(getattr(self, section), name)
-                raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
+        self.model.check()
+        self.data.check()
+        self.loss.check()
+        self.train.check()
+        if self.loss.queue_size > 0:  # the momentum queue and GradCache each own the step
+            ok = self.train.grad_cache_chunk == 0
+            raise_first("train", self.train, [("grad_cache_chunk", ok, "0 with loss.queue_size > 0 (use one of them)")])
         return self
 
     def check_data(self) -> RunConfig:
@@ -217,7 +121,7 @@ class RunConfig:
         return asdict(self)
 
 
-SECTIONS: dict[str, type] = {f.name: f.default_factory for f in fields(RunConfig)}  # type: ignore[misc]
+SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(RunConfig)[f.name] for f in fields(RunConfig)}
 
 
 def key_help() -> list[tuple[str, str, Any, str]]:
@@ -229,7 +133,7 @@ def key_help() -> list[tuple[str, str, Any, str]]:
     rows = []
     for section, cls in SECTIONS.items():
         for f in fields(cls):
-            default = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+            default = f.default if f.default_factory is MISSING else f.default_factory()
             rows.append((f"{section}.{f.name}", str(f.type), default, f.metadata.get("help", "")))
     return rows
 
@@ -323,6 +227,7 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
             raise ConfigError(f"config key 'data.{key}' = '': an empty path; give a file or folder")
     if any(DATA_ROOT in getattr(data, key) for key in keys):
         # --data-root (a command-line override) > SIMCSE_KIT_DATA > the recipe's > the default.
+        root: Path | None
         if data.data_root is not None and "data.data_root" not in recipe_keys:
             root = absolute(data.data_root)
         elif os.environ.get(DATA_ENV):

@@ -1,20 +1,50 @@
 """The sections of a run's configuration: one dataclass per concern, each field with its
 default and its meaning (``field(metadata={"help": ...})``, printed by
-``simcse-kit train --help``).
+``simcse-kit train --help``), and its own check (``check()``: the values it allows, beside
+their help; what those are is imported from the module that owns the concept where that
+sits at or below the config, :mod:`simcse_kit.core.modes`, and is defined here where its
+owner sits above, :data:`TEACHER_LOSSES` for :mod:`simcse_kit.training.objectives`).
 
 :mod:`simcse_kit.config.run` puts them together (:class:`~simcse_kit.config.run.RunConfig`), checks
-them and reads them from YAML; import them from there.
+what spans sections and reads them from YAML; import them from there.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from simcse_kit.core import modes
+from simcse_kit.errors import ConfigError
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.model.precision)
 OPTIONAL_DATA_PATHS = ("mix_file", "dev_file")  # data keys that are paths when set, resolved as train_file
 HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
+
+# The values a key allows, each beside its section below. Read by the modules that act on
+# them (simcse_kit.model.modeling, simcse_kit.model.precision, simcse_kit.evaluation.sts_readers,
+# simcse_kit.training.objectives), which sit above the config and so import them from here.
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
+MLP_MODES = ("none", "train", "always")
+MODES = tuple(modes.TABLE)  # simcse_kit.core.modes: one row per mode
+PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.sts_readers.PAIR_READERS maps each to its reader
+DEV_FORMATS = (*PAIR_FORMATS, "beir")
+TEACHER_LOSSES = ("similarity", "embedding")  # simcse_kit.training.objectives.TeacherTargets.kind
+TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
+PRECISIONS = (AUTO, "no", "fp16", "bf16")  # simcse_kit.model.precision
+# The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
+# the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
+# and a negative is a logit gap over 100, past where fp32's exp underflows (exp(-104) = 0), so
+# the softmax is one-hot, the loss exactly 0 and no gradient flows (tau 1e-6: loss 0.0 from
+# step 1). Above 10 every logit lies within 0.2 of the others and the loss is log(N), flat.
+TEMPERATURE_RANGE = (1e-3, 10.0)
+TEMPERATURE_WHY = "lower, fp32's exp underflows: loss 0 and no gradient; higher, all logits are alike: a flat loss"
+
+Rule = tuple[str, bool, str]
+"""``(key, holds, what the value must be)``: one check of a section's key."""
 
 
 def option(default: Any, help: str) -> Any:
@@ -22,13 +52,60 @@ def option(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+def one_of(values: Iterable[str]) -> str:
+    """``'a', 'b' or 'c'``: the allowed values, for a key's help."""
+    quoted = [repr(v) for v in values]
+    return ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else "".join(quoted)
+
+
+def raise_first(section: str, values: object, rules: Iterable[Rule]) -> None:
+    """Raise for the first rule that does not hold.
+
+    Raises:
+        ConfigError: ``config key 'section.key' = value: must be ...``.
+    """
+    for name, ok, expected in rules:
+        if not ok:
+            raise ConfigError(f"config key {f'{section}.{name}'!r} = {getattr(values, name)!r}: must be {expected}")
+
+
+def check_pooling(pooler: str, mlp: str = "none") -> None:
+    """The one check of a pooler and an MLP mode: a recipe's (:meth:`ModelConfig.check`) and
+    a model's built in code (:class:`simcse_kit.model.modeling.SimCSEModel`, ``Pooler``).
+
+    Raises:
+        ConfigError: naming the key, its value and what it must be.
+    """
+    rules = (
+        ("model.pooler", pooler, pooler in POOLERS, f"one of {POOLERS}"),
+        ("model.mlp", mlp, mlp in MLP_MODES, f"one of {MLP_MODES}"),
+        # SimCSE's MLP replaces BERT's own pooler layer, which cls_before_pooler reads past.
+        ("model.mlp", mlp, pooler != "cls_before_pooler" or mlp == "none", "'none' with pooler cls_before_pooler"),
+    )
+    for key, value, ok, expected in rules:
+        if not ok:
+            raise ConfigError(f"config key {key!r} = {value!r}: must be {expected}")
+
+
+def usable_temperature(tau: float) -> bool:
+    """Whether ``tau`` is in :data:`TEMPERATURE_RANGE` (a SimCSE or a teacher softmax's)."""
+    low, high = TEMPERATURE_RANGE
+    return low <= tau <= high
+
+
+def temperature_range() -> str:
+    """``in [low, high]``: :data:`TEMPERATURE_RANGE` as an error message says it."""
+    low, high = TEMPERATURE_RANGE
+    return f"in [{low:g}, {high:g}]"
+
+
 @dataclass
 class ModelConfig:
     """The encoder and how a sentence vector is read off it."""
 
     name_or_path: str = option(DEFAULT_MODEL, "the bundled default, a local folder or a hub id")
-    pooler: str = option("avg", "one of POOLERS")
-    mlp: str = option("none", '"train": SimCSE\'s MLP only while training; "always": kept at inference')
+    pooler: str = option("avg", one_of(POOLERS))
+    mlp: str = option("none", '"none": no MLP; "train": SimCSE\'s MLP only while training; "always": kept at inference')
     max_seq_len: int = option(32, "training truncation (SimCSE: 32)")
     eval_max_seq_len: int = option(256, "inference/evaluation truncation, saved with the model")
     dropout: float | None = option(
@@ -54,7 +131,7 @@ class ModelConfig:
         "RepLLaMA do; off for encoders.",
     )
     lora_r: int = option(0, "LoRA rank (peft): 0 trains every weight; > 0 trains only the adapter (and the MLP head)")
-    lora_alpha: float = option(16.0, "LoRA scaling numerator: the update is scaled by lora_alpha / lora_r")
+    lora_alpha: int = option(16, "LoRA scaling numerator: the update is scaled by lora_alpha / lora_r")
     lora_dropout: float = option(
         0.1,
         "Dropout on the adapter's input. With the base frozen, unsup's two views of a sentence differ by the base's "
@@ -66,12 +143,23 @@ class ModelConfig:
         "default (simcse_kit.model.families.lora_targets).",
     )
 
+    def check(self) -> None:
+        """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
+        check_pooling(self.pooler, self.mlp)
+        rules: list[Rule] = [
+            ("max_seq_len", self.max_seq_len > 0, "> 0"),
+            ("name_or_path", self.name_or_path.strip() != "", "a model folder, hub id or the default's name"),
+        ]
+        if self.dropout is not None:
+            rules.append(("dropout", 0 <= self.dropout < 1, "in [0, 1)"))
+        raise_first("model", self, rules)
+
 
 @dataclass
 class DataConfig:
     """Training data and the STS data used for dev selection."""
 
-    mode: str = option("unsup", "one of MODES")
+    mode: str = option("unsup", one_of(MODES))
     # Data paths: "{data_root}" stands for the data root; other relative paths are read from
     # the recipe's folder (on the command line, from the current one). Saved absolute.
     train_file: str = option("{data_root}/train/wiki1m_head.txt", 'file path, or "hub:<dataset id>"')
@@ -117,6 +205,30 @@ class DataConfig:
         keys = ("train_file", "eval_data_dir", *OPTIONAL_DATA_PATHS)
         return [key for key in keys if getattr(self, key) is not None and not getattr(self, key).startswith(HUB_PREFIX)]
 
+    def check(self) -> None:
+        """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
+        rules: list[Rule] = [
+            ("mode", self.mode in MODES, f"one of {MODES}"),
+            ("train_format", self.train_format in (AUTO, *PAIR_FORMATS), f"'auto' or one of {PAIR_FORMATS}"),
+            ("dev_format", self.dev_format in DEV_FORMATS, f"one of {DEV_FORMATS}"),
+        ]
+        if self.dev_format == "beir":
+            rules.append(("dev_file", self.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
+        rules.append(("word_repetition", 0 <= self.word_repetition <= 1, "in [0, 1]"))
+        if self.word_repetition or self.train_format != AUTO:
+            rules.append(("mode", self.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))
+        rules.append(("mix_ratio", 0 <= self.mix_ratio < 1, "in [0, 1)"))
+        if self.mix_ratio > 0:
+            rules.append(("mix_file", self.mix_file is not None, "set with data.mix_ratio > 0"))
+        if self.max_train_samples is not None:
+            # One example would make batches without a single negative: a zero loss.
+            rules.append(("max_train_samples", self.max_train_samples >= 2, ">= 2 (or null for all)"))
+        if self.prompts is not None:
+            names = modes.PROMPT_NAMES
+            ok = set(self.prompts) <= set(names)
+            rules.append(("prompts", ok, f"a mapping with keys among {names}, e.g. {{query: 'query: '}}"))
+        raise_first("data", self, rules)
+
 
 @dataclass
 class LossConfig:
@@ -157,6 +269,40 @@ class LossConfig:
     )
     matryoshka_weights: list[float] | None = option(None, "one weight per matryoshka_dims entry (None: all 1)")
 
+    def check(self) -> None:
+        """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
+        in_range = f"{temperature_range()} ({TEMPERATURE_WHY})"
+        unsup_losses = modes.UNSUP_LOSSES
+        rules: list[Rule] = [
+            ("temperature", usable_temperature(self.temperature), in_range),
+            ("hard_negative_weight", self.hard_negative_weight > 0, "> 0"),
+            ("unsup_loss", self.unsup_loss in unsup_losses, one_of(unsup_losses)),
+        ]
+        if self.false_negative_threshold is not None:
+            rules.append(("false_negative_threshold", -1 < self.false_negative_threshold <= 1, "in (-1, 1] or null"))
+        if self.matryoshka_dims is not None:
+            dims = self.matryoshka_dims
+            ok = bool(dims) and all(d > 0 for d in dims) and len(set(dims)) == len(dims)
+            rules.append(("matryoshka_dims", ok, "distinct sizes > 0, e.g. [384, 256, 128, 64] (or null)"))
+        if self.matryoshka_weights is not None:
+            n = len(self.matryoshka_dims or [])
+            ok = len(self.matryoshka_weights) == n and all(w > 0 for w in self.matryoshka_weights)
+            rules.append(("matryoshka_weights", ok, f"{n} weights > 0, one per loss.matryoshka_dims entry"))
+        if self.queue_size > 0:
+            rules.append(("momentum", 0 <= self.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
+        if self.teacher is not None:
+            rules += [
+                ("teacher_loss", self.teacher_loss in TEACHER_LOSSES, one_of(TEACHER_LOSSES)),
+                ("teacher_weight", 0 <= self.teacher_weight <= 1, "in [0, 1]"),
+                ("teacher_temperature", usable_temperature(self.teacher_temperature), in_range),
+            ]
+            student_tau = self.teacher_student_temperature
+            student_tau_ok = student_tau is None or usable_temperature(student_tau)
+            rules.append(("teacher_student_temperature", student_tau_ok, f"null or {temperature_range()}"))
+            projection_ok = self.teacher_projection in TEACHER_PROJECTIONS
+            rules.append(("teacher_projection", projection_ok, one_of(TEACHER_PROJECTIONS)))
+        raise_first("loss", self, rules)
+
 
 @dataclass
 class LoopConfig:
@@ -170,7 +316,7 @@ class LoopConfig:
     max_steps: int | None = option(None, "stop after N optimiser steps (None or 0: all epochs)")
     grad_accum: int = option(1, "micro-batches per optimiser step (negatives stay per micro-batch)")
     max_grad_norm: float | None = option(None, "clip the gradient norm to this (> 0; None: no clipping)")
-    mixed_precision: str = option("no", 'one of PRECISIONS (the text run defaults to "auto")')
+    mixed_precision: str = option("no", f'{one_of(PRECISIONS)} (the text run defaults to "auto")')
     # With mixed_precision bf16: bf16 weights, activations and gradients with fp32 master
     # weights in AdamW, instead of autocast (simcse_kit.model.fastpath.bf16). Ignored at other
     # precisions, so `--mixed-precision no` on a bf16 recipe simply trains in fp32.
@@ -205,6 +351,26 @@ class LoopConfig:
         """Whether the model itself runs in bf16 (``bf16_weights`` at bf16 precision)."""
         return self.bf16_weights is True and self.mixed_precision == "bf16"
 
+    def check(self) -> None:
+        """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
+        rules: list[Rule] = [
+            ("learning_rate", 0 < self.learning_rate < math.inf, "> 0 and finite"),
+            ("grad_accum", self.grad_accum >= 1, ">= 1"),
+            ("num_epochs", self.num_epochs >= 1, ">= 1"),
+            ("mixed_precision", self.mixed_precision in PRECISIONS, f"one of {PRECISIONS}"),
+            ("warmup_ratio", 0 <= self.warmup_ratio < 1, "in [0, 1)"),
+            ("eval_steps", self.eval_steps >= 0, ">= 0 (0: evaluate only at the end)"),
+            ("save_steps", self.save_steps >= 0, ">= 0 (0: no periodic checkpoints)"),
+            ("log_steps", self.log_steps >= 1, ">= 1"),
+        ]
+        if self.max_steps is not None:
+            rules.append(("max_steps", self.max_steps >= 0, ">= 0 or null (0 or null: all epochs)"))
+        if self.max_grad_norm is not None:
+            # 0 would clip every update to nothing: the model would silently never change.
+            ok = math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0
+            rules.append(("max_grad_norm", ok, "> 0, or null for no clipping"))
+        raise_first("train", self, rules)
+
 
 @dataclass
 class TrainConfig(LoopConfig):
@@ -214,8 +380,8 @@ class TrainConfig(LoopConfig):
     output_dir: str = option("runs/unsup", "the run folder (config.yaml, metrics.json, best_model/)")
     mixed_precision: str = option(
         AUTO,
-        "A text run picks its precision from the hardware unless told: bf16 (with bf16 weights and fast dropout) on a CPU"
-        " that computes bf16 natively, bf16/fp16 on CUDA, else fp32.",
+        f"{one_of(PRECISIONS)}. A text run picks its precision from the hardware unless told: bf16 (with bf16 weights and "
+        "fast dropout) on a CPU that computes bf16 natively, bf16/fp16 on CUDA, else fp32.",
     )
     bf16_weights: bool | str = option(AUTO, 'True, False or "auto": bf16 weights with fp32 masters (native-bf16 CPU)')
     batch_size: int = option(64, "examples per optimiser micro-step, over all processes")
@@ -240,3 +406,13 @@ class TrainConfig(LoopConfig):
         "torch.compile the encoder (dynamic shapes: padded and packed batches change shape every step); recorded in "
         "metrics.json. Not with fast_dropout. Off by default: unmeasured on GPU.",
     )
+
+    def check(self) -> None:
+        """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
+        raise_first("train", self, [("batch_size", self.batch_size >= 2, ">= 2 (in-batch negatives need a second example)")])
+        super().check()
+        rules: list[Rule] = [("output_dir", self.output_dir.strip() != "", "a folder ('' would write into the current one)")]
+        if self.mmap_threshold_mib is not None:
+            # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
+            rules.append(("mmap_threshold_mib", 1 <= self.mmap_threshold_mib <= 32, "in [1, 32] or null"))
+        raise_first("train", self, rules)

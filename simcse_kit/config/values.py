@@ -25,7 +25,16 @@ NULL_WORDS = ("none", "null", "~")
 
 
 class _Mismatch(ValueError):
-    """A value that is not of its key's type (turned into a ConfigError naming the key)."""
+    """A value that is not of its key's type (turned into a ConfigError naming the key).
+
+    Attributes:
+        expected: what the value must be (``must be true, false or auto``); None: just
+            not of the type, which :func:`parse_value` says with the type as written.
+    """
+
+    def __init__(self, expected: str | None = None) -> None:
+        super().__init__(expected or "is not of its key's type")
+        self.expected = expected
 
 
 def yaml_scalar(text: str) -> Any:
@@ -84,7 +93,7 @@ def check_type(value: Any, kind: Any) -> Any:
         return str(value)
     if kind is str and isinstance(value, bool):
         raise _Mismatch("is not a valid str (quote it: YAML reads yes/no/on/off as true/false)")
-    raise _Mismatch("is not a valid")
+    raise _Mismatch()
 
 
 def parse_value(value: Any, annotation: Any, declared: str, key: str, source: str) -> Any:
@@ -113,7 +122,7 @@ def parse_value(value: Any, annotation: Any, declared: str, key: str, source: st
     try:
         return check_type(parsed, kind)
     except _Mismatch as exc:
-        expected = f"is not a valid {declared}" if str(exc) == "is not a valid" else str(exc)
+        expected = f"is not a valid {declared}" if exc.expected is None else exc.expected
         raise ConfigError(f"{source}: config key {key!r} = {value!r} {expected}") from None
 
 

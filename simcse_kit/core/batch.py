@@ -65,9 +65,9 @@ def batch_texts(examples: Sequence[Mapping[str, str]], mode: str, negatives: int
     return [ex[col] for ex in examples for col in columns]
 
 
-PROMPT_NAMES = ("query", "document")
-"""The prompts a model may carry (``data.prompts``): view 0 (the anchor) is the query,
-the other views (its positive, its hard negative) are documents."""
+PROMPT_NAMES = modes.PROMPT_NAMES
+"""The prompts a model may carry (``data.prompts``, :data:`simcse_kit.core.modes.PROMPT_NAMES`):
+view 0 (the anchor) is the query, the other views (its positive, its hard negative) are documents."""
 
 
 def view_prompts(prompts: Mapping[str, str] | None, mode: str, negatives: int = 1) -> tuple[str, ...]:

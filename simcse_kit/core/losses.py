@@ -217,6 +217,7 @@ def contrastive_loss(
         return cross_entropy_from_logits(logits, positive_index, exclude)
     if target_probs is not None:
         return _soft_cross_entropy(logits, target_probs, exclude)
+    assert positive_mask is not None  # exactly one of the three is given (checked above)
     positive_mask = positive_mask.to(device=logits.device, dtype=torch.bool)
     if exclude is not None:
         logits = logits.masked_fill(exclude & ~positive_mask, torch.finfo(logits.dtype).min)

@@ -36,7 +36,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["TABLE", "Contrast", "Mode", "contrast", "hard_negative_columns", "hardneg", "mode", "negatives_in"]
+__all__ = [
+    "PROMPT_NAMES",
+    "TABLE",
+    "UNSUP_LOSSES",
+    "Contrast",
+    "Mode",
+    "contrast",
+    "hard_negative_columns",
+    "hardneg",
+    "mode",
+    "negatives_in",
+]
+
+UNSUP_LOSSES = ("views", "paper")
+"""The two forms of ``unsup`` (``loss.unsup_loss``): the 2N-view NT-Xent, SimCSE's ``z1 . z2^T``."""
+
+PROMPT_NAMES = ("query", "document")
+"""The prompts a model may carry (``data.prompts``): view 0 (the anchor) is the query,
+the other views (its positive, its hard negative) are documents."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +135,7 @@ class Mode:
         return len(self.columns)
 
     def contrast_for(self, unsup_loss: str) -> Contrast:
-        """The form ``loss.unsup_loss`` selects (``"views"`` or ``"paper"``)."""
+        """The form ``loss.unsup_loss`` selects (one of :data:`UNSUP_LOSSES`)."""
         return self.views_contrast if unsup_loss == "views" and self.views_contrast is not None else self.contrast
 
 

@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 import torch
@@ -34,6 +35,9 @@ from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows
 from simcse_kit.errors import DataError, where
 from simcse_kit.files import read_json_objects, read_lines
 from simcse_kit.model.packing import plan_batch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -317,7 +321,7 @@ class ContrastiveCollator:
             the dataset's columns): ``2 + k`` rows per example.
     """
 
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     mode: str
     max_seq_len: int = 32
     with_text_ids: bool = False
@@ -379,7 +383,7 @@ class ContrastiveCollator:
             if "token_type_ids" in features:
                 row["token_type_ids"] = [0] * len(ids)
             rows.append(row)
-        return self.tokenizer.pad(rows, return_tensors="pt")
+        return dict(self.tokenizer.pad(rows, return_tensors="pt"))
 
 
 def repeat_tokens(ids: list[int], special: list[int], rate: float, max_len: int, rng: random.Random) -> list[int]:

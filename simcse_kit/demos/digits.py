@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from simcse_kit.config.run import LoopConfig
 from simcse_kit.core.losses import supcon
@@ -170,9 +170,8 @@ def train_digits_model(model: DigitsModel, step: Step, views: int, x: torch.Tens
         log_steps=10,
         progress_bar=False,
     )
-    dataset = list(zip(x, y, strict=True))
     loader = DataLoader(
-        dataset,
+        TensorDataset(x, y),
         batch_size=cfg.batch_size,
         shuffle=True,
         drop_last=True,  # SupCon wants full batches; the last partial one would be small

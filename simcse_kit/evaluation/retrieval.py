@@ -27,8 +27,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -62,7 +64,7 @@ PROGRESS_MIN_TEXTS = 10_000  # a progress bar when encoding more texts than this
 UNIFORMITY_DOCS = 4096  # the dev corpus's first documents that uniformity (all pairs) is taken over
 
 
-def _pytrec_eval():  # noqa: ANN202 - an optional import
+def _pytrec_eval() -> types.ModuleType:
     # A missing extra is the user's to fix: one line (ConfigError), checked when an
     # evaluator is built, before any model loads or run folder appears.
     try:
@@ -75,6 +77,18 @@ def _pytrec_eval():  # noqa: ANN202 - an optional import
 def rank(docs: Mapping[str, float]) -> list[str]:
     """A query's document ids in trec_eval's order: score descending, ties by id descending."""
     return sorted(docs, key=lambda d: (docs[d], d), reverse=True)
+
+
+@overload
+def retrieval_metrics(
+    qrels: Mapping[str, Mapping[str, int]], run: Mapping[str, Mapping[str, float]], per_query: Literal[False] = False
+) -> dict[str, float]: ...
+
+
+@overload
+def retrieval_metrics(
+    qrels: Mapping[str, Mapping[str, int]], run: Mapping[str, Mapping[str, float]], per_query: Literal[True]
+) -> dict[str, dict[str, float]]: ...
 
 
 def retrieval_metrics(
@@ -209,7 +223,7 @@ class RetrievalEvaluator:
                 query_prompt=self.prompts.get("query", ""),
                 document_prompt=self.prompts.get("document", ""),
             )
-            self.scored[name] = retrieval_metrics(task.qrels, run)  # type: ignore[assignment]
+            self.scored[name] = retrieval_metrics(task.qrels, run)
             self.seconds[name] = time.perf_counter() - start
             results[name] = 100 * self.scored[name]["ndcg@10"]
             results |= {f"{name}/{m}": 100 * v for m, v in self.scored[name].items()}
@@ -262,8 +276,8 @@ class RetrievalDevEvaluator:
         q_idx, d_idx = (torch.tensor(list(ix)) for ix in zip(*pairs, strict=True))
         q_t, d_t = torch.from_numpy(queries), torch.from_numpy(docs)
         return {
-            "stsb_dev": 100 * metrics["ndcg@10"],  # type: ignore[index]
-            **{f"dev_{m}": 100 * v for m, v in metrics.items()},  # type: ignore[union-attr]
+            "stsb_dev": 100 * metrics["ndcg@10"],
+            **{f"dev_{m}": 100 * v for m, v in metrics.items()},
             "alignment": float(alignment(q_t[q_idx], d_t[d_idx])),
             "uniformity": float(uniformity(d_t[:UNIFORMITY_DOCS])),
         }

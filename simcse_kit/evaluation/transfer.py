@@ -238,8 +238,8 @@ class TransferEvaluator:
             if task.protocol == "nested":
                 dev, test = nested_kfold(*self._features(encode, task, "all"), kfold=self.kfold, seed=self.seed)
             elif task.protocol == "split":
-                feats = [x for s in ("train", "dev", "test") for x in self._features(encode, task, s)]
-                dev, test = split_validation(*feats, seed=self.seed)
+                (x_tr, y_tr), (x_dev, y_dev), (x_te, y_te) = (self._features(encode, task, s) for s in ("train", "dev", "test"))
+                dev, test = split_validation(x_tr, y_tr, x_dev, y_dev, x_te, y_te, seed=self.seed)
             else:
                 x_tr, y_tr = self._features(encode, task, "train")
                 x_te, y_te = self._features(encode, task, "test")

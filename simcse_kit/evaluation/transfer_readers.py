@@ -125,14 +125,14 @@ def load_transfer_task(data_dir: str | Path, name: str) -> TransferTask:
         folder, pos, neg = BINARY_FILES[name]
         return TransferTask(name, "nested", {"all": _binary(base / folder, pos, neg)})
     if name == "SST2":
-        folder = base / "SST" / "binary"
-        splits = {s: _sst(folder / f"sentiment-{s}") for s in ("train", "dev", "test")}
+        sst = base / "SST" / "binary"
+        splits = {s: _sst(sst / f"sentiment-{s}") for s in ("train", "dev", "test")}
         return TransferTask(name, "split", splits)
     if name == "TREC":
         splits = {"train": _trec(base / "TREC" / "train_5500.label"), "test": _trec(base / "TREC" / "TREC_10.label")}
         return TransferTask(name, "kfold", splits)
     if name == "MRPC":
-        folder = base / "MRPC"
-        splits = {"train": _mrpc(folder / "msr_paraphrase_train.txt"), "test": _mrpc(folder / "msr_paraphrase_test.txt")}
+        mrpc = base / "MRPC"
+        splits = {"train": _mrpc(mrpc / "msr_paraphrase_train.txt"), "test": _mrpc(mrpc / "msr_paraphrase_test.txt")}
         return TransferTask(name, "kfold", splits, paired=True)
     raise KeyError(f"unknown transfer task {name!r}; known: {list(TRANSFER_TASKS)}")

@@ -20,8 +20,12 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # tokenizers is imported where an encoder is built, not with this module
+    from tokenizers import Encoding
 
 logger = logging.getLogger(__name__)
 
@@ -81,18 +85,18 @@ class OnnxEncoder:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.dim = int(info["dim"])
 
-    def _run(self, encodings: Sequence[object]) -> np.ndarray:
+    def _run(self, encodings: Sequence[Encoding]) -> np.ndarray:
         """One padded batch through the graph: ``[B, D]`` float32."""
-        width = max(len(e.ids) for e in encodings)  # type: ignore[attr-defined]
+        width = max(len(e.ids) for e in encodings)
         feeds = {name: np.zeros((len(encodings), width), dtype=np.int64) for name in self.input_names}
         if "input_ids" in feeds:
             feeds["input_ids"].fill(self.pad_id)
         for row, enc in enumerate(encodings):
-            n = len(enc.ids)  # type: ignore[attr-defined]
-            feeds["input_ids"][row, :n] = enc.ids  # type: ignore[attr-defined]
+            n = len(enc.ids)
+            feeds["input_ids"][row, :n] = enc.ids
             feeds["attention_mask"][row, :n] = 1
             if "token_type_ids" in feeds:
-                feeds["token_type_ids"][row, :n] = enc.type_ids  # type: ignore[attr-defined]
+                feeds["token_type_ids"][row, :n] = enc.type_ids
         return self.session.run([OUTPUT], feeds)[0].astype(np.float32, copy=False)
 
     def encode(self, sentences: Sequence[str], batch_size: int = 32) -> np.ndarray:

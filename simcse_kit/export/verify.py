@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from sentence_transformers import SentenceTransformer
@@ -100,7 +100,9 @@ def check_parity(what: str, result: Parity, min_cosine: float, probes: Sequence[
         )
 
 
-def load_backend(folder: Path, backend: str = "torch", file_name: str | None = None, device: str = "cpu") -> Any:
+def load_backend(
+    folder: Path, backend: Literal["torch", "onnx", "openvino"] = "torch", file_name: str | None = None, device: str = "cpu"
+) -> Any:
     """``SentenceTransformer`` reading ``folder`` from disk, as a user would (on ``device``)."""
     kwargs: dict[str, Any] = {}
     if file_name is not None:

@@ -37,7 +37,7 @@ import inspect
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -284,8 +284,8 @@ def probe_batch(model: nn.Module, seed: int = 0, vocab_size: int | None = None) 
         ``input_ids`` ``[3, n]`` (no pad id inside a sentence) and ``attention_mask``
         ``[3, n]``, on the model's device; lengths from :func:`probe_lengths`.
     """
-    config = model.config
-    vocab = int(vocab_size or getattr(config, "vocab_size", 100))
+    config = cast(PretrainedConfig, model.config)  # a Hugging Face encoder's
+    vocab = vocab_size or int(getattr(config, "vocab_size", 100))
     pad = getattr(config, "pad_token_id", None) or 0
     lengths = probe_lengths(config)
     n = lengths[0]

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 from huggingface_hub import constants as hub_constants
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from simcse_kit.config.run import POOLERS
 from simcse_kit.errors import ConfigError
@@ -31,7 +33,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["Encoder", "SentenceTransformerEncoder", "autocast_context", "load_encoder"]
 
 
-def autocast_context(device: torch.device, precision: str) -> object:
+def autocast_context(device: torch.device, precision: str) -> AbstractContextManager[Any]:
     """bf16/fp16 autocast for inference, or a no-op for ``"no"``/fp32."""
     if precision in ("bf16", "fp16"):
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
@@ -53,7 +55,7 @@ class Encoder:
     def __init__(
         self,
         model: nn.Module,
-        tokenizer: object,
+        tokenizer: PreTrainedTokenizerBase,
         max_seq_len: int,
         device: str | torch.device | None = None,
         precision: str = "no",
@@ -84,9 +86,9 @@ class Encoder:
             order.extend(first + i for i in by_length)
             for start in range(0, len(by_length), batch_size):
                 batch = self.tokenizer.pad([rows[i] for i in by_length[start : start + batch_size]], return_tensors="pt")
-                batch = {k: v.to(self.device) for k, v in batch.items()}
+                inputs = {k: v.to(self.device) for k, v in batch.items()}
                 with autocast_context(self.device, self.precision):
-                    out.append(self.model(**batch).float().cpu())
+                    out.append(self.model(**inputs).float().cpu())
         if not out:
             return torch.empty(0, 0)
         embeddings = torch.cat(out)

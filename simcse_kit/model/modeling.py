@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from simcse_kit.config.run import DEFAULT_MODEL, ModelConfig, check_pooling
 from simcse_kit.errors import ConfigError
@@ -251,6 +251,8 @@ class SimCSEModel(nn.Module):
         packed = None
         pad = getattr(self.encoder.config, "pad_token_id", None) or 0
         if self.packing and pack_position_ids is not None:
+            if pack_source is None or pack_index is None or pack_segment is None:
+                raise ValueError("a packing plan needs all four of pack_source, pack_index, pack_position_ids, pack_segment")
             if pack_position_ids.shape[0] > 0:  # a shape, known on the host: no synchronisation
                 packed = PackedBatch.from_plan(
                     input_ids,
@@ -287,7 +289,7 @@ class SimCSEModel(nn.Module):
             last = packed.unpack(out.last_hidden_state)
             hidden = [packed.unpack(h) for h in out.hidden_states] if want_all else None
         pooled = self.pooler(attention_mask, last, hidden)
-        return self.mlp(pooled) if self.uses_mlp else pooled
+        return self.mlp(pooled) if self.mlp is not None and self.uses_mlp else pooled
 
     # ---- persistence -------------------------------------------------------------
 
@@ -310,7 +312,9 @@ class SimCSEModel(nn.Module):
     def has_adapter(self) -> bool:
         return base_encoder(self.encoder) is not self.encoder
 
-    def save(self, path: str | Path, tokenizer: object | None = None, extra: dict[str, object] | None = None) -> None:
+    def save(
+        self, path: str | Path, tokenizer: PreTrainedTokenizerBase | None = None, extra: dict[str, object] | None = None
+    ) -> None:
         """Write the model atomically (:func:`simcse_kit.files.atomic_dir`): a kill at any
         moment leaves either the old folder or the new one at ``path``, never a
         half-written one."""

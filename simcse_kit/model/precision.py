@@ -32,6 +32,8 @@ from typing import NamedTuple
 
 import torch
 
+from simcse_kit.config.run import PRECISIONS
+
 __all__ = [
     "BF16_SPEEDUP_THRESHOLD",
     "NATIVE_BF16_CAPABILITY",
@@ -52,7 +54,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PRECISIONS = ("auto", "no", "fp16", "bf16")
 # A low-precision matmul must beat fp32 by this factor to count as native: the ratio is
 # several-fold where bf16 is native and far below 1 where it is emulated, so 1.2 sits far
 # from both and keeps a machine where bf16 merely ties fp32 (AVX-512 without bf16) on fp32.

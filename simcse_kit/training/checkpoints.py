@@ -164,7 +164,7 @@ class Checkpoints:
             if self.folder.is_dir()
             else []
         )
-        problems = []
+        problems: list[str] = []
         for ckpt in done:
             problem = checkpoint_problem(ckpt)
             if problem is None:

@@ -106,7 +106,9 @@ def _train(cfg: RunConfig, overwrite: bool, train_fn: TrainFn | None) -> dict[st
         if done is not None:
             return done
     if train_fn is None:
-        from simcse_kit.training.run import train as train_fn
+        from simcse_kit.training.run import train
+
+        train_fn = train
     return train_fn(cfg.validate(), overwrite=overwrite)
 
 

@@ -126,7 +126,8 @@ def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: no decay on biases and norm weights (the BERT convention)."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue

@@ -42,6 +42,13 @@ class MomentumQueue(nn.Module):
         dim: embedding width ``D``.
     """
 
+    # Buffers (register_buffer in __init__), declared so they read as tensors, not modules.
+    queue: torch.Tensor
+    queue_ids: torch.Tensor
+    ptr: torch.Tensor
+    filled: torch.Tensor
+    pending_update: torch.Tensor
+
     def __init__(self, model: nn.Module, size: int, momentum: float, dim: int) -> None:
         super().__init__()
         if size < 1:

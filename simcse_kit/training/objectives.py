@@ -21,15 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simcse_kit.config.run import LossConfig
+from simcse_kit.config.run import TEACHER_LOSSES, LossConfig
 from simcse_kit.core import distributed, losses, masks, modes
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
 from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
 
 __all__ = ["SimCSEObjective", "TeacherTargets"]
-
-
-TEACHER_LOSSES = ("similarity", "embedding")
 
 
 @dataclass
@@ -70,7 +67,7 @@ class TeacherTargets:
         if self.vectors.device != index.device:  # moved once, to the training device
             self.vectors = self.vectors.to(index.device)
             if self.projection is not None:
-                self.projection = tuple(t.to(index.device) for t in self.projection)  # type: ignore[assignment]
+                self.projection = tuple(t.to(index.device) for t in self.projection)
         return self.vectors[index].float()
 
     def embedding_loss(self, embeddings: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -321,12 +318,12 @@ class SimCSEObjective:
         """
         if anchor_ids is None:
             return None
-        column_ids = [self.gather_ids(ids) for ids in id_blocks]
+        blocks = [self.gather_ids(ids) for ids in id_blocks]
         if queue is not None:
             if queue[1] is None:
                 raise ValueError("the queue's text ids are required when masking false negatives")
-            column_ids.append(queue[1].to(anchor_ids.device))
-        column_ids = torch.cat(column_ids)
+            blocks.append(queue[1].to(anchor_ids.device))
+        column_ids = torch.cat(blocks)
         # A positive column also stands for its anchor: an NLI premise seen twice has
         # each copy's entailment as a positive of both.
         group = None

@@ -11,12 +11,12 @@ with ``train.save_steps``, ``checkpoints/`` for ``--resume``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import datasets
 import torch
@@ -31,7 +31,7 @@ from simcse_kit.data.pipeline import loader_options
 from simcse_kit.data.readers import ContrastiveCollator, negatives_of
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
-from simcse_kit.evaluation.encoding import prompted
+from simcse_kit.evaluation.encoding import Encode, prompted
 from simcse_kit.evaluation.plots import plot_training_curves
 from simcse_kit.files import write_json_atomic
 from simcse_kit.model.fastpath import enable_fast_dropout
@@ -151,13 +151,15 @@ def build_run(
             each batch.
     """
     dataset = load_training_data(cfg) if dataset is None else dataset
-    dev = final_sts = None
+    dev: DevScorer | None = None
+    final_sts = None
     if evaluate:
-        dev = (
-            RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE, prompts=cfg.data.prompts)  # type: ignore[arg-type]
-            if cfg.data.dev_format == "beir"
-            else DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
-        )
+        if cfg.data.dev_format == "beir":
+            assert cfg.data.dev_file is not None  # RunConfig.validate: dev_format beir needs a dev_file
+            dev = RetrievalDevEvaluator(cfg.data.dev_file, batch_size=EVAL_BATCH_SIZE, prompts=cfg.data.prompts)
+        else:
+            data = cfg.data
+            dev = DevEvaluator(data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=data.dev_file, fmt=data.dev_format)
         final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
     tokenizer = load_checked_tokenizer(cfg)
     tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
@@ -187,7 +189,7 @@ def build_run(
     if wrap_collate is not None:
         loader.collate_fn = wrap_collate(loader.collate_fn)
     step = make_step(cfg, model, objective, accelerator)
-    extra = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
+    extra: dict[str, Any] = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
         extra["prompts"] = cfg.data.prompts
     checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
@@ -320,7 +322,7 @@ def make_loader(
     tokenizer: Any,
     num_processes: int,
     device: torch.device | str = "cpu",
-    teacher_index: dict[str, int] | None = None,
+    teacher_index: Mapping[str, int] | None = None,
 ) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
     generator of its own, which the loop checkpoints so a resume redraws the order.
@@ -376,12 +378,25 @@ def make_step(cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective, ac
     return objective
 
 
+class DevScorer(Protocol):
+    """A dev evaluator (:class:`~simcse_kit.evaluation.DevEvaluator`, :class:`~simcse_kit.evaluation.RetrievalDevEvaluator`):
+    ``scorer(encode) -> metrics``, the metric that selects, the file or folder it reads."""
+
+    @property
+    def primary_metric(self) -> str: ...
+
+    @property
+    def path(self) -> Path: ...
+
+    def __call__(self, encode: Encode) -> dict[str, float]: ...
+
+
 @dataclass
 class ModelEvaluator:
     """The loop's ``evaluator(model) -> metrics`` from an evaluator of an encode function
     (here the dev evaluator: STS-B dev score, alignment and uniformity from one encoding)."""
 
-    evaluator: Callable[[Callable[[Sequence[str]], torch.Tensor]], dict[str, float]]
+    evaluator: DevScorer
     tokenizer: Any
     max_seq_len: int
     device: torch.device
@@ -390,7 +405,7 @@ class ModelEvaluator:
 
     @property
     def primary_metric(self) -> str:
-        return self.evaluator.primary_metric  # type: ignore[attr-defined]
+        return self.evaluator.primary_metric
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         encoder = Encoder(model, self.tokenizer, self.max_seq_len, self.device, self.precision)

@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 class Evaluator(Protocol):
     """``evaluator(model) -> metrics``; ``metrics[evaluator.primary_metric]`` selects the best."""
 
-    primary_metric: str
+    @property
+    def primary_metric(self) -> str: ...  # an attribute or a property
 
     def __call__(self, model: nn.Module) -> dict[str, float]: ...
 

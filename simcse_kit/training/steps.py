@@ -143,7 +143,7 @@ class GradCacheStep(ObjectiveStep):
         self._logged = False
 
     def _no_sync(self, model: nn.Module, last: bool) -> Any:
-        if last or self.processes() <= 1:
+        if last or self.accelerator is None or self.processes() <= 1:
             return nullcontext()
         return self.accelerator.no_sync(model)
 

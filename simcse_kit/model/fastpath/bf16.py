@@ -60,11 +60,11 @@ class MasterWeightAdamW(torch.optim.AdamW):
         self,
         params: list[dict[str, Any]],
         dtype: torch.dtype = torch.bfloat16,
-        keep_fp32: Sequence[nn.Parameter] = (),
-        kept_grads: Sequence[nn.Parameter] = (),
+        keep_fp32: Sequence[torch.Tensor] = (),
+        kept_grads: Sequence[torch.Tensor] = (),
         **kwargs: Any,
     ) -> None:
-        self.model_params: list[nn.Parameter] = []
+        self.model_params: list[torch.Tensor] = []
         self.masters: list[torch.Tensor] = []
         self.kept = list(keep_fp32)
         # These (of the kept) have a dense .grad zeroed in place, never None: autograd then
@@ -89,7 +89,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
         super().__init__(groups, **kwargs)
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         for p, master in zip(self.model_params, self.masters, strict=True):
             if p.grad is None:
                 master.grad = None

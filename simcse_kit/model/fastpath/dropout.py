@@ -174,7 +174,7 @@ def enable_fast_dropout(model: nn.Module) -> int:
     encoders = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
     probes = [(encoder, *probe_batch(encoder)) for encoder in encoders]
     before = _probe_outputs(model, probes)
-    originals: list[tuple[nn.Module, str, nn.Module]] = []
+    originals: list[tuple[nn.Module, str, nn.Dropout]] = []
     for parent in model.modules():
         for name, child in parent.named_children():
             if type(child) is nn.Dropout:
