@@ -120,8 +120,11 @@ def client_usage(result: ExportResult, fp32: str, dim: int) -> str | None:
         return None
     pooling = result.onnx.token_pooling
     if pooling is None:
-        skipped = "MLP head" if "last_hidden_state" in result.onnx.outputs else "layer averaging"
-        return fill("clients_sentence_embedding", fp32_file=fp32, and_mlp=" and MLP head", skipped=skipped)
+        # last_hidden_state with no token pooling: an MLP head runs at inference; no
+        # last_hidden_state at all: a layer-averaging pooler.
+        mlp = "last_hidden_state" in result.onnx.outputs
+        in_graph, skipped = ("pooling and MLP head", "MLP head") if mlp else ("the layer-averaging pooling", "layer averaging")
+        return fill("clients_sentence_embedding", fp32_file=fp32, in_graph=in_graph, skipped=skipped)
     return fill(
         "clients_pooled",
         pooling=pooling,
