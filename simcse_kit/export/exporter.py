@@ -179,6 +179,7 @@ def export_model(
             result.speed["onnx-int8"] = encode_speed(q_encode, probes)
             kept = kept_fp32_score(source, evaluator)
             result.sts = int8_gate(evaluator, ours.encode, q_encode, out, kept)
+            result.sts_fp32_from = "computed" if kept is None else "run record"
 
         (tmp / "README.md").write_text(model_card(source, result, int(exported.shape[1])), encoding="utf-8")
         write_json(tmp / EXPORT_INFO, export_info(source, model, result, truncate_dim, quantize))
@@ -213,6 +214,7 @@ def export_info(
         "parity_probes": result.n_probes,
         "encode_speed_sentences_per_s": result.speed,
         "sts": result.sts,
+        "sts_fp32_from": result.sts_fp32_from,
         "sentence_transformers_checked": result.st_version,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
