@@ -17,7 +17,9 @@
 #               (written in the main environment) with backend="onnx"
 #   DIR/base    symlinks to the main environment's site-packages MINUS the Hugging Face stack
 #               (transformers, sentence-transformers, tokenizers, huggingface-hub, datasets,
-#               accelerate, optimum, ...): torch, numpy, scipy, scikit-learn, safetensors, ...
+#               accelerate, optimum, peft, ...): torch, numpy, scipy, scikit-learn, safetensors, ...
+#               (peft: transformers 4.57's Trainer imports it when present, and the main
+#               environment's peft needs accelerate, which this stack leaves out)
 #
 # Run a loader as `python -S` (no site-packages) with PYTHONPATH=DIR/st5:DIR/common:DIR/base,
 # using the main environment's python: torch is never downloaded again, and no package of the
@@ -71,7 +73,7 @@ link_base() {
             transformers | transformers_* | sentence_transformers | sentence_transformers_* | \
                 tokenizers | tokenizers_* | huggingface_hub | huggingface_hub_* | hf_xet | hf_xet_* | \
                 datasets | datasets_* | accelerate | accelerate_* | optimum* | onnx* | \
-                simcse_kit* | __editable__* | *.pth | __pycache__) continue ;;
+                peft | peft_* | simcse_kit* | __editable__* | *.pth | __pycache__) continue ;;
         esac
         ln -s "$entry" "$base/$name"
     done

@@ -37,13 +37,19 @@ def write_vocab(folder: Path) -> Path:
     return path
 
 
-def save_tiny_bert(folder: Path, layers: int = 2) -> Path:
-    """Write a tiny random BERT (hidden 32, ``layers`` layers) and a tokenizer that
-    knows the toy words into ``folder``; loadable with ``from_pretrained``."""
+def save_tiny_bert(folder: Path, layers: int = 2, max_positions: int = 64, fixed_length: int | None = None) -> Path:
+    """Write a tiny random BERT (hidden 32, ``layers`` layers, ``max_positions`` positions)
+    and a tokenizer that knows the toy words into ``folder``; loadable with ``from_pretrained``.
+
+    ``fixed_length``: the tokenizer.json truncates at and pads to it, as all-MiniLM-L6-v2's
+    does at 128 (transformers 5 then saves it as tokenizer_config.json's ``max_length``)."""
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     tokenizer = BertTokenizerFast(vocab=str(write_vocab(folder)), do_lower_case=True)  # transformers 5 ignores vocab_file=
     assert len(tokenizer) > 40 and tokenizer.unk_token_id not in tokenizer("a man plays guitar")["input_ids"]
+    if fixed_length is not None:
+        tokenizer.backend_tokenizer.enable_truncation(fixed_length)
+        tokenizer.backend_tokenizer.enable_padding(length=fixed_length, pad_id=tokenizer.pad_token_id, pad_token="[PAD]")
     tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
     config = BertConfig(
@@ -52,7 +58,7 @@ def save_tiny_bert(folder: Path, layers: int = 2) -> Path:
         num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=37,
-        max_position_embeddings=64,
+        max_position_embeddings=max_positions,
     )
     BertModel(config).save_pretrained(folder)
     return folder

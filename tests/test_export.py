@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_tiny_bert, toy_sentences
+from conftest import save_tiny_bert, toy_sentences, write_tiny_senteval
 from transformers import AutoModel, AutoTokenizer
 
 from simcse_kit import export as export_mod
@@ -374,7 +374,7 @@ def test_card_template_sections_and_blocks(monkeypatch: pytest.MonkeyPatch) -> N
     # The shipped template: every section the card code fills is there.
     monkeypatch.undo()
     assert set(card.SECTIONS) == {"card", "row", "parity_row", "recipe", "sts_table", "no_sts_table"} | {
-        "onnx_usage", "int8_encoder", "st_onnx_backend", "int8_cost"
+        "onnx_usage", "int8_encoder", "st_onnx_backend", "int8_cost", "clients_pooled", "clients_sentence_embedding"
     }  # fmt: skip
 
 
@@ -422,7 +422,7 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     evaluator = PairsSTS(model_dir)
     result = export_model(model_dir, tmp_path / "ok", quantize="int8", sts_evaluator=evaluator)
-    assert result.onnx_files == {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_qint8.onnx"}
+    assert result.onnx_files == {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_quantized.onnx"}
     assert set(result.parity) == set(result.speed) == {"torch", "onnx", "onnx-int8"}
     assert result.parity["onnx"].min_cosine >= 0.9999 and result.parity["onnx"].max_norm_rel_diff <= 1e-3
     assert result.sts["simcse-kit fp32"] == pytest.approx(100.0)
@@ -434,8 +434,10 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
         assert cos.min() >= (0.9999 if file_name == "onnx/model.onnx" else 0.99), (file_name, float(cos.min()))
     card = (tmp_path / "ok" / "README.md").read_text()
     assert "int8 cost: STS" in card and "(the export fails past -0.5)" in card
-    assert 'OnnxEncoder("path/to/this/folder", "onnx/model_qint8.onnx")  # int8' in card
-    assert "| onnx-int8 | `onnx/model_qint8.onnx` |" in card
+    assert 'OnnxEncoder("path/to/this/folder", "onnx/model_quantized.onnx")  # int8' in card
+    assert "| onnx-int8 | `onnx/model_quantized.onnx` |" in card
+    # The avg pooler's graph gives output 0 = last_hidden_state: the card's fastembed setup pools it.
+    assert "pooling=PoolingType.MEAN, normalization=True" in card and '{pooling: "mean", normalize: true}' in card
     info = json.loads((tmp_path / "ok" / EXPORT_INFO).read_text())
     assert info["backends"] == {"torch": "model.safetensors", **result.onnx_files}
     assert info["quantization"]["tool"] == "onnxruntime.quantization.quantize_dynamic"
@@ -452,30 +454,63 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
 
 
 def test_int8_gate_reads_the_data_root(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no evaluator and no --data-dir, the int8 gate reads senteval/ under the data root
-    (data_root=, else SIMCSE_KIT_DATA: the resolution every command uses), checked before
-    any model work; with a folder there, it scores the same suite as evaluate does."""
+    """With no evaluator and no --data-dir, the int8 gate reads STS-B dev in senteval/ under
+    the data root (data_root=, else SIMCSE_KIT_DATA: the resolution every command uses),
+    checked before any model work; a model folder (no run, no recorded score) has its fp32
+    STS-B dev computed: the same figure evaluate's dev scorer gives."""
     from conftest import write_tiny_senteval
 
     from simcse_kit.config.recipes import DATA_ENV
     from simcse_kit.errors import DataError
-    from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.evaluation import DevEvaluator
 
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     empty = tmp_path / "empty-root"
     empty.mkdir()
     monkeypatch.setenv(DATA_ENV, str(empty))
-    with pytest.raises(DataError, match=f"{empty / 'senteval'}: SentEval data folder not found"):
+    with pytest.raises(DataError, match="sts-dev.csv"):
         export_model(model_dir, tmp_path / "st", quantize="int8")
     explicit = tmp_path / "explicit-root"
-    with pytest.raises(DataError, match=f"{explicit / 'senteval'}: SentEval data folder not found"):
+    with pytest.raises(DataError, match=str(explicit / "senteval")):
         export_model(model_dir, tmp_path / "st", quantize="int8", data_root=explicit)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-root", "model"]
 
     write_tiny_senteval(empty / "senteval")
     result = export_model(model_dir, tmp_path / "st", quantize="int8")
-    fp32 = STSEvaluator(empty / "senteval")(load_encoder(model_dir).encode)["avg"]
+    fp32 = DevEvaluator(empty / "senteval")(load_encoder(model_dir).encode)["stsb_dev"]
     assert result.sts["simcse-kit fp32"] == pytest.approx(fp32, abs=1e-9)
+
+
+def test_int8_gate_takes_fp32_from_the_run(tiny_run: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run folder: the fp32 side of the int8 gate is the kept model's recorded STS-B dev
+    score (the same file, no prompt), so the gate encodes STS-B dev once (int8 only), not
+    twice; the record is the figure a fresh fp32 scoring gives. A run that selected on
+    another dev file gets its fp32 computed."""
+    from simcse_kit.evaluation import DevEvaluator
+
+    tiny_run.train("run")  # type: ignore[attr-defined]
+    run = tiny_run.folder / "run"  # type: ignore[attr-defined]
+    senteval = tiny_run.folder / "senteval"  # type: ignore[attr-defined]
+    recorded = json.loads((run / "best_model" / SIMCSE_CONFIG).read_text())["stsb_dev"]
+    assert DevEvaluator(senteval)(load_encoder(run / "best_model").encode)["stsb_dev"] == pytest.approx(recorded, abs=1e-6)
+
+    calls: list[int] = []
+
+    class CountingDev(DevEvaluator):
+        def __call__(self, encode: object) -> dict[str, float]:
+            calls.append(1)
+            return super().__call__(encode)  # type: ignore[arg-type]
+
+    result = export_model(run, tmp_path / "x", quantize="int8", sts_evaluator=CountingDev(senteval))
+    assert len(calls) == 1 and result.sts["simcse-kit fp32"] == recorded and result.sts_fp32_from == "run record"
+    assert json.loads((tmp_path / "x" / EXPORT_INFO).read_text())["sts_fp32_from"] == "run record"
+
+    # Another STS-B dev file (other pairs) is not the measurement the run recorded.
+    other = tmp_path / "other"
+    write_tiny_senteval(other, pairs=20)
+    calls.clear()
+    result = export_model(run, tmp_path / "y", quantize="int8", sts_evaluator=CountingDev(other))
+    assert len(calls) == 2 and result.sts["simcse-kit fp32"] != recorded and result.sts_fp32_from == "computed"
 
 
 def test_onnx_cli_and_refusals(

@@ -219,13 +219,13 @@ def test_onnx_exports_load_with_the_optimum_backend(compat_env: Path, tmp_path: 
     model_dir = save_model(base, "avg", "none", tmp_path / "model")
     out = tmp_path / "onnx-export"
     result = export_model(model_dir, out, quantize="int8", sts_evaluator=PairsSTS(model_dir))
-    assert result.onnx_files == {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_qint8.onnx"}
+    assert result.onnx_files == {"onnx": "onnx/model.onnx", "onnx-int8": "onnx/model_quantized.onnx"}
     mlp, top2 = tmp_path / "mlp-export", tmp_path / "top2-export"  # Pooling(cls) -> Dense -> Normalize; layer averaging
     export_model(save_model(base, "cls", "always", tmp_path / "model-mlp"), mlp, onnx=True)
     export_model(save_model(base, "avg_top2", "none", tmp_path / "model-top2"), top2, onnx=True)
     exports = {
         "fp32": (str(out), "onnx/model.onnx"),
-        "int8": (str(out), "onnx/model_qint8.onnx"),
+        "int8": (str(out), "onnx/model_quantized.onnx"),
         "mlp": (str(mlp), "onnx/model.onnx"),
         "top2": (str(top2), "onnx/model.onnx"),
     }

@@ -81,10 +81,17 @@ def test_every_architecture_exports_with_parity(arch: str, tiny_dirs: dict[str, 
     assert set(done.shape_parity) == {f"{b}x{n}" for b in (1, 7, 64) for n in (3, 32, MAX_LEN)}
     assert min(done.shape_parity.values()) >= 0.9999, done.shape_parity
     assert done.inputs == ["input_ids", "attention_mask"] + (["token_type_ids"] if arch in SEGMENT_IDS else [])
+    # Output 0 is last_hidden_state exactly where a client's own mean/CLS pooling of it is
+    # the kit's vector (fastembed pools output 0); else the finished sentence_embedding.
+    token_pooling = {"avg": "mean", "cls": "cls", "cls_before_pooler": "cls"}.get(pooler) if mlp != "always" else None
     layer_average = pooler in ("avg_first_last", "avg_top2")
-    assert done.outputs == ["sentence_embedding"] + ([] if layer_average else ["last_hidden_state"])
+    if token_pooling:
+        assert done.outputs == ["last_hidden_state", "sentence_embedding"]
+    else:
+        assert done.outputs == ["sentence_embedding"] + ([] if layer_average else ["last_hidden_state"])
     info = json.loads((tmp_path / ONNX_INFO).read_text())
     assert info["model_type"] == arch and info["max_seq_len"] == MAX_LEN and info["dim"] == 32
+    assert info["token_pooling"] == token_pooling and info["outputs"] == done.outputs
 
     # Sentences end to end: tokenizers (not transformers) + onnxruntime vs the kit's encoder.
     reference = kit_vectors(model, tokenizer, normalize)
@@ -92,9 +99,20 @@ def test_every_architecture_exports_with_parity(arch: str, tiny_dirs: dict[str, 
     cos = torch.nn.functional.cosine_similarity(reference.double(), got.double())
     assert cos.min() >= 0.9999, (arch, float(cos.min()))
     torch.testing.assert_close(got.norm(dim=-1), reference.norm(dim=-1), rtol=1e-4, atol=1e-6)
-    int8 = torch.from_numpy(OnnxEncoder(tmp_path, "onnx/model_qint8.onnx").encode(SENTENCES))
+    int8 = torch.from_numpy(OnnxEncoder(tmp_path, "onnx/model_quantized.onnx").encode(SENTENCES))
     assert int8.shape == reference.shape and not torch.equal(int8, got)  # quantised, still the same kind of vectors
     assert torch.nn.functional.cosine_similarity(reference.double(), int8.double()).min() >= 0.9
+    if token_pooling:  # what fastembed/Transformers.js do with output 0: pool it themselves
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(tmp_path / FP32_FILE), providers=["CPUExecutionProvider"])
+        feeds = dict(tokenizer(SENTENCES, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="np"))
+        first = torch.from_numpy(session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})[0])
+        mask = torch.from_numpy(feeds["attention_mask"]).unsqueeze(-1).double()
+        pooled = (first.double() * mask).sum(1) / mask.sum(1) if token_pooling == "mean" else first[:, 0].double()
+        pooled = torch.nn.functional.normalize(pooled, dim=-1) if normalize else pooled
+        assert torch.nn.functional.cosine_similarity(reference.double(), pooled).min() >= 0.9999, arch
+        torch.testing.assert_close(pooled.norm(dim=-1), reference.double().norm(dim=-1), rtol=1e-4, atol=1e-6)
 
 
 def test_a_graph_that_disagrees_is_refused(tiny_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

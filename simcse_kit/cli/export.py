@@ -60,7 +60,7 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--onnx", action="store_true", help="also write onnx/model.onnx: encoder + pooling as one graph (needs simcse-kit[onnx])"
     )
-    p.add_argument("--quantize", choices=("int8",), default=None, help="also write onnx/model_qint8.onnx (implies --onnx)")
+    p.add_argument("--quantize", choices=("int8",), default=None, help="also write onnx/model_quantized.onnx (implies --onnx)")
     p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset (default 18)")
     p.add_argument("--truncate-dim", type=int, default=None, metavar="N", help="ST loads it with N dimensions (Matryoshka)")
     add_data_options(p, "STS data for the int8 check")

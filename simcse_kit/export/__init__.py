@@ -10,8 +10,8 @@ Modules, one concern each:
 * :mod:`~simcse_kit.export.verify` — parity with simcse-kit on probe sentences, encode speed;
 * :mod:`~simcse_kit.export.onnx` — the encoder with its pooling as one ONNX graph
   (``torch.onnx``), checked at several shapes, and its dynamic int8;
-* :mod:`~simcse_kit.export.sts_gate` — the int8 graph's STS against fp32, on the data root's
-  STS tasks;
+* :mod:`~simcse_kit.export.sts_gate` — the int8 graph's STS-B dev against fp32 (the run's
+  recorded score where it is the same measurement);
 * :mod:`~simcse_kit.export.card` — the model card, from the template ``model_card.md``;
 * :mod:`~simcse_kit.export.hub` — the upload;
 * :mod:`~simcse_kit.export.exporter` — :func:`export_model`, all of the above in order;

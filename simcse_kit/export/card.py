@@ -96,7 +96,7 @@ def training_rows(source: ExportSource) -> str:
     return "\n".join(fill("row", label=label, value=value) for label, value in rows if value is not None)
 
 
-def onnx_usage(result: ExportResult) -> str | None:
+def onnx_usage(result: ExportResult, dim: int) -> str | None:
     """How to run the ONNX graphs (None without them)."""
     if "onnx" not in result.onnx_files:
         return None
@@ -110,6 +110,31 @@ def onnx_usage(result: ExportResult) -> str | None:
         fp32_file=fp32,
         int8_encoder=fill("int8_encoder", int8_file=int8) if int8 else None,
         st_onnx_backend=fill("st_onnx_backend", fp32_file=fp32) if st_backend else None,
+        clients=client_usage(result, fp32, dim),
+    )
+
+
+def client_usage(result: ExportResult, fp32: str, dim: int) -> str | None:
+    """fastembed's and Transformers.js' setup for this graph (``docs/export.md``, "Other clients")."""
+    if result.onnx is None:
+        return None
+    pooling = result.onnx.token_pooling
+    if pooling is None:
+        # last_hidden_state with no token pooling: an MLP head runs at inference; no
+        # last_hidden_state at all: a layer-averaging pooler.
+        mlp = "last_hidden_state" in result.onnx.outputs
+        in_graph, skipped = ("pooling and MLP head", "MLP head") if mlp else ("the layer-averaging pooling", "layer averaging")
+        return fill("clients_sentence_embedding", fp32_file=fp32, in_graph=in_graph, skipped=skipped)
+    return fill(
+        "clients_pooled",
+        pooling=pooling,
+        then_normalise=" then L2 normalisation" if result.normalize else "",
+        fastembed_pooling=pooling.upper(),
+        normalization=str(result.normalize),
+        dim=dim,
+        fp32_file=fp32,
+        js_pooling=pooling,
+        js_normalize=str(result.normalize).lower(),
     )
 
 
@@ -174,7 +199,7 @@ def model_card(source: ExportSource, result: ExportResult, dim: int) -> str:
         training_rows=training_rows(source) or None,
         recipe=fill("recipe", config=yaml.safe_dump(cfg, sort_keys=False).rstrip()) if cfg else None,
         evaluation=fill("sts_table", table=format_table(sts)) if sts else fill("no_sts_table"),
-        onnx_usage=onnx_usage(result),
+        onnx_usage=onnx_usage(result, dim),
         st_class_prefix=ST_CLASS_PREFIX,
         compat=", ".join(dict.fromkeys([*COMPAT_TESTED, result.st_version])),
         n_probes=result.n_probes,

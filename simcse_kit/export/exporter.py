@@ -7,9 +7,9 @@ norm, so a missing ``Normalize`` is caught too). With ``onnx=True`` the encoder 
 pooling and normalisation is written as one ONNX graph by :mod:`simcse_kit.export.onnx`
 (PyTorch's exporter, no optimum; checked against torch at several shapes) and checked the
 same way through :class:`~simcse_kit.export.onnx_encoder.OnnxEncoder` (onnxruntime + tokenizers);
-with ``quantize="int8"`` a dynamic-int8 graph is added and must keep the STS average within
-:data:`~simcse_kit.export.sts_gate.MAX_INT8_STS_DROP` of simcse-kit's fp32 model. Any failed
-check leaves nothing at ``out_dir``.
+with ``quantize="int8"`` a dynamic-int8 graph is added and must keep STS-B dev within
+:data:`~simcse_kit.export.sts_gate.MAX_INT8_STS_DROP` of simcse-kit's fp32 model (the run's
+recorded score where it is the same measurement). Any failed check leaves nothing at ``out_dir``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,19 @@ from transformers import AutoTokenizer
 
 from simcse_kit.errors import ConfigError
 from simcse_kit.export.card import model_card
-from simcse_kit.export.folder import COMPAT_TESTED, decide_normalize, describe_modules, export_modules, write_folder, write_json
+from simcse_kit.export.folder import (
+    COMPAT_TESTED,
+    decide_normalize,
+    describe_modules,
+    export_modules,
+    truncation_lengths,
+    write_folder,
+    write_json,
+)
 from simcse_kit.export.hub import hub_upload
 from simcse_kit.export.onnx import DEFAULT_OPSET, add_onnx, onnx_info, quant_info, require_onnx
 from simcse_kit.export.source import EXPORT_INFO, ExportError, ExportSource, check_target, find_source
-from simcse_kit.export.sts_gate import STSScorer, default_scorer, int8_gate
+from simcse_kit.export.sts_gate import STSScorer, default_scorer, int8_gate, kept_fp32_score
 from simcse_kit.export.verify import (
     MIN_COSINE,
     MIN_COSINE_ONNX,
@@ -85,8 +93,8 @@ def export_model(
         quantize: ``"int8"``: also write a dynamic-int8 ONNX model (implies ``onnx``) and
             require its STS within :data:`~simcse_kit.export.sts_gate.MAX_INT8_STS_DROP` of
             simcse-kit fp32.
-        sts_evaluator: What the int8 gate scores with (``encode -> scores``); default the
-            7-task :class:`~simcse_kit.evaluation.STSEvaluator` on ``data_dir``.
+        sts_evaluator: What the int8 gate scores with (``encode -> scores``); default STS-B
+            dev (:class:`~simcse_kit.evaluation.DevEvaluator`) of ``data_dir``.
         data_dir: SentEval-layout folder for the default evaluator; default ``senteval/``
             under the data root.
         data_root: The data root (default: ``SIMCSE_KIT_DATA``, else ``../shared/data``
@@ -147,6 +155,10 @@ def export_model(
             raise ExportError(f"{problem}; nothing written to {out}")
         if reloaded.max_seq_length != model.max_seq_len:
             raise ExportError(f"exported max_seq_length {reloaded.max_seq_length} != model's {model.max_seq_len}")
+        # Loaders differ in which length they read (fastembed: the smaller tokenizer_config one).
+        lengths = truncation_lengths(tmp)
+        if set(lengths.values()) != {model.max_seq_len}:
+            raise ExportError(f"exported truncation lengths {lengths} != the model's {model.max_seq_len}; nothing written")
         encode = st_encode(reloaded)
         exported = encode(probes)
         result.parity["torch"] = parity(reference, exported)
@@ -165,7 +177,9 @@ def export_model(
             q_encode = onnx_encode(tmp, result.onnx_files["onnx-int8"])
             result.parity["onnx-int8"] = parity(reference, q_encode(probes))
             result.speed["onnx-int8"] = encode_speed(q_encode, probes)
-            result.sts = int8_gate(evaluator, ours.encode, q_encode, out)
+            kept = kept_fp32_score(source, evaluator)
+            result.sts = int8_gate(evaluator, ours.encode, q_encode, out, kept)
+            result.sts_fp32_from = "computed" if kept is None else "run record"
 
         (tmp / "README.md").write_text(model_card(source, result, int(exported.shape[1])), encoding="utf-8")
         write_json(tmp / EXPORT_INFO, export_info(source, model, result, truncate_dim, quantize))
@@ -200,6 +214,7 @@ def export_info(
         "parity_probes": result.n_probes,
         "encode_speed_sentences_per_s": result.speed,
         "sts": result.sts,
+        "sts_fp32_from": result.sts_fp32_from,
         "sentence_transformers_checked": result.st_version,
         "transformers": transformers.__version__,
         "torch": torch.__version__,

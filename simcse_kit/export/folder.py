@@ -23,7 +23,13 @@ with each):
   ``N_Dense`` with ``in_features``, ``out_features``, ``bias``, ``activation_function`` and
   ``linear.weight``/``linear.bias``; ``N_Normalize`` (an empty folder);
 * the encoder's ``config.json`` with ``output_hidden_states: true`` when a layer-averaging
-  pooler needs every layer (how every version hands ``all_layer_embeddings`` on).
+  pooler needs every layer (how every version hands ``all_layer_embeddings`` on);
+* ONE truncation length, the model's ``max_seq_len``, wherever a loader may read one
+  (:func:`align_truncation`): ``sentence_bert_config.json`` ``max_seq_length``,
+  ``tokenizer_config.json`` ``model_max_length`` and ``max_length``, ``tokenizer.json``'s
+  ``truncation``. Base models such as all-MiniLM-L6-v2 ship a ``tokenizer.json`` truncating
+  at 128, which transformers 5 saves on as ``"max_length": 128`` beside ``model_max_length``;
+  fastembed takes the smaller of the two and would cut every text at 128 tokens.
 
 =====================  ==============================================================
 simcse-kit pooler       modules after ``Transformer``
@@ -209,6 +215,54 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
+def align_truncation(folder: Path, max_len: int) -> None:
+    """Make every truncation length the saved tokenizer files hold ``max_len``.
+
+    ``tokenizer_config.json``: ``model_max_length`` and, where present, ``max_length`` (the
+    smaller of the two is what fastembed truncates at). ``tokenizer.json``: its
+    ``truncation`` length, where one is set (what ``tokenizers.Tokenizer.from_file`` users
+    get), and a ``Fixed`` padding length, which would pad short texts and leave longer ones
+    ragged, becomes batch-longest padding (the attention mask makes the vectors the same).
+    """
+    from tokenizers import Tokenizer  # transformers' own dependency
+
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["model_max_length"] = max_len
+    if "max_length" in config:
+        config["max_length"] = max_len
+    write_json(config_path, config)
+    tok_path = folder / "tokenizer.json"
+    if not tok_path.is_file():  # a slow-only tokenizer: nothing else holds a length
+        return
+    tok = Tokenizer.from_file(str(tok_path))
+    trunc, pad = tok.truncation, tok.padding
+    if trunc is None and (pad is None or pad.get("length") is None):
+        return
+    if trunc is not None:
+        tok.enable_truncation(max_len, stride=trunc["stride"], strategy=trunc["strategy"], direction=trunc["direction"])
+    if pad is not None and pad.get("length") is not None:
+        pad = {k: v for k, v in pad.items() if k != "length"}
+        tok.enable_padding(**pad)
+    tok.save(str(tok_path))
+
+
+def truncation_lengths(folder: Path) -> dict[str, int]:
+    """Every truncation length the folder's files hold, by ``file:key`` (the ones set)."""
+    found: dict[str, int] = {}
+    st = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8"))
+    found["sentence_bert_config.json:max_seq_length"] = int(st["max_seq_length"])
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for key in ("model_max_length", "max_length"):
+        if isinstance(config.get(key), int):
+            found[f"tokenizer_config.json:{key}"] = int(config[key])
+    if (folder / "tokenizer.json").is_file():
+        tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        if tok.get("truncation"):
+            found["tokenizer.json:truncation.max_length"] = int(tok["truncation"]["max_length"])
+    return found
+
+
 def write_folder(
     model: SimCSEModel,
     tokenizer: Any,
@@ -221,7 +275,8 @@ def write_folder(
 
     Args:
         model: The fp32 simcse-kit model (its encoder becomes the root ``Transformer``).
-        tokenizer: Its tokenizer; saved with ``model_max_length = model.max_seq_len``.
+        tokenizer: Its tokenizer; saved truncating at ``model.max_seq_len`` everywhere
+            (:func:`align_truncation`).
         modules: What follows ``Transformer`` (:func:`export_modules`).
         folder: An empty folder.
         prompts: The model's prompts by name (``query``, ``document``): ``prompt_name=``
@@ -238,6 +293,7 @@ def write_folder(
         write_json(folder / "config.json", config)
     tokenizer.model_max_length = model.max_seq_len
     tokenizer.save_pretrained(folder)
+    align_truncation(folder, model.max_seq_len)
     write_json(folder / "sentence_bert_config.json", {"max_seq_length": model.max_seq_len, "do_lower_case": False})
 
     entries = [{"idx": 0, "name": "0", "path": "", "type": ST_CLASS_PREFIX + "Transformer"}]

@@ -9,6 +9,17 @@ keeps it at inference, normalised when the export is. It also returns ``last_hid
 the vector from it (every pooler but the layer-averaging ones, which need every layer): that
 backend reads that output by name and applies the folder's own Pooling/Dense/Normalize.
 
+**Output order.** Clients that pool for themselves read ``last_hidden_state`` either by name
+(Transformers.js' ``feature-extraction`` pipeline) or as output 0 (fastembed's custom models,
+``TextEmbedding.add_custom_model``). So ``last_hidden_state`` comes first exactly when mean
+or CLS pooling of it (then L2 normalisation, when the export normalises) IS simcse-kit's
+vector: the ``avg``, ``cls`` and ``cls_before_pooler`` poolers without an MLP at inference;
+:data:`TOKEN_POOLING` names that pooling in ``onnx/simcse_onnx.json``. Otherwise (an MLP
+kept at inference, or a layer-averaging pooler) ``sentence_embedding`` comes first, and a
+client must read that output as the finished vector (fastembed: ``PoolingType.DISABLED``),
+never pool ``last_hidden_state`` itself. simcse-kit's :class:`~simcse_kit.export.onnx_encoder.OnnxEncoder`
+and sentence-transformers read by name, so the order does not matter to them.
+
 Exporters: ``torch.onnx.export(..., dynamo=True)`` (``torch.export`` + onnxscript) first,
 then the TorchScript exporter (``dynamo=False``) if the first fails or disagrees with torch;
 which one wrote the graph is recorded in ``onnx/simcse_onnx.json``. With torch 2.13 the
@@ -49,6 +60,9 @@ MIN_COSINE = 0.9999
 """fp32 graph vs torch: every row at every checked shape must reach this."""
 EXPORTERS = ("dynamo", "torchscript")
 TOKEN_STATES = "last_hidden_state"
+TOKEN_POOLING = {"avg": "mean", "cls": "cls", "cls_before_pooler": "cls"}
+"""simcse-kit pooler -> the pooling of ``last_hidden_state`` that gives its vector when no MLP
+runs at inference (what fastembed's ``PoolingType`` and Transformers.js' ``pooling`` name)."""
 CHECK_BATCHES = (1, 7, 64)
 CHECK_LENGTHS = (3, 32)  # and the model's maximum
 INT8_OPS = ("MatMul",)
@@ -96,11 +110,17 @@ class SentenceEmbeddingGraph(nn.Module):
         self.normalize = normalize
         self.takes_token_type_ids = model.takes_token_type_ids
         self.token_states = not model.pooler.needs_hidden_states
+        # The pooling a client applies to last_hidden_state for our vector; None: none can.
+        self.token_pooling = TOKEN_POOLING.get(model.pooler.mode) if self.mlp is None else None
+        self.output_names = (
+            [TOKEN_STATES, OUTPUT] if self.token_pooling else [OUTPUT, TOKEN_STATES] if self.token_states else [OUTPUT]
+        )
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, ...]:
-        """Args: ``[B, L]`` int64 each. Returns ``([B, D],)`` or ``([B, D], [B, L, H])``."""
+        """Args: ``[B, L]`` int64 each. Returns the ``[B, D]`` vectors and, unless the pooler
+        averages layers, the ``[B, L, H]`` token states, in :attr:`output_names` order."""
         kwargs = {"token_type_ids": token_type_ids} if self.takes_token_type_ids and token_type_ids is not None else {}
         out = self.encoder(
             input_ids=input_ids,
@@ -114,7 +134,12 @@ class SentenceEmbeddingGraph(nn.Module):
             pooled = self.mlp(pooled)
         if self.normalize:
             pooled = nn.functional.normalize(pooled, dim=-1)
-        return (pooled, out.last_hidden_state) if self.token_states else (pooled,)
+        by_name = {OUTPUT: pooled, TOKEN_STATES: out.last_hidden_state}
+        return tuple(by_name[name] for name in self.output_names)
+
+    def embed(self, **feeds: torch.Tensor) -> torch.Tensor:
+        """The ``[B, D]`` vectors alone (``feeds``: the graph's inputs by name)."""
+        return self(**feeds)[self.output_names.index(OUTPUT)]
 
 
 def graph_inputs(model: SimCSEModel, tokenizer: Any) -> list[str]:
@@ -142,7 +167,7 @@ def random_batch(names: Sequence[str], vocab: int, batch: int, length: int, pad_
 
 
 def _export(graph: SentenceEmbeddingGraph, names: list[str], path: Path, opset: int, exporter: str) -> None:
-    outputs = [OUTPUT, TOKEN_STATES] if graph.token_states else [OUTPUT]
+    outputs = graph.output_names
     axes = {name: {0: "batch", 1: "sequence"} for name in [*names, TOKEN_STATES]} | {OUTPUT: {0: "batch"}}
     example = random_batch(names, 8, 2, 8, 0, 0)  # 2 x 8: no axis of size 1 to specialise on
     kwargs: dict[str, Any] = {"dynamo": exporter == "dynamo"}
@@ -176,7 +201,7 @@ def shape_parity(
         for length in lengths:
             feeds = random_batch(names, vocab, batch, length, pad_id, seed=batch * 1000 + length)
             with torch.inference_mode():
-                ref = graph(**feeds)[0]
+                ref = graph.embed(**feeds)
             got = session.run([OUTPUT], {k: v.numpy() for k, v in feeds.items() if k in taken})[0]
             cos = nn.functional.cosine_similarity(ref.double(), torch.from_numpy(got).double(), dim=-1)
             result[f"{batch}x{length}"] = float(cos.min())
@@ -204,6 +229,10 @@ class OnnxExport:
     outputs: list[str]
     shape_parity: dict[str, float]
     tried: dict[str, str] = field(default_factory=dict)
+    token_pooling: str | None = None
+    """For clients that pool output 0 themselves (fastembed, Transformers.js): ``mean`` or
+    ``cls`` when that pooling of ``last_hidden_state`` (output 0) gives these vectors; None:
+    output 0 is ``sentence_embedding``, to be read as it is."""
 
 
 def write_onnx(
@@ -276,6 +305,7 @@ def write_onnx(
         outputs=[o.name for o in proto.graph.output],
         shape_parity=parity,
         tried=tried,
+        token_pooling=graph.token_pooling,
     )
     del proto
     logger.info("ONNX graph by the %s exporter, opset %d; lowest cosine vs torch %.7f", used, done.opset, min(parity.values()))
@@ -310,7 +340,7 @@ def require_onnx() -> None:
 
 
 def add_onnx(model: SimCSEModel, tokenizer: Any, folder: Path, normalize: bool, quantize: str | None, opset: int) -> OnnxExport:
-    """Write ``onnx/model.onnx`` (and ``onnx/model_qint8.onnx``) with :func:`write_onnx`; its
+    """Write ``onnx/model.onnx`` (and ``onnx/model_quantized.onnx``) with :func:`write_onnx`; its
     failure is the export's (:class:`~simcse_kit.export.source.ExportError`)."""
     try:
         return write_onnx(model, tokenizer, folder, normalize=normalize, opset=opset, quantize=quantize)
@@ -322,7 +352,7 @@ def onnx_info(done: OnnxExport | None) -> dict[str, Any] | None:
     """The ONNX part of ``simcse_export.json`` (None without a graph)."""
     if done is None:
         return None
-    keys = ("exporter", "opset", "inputs", "outputs", "shape_parity", "tried")
+    keys = ("exporter", "opset", "inputs", "outputs", "token_pooling", "shape_parity", "tried")
     return {k: getattr(done, k) for k in keys}
 
 
@@ -341,6 +371,7 @@ __all__ = [
     "EXPORTERS",
     "INT8_OPS",
     "MIN_COSINE",
+    "TOKEN_POOLING",
     "OnnxExport",
     "OnnxExportError",
     "SentenceEmbeddingGraph",

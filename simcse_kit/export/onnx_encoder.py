@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 ONNX_INFO = "onnx/simcse_onnx.json"
 """What the serving side needs besides the graph (written by the export)."""
 FP32_FILE = "onnx/model.onnx"
-INT8_FILE = "onnx/model_qint8.onnx"
+INT8_FILE = "onnx/model_quantized.onnx"
+"""The name Transformers.js loads for ``dtype: "q8"`` (its default on WebAssembly) and the
+Hugging Face ONNX convention; exports before issue 35 called it ``onnx/model_qint8.onnx``."""
 OUTPUT = "sentence_embedding"
 
 __all__ = ["FP32_FILE", "INT8_FILE", "ONNX_INFO", "OUTPUT", "OnnxEncoder"]

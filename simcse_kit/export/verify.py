@@ -150,6 +150,8 @@ class ExportResult:
         speed: Backend -> encode speed in sentences/s (probe sentences, one run).
         onnx_files: Backend -> file inside the folder (``onnx/model.onnx`` ...).
         sts: ``{"simcse-kit fp32": ..., "onnx-int8": ...}`` primary STS figures (int8 only).
+        sts_fp32_from: Where the fp32 figure came from: ``"run record"`` (the kept model's
+            recorded STS-B dev) or ``"computed"``.
         onnx: The ONNX export's details (exporter, opset, inputs, per-shape parity), if any.
     """
 
@@ -163,6 +165,7 @@ class ExportResult:
     speed: dict[str, float] = field(default_factory=dict)
     onnx_files: dict[str, str] = field(default_factory=dict)
     sts: dict[str, float] = field(default_factory=dict)
+    sts_fp32_from: str | None = None
     onnx: OnnxExport | None = None
 
     @property

@@ -1,0 +1,209 @@
+"""ONNX exports load in other clients, with those clients' documented setup, and give
+simcse-kit's vectors (issue 35): fastembed's custom models and Transformers.js'
+``feature-extraction`` pipeline, fp32 and int8, including texts past 128 tokens.
+
+Before issue 35 the export's tokenizer_config.json said ``"max_length": 128`` (inherited
+from all-MiniLM-L6-v2's tokenizer.json) beside ``"model_max_length": 256`` and fastembed
+truncated at the smaller; output 0 was the pooled ``sentence_embedding``, which fastembed's
+``PoolingType.MEAN`` cannot pool; and the int8 graph's name was one Transformers.js does not
+look for. The base model here is built like all-MiniLM-L6-v2 (a tokenizer.json truncating
+and padding at 128) with room for 256 tokens.
+
+Transformers.js runs in node from ``$SIMCSE_JS_ENV``, else ``~/.cache/simcse-kit-js``,
+installed by ``.ci/js_env.sh`` (npm; .ci/run does it first). In CI (``CI`` or
+``SIMCSE_JS_ENV`` set) a missing install FAILS the test; locally it is installed on first
+use. Only a machine without node skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, save_tiny_bert, toy_sentences
+from transformers import AutoTokenizer
+
+from simcse_kit.config.run import ModelConfig
+from simcse_kit.export import export_model
+from simcse_kit.export.onnx_encoder import OnnxEncoder
+from simcse_kit.model.inference import load_encoder
+from simcse_kit.model.modeling import SimCSEModel
+
+MAX_LEN = 256
+BASE_LENGTH = 128  # what the base model's tokenizer.json truncates at (all-MiniLM-L6-v2's)
+LONG = "a man plays the guitar in the park with two children "  # 11 tokens
+SENTENCES = toy_sentences(10) + ["hello", LONG * 16, LONG * 30]  # ~178 and ~330 (cut at 256) tokens
+FP32, INT8 = "onnx/model.onnx", "onnx/model_quantized.onnx"  # the names docs/export.md gives
+
+
+class PairsSTS:
+    """The int8 gate's scorer: gold = simcse-kit's own cosines (fp32 scores 100)."""
+
+    primary_metric = "avg"
+
+    def __init__(self, model_dir: Path) -> None:
+        self.a, self.b = SENTENCES[:5], SENTENCES[5:10]
+        self.gold = self.cos(load_encoder(model_dir).encode)
+
+    def cos(self, encode: object) -> torch.Tensor:
+        return torch.nn.functional.cosine_similarity(encode(self.a), encode(self.b))  # type: ignore[operator]
+
+    def __call__(self, encode: object) -> dict[str, float]:
+        from scipy.stats import spearmanr
+
+        return {"avg": 100 * float(spearmanr(self.cos(encode), self.gold).statistic)}
+
+
+def export_for(root: Path, pooler: str) -> tuple[Path, torch.Tensor]:
+    """An ``--onnx --quantize int8`` export of a tiny model with ``pooler`` (no MLP at
+    inference, normalised) and simcse-kit's own vectors for :data:`SENTENCES`."""
+    (root / "base").mkdir()
+    base = save_tiny_bert(root / "base", layers=2, max_positions=MAX_LEN + 2, fixed_length=BASE_LENGTH)
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(base), pooler=pooler, mlp="train", eval_max_seq_len=MAX_LEN))
+    model_dir = root / "model"
+    model.save(model_dir, AutoTokenizer.from_pretrained(base), {"base_model": str(base), "mode": "unsup"})
+    out = root / "export"
+    result = export_model(model_dir, out, quantize="int8", sts_evaluator=PairsSTS(model_dir))
+    assert result.normalize and set(result.onnx_files) == {"onnx", "onnx-int8"}
+    kit = torch.nn.functional.normalize(load_encoder(model_dir).encode(SENTENCES), dim=-1)
+    return out, kit
+
+
+@pytest.fixture(scope="module")
+def avg_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
+    return export_for(tmp_path_factory.mktemp("clients-avg"), "avg")
+
+
+def token_count(folder: Path, text: str) -> int:
+    return len(AutoTokenizer.from_pretrained(folder)(text)["input_ids"])
+
+
+def assert_same(got: np.ndarray | torch.Tensor, want: torch.Tensor, min_cos: float, what: str) -> None:
+    got_t = torch.as_tensor(np.asarray(got)).double()
+    cos = torch.nn.functional.cosine_similarity(got_t, want.double())
+    assert cos.min() >= min_cos, (what, cos.tolist())
+    torch.testing.assert_close(got_t.norm(dim=-1), want.double().norm(dim=-1), rtol=1e-4, atol=0)
+
+
+def test_one_truncation_length_in_the_folder(avg_export: tuple[Path, torch.Tensor]) -> None:
+    """Every file that may tell a loader where to truncate says the model's max_seq_len
+    (the files read here directly, not through the kit)."""
+    out, _ = avg_export
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    tok_json = json.loads((out / "tokenizer.json").read_text())
+    lengths = {
+        "max_seq_length": json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"],
+        "model_max_length": tok_config["model_max_length"],
+        "max_length": tok_config["max_length"],  # transformers 5 writes it from tokenizer.json's truncation
+        "tokenizer.json truncation": tok_json["truncation"]["max_length"],
+    }
+    assert set(lengths.values()) == {MAX_LEN}, lengths
+    assert token_count(out, SENTENCES[-2]) > BASE_LENGTH and token_count(out, SENTENCES[-1]) > MAX_LEN
+
+
+@pytest.mark.parametrize("file_name", [FP32, INT8])
+def test_fastembed_custom_model(avg_export: tuple[Path, torch.Tensor], file_name: str) -> None:
+    """fastembed's documented custom-model setup (mean pooling, normalisation, output 0)
+    from the local folder gives simcse-kit's vectors, past 128 tokens too; int8 gives
+    what the kit's own OnnxEncoder gives with the same graph."""
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    out, kit = avg_export
+    name = f"simcse-kit-test/{out.parent.name}-{Path(file_name).stem}"
+    TextEmbedding.add_custom_model(
+        name, pooling=PoolingType.MEAN, normalization=True, sources=ModelSource(hf=name), dim=kit.shape[1], model_file=file_name
+    )
+    got = np.stack(list(TextEmbedding(name, specific_model_path=str(out), threads=1).embed(SENTENCES, batch_size=4)))
+    if file_name == FP32:
+        assert_same(got, kit, 0.9999, "fastembed fp32 vs simcse-kit")
+    else:
+        assert_same(got, torch.from_numpy(OnnxEncoder(out, file_name).encode(SENTENCES)), 0.9999, "fastembed int8 vs OnnxEncoder")
+        assert_same(got, kit, 0.99, "fastembed int8 vs simcse-kit")
+
+
+def test_fastembed_cls_pooler(tmp_path: Path) -> None:
+    """A CLS-pooled export: output 0 is last_hidden_state, so PoolingType.CLS (what
+    simcse_onnx.json's token_pooling names) gives simcse-kit's vectors."""
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    out, kit = export_for(tmp_path, "cls")
+    info = json.loads((out / "onnx" / "simcse_onnx.json").read_text())
+    assert info["token_pooling"] == "cls" and info["outputs"][0] == "last_hidden_state"
+    name = f"simcse-kit-test/{tmp_path.name}-cls"
+    TextEmbedding.add_custom_model(
+        name, pooling=PoolingType.CLS, normalization=True, sources=ModelSource(hf=name), dim=kit.shape[1]
+    )
+    got = np.stack(list(TextEmbedding(name, specific_model_path=str(out), threads=1).embed(SENTENCES)))
+    assert_same(got, kit, 0.9999, "fastembed cls vs simcse-kit")
+
+
+# ---- Transformers.js -------------------------------------------------------------------
+
+JS_SCRIPT = """
+const { pipeline, env } = require("@huggingface/transformers");
+const [root, name, dtype, texts] = process.argv.slice(1);
+env.allowRemoteModels = false;
+env.localModelPath = root;
+(async () => {
+  const extractor = await pipeline("feature-extraction", name, { dtype, device: "cpu" });
+  const out = await extractor(JSON.parse(texts), { pooling: "mean", normalize: true });
+  process.stdout.write(JSON.stringify(out.tolist()));
+})().catch((err) => { console.error(String(err && err.stack || err)); process.exit(1); });
+"""
+
+
+def js_dir() -> Path:
+    default = Path.home() / ".cache" / "simcse-kit-js"
+    return Path(os.environ.get("SIMCSE_JS_ENV", default)).expanduser().resolve()
+
+
+@pytest.fixture(scope="module")
+def js_env() -> Path:
+    """The installed Transformers.js (installed now if missing, outside CI)."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node/npm not installed: Transformers.js cannot run here")
+    env_dir = js_dir()
+    in_ci = bool(os.environ.get("CI")) or "SIMCSE_JS_ENV" in os.environ
+    if not (env_dir / "COMPLETE").is_file() and in_ci:
+        pytest.fail(f"Transformers.js missing at {env_dir}: run `.ci/js_env.sh {env_dir}` first")
+    proc = subprocess.run(
+        ["bash", str(REPO / ".ci" / "js_env.sh"), str(env_dir)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return env_dir
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8"])
+def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path, torch.Tensor], dtype: str) -> None:
+    """Transformers.js' documented local setup (env.localModelPath, no remote models) and
+    feature-extraction with mean pooling + normalisation: simcse-kit's vectors; dtype q8
+    finds the int8 graph (onnx/model_quantized.onnx) and matches the kit's OnnxEncoder on it."""
+    out, kit = avg_export
+    proc = subprocess.run(
+        ["node", "-e", JS_SCRIPT, str(out.parent), out.name, dtype, json.dumps(SENTENCES)],
+        env={**os.environ, "NODE_PATH": str(js_env / "node_modules")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.asarray(json.loads(proc.stdout), dtype=np.float64)
+    if dtype == "fp32":
+        assert_same(got, kit, 0.9999, "Transformers.js fp32 vs simcse-kit")
+    else:
+        assert_same(got, torch.from_numpy(OnnxEncoder(out, INT8).encode(SENTENCES)), 0.9999, "Transformers.js q8 vs OnnxEncoder")
+        assert_same(got, kit, 0.99, "Transformers.js q8 vs simcse-kit")
