@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from simcse_kit.config.recipes import senteval_dir
 from simcse_kit.evaluation import DevEvaluator
 from simcse_kit.evaluation.suite import stsb_split_path
 from simcse_kit.export.source import ExportError, ExportSource
