@@ -133,11 +133,22 @@ def write_tiny_senteval(folder: Path, pairs: int = 12) -> Path:
 
 
 def write_train_data(folder: Path, mode: str, n: int = 32) -> Path:
-    """``n`` toy examples: sentences (unsup) or ``sent0,sent1,hard_neg`` rows."""
+    """``n`` toy examples: sentences (unsup), ``sent0,sent1,hard_neg`` rows, or for
+    ``scored`` ``sent0,sent1,score`` rows with seeded scores in [0, 5] (fifths, ties included)."""
     sents = toy_sentences(3 * n)
     if mode == "unsup":
         path = folder / "train.txt"
         path.write_text("\n".join(sents[:n]) + "\n", encoding="utf-8")
+    elif mode == "scored":
+        import random
+
+        rng = random.Random(1)
+        path = folder / "train.csv"
+        # Half the pairs a sentence and its copy, half two unrelated ones: a ranking there is to learn.
+        rows = ["sent0,sent1,score"]
+        # Copies score in [3, 5], unrelated pairs in [0, 2].
+        rows += [f"{sents[i]},{sents[i] if i % 2 else sents[i + n]},{3 * (i % 2) + rng.randint(0, 10) / 5}" for i in range(n)]
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     else:
         path = folder / "train.csv"
         rows = ["sent0,sent1,hard_neg"] + [f"{sents[i]},{sents[i]} .,{sents[i + n]}" for i in range(n)]

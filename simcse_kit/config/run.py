@@ -47,6 +47,7 @@ __all__ = [
     "PAIR_FORMATS",
     "POOLERS",
     "PRECISIONS",
+    "SCORE_LOSSES",
     "SECTIONS",
     "DataConfig",
     "LoopConfig",
@@ -65,6 +66,7 @@ __all__ = [
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 MLP_MODES = ("none", "train", "always")
 MODES = tuple(modes.TABLE)  # simcse_kit.core.modes: one row per mode
+SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
 PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.readers.PAIR_READERS maps each to its reader
 PRECISIONS = ("auto", "no", "fp16", "bf16")
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
@@ -103,6 +105,24 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def score_checks(self) -> list[tuple[str, bool, str]]:
+        """The scored mode's keys (``data.score_range``, ``loss.score_*``), as :meth:`validate`'s checks."""
+        loss, scored = self.loss, self.data.mode == "scored"
+        score_range = self.data.score_range
+        checks: list[tuple[str, bool, str]] = [
+            ("loss.score_loss", loss.score_loss in SCORE_LOSSES, f"one of {SCORE_LOSSES}"),
+            ("loss.score_scale", 0 < loss.score_scale < math.inf, "> 0 and finite"),
+            ("loss.score_weight", 0 <= loss.score_weight <= 1, "in [0, 1]"),
+        ]
+        if score_range is not None:
+            ok = len(score_range) == 2 and all(math.isfinite(v) for v in score_range) and score_range[0] < score_range[1]
+            checks.append(("data.score_range", ok, "[low, high] with low < high, e.g. [0, 5] (or null)"))
+            checks.append(("data.score_range", scored, "null unless data.mode is 'scored'"))
+        if scored and loss.score_weight == 1:  # no InfoNCE term: what only feeds it would be silently unused
+            checks.append(("loss.queue_size", loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)"))
+            checks.append(("loss.teacher", loss.teacher is None, "null with loss.score_weight 1 (it joins InfoNCE)"))
+        return checks
 
     def validate(self) -> RunConfig:
         """Check enumerations and ranges; raise ConfigError naming the key.
@@ -150,8 +170,12 @@ class RunConfig:
         if self.data.dev_format == "beir":
             checks.append(("data.dev_file", self.data.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
         checks.append(("data.word_repetition", 0 <= self.data.word_repetition <= 1, "in [0, 1]"))
-        if self.data.word_repetition or self.data.train_format != "auto":
-            checks.append(("data.mode", self.data.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))
+        if self.data.word_repetition:
+            checks.append(("data.mode", self.data.mode == "unsup", "'unsup' with data.word_repetition"))
+        if self.data.train_format != "auto":
+            ok = self.data.mode in ("unsup", "scored")
+            checks.append(("data.mode", ok, "'unsup' (the file's sentences) or 'scored' (its pairs) with data.train_format"))
+        checks += self.score_checks()
         checks.append(("data.mix_ratio", 0 <= self.data.mix_ratio < 1, "in [0, 1)"))
         if self.data.mix_ratio > 0:
             checks.append(("data.mix_file", self.data.mix_file is not None, "set with data.mix_ratio > 0"))

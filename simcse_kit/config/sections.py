@@ -72,7 +72,13 @@ class DataConfig:
     train_format: str = option(
         "auto",
         '"auto": by mode and file suffix (simcse_kit.data.readers); "stsb" / "sick": train_file is a scored pair file of '
-        "that format whose distinct sentences become the unsup corpus (scores unused).",
+        "that format (sts-train.csv, SICK_train.txt): with mode unsup its distinct sentences become the corpus (scores "
+        "unused), with mode scored its pairs and scores are the training set.",
+    )
+    score_range: list[float] | None = option(
+        None,
+        "mode scored: the scores' declared [low, high], e.g. [0, 5] for STS-B; a score outside it is an error naming the "
+        "file and line, and the scores are mapped onto [0, 1]. null: as read (the ranking losses only use their order).",
     )
     word_repetition: float = option(
         0.0,
@@ -138,6 +144,17 @@ class LossConfig:
         "embedding only); each prefix is re-normalised, so it works truncated.",
     )
     matryoshka_weights: list[float] | None = option(None, "one weight per matryoshka_dims entry (None: all 1)")
+    score_loss: str = option(
+        "cosent",
+        'mode scored: the loss ranking the pairs\' similarities by their scores, "cosent" (cosine) or "angle" (AnglE\'s '
+        "angle difference); simcse_kit.core.score_losses, docs/losses.md",
+    )
+    score_scale: float = option(20.0, "mode scored: the score loss's inverse temperature (sentence-transformers' 20)")
+    score_weight: float = option(
+        1.0,
+        "mode scored: loss = (1 - w) * InfoNCE over the pairs (sent1 the positive of sent0) + w * score loss; 1: the "
+        "score loss alone (the default: a low-scored pair is no positive)",
+    )
 
 
 @dataclass

@@ -6,6 +6,10 @@ file and line, then handed to `datasets.Dataset`. Formats, by training mode:
   * ``unsup``: a text file, one sentence a line; blank lines are skipped.
   * ``sup``: CSV or JSONL with columns ``sent0, sent1`` (extra columns are ignored).
   * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``.
+  * ``scored``: CSV or JSONL with ``sent0, sent1, score``: a graded label per pair, a
+    number in any range; with ``data.score_range: [low, high]`` a score outside it is an
+    error and the scores are mapped onto [0, 1] (:func:`scale_score`). STS-B and SICK
+    files are read by the evaluation's readers (``data.train_format``, :mod:`simcse_kit.training.inputs`).
   * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
 """
 
@@ -15,14 +19,17 @@ import csv
 import hashlib
 import io
 import logging
+import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import datasets
 import torch
 
+from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
 from simcse_kit.errors import DataError, where
 from simcse_kit.files import read_json_objects, read_lines
@@ -59,6 +66,38 @@ def _check_row(path: Path, number: int, row: dict[str, object], columns: tuple[s
     return out
 
 
+def scale_score(score: float, score_range: Sequence[float] | None) -> float:
+    """``score`` mapped from ``score_range`` ``[low, high]`` onto [0, 1]; as it is without a range."""
+    if score_range is None:
+        return score
+    low, high = score_range
+    return (score - low) / (high - low)
+
+
+def check_score(value: object, path: object, number: int | None, column: str, score_range: Sequence[float] | None) -> float:
+    """One row's graded label: a finite number (or its text), inside ``score_range`` when
+    one is declared, returned scaled onto [0, 1] (:func:`scale_score`).
+
+    Raises:
+        DataError: naming the file and line: a missing, non-numeric or non-finite score,
+            or one outside the declared range.
+    """
+    if value is None:
+        raise DataError(f"{where(path, number)}: missing value for column {column!r}")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise DataError(f"{where(path, number)}: column {column!r} must be a number, got {type(value).__name__}")
+    try:
+        score = float(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise DataError(f"{where(path, number)}: score {value!r} (column {column!r}) is not a number") from None
+    if not math.isfinite(score):
+        raise DataError(f"{where(path, number)}: score {value!r} (column {column!r}) is not finite")
+    if score_range is not None and not score_range[0] <= score <= score_range[1]:
+        low, high = score_range
+        raise DataError(f"{where(path, number)}: score {score:g} is outside data.score_range [{low:g}, {high:g}]")
+    return scale_score(score, score_range)
+
+
 def _csv_records(reader: Iterator[list[str]], path: Path) -> Iterator[list[str]]:
     """Iterate a ``csv.reader``, turning its errors (a bare carriage return inside a
     field, a field over ``csv.field_size_limit()``) into a DataError naming the line."""
@@ -72,25 +111,46 @@ def _csv_records(reader: Iterator[list[str]], path: Path) -> Iterator[list[str]]
         yield record
 
 
-def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    """Read CSV (header row) or JSONL (one object a line) and check the columns."""
+def read_rows(
+    path: str | Path,
+    columns: tuple[str, ...],
+    score_column: str | None = None,
+    score_range: Sequence[float] | None = None,
+) -> list[dict[str, Any]]:
+    """Read CSV (header row) or JSONL (one object a line) and check the columns.
+
+    Args:
+        path: the file.
+        columns: the text columns each row must have (non-empty strings).
+        score_column: also a numeric column, the pair's graded label
+            (:func:`check_score`), returned as a float; None: text columns only.
+        score_range: the scores' declared ``[low, high]``, mapped onto [0, 1]; None: as read.
+    """
     path = Path(path)
-    rows: list[dict[str, str]] = []
+    rows: list[dict[str, Any]] = []
+    required = columns if score_column is None else (*columns, score_column)
+
+    def check(number: int, row: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = _check_row(path, number, row, columns)
+        if score_column is not None:
+            out[score_column] = check_score(row.get(score_column), path, number, score_column, score_range)
+        return out
+
     if path.suffix.lower() in (".jsonl", ".json"):
-        for number, obj in read_json_objects(path, keys=f" with keys {list(columns)}"):
-            rows.append(_check_row(path, number, obj, columns))
+        for number, obj in read_json_objects(path, keys=f" with keys {list(required)}"):
+            rows.append(check(number, obj))
     else:
         lines = read_lines(path)
         if not lines:
-            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}")
+            raise DataError(f"{path}: empty file; expected a header row with {list(required)}")
         text = "\n".join(line for _, line in lines)
         reader = csv.reader(io.StringIO(text))
         records = _csv_records(reader, path)
         try:
             header = [h.strip() for h in next(records)]
         except StopIteration:
-            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
-        missing = [c for c in columns if c not in header]
+            raise DataError(f"{path}: empty file; expected a header row with {list(required)}") from None
+        missing = [c for c in required if c not in header]
         if missing:
             raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
         for record in records:
@@ -99,21 +159,40 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
                 continue
             if len(record) != len(header):
                 raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
-            rows.append(_check_row(path, number, dict(zip(header, record, strict=True)), columns))
+            rows.append(check(number, dict(zip(header, record, strict=True))))
     if len(rows) < 2:
         raise DataError(f"{path}: {len(rows)} usable row(s); contrastive training needs at least two")
     return rows
 
 
-def load_train_dataset(
-    source: str, mode: str, max_samples: int | None = None, sentences: Sequence[str] | None = None
+def scored_dataset(
+    sent0: Sequence[str], sent1: Sequence[str], scores: Sequence[float], score_range: Sequence[float] | None = None
 ) -> datasets.Dataset:
-    """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``.
+    """Scored pairs already read and checked (an STS-B or SICK file, say) as a ``scored``
+    training set: columns ``sent0, sent1, score``, the scores mapped from ``score_range``
+    onto [0, 1] (as they are without one)."""
+    column = modes.mode("scored").score_column
+    assert column is not None
+    return datasets.Dataset.from_dict(
+        {"sent0": list(sent0), "sent1": list(sent1), column: [scale_score(float(s), score_range) for s in scores]}
+    )
+
+
+def load_train_dataset(
+    source: str,
+    mode: str,
+    max_samples: int | None = None,
+    sentences: Sequence[str] | None = None,
+    score_range: Sequence[float] | None = None,
+) -> datasets.Dataset:
+    """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``
+    (and a scored mode's score column, a float: :func:`check_score` under ``score_range``).
 
     ``sentences``: an ``unsup`` corpus already read (the distinct sentences of a scored
     pair file, say); ``source`` then only names it.
     """
     columns = COLUMNS[mode]
+    score_column = modes.mode(mode).score_column
     if sentences is not None:
         if mode != "unsup":
             raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
@@ -124,10 +203,14 @@ def load_train_dataset(
         except Exception as exc:  # offline, unknown id, no train split: many exception types
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise DataError(f"{source}: cannot load this hub dataset ({reason})") from None
-        missing = [c for c in columns if c not in ds.column_names]
+        wanted = columns if score_column is None else (*columns, score_column)
+        missing = [c for c in wanted if c not in ds.column_names]
         if missing:
             raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
-        ds = ds.select_columns(list(columns))
+        ds = ds.select_columns(list(wanted))
+        if score_column is not None:  # checked and scaled as a file's, rows counted from 1
+            checked = [check_score(v, source, i, score_column, score_range) for i, v in enumerate(ds[score_column], 1)]
+            ds = ds.remove_columns(score_column).add_column(score_column, checked)
     elif mode == "unsup" and Path(source).suffix.lower() not in (".csv", ".jsonl", ".json"):
         sentences = read_sentences(source)
         duplicates = len(sentences) - len(set(sentences))
@@ -141,8 +224,9 @@ def load_train_dataset(
             )
         ds = datasets.Dataset.from_dict({"sent0": sentences})
     else:
-        rows = read_rows(source, columns)
-        ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in columns})
+        rows = read_rows(source, columns, score_column, score_range)
+        wanted = columns if score_column is None else (*columns, score_column)
+        ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in wanted})
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
     logger.info("loaded %d training examples (%s) from %s", len(ds), mode, source)
@@ -182,10 +266,12 @@ class ContrastiveCollator:
     (``unsup``: ``[a, a, b, b, ...]``, each sentence twice so dropout makes the views;
     ``sup``: ``[p1, e1, p2, e2, ...]``; ``hardneg``: ``[p1, e1, c1, p2, e2, c2, ...]``).
     Padding is to the longest sequence of the batch, truncation at ``max_seq_len``.
+    A mode with a score column (``scored``) also gets ``scores`` ``[N]`` float32: each
+    example's graded label, in batch order.
 
     Args:
         tokenizer: a Hugging Face tokenizer.
-        mode: ``unsup``, ``sup`` or ``hardneg``.
+        mode: a mode of :data:`simcse_kit.core.modes.TABLE` (``unsup``, ``sup``, ``hardneg``, ``scored``).
         max_seq_len: tokens per row, at most.
         with_text_ids: also add ``text_ids`` ``[B]`` int64 (row text hashes,
             :func:`simcse_kit.core.batch.text_ids`) for false-negative masking.
@@ -230,6 +316,9 @@ class ContrastiveCollator:
         out = dict(batch)
         if self.with_text_ids:
             out["text_ids"] = text_ids(raw)
+        score_column = modes.mode(self.mode).score_column
+        if score_column is not None:  # one graded label per example (not per row): the score loss's
+            out["scores"] = torch.tensor([float(ex[score_column]) for ex in examples], dtype=torch.float32)
         if self.teacher_index is not None:  # the teacher encoded the texts without prompts
             out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in raw], dtype=torch.long)
         if self.packing_plan:
