@@ -50,11 +50,6 @@ def _working_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dtype
 
 
-def _graph_zero(*tensors: torch.Tensor) -> torch.Tensor:
-    """A 0 that carries the graph of ``tensors`` (a backward through it gives zeros, not an error)."""
-    return sum((t.sum() * 0.0 for t in tensors), torch.zeros((), dtype=_working_dtype(*tensors), device=tensors[0].device))
-
-
 def pair_cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine similarity of each pair ``(a[i], b[i])`` in fp32 (fp64 stays fp64).
 
@@ -268,6 +263,6 @@ def margin_mse_loss(
         if exclude is None:
             return squared.mean()
         kept = ~exclude[:, 1:]
-        if not bool(kept.any()):
-            return _graph_zero(student_scores)
-        return squared[kept].mean()
+        # Sum over the kept entries / their count (at least 1), not squared[kept]: a boolean
+        # index reads the mask back to the host (a GPU sync); with none kept this is a 0 with graph.
+        return squared.masked_fill(~kept, 0.0).sum() / kept.sum().clamp(min=1)
