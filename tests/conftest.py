@@ -139,11 +139,22 @@ def write_tiny_senteval(folder: Path, pairs: int = 12) -> Path:
 
 
 def write_train_data(folder: Path, mode: str, n: int = 32) -> Path:
-    """``n`` toy examples: sentences (unsup) or ``sent0,sent1,hard_neg`` rows."""
+    """``n`` toy examples: sentences (unsup), ``sent0,sent1,hard_neg`` rows, or for
+    ``scored`` ``sent0,sent1,score`` rows with graded scores in [1, 5]."""
     sents = toy_sentences(3 * n)
     if mode == "unsup":
         path = folder / "train.txt"
         path.write_text("\n".join(sents[:n]) + "\n", encoding="utf-8")
+    elif mode == "scored":
+        path = folder / "train.csv"
+        # sent1 is sent0 with its first k words swapped for others', scored 5 - k (k = 0..4, ties
+        # included): a graded overlap the ranking losses can learn.
+        rows = ["sent0,sent1,score"]
+        for i in range(n):
+            words, other, k = sents[i].split(), sents[i + n].split(), i % 5
+            swapped = [other[j % len(other)] if j < k else w for j, w in enumerate(words)]
+            rows.append(f"{sents[i]},{' '.join(swapped)},{5 - k}")
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     else:
         path = folder / "train.csv"
         rows = ["sent0,sent1,hard_neg"] + [f"{sents[i]},{sents[i]} .,{sents[i + n]}" for i in range(n)]

@@ -35,7 +35,12 @@ def test_rows_are_example_major() -> None:
     assert batch_texts(EXAMPLES, "unsup") == ["a dog", "a dog", "a man", "a man"]
     assert batch_texts(EXAMPLES, "sup") == ["a dog", "a cat", "a man", "two people"]
     assert batch_texts(EXAMPLES, "hardneg") == ["a dog", "a cat", "a car", "a man", "two people", "the ball"]
-    assert COLUMNS == {"unsup": ("sent0",), "sup": ("sent0", "sent1"), "hardneg": ("sent0", "sent1", "hard_neg")}
+    assert COLUMNS == {
+        "unsup": ("sent0",),
+        "sup": ("sent0", "sent1"),
+        "hardneg": ("sent0", "sent1", "hard_neg"),
+        "scored": ("sent0", "sent1"),  # the score is a number, not a text column: read_rows(score_column=)
+    }
     assert set(VIEW_COLUMNS) == set(COLUMNS)
     with pytest.raises(ValueError, match="unknown mode"):
         views_per_example("triplet")

@@ -5,7 +5,8 @@ computations see the same network), gathers the other process's candidates with
 gradient, computes the loss on its local anchors, then averages loss and parameter
 gradients over processes (what DDP does). That must equal the mean loss of a single
 process on the concatenated batch and its gradient, in fp32 to 1e-5, for the 2N-view,
-pair (``sup``, SimCSE's ``z1 . z2^T``), triplet (hard negatives) and SupCon forms.
+pair (``sup``, SimCSE's ``z1 . z2^T``), triplet (hard negatives) and SupCon forms, and for the
+score-ranking loss of ``scored`` pairs (every process ranks all processes' pairs).
 """
 
 from __future__ import annotations
@@ -35,12 +36,16 @@ CASES = [
     ("paper", "unsup", {"unsup_loss": "paper"}),
     ("sup", "sup", {}),
     ("hardneg", "hardneg", {"hard_negative_weight": 2.0}),
+    # Score ranking over the pairs of both processes, alone and beside InfoNCE.
+    ("scored", "scored", {}),
+    ("scored-angle-mix", "scored", {"score_loss": "angle", "score_weight": 0.5}),
 ]
 
 
 def examples(n: int) -> list[dict[str, str]]:
     s = toy_sentences(3 * n)
-    return [{"sent0": s[i], "sent1": s[n + i], "hard_neg": s[2 * n + i]} for i in range(n)]
+    # Graded scores (with ties) that interleave across the two processes' halves.
+    return [{"sent0": s[i], "sent1": s[n + i], "hard_neg": s[2 * n + i], "score": float(i * 7 % 5)} for i in range(n)]
 
 
 # SupCon labels over the global batch: classes shared across the two processes, so a
@@ -151,6 +156,9 @@ def test_two_processes_equal_one_process_on_concatenated_batch(tmp_path: Path, t
     # a different loss from the gathered one.
     alone, _ = run_case(model, str(tiny_model_dir), "sup", {}, exs[:PER_RANK])
     assert abs(alone - got["results"]["sup"][0]) > 1e-3
+    # ... and so must the ranking: the mean of the two halves' CoSENT losses is not the whole batch's.
+    halves = [run_case(model, str(tiny_model_dir), "scored", {}, exs[r * PER_RANK : (r + 1) * PER_RANK])[0] for r in range(WORLD)]
+    assert abs(sum(halves) / WORLD - got["results"]["scored"][0]) > 1e-3
 
     # Uneven sizes: rank order, no padding rows; offsets are the cumulative counts.
     assert got["uneven"].view(-1).tolist() == [0.0, 1.0, 2.0, 100.0, 101.0, 102.0, 103.0, 104.0]

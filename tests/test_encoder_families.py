@@ -20,6 +20,7 @@ from tiny_encoders import ARCHITECTURES, build_tiny
 from transformers import AutoTokenizer
 
 from simcse_kit.config.run import MODES, POOLERS, DataConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
+from simcse_kit.core.batch import model_inputs
 from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset
 from simcse_kit.errors import ConfigError
 from simcse_kit.model import families
@@ -182,7 +183,7 @@ def test_every_mode_and_pooler_trains_a_step(arch: str, tiny_dirs: dict[str, Pat
                 padded = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_dirs[arch]), pooler=pooler, packing=False))
                 padded.load_state_dict(model.state_dict())
                 with torch.no_grad():
-                    kwargs = {k: v for k, v in batch.items() if k != "text_ids"}
+                    kwargs = model_inputs(batch)  # not text_ids, nor a scored batch's scores
                     assert torch.allclose(model.eval()(**kwargs), padded.eval()(**kwargs), atol=1e-5)
 
 

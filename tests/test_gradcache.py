@@ -20,12 +20,14 @@ from simcse_kit.training.loop import fit, prepare
 from simcse_kit.training.objectives import SimCSEObjective
 from simcse_kit.training.steps import GradCacheStep
 
-MODES = [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always")]
+MODES = [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always"), ("scored", "avg", "none")]
 
 
 def make_batch(tokenizer: object, mode: str, n: int) -> dict[str, torch.Tensor]:
     sents = toy_sentences(3 * n)
-    examples = [{"sent0": sents[i], "sent1": sents[n + i], "hard_neg": sents[2 * n + i]} for i in range(n)]
+    examples = [
+        {"sent0": sents[i], "sent1": sents[n + i], "hard_neg": sents[2 * n + i], "score": float(i * 3 % 5)} for i in range(n)
+    ]
     return ContrastiveCollator(tokenizer, mode, 16)(examples)
 
 
@@ -66,9 +68,25 @@ def test_cached_gradients_equal_full_batch_without_dropout(
     assert_grads_equal(grads(model), want, atol=1e-5)
 
 
+@pytest.mark.parametrize(("score_loss", "score_weight"), [("cosent", 1.0), ("angle", 1.0), ("cosent", 0.5)])
+def test_score_loss_through_gradcache_equals_full_batch(tiny_model_dir: Path, score_loss: str, score_weight: float) -> None:
+    """The score term is part of the objective's loss of the cached [B, H]: GradCache needs nothing of its own."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    objective = SimCSEObjective("scored", LossConfig(score_loss=score_loss, score_weight=score_weight))
+    batch = make_batch(tokenizer, "scored", 8)
+    model = make_model(tiny_model_dir, "avg", "none", dropout=0.0)
+    full_loss = objective.step(model, batch)
+    want = grads(model)
+    model.zero_grad(set_to_none=True)
+    cached_loss = GradCacheStep(objective, 4)(model, batch)
+    assert full_loss.item() > 0.1 and abs(cached_loss.item() - full_loss.item()) < 1e-5
+    assert_grads_equal(grads(model), want, atol=1e-5)
+    assert set(objective.metrics()) == ({"score_loss"} if score_weight == 1 else {"score_loss", "infonce_loss"})
+
+
 def trimmed(batch: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
     """The reference's own chunk: rows sliced, all-padding columns dropped."""
-    chunk = {k: v[rows] for k, v in batch.items()}
+    chunk = {k: v[rows] for k, v in batch.items() if v.ndim == 2}  # per-row tokens; not per-example scores
     keep = int(chunk["attention_mask"].sum(dim=1).max())
     return {k: v[:, :keep] for k, v in chunk.items()}
 

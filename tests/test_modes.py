@@ -33,8 +33,8 @@ def test_the_table_by_hand() -> None:
 
 def test_every_reader_reads_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     assert VIEW_COLUMNS == {name: row.columns for name, row in modes.TABLE.items()}
-    assert config.MODES == tuple(modes.TABLE) == ("unsup", "sup", "hardneg")
-    assert [views_per_example(m) for m in config.MODES] == [2, 2, 3]
+    assert config.MODES == tuple(modes.TABLE) == ("unsup", "sup", "hardneg", "scored")
+    assert [views_per_example(m) for m in config.MODES] == [2, 2, 3, 2]
     assert effective_negatives("hardneg", 8, world_size=2) == 31
     # A changed row changes GradCache's count: nothing restates the table.
     monkeypatch.setitem(modes.TABLE, "hardneg", Mode(("sent0", "sent1", "hard_neg"), modes.PAIRED))
@@ -71,5 +71,5 @@ def test_a_bad_row_fails_when_written() -> None:
         Mode(("sent0", "sent1"), Contrast(anchor_view=0, candidate_views=(2,)))
     with pytest.raises(ValueError, match="only with two views"):
         Mode(("sent0", "sent1", "hard_neg"), modes.PAIRED, views_contrast=Contrast(anchor_view=None, candidate_views=(0, 1, 2)))
-    with pytest.raises(ValueError, match=r"unknown mode 'pairs'; expected one of \['hardneg', 'sup', 'unsup'\]"):
+    with pytest.raises(ValueError, match=r"unknown mode 'pairs'; expected one of \['hardneg', 'scored', 'sup', 'unsup'\]"):
         SimCSEObjective("pairs", LossConfig())

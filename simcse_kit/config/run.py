@@ -29,6 +29,7 @@ from simcse_kit.config.sections import (
     PAIR_FORMATS,
     POOLERS,
     PRECISIONS,
+    SCORE_LOSSES,
     TEACHER_LOSSES,
     TEACHER_PROJECTIONS,
     TEMPERATURE_RANGE,
@@ -57,6 +58,7 @@ __all__ = [
     "PAIR_FORMATS",
     "POOLERS",
     "PRECISIONS",
+    "SCORE_LOSSES",
     "SECTIONS",
     "TEACHER_LOSSES",
     "TEACHER_PROJECTIONS",
@@ -100,6 +102,10 @@ class RunConfig:
         if self.loss.queue_size > 0:  # the momentum queue and GradCache each own the step
             ok = self.train.grad_cache_chunk == 0
             raise_first("train", self.train, [("grad_cache_chunk", ok, "0 with loss.queue_size > 0 (use one of them)")])
+        if self.data.mode == "scored" and self.loss.score_weight == 1:
+            # No InfoNCE term then: what only feeds it would be silently unused.
+            raise_first("loss", self.loss, [("queue_size", self.loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)")])
+            raise_first("loss", self.loss, [("teacher", self.loss.teacher is None, "null with loss.score_weight 1 (it joins InfoNCE)")])
         return self
 
     def check_data(self) -> RunConfig:

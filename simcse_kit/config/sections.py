@@ -33,6 +33,7 @@ MODES = tuple(modes.TABLE)  # simcse_kit.core.modes: one row per mode
 PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.sts_readers.PAIR_READERS maps each to its reader
 DEV_FORMATS = (*PAIR_FORMATS, "beir")
 TEACHER_LOSSES = ("similarity", "embedding")  # simcse_kit.training.objectives.TeacherTargets.kind
+SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
 TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
 PRECISIONS = (AUTO, "no", "fp16", "bf16")  # simcse_kit.model.precision
 # The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
@@ -178,7 +179,13 @@ class DataConfig:
     train_format: str = option(
         "auto",
         '"auto": by mode and file suffix (simcse_kit.data.readers); "stsb" / "sick": train_file is a scored pair file of '
-        "that format whose distinct sentences become the unsup corpus (scores unused).",
+        "that format (sts-train.csv, SICK_train.txt): with mode unsup its distinct sentences become the corpus (scores "
+        "unused), with mode scored its pairs and scores are the training set.",
+    )
+    score_range: list[float] | None = option(
+        None,
+        "mode scored: the scores' declared [low, high], e.g. [0, 5] for STS-B; a score outside it is an error naming the "
+        "file and line, and the scores are mapped onto [0, 1]. null: as read (the ranking losses only use their order).",
     )
     word_repetition: float = option(
         0.0,
@@ -215,8 +222,16 @@ class DataConfig:
         if self.dev_format == "beir":
             rules.append(("dev_file", self.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
         rules.append(("word_repetition", 0 <= self.word_repetition <= 1, "in [0, 1]"))
-        if self.word_repetition or self.train_format != AUTO:
-            rules.append(("mode", self.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))
+        if self.word_repetition:
+            rules.append(("mode", self.mode == "unsup", "'unsup' with data.word_repetition"))
+        if self.train_format != AUTO:
+            ok = self.mode in ("unsup", "scored")
+            rules.append(("mode", ok, "'unsup' (the file's sentences) or 'scored' (its pairs) with data.train_format"))
+        if self.score_range is not None:
+            low_high = self.score_range
+            ok = len(low_high) == 2 and all(math.isfinite(v) for v in low_high) and low_high[0] < low_high[1]
+            rules.append(("score_range", ok, "[low, high] with low < high, e.g. [0, 5] (or null)"))
+            rules.append(("score_range", self.mode == "scored", "null unless data.mode is 'scored'"))
         rules.append(("mix_ratio", 0 <= self.mix_ratio < 1, "in [0, 1)"))
         if self.mix_ratio > 0:
             rules.append(("mix_file", self.mix_file is not None, "set with data.mix_ratio > 0"))
@@ -268,6 +283,17 @@ class LossConfig:
         "embedding only); each prefix is re-normalised, so it works truncated.",
     )
     matryoshka_weights: list[float] | None = option(None, "one weight per matryoshka_dims entry (None: all 1)")
+    score_loss: str = option(
+        "cosent",
+        'mode scored: the loss ranking the pairs\' similarities by their scores, "cosent" (cosine) or "angle" (AnglE\'s '
+        "angle difference); simcse_kit.core.score_losses, docs/losses.md",
+    )
+    score_scale: float = option(20.0, "mode scored: the score loss's inverse temperature (sentence-transformers' 20)")
+    score_weight: float = option(
+        1.0,
+        "mode scored: loss = (1 - w) * InfoNCE over the pairs (sent1 the positive of sent0) + w * score loss; 1: the "
+        "score loss alone (the default: a low-scored pair is no positive)",
+    )
 
     def check(self) -> None:
         """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
@@ -290,6 +316,11 @@ class LossConfig:
             rules.append(("matryoshka_weights", ok, f"{n} weights > 0, one per loss.matryoshka_dims entry"))
         if self.queue_size > 0:
             rules.append(("momentum", 0 <= self.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
+        rules += [
+            ("score_loss", self.score_loss in SCORE_LOSSES, one_of(SCORE_LOSSES)),
+            ("score_scale", 0 < self.score_scale < math.inf, "> 0 and finite"),
+            ("score_weight", 0 <= self.score_weight <= 1, "in [0, 1]"),
+        ]
         if self.teacher is not None:
             rules += [
                 ("teacher_loss", self.teacher_loss in TEACHER_LOSSES, one_of(TEACHER_LOSSES)),

@@ -18,12 +18,17 @@ Rows of a batch are example-major (:mod:`simcse_kit.core.batch`): the ``V`` view
 | hardneg   | sent0, sent1, hard_neg      | view 0          | views 1, 2 | view 2   |
 | hardneg,  | sent0, sent1, hard_neg_1,   | view 0          | views      | views    |
 | k > 1     | ..., hard_neg_k             |                 | 1 .. k + 1 | 2 .. k+1 |
+| scored    | sent0, sent1 (+ score)      | view 0          | view 1     |          |
 +-----------+-----------------------------+-----------------+------------+----------+
 
 ``hardneg`` with ``k`` hard negatives per example (:func:`mode` ``(name, negatives=k)``,
 :func:`hardneg`) is the same contrast with ``V = 2 + k`` views: each anchor against all
 positives and all ``k`` negatives of every example (``N (1 + k)`` candidates), its own
 ``k`` negatives weighted. ``k = 1`` is the table's row itself, column ``hard_neg``.
+
+``scored`` pairs also carry a graded label (:attr:`Mode.score_column`): its own loss ranks
+the pairs' similarities by it (``loss.score_loss``, :mod:`simcse_kit.core.score_losses`);
+the contrast above is the optional InfoNCE term beside it (``loss.score_weight`` < 1).
 
 ``unsup`` has two forms, chosen by ``loss.unsup_loss``: ``"paper"`` is SimCSE's
 ``z1 . z2^T`` like ``sup``; ``"views"`` is NT-Xent over the 2N views (both views are the
@@ -113,11 +118,14 @@ class Mode:
             form of the supervised modes).
         views_contrast: the 2N-view form ``loss.unsup_loss: views`` selects, where the
             mode has one (views that are the same sentence); None: ``contrast`` always.
+        score_column: the data column of each example's graded label (one number per
+            example, not a view), which the collator passes as ``scores``; None: unlabelled.
     """
 
     columns: tuple[str, ...]
     contrast: Contrast
     views_contrast: Contrast | None = None
+    score_column: str | None = None
 
     def __post_init__(self) -> None:
         for form in (self.contrast, self.views_contrast):
@@ -146,6 +154,7 @@ TABLE: dict[str, Mode] = {
     "unsup": Mode(("sent0", "sent0"), PAIRED, views_contrast=Contrast(anchor_view=None, candidate_views=(0, 1))),
     "sup": Mode(("sent0", "sent1"), PAIRED),
     "hardneg": Mode(("sent0", "sent1", "hard_neg"), Contrast(anchor_view=0, candidate_views=(1, 2), weighted_views=(2,))),
+    "scored": Mode(("sent0", "sent1"), PAIRED, score_column="score"),
 }
 """Every mode, by name (the order is the config's and the CLI's)."""
 

@@ -11,6 +11,10 @@ file and line, then handed to `datasets.Dataset`. Formats, by training mode:
     number (a fixed ``V = 2 + k`` views per example keeps the batch layout one reshape);
     the dataset's columns are :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``
     (``hard_neg`` for one, as before) and :func:`negatives_of` reads ``k`` back.
+  * ``scored``: CSV or JSONL with ``sent0, sent1, score``: a graded label per pair, a
+    number in any range; with ``data.score_range: [low, high]`` a score outside it is an
+    error and the scores are mapped onto [0, 1] (:func:`scale_score`). STS-B and SICK
+    files are read by the evaluation's readers (``data.train_format``, :mod:`simcse_kit.training.inputs`).
   * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
 """
 
@@ -20,12 +24,13 @@ import csv
 import hashlib
 import io
 import logging
+import math
 import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import datasets
 import torch
@@ -68,6 +73,38 @@ def _check_row(path: Path, number: int, row: Mapping[str, object], columns: tupl
             raise DataError(f"{where(path, number)}: empty value in column {col!r}")
         out[col] = value.strip()
     return out
+
+
+def scale_score(score: float, score_range: Sequence[float] | None) -> float:
+    """``score`` mapped from ``score_range`` ``[low, high]`` onto [0, 1]; as it is without a range."""
+    if score_range is None:
+        return score
+    low, high = score_range
+    return (score - low) / (high - low)
+
+
+def check_score(value: object, path: object, number: int | None, column: str, score_range: Sequence[float] | None) -> float:
+    """One row's graded label: a finite number (or its text), inside ``score_range`` when
+    one is declared, returned scaled onto [0, 1] (:func:`scale_score`).
+
+    Raises:
+        DataError: naming the file and line: a missing, non-numeric or non-finite score,
+            or one outside the declared range.
+    """
+    if value is None:
+        raise DataError(f"{where(path, number)}: missing value for column {column!r}")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise DataError(f"{where(path, number)}: column {column!r} must be a number, got {type(value).__name__}")
+    try:
+        score = float(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        raise DataError(f"{where(path, number)}: score {value!r} (column {column!r}) is not a number") from None
+    if not math.isfinite(score):
+        raise DataError(f"{where(path, number)}: score {value!r} (column {column!r}) is not finite")
+    if score_range is not None and not score_range[0] <= score <= score_range[1]:
+        low, high = score_range
+        raise DataError(f"{where(path, number)}: score {score:g} is outside data.score_range [{low:g}, {high:g}]")
+    return scale_score(score, score_range)
 
 
 def _csv_records(reader: Iterator[list[str]], path: Path) -> Iterator[list[str]]:
@@ -137,21 +174,41 @@ def _with_negatives(path: Path, number: int, row: dict[str, str], values: list[o
     return row | _check_row(path, number, named, names)
 
 
-def read_rows(path: str | Path, columns: tuple[str, ...], hard_negatives: bool = False) -> list[dict[str, str]]:
+def read_rows(
+    path: str | Path,
+    columns: tuple[str, ...],
+    hard_negatives: bool = False,
+    score_column: str | None = None,
+    score_range: Sequence[float] | None = None,
+) -> list[dict[str, Any]]:
     """Read CSV (header row) or JSONL (one object a line) and check the columns.
 
-    With ``hard_negatives`` each row also gets its ``k`` hard negatives (``k`` read off
-    the file, the same in every row; module docstring), named
-    :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``; ``columns`` are the
-    others (``sent0, sent1``).
+    Args:
+        path: the file.
+        columns: the text columns each row must have (non-empty strings).
+        hard_negatives: each row also gets its ``k`` hard negatives (``k`` read off the
+            file, the same in every row; module docstring), named
+            :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``; ``columns`` are
+            then the others (``sent0, sent1``).
+        score_column: also a numeric column, the pair's graded label
+            (:func:`check_score`), returned as a float; None: text columns only.
+        score_range: the scores' declared ``[low, high]``, mapped onto [0, 1]; None: as read.
     """
     path = Path(path)
-    rows: list[dict[str, str]] = []
+    rows: list[dict[str, Any]] = []
+    required = columns if score_column is None else (*columns, score_column)
     k = 0
+
+    def check(number: int, row: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = _check_row(path, number, row, columns)
+        if score_column is not None:
+            out[score_column] = check_score(row.get(score_column), path, number, score_column, score_range)
+        return out
+
     if path.suffix.lower() in (".jsonl", ".json"):
-        wanted = [*columns, NEGATIVE] if hard_negatives else list(columns)
+        wanted = [*required, NEGATIVE] if hard_negatives else list(required)
         for number, obj in read_json_objects(path, keys=f" with keys {wanted}"):
-            row = _check_row(path, number, obj, columns)
+            row = check(number, obj)
             if hard_negatives:
                 values = _json_negatives(path, number, obj)
                 k = k or len(values)
@@ -160,15 +217,15 @@ def read_rows(path: str | Path, columns: tuple[str, ...], hard_negatives: bool =
     else:
         lines = read_lines(path)
         if not lines:
-            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}")
+            raise DataError(f"{path}: empty file; expected a header row with {list(required)}")
         text = "\n".join(line for _, line in lines)
         reader = csv.reader(io.StringIO(text))
         records = _csv_records(reader, path)
         try:
             header = [h.strip() for h in next(records)]
         except StopIteration:
-            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
-        missing = [c for c in columns if c not in header]
+            raise DataError(f"{path}: empty file; expected a header row with {list(required)}") from None
+        missing = [c for c in required if c not in header]
         negative_names: list[str] = []
         if hard_negatives:
             negative_names = _numbered_negatives(path, 1, header) or ([NEGATIVE] if NEGATIVE in header else [])
@@ -183,7 +240,7 @@ def read_rows(path: str | Path, columns: tuple[str, ...], hard_negatives: bool =
             if len(record) != len(header):
                 raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
             fields = dict(zip(header, record, strict=True))
-            row = _check_row(path, number, fields, columns)
+            row = check(number, fields)
             if hard_negatives:
                 row = _with_negatives(path, number, row, [fields[name] for name in negative_names], len(negative_names))
             rows.append(row)
@@ -192,16 +249,36 @@ def read_rows(path: str | Path, columns: tuple[str, ...], hard_negatives: bool =
     return rows
 
 
-def load_train_dataset(
-    source: str, mode: str, max_samples: int | None = None, sentences: Sequence[str] | None = None
+def scored_dataset(
+    sent0: Sequence[str], sent1: Sequence[str], scores: Sequence[float], score_range: Sequence[float] | None = None
 ) -> datasets.Dataset:
-    """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``.
+    """Scored pairs already read and checked (an STS-B or SICK file, say) as a ``scored``
+    training set: columns ``sent0, sent1, score``, the scores mapped from ``score_range``
+    onto [0, 1] (as they are without one)."""
+    column = modes.mode("scored").score_column
+    assert column is not None
+    return datasets.Dataset.from_dict(
+        {"sent0": list(sent0), "sent1": list(sent1), column: [scale_score(float(s), score_range) for s in scores]}
+    )
+
+
+def load_train_dataset(
+    source: str,
+    mode: str,
+    max_samples: int | None = None,
+    sentences: Sequence[str] | None = None,
+    score_range: Sequence[float] | None = None,
+) -> datasets.Dataset:
+    """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``
+    (a ``hardneg`` file's ``k`` negatives as :func:`simcse_kit.core.modes.hard_negative_columns`;
+    a scored mode's score column, a float: :func:`check_score` under ``score_range``).
 
     ``sentences``: an ``unsup`` corpus already read (the distinct sentences of a scored
     pair file, say); ``source`` then only names it.
     """
     columns = COLUMNS[mode]
     negatives = mode == modes.NEGATIVES_MODE  # k hard negatives, k read off the data
+    score_column = modes.mode(mode).score_column
     if sentences is not None:
         if mode != "unsup":
             raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
@@ -215,10 +292,14 @@ def load_train_dataset(
         if negatives:
             ds = _numbered_columns(ds, source)
             columns = modes.hardneg(negatives_of(ds.column_names)).columns
-        missing = [c for c in columns if c not in ds.column_names]
+        wanted = columns if score_column is None else (*columns, score_column)
+        missing = [c for c in wanted if c not in ds.column_names]
         if missing:
             raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
-        ds = ds.select_columns(list(columns))
+        ds = ds.select_columns(list(wanted))
+        if score_column is not None:  # checked and scaled as a file's, rows counted from 1
+            checked = [check_score(v, source, i, score_column, score_range) for i, v in enumerate(ds[score_column], 1)]
+            ds = ds.remove_columns(score_column).add_column(score_column, checked)
     elif mode == "unsup" and Path(source).suffix.lower() not in (".csv", ".jsonl", ".json"):
         sentences = read_sentences(source)
         duplicates = len(sentences) - len(set(sentences))
@@ -232,8 +313,8 @@ def load_train_dataset(
             )
         ds = datasets.Dataset.from_dict({"sent0": sentences})
     else:
-        base = tuple(c for c in columns if c != NEGATIVE)
-        rows = read_rows(source, base if negatives else columns, hard_negatives=negatives)
+        base = tuple(c for c in columns if c != NEGATIVE) if negatives else columns
+        rows = read_rows(source, base, hard_negatives=negatives, score_column=score_column, score_range=score_range)
         ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in rows[0]})
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
@@ -299,10 +380,12 @@ class ContrastiveCollator:
     ``sup``: ``[p1, e1, p2, e2, ...]``; ``hardneg``: ``[p1, e1, c1, p2, e2, c2, ...]``,
     with ``k`` negatives ``[p1, e1, c1_1, .., c1_k, p2, ...]``).
     Padding is to the longest sequence of the batch, truncation at ``max_seq_len``.
+    A mode with a score column (``scored``) also gets ``scores`` ``[N]`` float32: each
+    example's graded label, in batch order.
 
     Args:
         tokenizer: a Hugging Face tokenizer.
-        mode: ``unsup``, ``sup`` or ``hardneg``.
+        mode: a mode of :data:`simcse_kit.core.modes.TABLE` (``unsup``, ``sup``, ``hardneg``, ``scored``).
         max_seq_len: tokens per row, at most.
         with_text_ids: also add ``text_ids`` ``[B]`` int64 (row text hashes,
             :func:`simcse_kit.core.batch.text_ids`) for false-negative masking.
@@ -350,6 +433,9 @@ class ContrastiveCollator:
         out = dict(batch)
         if self.with_text_ids:
             out["text_ids"] = text_ids(raw)
+        score_column = modes.mode(self.mode).score_column
+        if score_column is not None:  # one graded label per example (not per row): the score loss's
+            out["scores"] = torch.tensor([float(ex[score_column]) for ex in examples], dtype=torch.float32)
         if self.teacher_index is not None:  # the teacher encoded the texts without prompts
             out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in raw], dtype=torch.long)
         if self.packing_plan:

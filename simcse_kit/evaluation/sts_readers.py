@@ -152,8 +152,11 @@ def read_sts_subset(folder: Path | str, subset: str, prefix: str = "STS", source
     return STSPairs(s1, s2, np.asarray(scores, dtype=np.float64))
 
 
-def read_stsb(path: Path | str) -> STSPairs:
-    """Reads one STS Benchmark split (``sts-dev.csv`` or ``sts-test.csv``).
+def read_stsb(path: Path | str, bounds: Sequence[float] | None = None) -> STSPairs:
+    """Reads one STS Benchmark split (``sts-train.csv``, ``sts-dev.csv`` or ``sts-test.csv``).
+
+    ``bounds``: the scores' allowed ``[low, high]`` (a training run's ``data.score_range``);
+    default STS's [0, 5].
 
     Fields are tab-separated with quoting disabled (sentences contain bare ``"``):
     genre, file, year, id, score, sentence1, sentence2, then possibly extra
@@ -176,7 +179,7 @@ def read_stsb(path: Path | str) -> STSPairs:
             raise DataError(f"{where(path, i)}: not valid tab-separated text ({exc})") from None
         if len(row) < 7:
             raise DataError(f"{where(path, i)}: expected at least 7 tab-separated fields, got {len(row)}")
-        scores.append(_parse_score(row[4].strip(), path, i, STS_RANGE))
+        scores.append(_parse_score(row[4].strip(), path, i, STS_RANGE if bounds is None else (bounds[0], bounds[1])))
         s1.append(_check_sentence(row[5], path, i, "sentence 1"))
         s2.append(_check_sentence(row[6], path, i, "sentence 2"))
     return STSPairs(s1, s2, np.asarray(scores, dtype=np.float64))
@@ -185,7 +188,7 @@ def read_stsb(path: Path | str) -> STSPairs:
 _SICK_COLUMNS = ("sentence_A", "sentence_B", "relatedness_score")
 
 
-def read_sick(path: Path | str, semeval_set: str | None = None) -> STSPairs:
+def read_sick(path: Path | str, semeval_set: str | None = None, bounds: Sequence[float] | None = None) -> STSPairs:
     """Reads a SentEval SICK file (``SICK_test_annotated.txt``) for relatedness.
 
     The first line is a tab-separated header naming at least ``sentence_A``,
@@ -196,6 +199,8 @@ def read_sick(path: Path | str, semeval_set: str | None = None) -> STSPairs:
         semeval_set: Keep only the rows whose ``SemEval_set`` column holds this
             value (``"TEST"`` picks the test pairs out of the full ``SICK.txt``);
             default every row.
+        bounds: the scores' allowed ``[low, high]`` (a training run's
+            ``data.score_range``); default SICK's [1, 5].
 
     Raises:
         DataError: Missing, empty or non-UTF-8 file; a header without the needed
@@ -223,7 +228,7 @@ def read_sick(path: Path | str, semeval_set: str | None = None) -> STSPairs:
             raise DataError(f"{where(path, i)}: expected {len(header)} tab-separated fields, got {len(fields)}")
         if semeval_set is not None and fields[iset].strip() != semeval_set:
             continue
-        scores.append(_parse_score(fields[iscore].strip(), path, i, SICK_RANGE))
+        scores.append(_parse_score(fields[iscore].strip(), path, i, SICK_RANGE if bounds is None else (bounds[0], bounds[1])))
         s1.append(_check_sentence(fields[ia], path, i, "sentence_A"))
         s2.append(_check_sentence(fields[ib], path, i, "sentence_B"))
     if not scores:
@@ -270,12 +275,13 @@ def pairs_from_columns(
     return STSPairs(s1, s2, np.asarray(gold, dtype=np.float64))
 
 
-_READER_OF: dict[str, Callable[[Path | str], STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
-PAIR_READERS: dict[str, Callable[[Path | str], STSPairs]] = {fmt: _READER_OF[fmt] for fmt in PAIR_FORMATS}
+_READER_OF: dict[str, Callable[..., STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
+PAIR_READERS: dict[str, Callable[..., STSPairs]] = {fmt: _READER_OF[fmt] for fmt in PAIR_FORMATS}
 """The readers of one scored-pair file by format: what a training run may name as its dev
 split (``data.dev_format``) or read sentences from (``data.train_format``). The names are
 the config's (:data:`simcse_kit.config.run.PAIR_FORMATS`, which the config checks); a name
-without a reader fails here, at import."""
+without a reader fails here, at import. Each takes the path and, optionally, ``bounds=``
+(the scores' allowed range)."""
 
 
 def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.config.run import RunConfig
 from simcse_kit.core.batch import view_columns
-from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of
+from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of, scored_dataset
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
 from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
@@ -36,16 +36,26 @@ logger = logging.getLogger(__name__)
 
 def load_training_data(cfg: RunConfig) -> datasets.Dataset:
     """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
-    the distinct sentences of that scored pair file, scores unused: a domain's unlabelled
-    text), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus)."""
+    that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
+    unlabelled text; in ``scored`` its pairs and scores, checked against
+    ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus)."""
     data = cfg.data
     sentences = None
-    if data.train_format != "auto":
-        pairs = PAIR_READERS[data.train_format](data.train_file)
-        sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
-    dataset = load_train_dataset(data.train_file, data.mode, data.max_train_samples, sentences=sentences)
+    if data.train_format != "auto" and data.mode == "scored":
+        pairs = PAIR_READERS[data.train_format](data.train_file, bounds=data.score_range)
+        dataset = scored_dataset(pairs.sentences1, pairs.sentences2, pairs.scores.tolist(), data.score_range)
+        if data.max_train_samples is not None:
+            dataset = dataset.select(range(min(data.max_train_samples, len(dataset))))
+        logger.info("loaded %d scored pairs (%s) from %s", len(dataset), data.train_format, data.train_file)
+    else:
+        if data.train_format != "auto":
+            pairs = PAIR_READERS[data.train_format](data.train_file)
+            sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
+        dataset = load_train_dataset(
+            data.train_file, data.mode, data.max_train_samples, sentences=sentences, score_range=data.score_range
+        )
     if data.mix_file is not None and data.mix_ratio > 0:
-        general = load_train_dataset(data.mix_file, data.mode)
+        general = load_train_dataset(data.mix_file, data.mode, score_range=data.score_range)
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset
 

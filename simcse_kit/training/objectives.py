@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from simcse_kit.config.run import TEACHER_LOSSES, LossConfig
-from simcse_kit.core import distributed, losses, masks, modes
+from simcse_kit.core import distributed, losses, masks, modes, score_losses
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
 from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
 
@@ -178,8 +178,73 @@ class SimCSEObjective:
         """Encode every row of a tokenised batch: ``[B, H]``; non-model keys are ignored."""
         return model(**model_inputs(batch))
 
+    @property
+    def score_weight(self) -> float:
+        """``w`` of the score term (``loss.score_weight``) in a mode with graded labels
+        (:attr:`simcse_kit.core.modes.Mode.score_column`); 0 in the others."""
+        return self.loss_cfg.score_weight if modes.mode(self.mode).score_column is not None else 0.0
+
     def loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
-        """The loss of a batch's embeddings ``[B, H]`` (rows in batch order).
+        """The loss of a batch's embeddings ``[B, H]`` (rows in batch order): the contrastive
+        loss (:meth:`contrastive_loss`), and in a scored mode ``(1 - w) * contrastive + w *``
+        :meth:`score_loss` with ``w`` = :attr:`score_weight` (the score loss alone at 1).
+
+        A function of the full batch's embeddings, so GradCache (which calls it on the
+        cached ``[B, H]``) and several processes (which gather inside it) take either term.
+
+        Args:
+            embeddings: ``[N*V, H]``, example-major.
+            batch: the collated batch (``text_ids``, ``teacher_rows``, ``scores`` where needed).
+            queue: optional extra negatives of the contrastive term, ``([Q, H], [Q] text ids)``.
+        """
+        w = self.score_weight
+        if not w:
+            return self.contrastive_loss(embeddings, batch, queue)
+        score = self.score_loss(embeddings, batch)
+        if w == 1:  # the score loss alone: no InfoNCE graph is built
+            self.last_terms = {"score_loss": score.detach()}
+            return score
+        self.last_terms = {}
+        contrastive = self.contrastive_loss(embeddings, batch, queue)
+        self.last_terms = self.last_terms | {"infonce_loss": contrastive.detach(), "score_loss": score.detach()}
+        return (1 - w) * contrastive + w * score
+
+    def score_loss(self, embeddings: torch.Tensor, batch: Batch | None) -> torch.Tensor:
+        """The score-ranking loss (``loss.score_loss`` of :data:`simcse_kit.core.score_losses.SCORE_LOSSES`,
+        at ``loss.score_scale``) of the pairs ``(view 0, view 1)`` under the batch's ``scores``.
+
+        With ``loss.gather`` every process ranks all processes' pairs (gathered with
+        gradient, :func:`distributed.gather_with_grad`): the loss ranks every couple of
+        pairs of the global batch, not only each process's, and DDP's mean of the equal
+        per-process losses is that global loss. With ``loss.matryoshka_dims``, the weighted
+        sum over the prefixes, as the contrastive term.
+
+        Args:
+            embeddings: ``[N*V, H]``, example-major.
+            batch: holds ``scores`` ``[N]`` (the collator's, one per example).
+        """
+        if batch is None or "scores" not in batch:
+            raise ValueError(f"mode {self.mode!r} needs the batch's scores (ContrastiveCollator adds them)")
+        views = split_views(embeddings, self.views_per_example())
+        scores = batch["scores"].to(embeddings.device)
+        if scores.shape != (views[0].shape[0],):
+            raise ValueError(f"scores has shape {tuple(scores.shape)}; the batch has {views[0].shape[0]} pairs")
+        first, second, scores = self.gather(views[0])[0], self.gather(views[1])[0], self.gather(scores)[0]
+        rank = score_losses.SCORE_LOSSES[self.loss_cfg.score_loss]
+        dims, weights = self.loss_cfg.matryoshka_dims, self.loss_cfg.matryoshka_weights
+        if dims is None:
+            return rank(first, second, scores, scale=self.loss_cfg.score_scale)
+        weights = [1.0] * len(dims) if weights is None else weights
+        if any(not 1 <= d <= first.shape[1] for d in dims):
+            raise ValueError(f"Matryoshka dims {list(dims)} must lie in 1..{first.shape[1]} (the embedding size)")
+        terms = [
+            w * rank(first[:, :d], second[:, :d], scores, scale=self.loss_cfg.score_scale)
+            for d, w in zip(dims, weights, strict=True)
+        ]
+        return torch.stack(terms).sum()
+
+    def contrastive_loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
+        """The contrastive loss of a batch's embeddings ``[B, H]`` (rows in batch order).
 
         Args:
             embeddings: ``[N*V, H]``, example-major.

@@ -55,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
 """A collated batch: ``input_ids``, ``attention_mask`` ``[B, T]``, optional ``text_ids``
-``[B]``, ``teacher_rows`` ``[B]`` and a packing plan (:mod:`simcse_kit.core.batch`)."""
+``[B]``, ``teacher_rows`` ``[B]``, a scored mode's ``scores`` ``[N]`` (one per example) and a
+packing plan (:mod:`simcse_kit.core.batch`)."""
 Backward = Callable[[torch.Tensor], None]
 """``backward(loss)``: Accelerate's in a run, ``loss.backward()`` by default."""
 Queue = tuple[torch.Tensor, torch.Tensor | None]
