@@ -104,8 +104,11 @@ class RunConfig:
             raise_first("train", self.train, [("grad_cache_chunk", ok, "0 with loss.queue_size > 0 (use one of them)")])
         if self.data.mode == "scored" and self.loss.score_weight == 1:
             # No InfoNCE term then: what only feeds it would be silently unused.
-            raise_first("loss", self.loss, [("queue_size", self.loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)")])
-            raise_first("loss", self.loss, [("teacher", self.loss.teacher is None, "null with loss.score_weight 1 (it joins InfoNCE)")])
+            unused = [
+                ("queue_size", self.loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)"),
+                ("teacher", self.loss.teacher is None, "null with loss.score_weight 1 (it joins InfoNCE)"),
+            ]
+            raise_first("loss", self.loss, unused)
         return self
 
     def check_data(self) -> RunConfig:
