@@ -272,9 +272,6 @@ def save_best_model(
     model.save(folder, tokenizer, extra | {"step": int(metrics["step"]), "stsb_dev": metrics["stsb_dev"]})
 
 
-# --------------------------------------------------------------------------- the pieces
-
-
 def build_model(cfg: RunConfig) -> SimCSEModel:
     """The training model, seeded: a fresh MLP head is initialised at random, and a run
     (or its resume) must be reproducible from its config alone."""

@@ -20,7 +20,7 @@ def test_the_table_by_hand() -> None:
     assert modes.contrast("unsup", "paper") == modes.contrast("sup", "views") == Contrast(anchor_view=0, candidate_views=(1,))
     hardneg = modes.contrast("hardneg")
     assert (hardneg.anchor_view, hardneg.candidate_views, hardneg.weighted_view, hardneg.weighted_block) == (0, (1, 2), 2, 1)
-    assert modes.contrast("unsup").excludes_self and not hardneg.excludes_self
+    assert modes.contrast("unsup").all_rows and not hardneg.all_rows
     # Negatives per anchor among 8 examples: 2N - 2, N - 1, N - 1, 2N - 1.
     counts = [
         modes.contrast(m, u).negatives(8)

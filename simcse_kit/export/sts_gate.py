@@ -15,7 +15,7 @@ from pathlib import Path
 
 from simcse_kit.evaluation import STSEvaluator
 from simcse_kit.export.source import ExportError
-from simcse_kit.export.verify import Encode
+from simcse_kit.export.verify import TensorEncode
 from simcse_kit.recipes import senteval_dir
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 MAX_INT8_STS_DROP = 0.5
 """int8 ONNX: most the STS score (Spearman x 100, primary metric) may fall below fp32 simcse-kit."""
 
-STSScorer = Callable[[Encode], Mapping[str, float]]
+STSScorer = Callable[[TensorEncode], Mapping[str, float]]
 """An evaluator such as :class:`~simcse_kit.evaluation.STSEvaluator`: ``encode -> scores``
 (its ``primary_metric`` attribute, else ``"avg"``, names the figure the int8 gate reads)."""
 
@@ -38,14 +38,14 @@ def default_scorer(data_dir: str | Path | None = None, data_root: str | Path | N
     return STSEvaluator(senteval_dir(data_dir, data_root))
 
 
-def sts_score(evaluator: STSScorer, encode: Encode) -> tuple[float, dict[str, float]]:
+def sts_score(evaluator: STSScorer, encode: TensorEncode) -> tuple[float, dict[str, float]]:
     """``(primary figure, all figures)`` of ``evaluator`` on ``encode``."""
     scores = dict(evaluator(encode))
     key = getattr(evaluator, "primary_metric", "avg")
     return float(scores[key]), scores
 
 
-def int8_gate(evaluator: STSScorer, fp32: Encode, int8: Encode, out: Path) -> dict[str, float]:
+def int8_gate(evaluator: STSScorer, fp32: TensorEncode, int8: TensorEncode, out: Path) -> dict[str, float]:
     """Score both encoders; returns ``{"simcse-kit fp32": ..., "onnx-int8": ...}``.
 
     Raises:
