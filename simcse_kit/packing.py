@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from simcse_kit.batch import PLAN_INPUTS
 from simcse_kit.encoder_families import probe_batch
 from simcse_kit.fastpath.dropout import ATTENTION_NAME
 
