@@ -363,6 +363,7 @@ def fit(
     progress = Progress(run, cfg, step, state)
     guard = step_guard(accelerator, cfg, run.n_steps, signals)
     evaluate = Selection(accelerator, model, optimizer, evaluator, checkpoints, progress.log)
+    evaluate.resumed(state)
     model.train()
     if cfg.eval_at_start and state.global_step == 0 and not state.evals:
         evaluate(state)  # step 0: the base model is a candidate for "best" like any checkpoint

@@ -562,7 +562,8 @@ def test_run_export_card_and_cli(tmp_path: Path, bert3_dir: Path, capsys: pytest
     assert f"`{bert3_dir}`" in card  # base model
     assert "`toy.txt` (first 16 examples)" in card  # training data
     assert "unsup SimCSE" in card and "max_steps: 2" in card  # recipe
-    assert "48.12" in card  # best STS-B dev
+    # metrics.json as written before the dev metric was named: "best_stsb_dev" reads as STS-B dev.
+    assert "| best STS-B dev Spearman x 100 | 48.12 |" in card
     assert "`avg_first_last`" in card and "WeightedLayerPooling" in card
     assert "used in training only" in card
     info = json.loads((out / EXPORT_INFO).read_text())

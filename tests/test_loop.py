@@ -307,6 +307,21 @@ def test_resume_is_exact(tmp_path: Path, grad_accum: int, fast: bool) -> None:
     assert best_meta(tmp_path / "b" / "best") == best_meta(tmp_path / "a" / "best")
 
 
+def test_resume_from_a_checkpoint_that_stored_the_dev_score_as_stsb_dev(tmp_path: Path) -> None:
+    """A checkpoint written before the dev metric was named kept every dev score under
+    ``stsb_dev``: resumed, those evaluations take the evaluator's key, so the curve and
+    metrics hold one key and the run ends as an uninterrupted one."""
+    ref, _ = fit_run(tmp_path / "a", resume=False, crash_at_eval=None, grad_accum=1)
+    with pytest.raises(Crash):
+        fit_run(tmp_path / "b", resume=False, crash_at_eval=5, grad_accum=1)
+    for ckpt in (tmp_path / "b" / "ckpt").iterdir():  # as an older simcse-kit wrote them
+        saved = json.loads((ckpt / LOOP_STATE).read_text())
+        saved["evals"] = [{("stsb_dev" if k == "score" else k): v for k, v in e.items()} for e in saved["evals"]]
+        (ckpt / LOOP_STATE).write_text(json.dumps(saved))
+    state, _ = fit_run(tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=1)
+    assert state.evals == ref.evals and all("stsb_dev" not in e for e in state.evals)
+
+
 def test_resume_without_checkpoint_starts_from_scratch(tmp_path: Path) -> None:
     ref, _ = fit_run(tmp_path / "a", resume=False, crash_at_eval=None, grad_accum=2)
     again, _ = fit_run(tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=2)
