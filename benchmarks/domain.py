@@ -148,6 +148,7 @@ def dev_only(args: argparse.Namespace) -> str:
     """Each variant on each domain with ``train.final_eval`` off (training and dev
     evaluations only) into ``OUTPUT_DIR/sweep/<d>-<variant>/seed-N``; the dev table."""
     from simcse_kit.experiments import run_seeds
+    from simcse_kit.selection import dev_selection
 
     lines = [
         "| domain | variant | seed | dev at step 0 | dev: best trained | dev: end | best step | masked negatives |",
@@ -157,12 +158,12 @@ def dev_only(args: argparse.Namespace) -> str:
         for variant in (v for v in args.variants if v != "none"):
             out = args.output_dir / "sweep" / f"{domain}-{variant}"
             logger.info("=== dev only: %s-%s", domain, variant)
-            run_seeds(domain_config(domain, VARIANTS[variant] | {"final_eval": "false"}, args, out), args.seeds, quiet=True)
+            run_seeds(domain_config(domain, VARIANTS[variant] | {"final_eval": "false"}, args, out), args.seeds)
             for seed in args.seeds:
                 metrics = json.loads((out / f"seed-{seed}" / "metrics.json").read_text(encoding="utf-8"))
-                curve = dev_curve(metrics)
+                curve, at_start = dev_curve(metrics), metrics["evals"][0][dev_selection(metrics).metric]
                 lines.append(
-                    f"| {domain} | {variant} | {seed} | {metrics['evals'][0]['stsb_dev']:.2f} | {curve['dev_trained']:.2f} | "
+                    f"| {domain} | {variant} | {seed} | {at_start:.2f} | {curve['dev_trained']:.2f} | "
                     f"{curve['dev_end']:.2f} | {metrics['best_step']} | {metrics['masked_negatives']} |"
                 )
     return "\n".join(lines)

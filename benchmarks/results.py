@@ -88,8 +88,10 @@ def kit_config(mode: str, overrides: dict[str, str], args: argparse.Namespace, o
 def run_kit(mode: str, overrides: dict[str, str], args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:
     from simcse_kit.experiments import run_seeds
 
-    summary = run_seeds(kit_config(mode, overrides, args, out), args.seeds, quiet=True)
-    return {int(s): t for s, t in summary["per_seed"].items()}
+    summary = run_seeds(kit_config(mode, overrides, args, out), args.seeds)
+    # The tables' dev column (best_stsb_dev: these recipes select on STS-B dev) from the kit's best_dev_score.
+    dev = {"best_dev_score": "best_stsb_dev"}
+    return {int(s): {dev.get(k, k): v for k, v in t.items()} for s, t in summary["per_seed"].items()}
 
 
 def run_st_config(mode: str, args: argparse.Namespace, out: Path) -> dict[int, dict[str, float]]:

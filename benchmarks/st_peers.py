@@ -416,10 +416,13 @@ def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
     """From a run's dev evaluations (``metrics["evals"]``, simcse-kit's form): the best
     score of a trained checkpoint (step > 0: what training did, whether or not selection
     kept the base model) and the score at the end of training."""
+    from simcse_kit.selection import dev_selection
+
+    key = dev_selection(metrics).metric  # the run's dev metric (STS-B dev where unnamed)
     trained = [e for e in metrics["evals"] if e["step"] > 0]
     if not trained:
         return {}
-    return {"dev_trained": max(e["stsb_dev"] for e in trained), "dev_end": trained[-1]["stsb_dev"]}
+    return {"dev_trained": max(e[key] for e in trained), "dev_end": trained[-1][key]}
 
 
 def main() -> None:

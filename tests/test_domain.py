@@ -449,3 +449,14 @@ def test_the_teacher_table_states_the_average_goal_with_the_ceiling() -> None:
     assert teacher.goals("sick", stats) == (
         "sick: 7-task average of `sick-kit-similarity` 80.25 (meets the 80.0 goal; the teacher's own is 82.50)"
     )
+
+
+def test_the_benchmarks_dev_curve_reads_the_metric_a_run_names() -> None:
+    """A SICK-selected run's evaluations hold ``sick_dev``; a folder written before the
+    metric was named holds ``stsb_dev``: both give the trained checkpoints' best and last."""
+    from benchmarks.st_peers import dev_curve
+
+    scores = [(0, 70.0), (2, 74.0), (4, 72.0)]
+    sick = {"dev_metric": "sick_dev", "evals": [{"step": s, "sick_dev": v, "alignment": 0.1} for s, v in scores]}
+    older = {"best_stsb_dev": 74.0, "evals": [{"step": s, "stsb_dev": v} for s, v in scores]}
+    assert dev_curve(sick) == dev_curve(older) == {"dev_trained": 74.0, "dev_end": 72.0}
