@@ -116,11 +116,12 @@ def _train(cfg: RunConfig, overwrite: bool, train_fn: TrainFn | None) -> dict[st
     return train_fn(cfg.validate(), overwrite=overwrite)
 
 
-def dev_row(metrics: Mapping[str, Any]) -> tuple[dict[str, float], str, str]:
+def dev_row(metrics: Mapping[str, Any], cfg: RunConfig) -> tuple[dict[str, float], str, str]:
     """A finished run's STS table plus its best dev score (``best_dev_score``; NaN when no
     evaluation was usable), with the dev metric's key and label; folders written before
-    the metric was named read through :func:`~simcse_kit.selection.dev_selection`."""
-    dev = dev_selection(metrics)
+    the metric was named read through :func:`~simcse_kit.selection.dev_selection` (``cfg``,
+    the run's config, says what their dev data was)."""
+    dev = dev_selection(metrics, data={"dev_format": cfg.data.dev_format, "dev_file": cfg.data.dev_file})
     best = math.nan if dev.best is None else dev.best
     return {**metrics.get("sts", {}), "best_dev_score": best}, dev.metric, dev.label
 
@@ -170,7 +171,7 @@ def run_seeds(
         run.train.seed = seed
         run.train.output_dir = str(out / f"seed-{seed}")
         logger.info("seed %d -> %s", seed, run.train.output_dir)
-        per_seed[seed], metric, label = dev_row(_train(run, overwrite, train_fn))
+        per_seed[seed], metric, label = dev_row(_train(run, overwrite, train_fn), run)
         names.append((metric, label))
     if len(set(names)) > 1:  # one config, one dev split; a reused folder of an older kit may name it otherwise
         logger.warning("the seeds' runs name their dev metric differently (%s); the first seed's is reported", names)
@@ -243,7 +244,7 @@ def run_sweep(
                 summary = run_seeds(point, seeds, overwrite, train_fn)
                 mean, std, metric, label = summary["mean"], summary["std"], summary["dev_metric"], summary["dev_label"]
             else:
-                mean, metric, label = dev_row(_train(point, overwrite, train_fn))
+                mean, metric, label = dev_row(_train(point, overwrite, train_fn), point)
                 std = dict.fromkeys(mean, 0.0)
             results[name].append(
                 {

@@ -258,13 +258,13 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             label=evaluator.metric_label,
         )
         write_json_atomic(out / "metrics.json", metrics)
+        if run.final_sts is not None and have_best:  # the CLI prints it too (simcse_kit.cli.train)
+            logger.info("STS table of the best model:\n%s", format_table(metrics["sts"]))
         if have_best:  # the last line names only a folder that exists
             best_at = (state.best_step, evaluator.metric_label, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
             logger.info("best model (step %d, %s %.2f on %s) at %s", *best_at)
         else:
             logger.info("run finished without a best model: see the warnings above; metrics at %s", out / "metrics.json")
-        if run.final_sts is not None and have_best:  # the CLI prints it (simcse_kit.cli.train)
-            logger.info("STS table of the best model:\n%s", format_table(metrics["sts"]))
     stop_tracking(accelerator)
     return metrics
 

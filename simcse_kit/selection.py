@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -67,15 +68,20 @@ class DevSelection:
     best: float | None
 
 
-def dev_selection(metrics: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> DevSelection:
+def dev_selection(
+    metrics: Mapping[str, Any], meta: Mapping[str, Any] | None = None, data: Mapping[str, Any] | None = None
+) -> DevSelection:
     """The dev selection of a run from its ``metrics.json`` (and, where that lacks it, the
-    best model's metadata ``meta``); folders written before the metric was named (keys
-    ``best_stsb_dev`` / ``stsb_dev``) read as STS-B dev, which they measured unless the
-    recipe set another dev file.
+    best model's metadata ``meta``).
+
+    Folders written before the metric was named hold ``best_stsb_dev`` / ``stsb_dev``
+    whatever the dev data: the run config's ``data`` section, where given, says what that
+    was (``dev_format: sick`` or ``beir``); without it they read as STS-B dev, the default.
 
     Args:
         metrics: ``metrics.json`` as read (may be empty).
         meta: the best model's ``simcse_config.json`` as read, or None.
+        data: the ``data:`` section of the run's ``config.yaml``, or None.
     """
     meta = meta or {}
     for source, score_key in ((metrics, "best_dev_score"), (meta, "dev_score")):
@@ -84,21 +90,32 @@ def dev_selection(metrics: Mapping[str, Any], meta: Mapping[str, Any] | None = N
             label = source.get("dev_label", source["dev_metric"])
             return DevSelection(str(source["dev_metric"]), str(label), None if score is None else float(score))
     score = metrics.get("best_stsb_dev", meta.get(LEGACY_DEV_METRIC))
-    return DevSelection(LEGACY_DEV_METRIC, LEGACY_DEV_LABEL, None if score is None else float(score))
+    return DevSelection(LEGACY_DEV_METRIC, legacy_dev_label(data or {}), None if score is None else float(score))
+
+
+def legacy_dev_label(data: Mapping[str, Any]) -> str:
+    """What an older run's ``stsb_dev`` measured, from its config's ``data`` section."""
+    fmt, dev_file = data.get("dev_format") or "stsb", data.get("dev_file")
+    if fmt == "sick":
+        return "SICK trial Spearman x 100"
+    if fmt == "beir" and dev_file:
+        return f"{Path(str(dev_file)).name} nDCG@10 x 100"
+    return LEGACY_DEV_LABEL
 
 
 def adopt_legacy_evals(evals: list[dict[str, float]], metric: str) -> int:
     """Put the dev score of evaluations restored from a checkpoint written before the metric
-    was named (under ``stsb_dev``, whatever the dev data) under ``metric``, so a resumed
-    run's curve and metrics hold one key; returns how many were renamed."""
-    renamed = 0
+    was named (under ``stsb_dev``, whatever the dev data) under ``metric`` (a retrieval dev
+    split had it there too: the copy is dropped), so a resumed run's curve and metrics hold
+    one key; returns how many evaluations changed."""
+    changed = 0
     if metric == LEGACY_DEV_METRIC:
-        return renamed
+        return changed
     for entry in evals:
-        if metric not in entry and LEGACY_DEV_METRIC in entry:
-            entry[metric] = entry.pop(LEGACY_DEV_METRIC)
-            renamed += 1
-    return renamed
+        if LEGACY_DEV_METRIC in entry:
+            entry.setdefault(metric, entry.pop(LEGACY_DEV_METRIC))
+            changed += 1
+    return changed
 
 
 class Selection:
@@ -166,7 +183,7 @@ class Selection:
     def resumed(self, state: LoopState) -> None:
         """After a restore: evaluations of an older checkpoint take the evaluator's metric key."""
         if self.evaluator is not None and adopt_legacy_evals(state.evals, self.evaluator.primary_metric):
-            logger.info("restored evaluations: %s renamed %s", LEGACY_DEV_METRIC, self.evaluator.primary_metric)
+            logger.info("restored evaluations: their %s is now %s", LEGACY_DEV_METRIC, self.evaluator.primary_metric)
 
     def warn_if_untouched_best(self, state: LoopState) -> None:
         if self.evaluator is not None and state.best_step == 0 and state.global_step > 0:

@@ -24,7 +24,7 @@ from simcse_kit.loop import fit, prepare
 from simcse_kit.modeling import SimCSEModel
 from simcse_kit.objectives import SimCSEObjective
 from simcse_kit.run import EVAL_BATCH_SIZE, build_run, train
-from simcse_kit.selection import DevSelection, dev_selection
+from simcse_kit.selection import DevSelection, adopt_legacy_evals, dev_selection
 
 
 @pytest.mark.parametrize(
@@ -206,3 +206,19 @@ def test_dev_selection_reads_new_and_older_run_folders() -> None:
     assert dev_selection({}, {"step": 2, "stsb_dev": 77.0}).best == 77.0
     assert dev_selection({"best_dev_score": None, "dev_metric": "sick_dev"}).best is None  # no usable evaluation
     assert dev_selection({}).best is None
+    # An older folder's "stsb_dev" measured what its config's dev data was.
+    old_sick = dev_selection({"best_stsb_dev": 81.0}, data={"dev_format": "sick", "dev_file": "x/SICK_trial.txt"})
+    assert old_sick == DevSelection("stsb_dev", "SICK trial Spearman x 100", 81.0)
+    old_beir = dev_selection({"best_stsb_dev": 40.0}, data={"dev_format": "beir", "dev_file": "/d/scifact"})
+    assert old_beir.label == "scifact nDCG@10 x 100"
+
+
+def test_a_resumed_older_checkpoint_keeps_one_dev_key() -> None:
+    """Evaluations restored from a checkpoint written before the metric was named: the
+    score moves to the evaluator's key (a retrieval split's duplicate is dropped)."""
+    sick = [{"step": 0.0, "stsb_dev": 70.0, "alignment": 0.2}]
+    assert adopt_legacy_evals(sick, "sick_dev") == 1 and sick == [{"step": 0.0, "alignment": 0.2, "sick_dev": 70.0}]
+    beir = [{"step": 2.0, "stsb_dev": 40.0, "dev_ndcg@10": 40.0}]
+    assert adopt_legacy_evals(beir, "dev_ndcg@10") == 1 and beir == [{"step": 2.0, "dev_ndcg@10": 40.0}]
+    stsb = [{"step": 2.0, "stsb_dev": 80.0}]
+    assert adopt_legacy_evals(stsb, "stsb_dev") == 0 and stsb == [{"step": 2.0, "stsb_dev": 80.0}]

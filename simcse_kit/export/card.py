@@ -79,7 +79,7 @@ def hub_id(name: str) -> str | None:
 def training_rows(source: ExportSource) -> str:
     """The training table's rows after ``objective`` and ``training data``: what is known."""
     cfg, metrics, meta = source.run_config, source.metrics, source.meta
-    dev = dev_selection(metrics, meta)  # what picked the best model (STS-B dev in older folders)
+    dev = dev_selection(metrics, meta, cfg.get("data"))  # what picked the best model (older folders: from the config)
     loss_cfg, train_cfg = cfg.get("loss", {}), cfg.get("train", {})
     rows = [
         ("temperature", loss_cfg.get("temperature")),
