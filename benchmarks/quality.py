@@ -29,6 +29,7 @@ from typing import Any
 from benchmarks._common import REPO, machine, setup_run
 from benchmarks.st_peers import dev_curve, resolve_precision, retrieval_row, run_settings, run_st
 from simcse_kit.config.run import DEFAULT_MODEL
+from simcse_kit.training.selection import dev_selection
 
 DEV_KEY, TIE_KEY = "best_stsb_dev", "dev_trained"  # the only keys the learning-rate choice reads
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark", "": "STSBenchmark"}  # each domain's test column
@@ -70,14 +71,17 @@ for _mode in ("unsup", "sup", "hardneg"):
         _STS_ROWS[f"kit-{_mode}{_suffix}"] = Row(_mode, _extra)
 _STS_ROWS["kit-unsup-fp32"] = Row("unsup", {"mixed_precision": "no", "bf16_weights": "false"})
 _DOMAIN_ROWS = {
-    "domain": Row("domain/{d}"), "wiki": Row("domain/{d}", {"train_file": WIKI, "train_format": "auto"}),
+    "domain": Row("domain/{d}"),
+    "wiki": Row("domain/{d}", {"train_file": WIKI, "train_format": "auto"}),
     "domain-rep": Row("domain/{d}", {"word_repetition": "0.32"}),
-    "mix50": Row("domain/{d}", {"mix_file": WIKI, "mix_ratio": "0.5"}), "tau0.1": Row("domain/{d}", {"temperature": "0.1"}),
+    "mix50": Row("domain/{d}", {"mix_file": WIKI, "mix_ratio": "0.5"}),
+    "tau0.1": Row("domain/{d}", {"temperature": "0.1"}),
     "fnt0.8": Row("domain/{d}", {"false_negative_threshold": "0.8"}),
     **{f"st-{loss}": Row("domain/{d}", peer=loss) for loss in ("mnrl", "tsdae", "ct")},
 }
 _TEACHER_ROWS = {
-    "kit-unsup": Row("domain/{d}"), "kit-similarity": Row("teacher/{d}", teacher=True),
+    "kit-unsup": Row("domain/{d}"),
+    "kit-similarity": Row("teacher/{d}", teacher=True),
     "kit-embedding": Row("teacher/{d}", {"teacher_loss": "embedding"}, teacher=True),
     "kit-similarity+simcse": Row("teacher/{d}", {"teacher_weight": "0.5"}, teacher=True),
     "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
@@ -231,9 +235,13 @@ def run_job(job: Job) -> dict[str, float]:
         if folder.is_dir():  # stopped part-way: the kit refuses to write over it
             logger.warning("removing the unfinished run in %s", folder)
             shutil.rmtree(folder)
-        run_seeds(cfg, [job.seed], quiet=True)
+        run_seeds(cfg, [job.seed])
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
-    row = {**metrics.get("sts", {}), DEV_KEY: float(metrics["best_stsb_dev"]), "best_step": float(metrics["best_step"])}
+    row = {
+        **metrics.get("sts", {}),
+        DEV_KEY: float(dev_selection(metrics).score or float("nan")),
+        "best_step": float(metrics["best_step"]),
+    }
     row |= {"train_seconds": float(metrics["train_seconds"])} | dev_curve(metrics)
     if job.retrieval and not job.dev_only:
         row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
@@ -310,7 +318,9 @@ class TableResults:
 
 
 def sweep_and_run(
-    rows: Mapping[str, Callable[[float, int, bool], Job]], lrs: Sequence[float], args: argparse.Namespace,
+    rows: Mapping[str, Callable[[float, int, bool], Job]],
+    lrs: Sequence[float],
+    args: argparse.Namespace,
     extra: Sequence[Job] = (),
 ) -> TableResults:
     """Each row (``job(lr, seed, sweep)``) at each of ``lrs`` for ``args.sweep_seed``, dev only."""
@@ -331,9 +341,11 @@ def sweep_and_run(
     done = {name: {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables} for name in kept}
     lost += [j.name for j in [*extra, *jobs.values()] if j.name not in tables]
     return TableResults(
-        sweep={name: sweep[name] for name in kept}, chosen=chosen,
+        sweep={name: sweep[name] for name in kept},
+        chosen=chosen,
         rows={name: per_seed for name, per_seed in done.items() if per_seed},
-        extra={j.name: tables[j.name] for j in extra if j.name in tables}, lost=lost,
+        extra={j.name: tables[j.name] for j in extra if j.name in tables},
+        lost=lost,
     )
 
 
@@ -366,10 +378,16 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
         opts["train_file"] = str(args.mined)
     label, sweep_dir = f"{domain}-{name}" if domain else name, "sweep" if sweep else ""
     return Job(
-        name=str(Path(sweep_dir, label, lr_tag(lr), f"seed-{seed}")), kind="st" if row.peer else "kit",
-        recipe=str(recipe_path(row, domain)), overrides=row_overrides(opts, args), seed=seed,
-        out=str(args.output_dir / sweep_dir / label / lr_tag(lr)), loss=row.peer,
-        precision=args.st_precision if row.peer else "", retrieval=() if sweep else tuple(args.tasks), dev_only=sweep,
+        name=str(Path(sweep_dir, label, lr_tag(lr), f"seed-{seed}")),
+        kind="st" if row.peer else "kit",
+        recipe=str(recipe_path(row, domain)),
+        overrides=row_overrides(opts, args),
+        seed=seed,
+        out=str(args.output_dir / sweep_dir / label / lr_tag(lr)),
+        loss=row.peer,
+        precision=args.st_precision if row.peer else "",
+        retrieval=() if sweep else tuple(args.tasks),
+        dev_only=sweep,
     )
 
 
@@ -451,9 +469,16 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
-        "data_root": str(args.data_root), "seeds": args.seeds, "steps": args.steps, "retrieval_tasks": args.task_names,
-        "st_precision": resolve_precision(args.st_precision), "learning_rates": lrs, "chosen_learning_rates": made.chosen,
-        "sweep": sweep, "lost": made.lost, "results": results,
+        "data_root": str(args.data_root),
+        "seeds": args.seeds,
+        "steps": args.steps,
+        "retrieval_tasks": args.task_names,
+        "st_precision": resolve_precision(args.st_precision),
+        "learning_rates": lrs,
+        "chosen_learning_rates": made.chosen,
+        "sweep": sweep,
+        "lost": made.lost,
+        "results": results,
     }
 
 

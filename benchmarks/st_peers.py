@@ -316,8 +316,14 @@ def retrieval_row(results: Mapping[str, float], tasks: Sequence[str]) -> dict[st
 
 
 def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
-    """The best trained checkpoint's dev score (step > 0) and the end's, from a run's dev evaluations."""
+    """From a run's dev evaluations (``metrics["evals"]``, simcse-kit's form): the best
+    score of a trained checkpoint (step > 0: what training did, whether or not selection
+    kept the base model) and the score at the end of training."""
+    from simcse_kit.training.selection import dev_selection
+
+    key = dev_selection(metrics).metric  # the run's dev metric (STS-B dev where unnamed)
     trained = [e for e in metrics["evals"] if e["step"] > 0]
     if not trained:
         return {}
-    return {"dev_trained": max(e["stsb_dev"] for e in trained), "dev_end": trained[-1]["stsb_dev"]}
+    return {"dev_trained": max(e[key] for e in trained), "dev_end": trained[-1][key]}
+

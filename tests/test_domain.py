@@ -14,10 +14,13 @@ import datasets
 import pytest
 from conftest import REPO, TinyRun, toy_sentences
 
+import simcse_kit.training.run
 from simcse_kit.config.run import load_config
 from simcse_kit.data.readers import mix_datasets
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation import DevEvaluator
+from simcse_kit.export.card import training_rows
+from simcse_kit.export.source import find_source
 from simcse_kit.training.run import load_training_data
 
 
@@ -46,7 +49,9 @@ def write_sick(path: Path, pairs: list[tuple[str, str]]) -> Path:
     return path
 
 
-def test_a_domain_run_trains_on_the_distinct_sentences_and_selects_on_its_dev_split(tmp_path: Path, tiny_run: TinyRun) -> None:
+def test_a_domain_run_trains_on_the_distinct_sentences_and_selects_on_its_dev_split(
+    tmp_path: Path, tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sents = toy_sentences(30)
     pairs = [(sents[i], sents[i + 1]) for i in range(20)]  # 21 distinct sentences, most in two pairs
     sick = write_sick(tmp_path / "sick_train.txt", pairs)
@@ -58,11 +63,37 @@ def test_a_domain_run_trains_on_the_distinct_sentences_and_selects_on_its_dev_sp
     assert len(mixed) == 42  # 21 in-domain + 21 of the 64 general sentences
     # The dev split is the SICK file, not STS-B dev.
     assert DevEvaluator(cfg.data.eval_data_dir, path=cfg.data.dev_file, fmt="sick").pairs.sentences1 == sents[:12]
+    figures: dict[str, tuple] = {}
+
+    def recorded(name: str) -> object:
+        draw = getattr(simcse_kit.training.run, name)
+
+        def record(*args: object, **kwargs: object) -> object:
+            figures[name] = (args, kwargs)
+            return draw(*args, **kwargs)
+
+        return record
+
+    for name in ("plot_training_curves", "plot_trajectory"):  # what the run's figures are drawn with
+        monkeypatch.setattr(simcse_kit.training.run, name, recorded(name))
     metrics = tiny_run.train(
         "mixed-rep", **overrides, mix_file=tiny_run.folder / "train.txt", mix_ratio=0.5, word_repetition=0.32
     )
     assert metrics["steps"] == 3 * (42 // 8)  # 3 epochs of 5 full batches of the mixed set
     assert len(metrics["evals"]) >= 2 and "sts" in metrics
+    # Selected on SICK trial Spearman, and named so: metrics.json, best model, card, curves.
+    run = tiny_run.folder / "mixed-rep"
+    assert json.loads((run / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
+    assert (metrics["dev_metric"], metrics["dev_label"]) == ("sick_dev", "SICK trial Spearman x 100")
+    assert "best_stsb_dev" not in metrics and not any("stsb_dev" in e for e in metrics["evals"])
+    assert metrics["best_dev_score"] == max(e["sick_dev"] for e in metrics["evals"])
+    meta = json.loads((run / "best_model" / "simcse_config.json").read_text())
+    assert (meta["dev_metric"], meta["dev_label"]) == ("sick_dev", "SICK trial Spearman x 100")
+    assert (meta["step"], meta["dev_score"]) == (metrics["best_step"], metrics["best_dev_score"])
+    rows = training_rows(find_source(run))
+    assert f"| best SICK trial Spearman x 100 | {metrics['best_dev_score']:.2f} |" in rows and "STS-B dev" not in rows
+    (_, curves), (trajectory, _) = figures["plot_training_curves"], figures["plot_trajectory"]
+    assert curves["label"] == "SICK trial Spearman x 100" and trajectory[2] == "SICK trial, unsup"
 
 
 def test_domain_options_are_validated(tiny_run: TinyRun) -> None:
@@ -414,3 +445,14 @@ def test_the_teacher_table_has_its_rows_on_one_protocol(tmp_path: Path) -> None:
     sweep = quality.row_job("teacher", "stsb", "kit-embedding", 1e-4, 1, True, args)
     assert sweep.dev_only and sweep.retrieval == ()
     assert sweep.out == str(tmp_path / "out" / "sweep" / "stsb-kit-embedding" / "lr1e-04")
+
+
+def test_the_benchmarks_dev_curve_reads_the_metric_a_run_names() -> None:
+    """A SICK-selected run's evaluations hold ``sick_dev``; a folder written before the
+    metric was named holds ``stsb_dev``: both give the trained checkpoints' best and last."""
+    from benchmarks.st_peers import dev_curve
+
+    scores = [(0, 70.0), (2, 74.0), (4, 72.0)]
+    sick = {"dev_metric": "sick_dev", "evals": [{"step": s, "sick_dev": v, "alignment": 0.1} for s, v in scores]}
+    older = {"best_stsb_dev": 74.0, "evals": [{"step": s, "stsb_dev": v} for s, v in scores]}
+    assert dev_curve(sick) == dev_curve(older) == {"dev_trained": 74.0, "dev_end": 72.0}

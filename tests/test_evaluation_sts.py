@@ -187,7 +187,7 @@ def test_dev_evaluator_known_answer(tmp_path: Path) -> None:
     dev, table = pair_table([0.1, 0.2, 0.3, 0.4], "dev")
     write_stsb(tmp_path / "STS" / "STSBenchmark" / "sts-dev.csv", dev, [0.5, 4.0, 2.0, 4.5])
     evaluator = DevEvaluator(tmp_path, batch_size=3)
-    assert evaluator.primary_metric == "stsb_dev"
+    assert (evaluator.primary_metric, evaluator.metric_label) == ("stsb_dev", "STS-B dev Spearman x 100")
     encoder = VectorEncoder(table)
     results = evaluator(encoder)
     assert results.keys() == {"stsb_dev", "alignment", "uniformity"}

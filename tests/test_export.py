@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import save_tiny_bert, toy_sentences, write_tiny_senteval
 from transformers import AutoModel, AutoTokenizer
 
@@ -27,6 +28,7 @@ from simcse_kit.data.readers import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import format_table
 from simcse_kit.export import EXPORT_INFO, ExportError, export_model, exporter, folder, sts_gate
+from simcse_kit.export.card import training_rows
 from simcse_kit.model.inference import Encoder, SentenceTransformerEncoder, load_encoder
 from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
 from simcse_kit.training.objectives import SimCSEObjective
@@ -597,7 +599,14 @@ def test_run_export_card_and_cli(tmp_path: Path, bert3_dir: Path, capsys: pytest
     assert f"`{bert3_dir}`" in card  # base model
     assert "`toy.txt` (first 16 examples)" in card  # training data
     assert "unsup SimCSE" in card and "max_steps: 2" in card  # recipe
-    assert "48.12" in card  # best STS-B dev
+    # metrics.json as written before the dev metric was named: "best_stsb_dev" reads as STS-B dev
+    # (the run's config names no other dev data) ...
+    assert "| best STS-B dev Spearman x 100 | 48.12 |" in card
+    # ... and as SICK trial where the config selected on a SICK file.
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"] |= {"dev_file": "SICK_trial.txt", "dev_format": "sick"}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert "| best SICK trial Spearman x 100 | 48.12 |" in training_rows(export_mod.find_source(run))
     assert "`avg_first_last`" in card and "WeightedLayerPooling" in card
     assert "used in training only" in card
     info = json.loads((out / EXPORT_INFO).read_text())

@@ -487,5 +487,5 @@ def test_a_run_without_a_usable_evaluation_names_no_missing_folder(
     last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.training.run"][-1]
     assert "best_model" not in last and "without a best model" in last
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["best_stsb_dev"] is None and "best_stsb_dev = -inf" in metrics["non_finite"]["written_as_null"]
+    assert metrics["best_dev_score"] is None and "best_dev_score = -inf" in metrics["non_finite"]["written_as_null"]
     assert "sts" not in metrics

@@ -131,6 +131,19 @@ def test_accumulation_equals_a_big_batch() -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
 
 
+def test_accumulation_remainder_steps_and_every_batch_is_seen() -> None:
+    """10 batches an epoch with grad_accum 3: Accelerate steps after batches 3, 6, 9 and on
+    the lone 10th (the loader's end syncs), so 4 steps an epoch. Two epochs take 8 steps,
+    train on every batch of both, and the linear schedule reaches 0 at the last step."""
+    cfg = LoopConfig(learning_rate=1e-2, num_epochs=2, grad_accum=3, log_steps=1, eval_steps=0, progress_bar=False)
+    run = prepare(Toy(), toy_loader(4), cfg)
+    assert len(run.loader) == N_EXAMPLES // 4 == 10 and run.n_steps == 2 * 4
+    state = fit(run, mse_step, cfg)
+    assert state.global_step == 8 and [s for s, _ in state.losses] == list(range(1, 9))
+    assert state.rows_seen == 2 * N_EXAMPLES and (state.epoch, state.batches_in_epoch) == (1, 10)
+    assert run.scheduler.get_last_lr()[0] == 0.0
+
+
 def test_evaluations_pick_the_best_model(tmp_path: Path) -> None:
     """Scores 1, 3, 2, 5, 4 at steps 2, 4, 6, 8 and 10 (the final one): the best is step
     8, saved with its metrics; the model is saved at each improvement only."""
@@ -269,7 +282,7 @@ def fit_run(out: Path, *, resume: bool, crash_at_eval: int | None, grad_accum: i
     return state, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize(("grad_accum", "fast"), [(1, False), (2, False), (1, True)])
+@pytest.mark.parametrize(("grad_accum", "fast"), [(1, False), (2, False), (3, False), (1, True)])
 def test_resume_is_exact(tmp_path: Path, grad_accum: int, fast: bool) -> None:
     """The loop restores weights, optimizer, schedule, RNG (dropout), the shuffled order
     and the position inside the epoch: a crash mid-epoch 1 and a resume end bit-equal.
@@ -280,7 +293,7 @@ def test_resume_is_exact(tmp_path: Path, grad_accum: int, fast: bool) -> None:
         fit_run(tmp_path / "b", resume=False, crash_at_eval=5, grad_accum=grad_accum, fast=fast)  # at step 8
     assert sorted(p.name for p in (tmp_path / "b" / "ckpt").iterdir()) == ["step-3", "step-6"]
     state, weights = fit_run(tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=grad_accum, fast=fast)
-    assert state.global_step == ref_state.global_step == 30 // grad_accum
+    assert state.global_step == ref_state.global_step == 3 * math.ceil(10 / grad_accum)  # 3 epochs of 10 batches
     assert state.losses == ref_state.losses and state.evals == ref_state.evals
     for key in ("best_step", "best_score", "rows_seen"):
         assert getattr(state, key) == getattr(ref_state, key), key
@@ -292,6 +305,21 @@ def test_resume_is_exact(tmp_path: Path, grad_accum: int, fast: bool) -> None:
     for key, value in want.items():
         assert torch.equal(value, got[key]), key
     assert best_meta(tmp_path / "b" / "best") == best_meta(tmp_path / "a" / "best")
+
+
+def test_resume_from_a_checkpoint_that_stored_the_dev_score_as_stsb_dev(tmp_path: Path) -> None:
+    """A checkpoint written before the dev metric was named kept every dev score under
+    ``stsb_dev``: resumed, those evaluations take the evaluator's key, so the curve and
+    metrics hold one key and the run ends as an uninterrupted one."""
+    ref, _ = fit_run(tmp_path / "a", resume=False, crash_at_eval=None, grad_accum=1)
+    with pytest.raises(Crash):
+        fit_run(tmp_path / "b", resume=False, crash_at_eval=5, grad_accum=1)
+    for ckpt in (tmp_path / "b" / "ckpt").iterdir():  # as an older simcse-kit wrote them
+        saved = json.loads((ckpt / LOOP_STATE).read_text())
+        saved["evals"] = [{("stsb_dev" if k == "score" else k): v for k, v in e.items()} for e in saved["evals"]]
+        (ckpt / LOOP_STATE).write_text(json.dumps(saved))
+    state, _ = fit_run(tmp_path / "b", resume=True, crash_at_eval=None, grad_accum=1)
+    assert state.evals == ref.evals and all("stsb_dev" not in e for e in state.evals)
 
 
 def test_resume_without_checkpoint_starts_from_scratch(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ def test_the_table_by_hand() -> None:
     hardneg = modes.contrast("hardneg")
     got = (hardneg.anchor_view, hardneg.candidate_views, hardneg.weighted_views, hardneg.weighted_blocks)
     assert got == (0, (1, 2), (2,), (1,))
-    assert modes.contrast("unsup").excludes_self and not hardneg.excludes_self
+    assert modes.contrast("unsup").all_rows and not hardneg.all_rows
     # Negatives per anchor among 8 examples: 2N - 2, N - 1, N - 1, 2N - 1.
     counts = [
         modes.contrast(m, u).negatives(8)

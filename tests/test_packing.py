@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_sentences
+from torch import nn
 from transformers import AutoTokenizer, RobertaConfig, RobertaModel
 
 from simcse_kit.config.run import ModelConfig
@@ -111,7 +112,11 @@ def test_packing_with_fast_dropout_attention(tiny_model_dir: Path) -> None:
     torch.manual_seed(0)
     packed = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), dropout=1e-9, packing=True))
     for m in (padded, packed):
-        enable_fast_dropout(m)  # a rate that rounds to 0: the explicit attention path, nothing dropped
+        dropouts = sum(type(d) is nn.Dropout for d in m.modules())
+        # A rate that rounds to 0: the explicit attention path, nothing dropped. A fallback
+        # (0 swapped) would compare padded with padded and prove nothing.
+        assert dropouts > 0 and enable_fast_dropout(m) == dropouts
+        assert not any(type(d) is nn.Dropout for d in m.modules())
         m.train()
     torch.testing.assert_close(packed(**batch), padded(**batch), atol=1e-5, rtol=0)
 

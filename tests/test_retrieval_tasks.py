@@ -106,11 +106,15 @@ def test_a_run_selects_on_a_beir_dev_split(tmp_path: Path, tiny_run) -> None:  #
     folder = write_beir(tmp_path / "dev", corpus, queries, {"dev": {f"q{i}": {f"d{i}": 1} for i in range(10)}})
     metrics = tiny_run.train("beir-dev", dev_file=folder, dev_format="beir", num_epochs=1, final_eval=False)
     evals = metrics["evals"]
-    assert len(evals) >= 2 and all(e["stsb_dev"] == e["dev_ndcg@10"] for e in evals)
-    assert metrics["best_stsb_dev"] == max(e["stsb_dev"] for e in evals)
-    # The saved best model scores what selected it.
+    # Selected on the folder's dev nDCG@10, and named so (no STS-B key anywhere).
+    assert (metrics["dev_metric"], metrics["dev_label"]) == ("dev_ndcg@10", "dev dev nDCG@10 x 100")
+    assert len(evals) >= 2 and not any("stsb_dev" in e for e in evals) and "best_stsb_dev" not in metrics
+    assert metrics["best_dev_score"] == max(e["dev_ndcg@10"] for e in evals)
+    # The saved best model scores what selected it, and says what that was.
     best = load_encoder(tiny_run.folder / "beir-dev")
-    assert RetrievalDevEvaluator(folder)(best.encode)["stsb_dev"] == pytest.approx(metrics["best_stsb_dev"], abs=1e-3)
+    assert RetrievalDevEvaluator(folder)(best.encode)["dev_ndcg@10"] == pytest.approx(metrics["best_dev_score"], abs=1e-3)
+    meta = json.loads((tiny_run.folder / "beir-dev" / "best_model" / "simcse_config.json").read_text())
+    assert (meta["dev_metric"], meta["dev_label"]) == ("dev_ndcg@10", "dev dev nDCG@10 x 100")
 
 
 def test_evaluate_retrieval_with_faiss_gives_the_exact_numbers(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -24,6 +24,7 @@ from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.loop import fit, prepare
 from simcse_kit.training.objectives import SimCSEObjective
 from simcse_kit.training.run import EVAL_BATCH_SIZE, build_run, train
+from simcse_kit.training.selection import DevSelection, adopt_legacy_evals, dev_selection
 
 
 @pytest.mark.parametrize(
@@ -67,8 +68,10 @@ def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
     run = tiny_run.folder / "run"
     assert json.loads((run / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
     assert set(metrics) == {
+        "dev_metric",
+        "dev_label",
         "best_step",
-        "best_stsb_dev",
+        "best_dev_score",
         "steps",
         "train_seconds",
         "examples_per_second",
@@ -91,11 +94,13 @@ def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
     assert [e["step"] for e in metrics["evals"]] == [0.0, 3.0, 6.0, 8.0]  # step 0: the untouched model
     assert all(set(e) == {"step", "stsb_dev", "alignment", "uniformity"} for e in metrics["evals"])
     best = max(metrics["evals"], key=lambda e: e["stsb_dev"])
-    assert (metrics["best_step"], metrics["best_stsb_dev"]) == (best["step"], best["stsb_dev"])
+    assert (metrics["best_step"], metrics["best_dev_score"]) == (best["step"], best["stsb_dev"])
+    assert (metrics["dev_metric"], metrics["dev_label"]) == ("stsb_dev", "STS-B dev Spearman x 100")
     assert metrics["sentences_per_second"] == pytest.approx(2 * metrics["examples_per_second"])  # unsup: 2 views
     assert [s for s, _ in metrics["losses"]] == list(range(1, 9))  # log_steps 1
     meta = json.loads((run / "best_model" / "simcse_config.json").read_text())
-    assert (meta["step"], meta["stsb_dev"], meta["mode"]) == (metrics["best_step"], metrics["best_stsb_dev"], "unsup")
+    assert (meta["step"], meta["dev_score"], meta["mode"]) == (metrics["best_step"], metrics["best_dev_score"], "unsup")
+    assert (meta["dev_metric"], meta["dev_label"]) == ("stsb_dev", "STS-B dev Spearman x 100")
     sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)(load_encoder(run / "best_model").encode)
     assert sts == metrics["sts"]
     # config.yaml records what ran: "auto" switches as decided on this machine
@@ -188,3 +193,32 @@ def test_final_eval_off_skips_only_the_sts_table(tiny_run: TinyRun, tmp_path: Pa
     without = train(cfg)
     assert "sts" not in without and "sts" in with_table
     assert without["evals"] == with_table["evals"] and without["best_step"] == with_table["best_step"]
+
+
+def test_dev_selection_reads_new_and_older_run_folders() -> None:
+    """What selected a run's best model, from metrics.json or the best model's metadata; the
+    keys of folders written before the metric was named read as STS-B dev."""
+    new = {"dev_metric": "sick_dev", "dev_label": "SICK trial Spearman x 100", "best_dev_score": 81.5}
+    assert dev_selection(new) == DevSelection("sick_dev", "SICK trial Spearman x 100", 81.5)
+    meta = {"step": 4, "dev_metric": "dev_ndcg@10", "dev_label": "scifact dev nDCG@10 x 100", "dev_score": 40.0}
+    assert dev_selection({}, meta) == DevSelection("dev_ndcg@10", "scifact dev nDCG@10 x 100", 40.0)
+    assert dev_selection({"best_stsb_dev": 79.0}, {"stsb_dev": 1.0}) == DevSelection("stsb_dev", "STS-B dev Spearman x 100", 79.0)
+    assert dev_selection({}, {"step": 2, "stsb_dev": 77.0}).best == 77.0
+    assert dev_selection({"best_dev_score": None, "dev_metric": "sick_dev"}).best is None  # no usable evaluation
+    assert dev_selection({}).best is None
+    # An older folder's "stsb_dev" measured what its config's dev data was.
+    old_sick = dev_selection({"best_stsb_dev": 81.0}, data={"dev_format": "sick", "dev_file": "x/SICK_trial.txt"})
+    assert old_sick == DevSelection("stsb_dev", "SICK trial Spearman x 100", 81.0)
+    old_beir = dev_selection({"best_stsb_dev": 40.0}, data={"dev_format": "beir", "dev_file": "/d/scifact"})
+    assert old_beir.label == "scifact nDCG@10 x 100"
+
+
+def test_a_resumed_older_checkpoint_keeps_one_dev_key() -> None:
+    """Evaluations restored from a checkpoint written before the metric was named: the
+    score moves to the evaluator's key (a retrieval split's duplicate is dropped)."""
+    sick = [{"step": 0.0, "stsb_dev": 70.0, "alignment": 0.2}]
+    assert adopt_legacy_evals(sick, "sick_dev") == 1 and sick == [{"step": 0.0, "alignment": 0.2, "sick_dev": 70.0}]
+    beir = [{"step": 2.0, "stsb_dev": 40.0, "dev_ndcg@10": 40.0}]
+    assert adopt_legacy_evals(beir, "dev_ndcg@10") == 1 and beir == [{"step": 2.0, "dev_ndcg@10": 40.0}]
+    stsb = [{"step": 2.0, "stsb_dev": 80.0}]
+    assert adopt_legacy_evals(stsb, "stsb_dev") == 0 and stsb == [{"step": 2.0, "stsb_dev": 80.0}]

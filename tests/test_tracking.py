@@ -153,6 +153,12 @@ def test_training_curves_figure() -> None:
         assert any(list(line.get_xdata()) == [2, 2] for line in ax.lines)
     assert bottom.get_ylabel() == "stsb_dev" and top.get_title() == "t"
     pyplot().close(fig)
+    # The dev axis says what the metric measures where the run names it.
+    sick = [{"step": e["step"], "sick_dev": e["stsb_dev"]} for e in evals]
+    fig = training_curves(losses, sick, "sick_dev", best_step=2, label="SICK trial Spearman x 100")
+    assert fig.axes[1].get_ylabel() == "SICK trial Spearman x 100"
+    assert fig.axes[1].lines[0].get_xydata().tolist() == [[0, 60.0], [2, 75.0], [4, 70.0]]
+    pyplot().close(fig)
 
 
 def test_the_steps_expose_their_counters() -> None:

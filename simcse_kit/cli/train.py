@@ -12,23 +12,26 @@ from simcse_kit.errors import ConfigError
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.config.run import load_config
+    from simcse_kit.evaluation import format_table
     from simcse_kit.training.run import train
 
     cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
     if args.seeds is not None:  # one run per seed in OUTPUT_DIR/seed-N, then mean ± std
-        from simcse_kit.training.experiments import parse_seeds, run_seeds
+        from simcse_kit.training.experiments import format_seeds, parse_seeds, run_seeds
 
         if args.resume:
             raise ConfigError("--seeds runs reuse finished seeds on their own; run the same command again instead of --resume")
-        run_seeds(cfg, parse_seeds(args.seeds), overwrite=args.overwrite)
+        print(format_seeds(run_seeds(cfg, parse_seeds(args.seeds), overwrite=args.overwrite)))
         return 0
-    train(cfg, overwrite=args.overwrite, resume=args.resume)
+    metrics = train(cfg, overwrite=args.overwrite, resume=args.resume)
+    if "sts" in metrics:  # the best model's STS table (on the main process)
+        print(format_table(metrics["sts"]))
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.experiments import SWEEP_KEYS, parse_seeds, parse_values, run_sweep
+    from simcse_kit.training.experiments import SWEEP_KEYS, format_sweep, parse_seeds, parse_values, run_sweep
 
     grid = {name: parse_values(name, getattr(args, name)) for name in SWEEP_KEYS if getattr(args, name) is not None}
     if not grid:
@@ -36,7 +39,7 @@ def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
             "nothing to sweep: give --temperature, --dropout, --hard-negative-weight and/or --word-repetition (comma-separated)"
         )
     cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
-    run_sweep(cfg, grid, parse_seeds(args.seeds) if args.seeds else None, overwrite=args.overwrite)
+    print(format_sweep(run_sweep(cfg, grid, parse_seeds(args.seeds) if args.seeds else None, overwrite=args.overwrite)))
     return 0
 
 

@@ -108,7 +108,7 @@ def split_views(rows: torch.Tensor, n_views: int) -> tuple[torch.Tensor, ...]:
 
 
 PLAN_INPUTS = ("pack_source", "pack_index", "pack_position_ids", "pack_segment")
-"""The keys of a packing plan made by the collator (:data:`simcse_kit.model.packing.PLAN_KEYS`):
+"""The keys of a packing plan made by the collator (:func:`simcse_kit.model.packing.plan_batch`), in that order:
 model inputs of the whole batch only, since a plan cannot be cut by rows."""
 
 

@@ -191,7 +191,7 @@ def contrastive_loss(
             that anchor's softmax (the anchor itself, false negatives).
         logit_bias: optional ``[N, M]`` added to the logits after the division by tau;
             ``log(alpha)`` there weights a candidate's ``exp`` by ``alpha`` (SimCSE's
-            hard-negative weight, see :func:`weight_bias`).
+            hard-negative weight, see :func:`simcse_kit.core.masks.weight_bias`).
         variant: ``"out"`` or ``"in"`` (multi-positive only).
         target_probs: ``[N, M]`` probabilities (rows sum to 1, no gradient needed), zero
             on ``exclude``d entries; instead of a positive index or mask.

@@ -89,12 +89,8 @@ class Contrast:
 
     @property
     def all_rows(self) -> bool:
-        """True when every row is an anchor and every row a candidate (2N-view NT-Xent)."""
-        return self.anchor_view is None
-
-    @property
-    def excludes_self(self) -> bool:
-        """True when an anchor is among its own candidates, so its own column is excluded."""
+        """True when every row is an anchor and every row a candidate (2N-view NT-Xent): an
+        anchor is then among its own candidates, and its own column is excluded."""
         return self.anchor_view is None
 
     @property
@@ -105,7 +101,7 @@ class Contrast:
     def negatives(self, n_examples: int) -> int:
         """Negatives each anchor's softmax sees among ``n_examples`` examples' rows: every
         candidate but its positive (and itself, when it is a candidate)."""
-        return n_examples * len(self.candidate_views) - 1 - int(self.excludes_self)
+        return n_examples * len(self.candidate_views) - 1 - int(self.all_rows)
 
 
 @dataclass(frozen=True)

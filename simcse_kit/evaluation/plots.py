@@ -34,6 +34,7 @@ def training_curves(
     metric: str,
     best_step: int | None = None,
     title: str = "",
+    label: str | None = None,
 ) -> Any:
     """The figure of :func:`plot_training_curves` (two axes: loss above, ``metric`` below).
 
@@ -44,6 +45,8 @@ def training_curves(
         metric: the key of ``evals`` to draw, the one that selects the best checkpoint.
         best_step: the best checkpoint's step, marked in both panels; None or < 0: unmarked.
         title: figure title.
+        label: what ``metric`` measures, the lower axis' label (e.g. "SICK trial
+            Spearman x 100"); None: ``metric``.
 
     Returns:
         The matplotlib figure (not yet saved).
@@ -58,7 +61,7 @@ def training_curves(
         top.set_yscale("log")
     points = [(e["step"], e[metric]) for e in evals if metric in e]
     bottom.plot([s for s, _ in points], [v for _, v in points], color="tab:green", marker="o", ms=3, lw=1.0)
-    bottom.set(xlabel="step", ylabel=metric)
+    bottom.set(xlabel="step", ylabel=label or metric)
     best = [v for s, v in points if s == best_step] if best_step is not None and best_step >= 0 else []
     if best:
         for ax in (top, bottom):
@@ -78,13 +81,14 @@ def plot_training_curves(
     metric: str,
     best_step: int | None = None,
     title: str = "",
+    label: str | None = None,
 ) -> Path | None:
-    """Save the training curves (loss and ``metric`` against the step, best step marked)
-    as an image (format from the suffix; atomic).
+    """Save the training curves (loss and ``metric``, labelled ``label``, against the step,
+    best step marked) as an image (format from the suffix; atomic).
 
     Returns:
         ``path``, or None when there is nothing to draw (no loss and no evaluation).
     """
     if not losses and not any(metric in e for e in evals):
         return None
-    return save_figure(training_curves(losses, evals, metric, best_step, title), path)
+    return save_figure(training_curves(losses, evals, metric, best_step, title, label), path)

@@ -235,10 +235,9 @@ class RetrievalEvaluator:
 class RetrievalDevEvaluator:
     """A retrieval task's dev split as the checkpoint-selection score (``data.dev_format: beir``).
 
-    Reports nDCG@10 x 100 under ``stsb_dev``, the dev-score key checkpoint selection and
-    ``metrics.json`` read whatever the dev data (as
-    :class:`~simcse_kit.evaluation.sts.DevEvaluator` does for a SICK dev file), with the
-    other metrics beside it, and the geometry of the same encoding: the alignment of the
+    Reports nDCG@10 x 100 under ``dev_ndcg@10``, its :attr:`primary_metric` (with
+    :attr:`metric_label` saying which folder and split, for ``metrics.json``, the model
+    card and the curves), with the other metrics beside it, and the geometry of the same encoding: the alignment of the
     (query, relevant document) pairs and the uniformity of the corpus (its first
     :data:`UNIFORMITY_DOCS` documents: uniformity takes every pair).
 
@@ -249,7 +248,7 @@ class RetrievalDevEvaluator:
         prompts: As for :class:`RetrievalEvaluator`.
     """
 
-    primary_metric = "stsb_dev"
+    primary_metric = "dev_ndcg@10"
 
     def __init__(self, path: Path | str, batch_size: int = 64, prompts: Mapping[str, str] | None = None) -> None:
         _pytrec_eval()
@@ -257,6 +256,8 @@ class RetrievalDevEvaluator:
         split = "dev" if (self.path / "qrels" / "dev.tsv").is_file() else "test"
         if split == "test":
             logger.warning("%s has no qrels/dev.tsv: selecting checkpoints on its test split", self.path)
+        self.dev_name = f"{self.path.name} {split}"
+        self.metric_label = f"{self.dev_name} nDCG@10 x 100"
         self.task = read_beir(self.path, split)
         self.batch_size = batch_size
         self.prompts = dict(prompts or {})
@@ -276,7 +277,6 @@ class RetrievalDevEvaluator:
         q_idx, d_idx = (torch.tensor(list(ix)) for ix in zip(*pairs, strict=True))
         q_t, d_t = torch.from_numpy(queries), torch.from_numpy(docs)
         return {
-            "stsb_dev": 100 * metrics["ndcg@10"],
             **{f"dev_{m}": 100 * v for m, v in metrics.items()},
             "alignment": float(alignment(q_t[q_idx], d_t[d_idx])),
             "uniformity": float(uniformity(d_t[:UNIFORMITY_DOCS])),

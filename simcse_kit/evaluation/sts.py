@@ -238,6 +238,11 @@ class STSEvaluator:
         return results
 
 
+DEV_METRICS: dict[str, tuple[str, str]] = {"stsb": ("stsb_dev", "STS-B dev"), "sick": ("sick_dev", "SICK trial")}
+"""Per dev-file format: the key its Spearman x 100 is reported under and the split's
+name (SICK's scored dev split is SICK_trial.txt)."""
+
+
 class DevEvaluator:
     """STS-B dev: the SimCSE checkpoint-selection score and the embedding geometry.
 
@@ -246,8 +251,10 @@ class DevEvaluator:
     Figure 2. The dev file is read once, at construction; each call only encodes.
 
     Another scored-pair file may take STS-B dev's place (a domain's own dev split, such
-    as SICK trial); its score is still reported as ``stsb_dev``, the key checkpoint
-    selection and ``metrics.json`` read, and :attr:`path` says which file it was.
+    as SICK trial): its score then goes under that format's own key (``sick_dev``:
+    :data:`DEV_METRICS`), :attr:`primary_metric` names it and :attr:`metric_label` says
+    what it is ("SICK trial Spearman x 100"), for ``metrics.json``, the model card and
+    the curves; :attr:`path` says which file it was.
 
     Args:
         data_dir: The SentEval-layout data folder.
@@ -259,15 +266,19 @@ class DevEvaluator:
         DataError: The dev file is missing or malformed.
     """
 
-    primary_metric = "stsb_dev"
+    primary_metric: str
+    dev_name: str  # the dev split, e.g. "STS-B dev"
+    metric_label: str  # what the primary metric measures, e.g. "STS-B dev Spearman x 100"
 
     def __init__(self, data_dir: Path | str, batch_size: int = 64, path: Path | str | None = None, fmt: str = "stsb") -> None:
         self.path = stsb_split_path(data_dir, "dev") if path is None else Path(path)
         self.batch_size = batch_size
         self.pairs = PAIR_READERS[fmt](self.path)
+        self.primary_metric, self.dev_name = DEV_METRICS[fmt]
+        self.metric_label = f"{self.dev_name} Spearman x 100"
 
     def __call__(self, encode: Encode) -> dict[str, float]:
-        """``{"stsb_dev", "alignment", "uniformity"}`` of ``encode`` on STS-B dev."""
+        """``{primary_metric, "alignment", "uniformity"}`` of ``encode`` on the dev pairs."""
         result = sts_alignment_uniformity(encode, self.pairs, batch_size=self.batch_size)
-        logger.info("STS-B dev alignment %.4f, uniformity %.4f", result["alignment"], result["uniformity"])
-        return {"stsb_dev": result["spearman"], "alignment": result["alignment"], "uniformity": result["uniformity"]}
+        logger.info("%s alignment %.4f, uniformity %.4f", self.dev_name, result["alignment"], result["uniformity"])
+        return {self.primary_metric: result["spearman"], "alignment": result["alignment"], "uniformity": result["uniformity"]}

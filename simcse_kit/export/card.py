@@ -25,6 +25,7 @@ from simcse_kit.export.folder import COMPAT_TESTED, ST_CLASS_PREFIX
 from simcse_kit.export.source import ExportSource
 from simcse_kit.export.sts_gate import MAX_INT8_STS_DROP
 from simcse_kit.export.verify import MIN_COSINE, MIN_COSINE_ONNX, ExportResult
+from simcse_kit.training.selection import dev_selection
 
 TEMPLATE = "model_card.md"
 SECTION = "%% "
@@ -78,6 +79,7 @@ def hub_id(name: str) -> str | None:
 def training_rows(source: ExportSource) -> str:
     """The training table's rows after ``objective`` and ``training data``: what is known."""
     cfg, metrics, meta = source.run_config, source.metrics, source.meta
+    dev = dev_selection(metrics, meta, cfg.get("data"))  # what picked the best model (older folders: from the config)
     loss_cfg, train_cfg = cfg.get("loss", {}), cfg.get("train", {})
     rows = [
         ("temperature", loss_cfg.get("temperature")),
@@ -88,11 +90,10 @@ def training_rows(source: ExportSource) -> str:
         ("training max length", cfg.get("model", {}).get("max_seq_len")),
         ("seed", train_cfg.get("seed")),
         ("steps run", metrics.get("steps")),
-        ("best step (STS-B dev)", metrics.get("best_step", meta.get("step"))),
+        ("best step", metrics.get("best_step", meta.get("step"))),
     ]
-    dev = metrics.get("best_stsb_dev", meta.get("stsb_dev"))
-    if dev is not None:
-        rows.append(("best STS-B dev Spearman x 100", f"{float(dev):.2f}"))
+    if dev.best is not None:  # e.g. "best SICK trial Spearman x 100": what selected that step
+        rows.append((f"best {dev.label}", f"{dev.best:.2f}"))
     return "\n".join(fill("row", label=label, value=value) for label, value in rows if value is not None)
 
 

@@ -8,7 +8,7 @@ in the SentEval folder under the data root, found the way every command finds it
 task, not the 7-task table: int8 moves every task alike (all-MiniLM-L6-v2: STS-B test 83.45
 int8 vs 83.43 fp32, lowest cosine to fp32 ~0.97), and the full table twice took 18 minutes
 for a 22M model on 2 CPU cores. The fp32 side is the run's own record when it is the same
-measurement (:func:`kept_fp32_score`: the kept model's ``stsb_dev``, scored on a byte-identical
+measurement (:func:`kept_fp32_score`: the kept model's STS-B dev score, scored on a byte-identical
 STS-B dev file without a prompt), so only the int8 graph is encoded; otherwise it is computed
 once, here.
 """
@@ -25,14 +25,15 @@ from simcse_kit.config.recipes import senteval_dir
 from simcse_kit.evaluation import DevEvaluator
 from simcse_kit.evaluation.suite import stsb_split_path
 from simcse_kit.export.source import ExportError, ExportSource
-from simcse_kit.export.verify import Encode
+from simcse_kit.export.verify import TensorEncode
+from simcse_kit.training.selection import LEGACY_DEV_METRIC, dev_selection
 
 logger = logging.getLogger(__name__)
 
 MAX_INT8_STS_DROP = 0.5
 """int8 ONNX: most the STS score (Spearman x 100, primary metric) may fall below fp32 simcse-kit."""
 
-STSScorer = Callable[[Encode], Mapping[str, float]]
+STSScorer = Callable[[TensorEncode], Mapping[str, float]]
 """An evaluator such as :class:`~simcse_kit.evaluation.DevEvaluator`: ``encode -> scores``
 (its ``primary_metric`` attribute, else ``"avg"``, names the figure the int8 gate reads)."""
 
@@ -56,8 +57,9 @@ def kept_fp32_score(source: ExportSource, evaluator: STSScorer) -> float | None:
     then scores fp32 itself)."""
     if not isinstance(evaluator, DevEvaluator) or source.run_dir is None:
         return None
-    score = source.meta.get("stsb_dev")
     data = source.run_config.get("data", {})
+    selected = dev_selection({}, source.meta, data)  # STS-B dev under its name, or a folder's older stsb_dev
+    score = selected.score if selected.metric == LEGACY_DEV_METRIC else None
     if not isinstance(score, int | float) or not math.isfinite(score):
         return None
     if data.get("dev_file") is not None or data.get("dev_format", "stsb") != "stsb" or (data.get("prompts") or {}).get("query"):
@@ -70,14 +72,16 @@ def kept_fp32_score(source: ExportSource, evaluator: STSScorer) -> float | None:
     return float(score)
 
 
-def sts_score(evaluator: STSScorer, encode: Encode) -> tuple[float, dict[str, float]]:
+def sts_score(evaluator: STSScorer, encode: TensorEncode) -> tuple[float, dict[str, float]]:
     """``(primary figure, all figures)`` of ``evaluator`` on ``encode``."""
     scores = dict(evaluator(encode))
     key = getattr(evaluator, "primary_metric", "avg")
     return float(scores[key]), scores
 
 
-def int8_gate(evaluator: STSScorer, fp32: Encode, int8: Encode, out: Path, fp32_score: float | None = None) -> dict[str, float]:
+def int8_gate(
+    evaluator: STSScorer, fp32: TensorEncode, int8: TensorEncode, out: Path, fp32_score: float | None = None
+) -> dict[str, float]:
     """Score the int8 encoder (and fp32, unless ``fp32_score`` gives it); returns
     ``{"simcse-kit fp32": ..., "onnx-int8": ...}``.
 

@@ -54,8 +54,10 @@ PROBE_SENTENCES: tuple[str, ...] = (
     "The car drives down the empty street at night.",
 )
 
-Encode = Callable[[Sequence[str]], torch.Tensor]
-"""``encode(sentences) -> [N, D]`` embeddings."""
+TensorEncode = Callable[[Sequence[str]], torch.Tensor]
+"""``encode(sentences) -> [N, D]`` embeddings as a torch tensor: what the parity checks
+compare (a narrower kind of :data:`simcse_kit.evaluation.encoding.Encode`, which may also
+return numpy, so every one is also an evaluator's encode function)."""
 
 
 @dataclass
@@ -110,7 +112,7 @@ def load_backend(
     return SentenceTransformer(str(folder), device=device, backend=backend, **kwargs)
 
 
-def st_encode(st_model: Any) -> Encode:
+def st_encode(st_model: Any) -> TensorEncode:
     """``encode`` for a ``SentenceTransformer``: ``[N, D]`` fp32 CPU tensor."""
 
     def encode(sentences: Sequence[str]) -> torch.Tensor:
@@ -120,7 +122,7 @@ def st_encode(st_model: Any) -> Encode:
     return encode
 
 
-def encode_speed(encode: Encode, sentences: Sequence[str], repeat_to: int = 256) -> float:
+def encode_speed(encode: TensorEncode, sentences: Sequence[str], repeat_to: int = 256) -> float:
     """Sentences per second of one timed run over ``sentences`` cycled to ``repeat_to``
     (after one warm-up call; the same sentences for every backend)."""
     batch = [sentences[i % len(sentences)] for i in range(max(repeat_to, len(sentences)))]
@@ -130,7 +132,7 @@ def encode_speed(encode: Encode, sentences: Sequence[str], repeat_to: int = 256)
     return len(batch) / max(time.perf_counter() - start, 1e-9)
 
 
-def onnx_encode(folder: Path, file_name: str) -> Encode:
+def onnx_encode(folder: Path, file_name: str) -> TensorEncode:
     """``encode`` through :class:`~simcse_kit.export.onnx_encoder.OnnxEncoder` (what deployments run)."""
     encoder = OnnxEncoder(folder, file_name)
     return lambda sentences: torch.from_numpy(encoder.encode(list(sentences), batch_size=64))

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from simcse_kit.core.batch import PLAN_INPUTS
 from simcse_kit.model.families import probe_batch
 from simcse_kit.model.fastpath.dropout import ATTENTION_NAME
 
@@ -142,10 +141,6 @@ def lengths_if_right_padded(attention_mask: torch.Tensor) -> list[int] | None:
     return lengths.tolist()
 
 
-PLAN_KEYS = PLAN_INPUTS
-"""The batch keys of a precomputed packing plan (:func:`plan_batch`), in that order."""
-
-
 def plan(lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING) -> dict[str, torch.Tensor] | None:
     """The packing of a right-padded ``[B, t]`` batch with these row lengths, as CPU tensors.
 
@@ -197,7 +192,7 @@ def plan(lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING) -> dict
 
 
 def plan_batch(attention_mask: torch.Tensor, min_saving: float = MIN_SAVING) -> dict[str, torch.Tensor]:
-    """The collator's plan keys (:data:`PLAN_KEYS`) for a CPU ``[B, T]`` attention mask.
+    """The collator's plan keys (:data:`~simcse_kit.core.batch.PLAN_INPUTS`) for a CPU ``[B, T]`` attention mask.
 
     A batch that should run padded (too little to save, or not right-padded) gets
     the keys with zero packed rows, so the model knows from a shape, not from a value

@@ -6,7 +6,10 @@ little about a recipe. :func:`run_seeds` trains one config per seed into
 std (``ddof=1``) to ``OUTPUT_DIR/seeds.json``. :func:`run_sweep` varies temperature,
 dropout (the augmentation of unsupervised SimCSE) and hard-negative weight one at a
 time around the recipe, every other setting fixed, into
-``OUTPUT_DIR/<param>-<value>``, and plots the STS-B dev score against each.
+``OUTPUT_DIR/<param>-<value>``, and plots the dev score that selected each run's best
+model (STS-B dev Spearman unless the recipe names another dev split; the runs'
+``metrics.json`` say which) against each. Both return their results; :func:`format_seeds`
+and :func:`format_sweep` make the text the CLI prints.
 
 A finished run is reused when its saved config equals the one requested, so an
 interrupted multi-seed run or sweep is continued by running the same command again.
@@ -28,11 +31,14 @@ from simcse_kit.config.run import RunConfig, load_config
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.tables import STS_COLUMNS, format_seed_table
 from simcse_kit.files import save_figure, write_json_atomic
+from simcse_kit.training.selection import LEGACY_DEV_LABEL, dev_selection
 
 __all__ = [
     "SWEEP_KEYS",
     "aggregate",
     "format_seed_table",
+    "format_seeds",
+    "format_sweep",
     "parse_seeds",
     "parse_values",
     "plot_sweep",
@@ -112,6 +118,16 @@ def _train(cfg: RunConfig, overwrite: bool, train_fn: TrainFn | None) -> dict[st
     return train_fn(cfg.validate(), overwrite=overwrite)
 
 
+def dev_row(metrics: Mapping[str, Any], cfg: RunConfig) -> tuple[dict[str, float], str, str]:
+    """A finished run's STS table plus its best dev score (``best_dev_score``; NaN when no
+    evaluation was usable), with the dev metric's key and label; folders written before
+    the metric was named read through :func:`~simcse_kit.training.selection.dev_selection` (``cfg``,
+    the run's config, says what their dev data was)."""
+    dev = dev_selection(metrics, data={"dev_format": cfg.data.dev_format, "dev_file": cfg.data.dev_file})
+    best = math.nan if dev.best is None else dev.best
+    return {**metrics.get("sts", {}), "best_dev_score": best}, dev.metric, dev.label
+
+
 def aggregate(tables: Sequence[Mapping[str, float]]) -> tuple[dict[str, float], dict[str, float]]:
     """Mean and sample standard deviation (``ddof=1``; 0 for one table) of every key
     present in all ``tables``."""
@@ -131,7 +147,6 @@ def run_seeds(
     seeds: Sequence[int],
     overwrite: bool = False,
     train_fn: TrainFn | None = None,
-    quiet: bool = False,
 ) -> dict[str, Any]:
     """Train ``cfg`` once per seed into ``OUTPUT_DIR/seed-N``; write ``seeds.json``.
 
@@ -142,35 +157,49 @@ def run_seeds(
         overwrite: retrain seeds whose folder already holds a finished run.
         train_fn: ``train(cfg, overwrite=...) -> metrics`` (default
             :func:`simcse_kit.training.run.train`); tests pass a stand-in.
-        quiet: do not print the table.
 
     Returns:
-        ``{"seeds", "per_seed": {seed: STS table + best_stsb_dev}, "mean", "std", "n"}``,
-        also written to ``OUTPUT_DIR/seeds.json``.
+        ``{"seeds", "dev_metric", "dev_label", "per_seed": {seed: STS table +
+        best_dev_score}, "mean", "std", "n"}``, also written to ``OUTPUT_DIR/seeds.json``
+        (:func:`format_seeds` makes it a table).
     """
     if len(set(seeds)) != len(seeds) or not seeds:
         raise ConfigError(f"seeds must be distinct and non-empty, got {list(seeds)}")
     out = Path(cfg.train.output_dir)
     per_seed: dict[int, dict[str, float]] = {}
+    names: list[tuple[str, str]] = []
     for seed in seeds:
         run = copy.deepcopy(cfg)
         run.train.seed = seed
         run.train.output_dir = str(out / f"seed-{seed}")
         logger.info("seed %d -> %s", seed, run.train.output_dir)
-        metrics = _train(run, overwrite, train_fn)
-        per_seed[seed] = {**metrics.get("sts", {}), "best_stsb_dev": float(metrics["best_stsb_dev"])}
+        per_seed[seed], metric, label = dev_row(_train(run, overwrite, train_fn), run)
+        names.append((metric, label))
+    if len(set(names)) > 1:  # one config, one dev split; a reused folder of an older kit may name it otherwise
+        logger.warning("the seeds' runs name their dev metric differently (%s); the first seed's is reported", names)
+    metric, label = names[0]
     mean, std = aggregate(list(per_seed.values()))
     summary = {
         "seeds": list(seeds),
         "n": len(seeds),
+        "dev_metric": metric,
+        "dev_label": label,
         "mean": mean,
         "std": std,
         "per_seed": {str(s): t for s, t in per_seed.items()},
     }
     write_json_atomic(out / "seeds.json", summary)
-    if not quiet:
-        print(format_seed_table(per_seed, mean, std))
+    logger.info("%d seeds written to %s", len(seeds), out / "seeds.json")
     return summary
+
+
+def format_seeds(summary: Mapping[str, Any]) -> str:
+    """:func:`run_seeds`' summary as a markdown table: the STS columns and the best dev
+    score, headed by what it measured (a summary without ``dev_label`` reads as STS-B dev)."""
+    per_seed = {int(s): t for s, t in summary["per_seed"].items()}
+    dev_key = "best_dev_score" if "dev_label" in summary else "best_stsb_dev"
+    label = summary.get("dev_label", LEGACY_DEV_LABEL)
+    return format_seed_table(per_seed, summary["mean"], summary["std"], {**STS_COLUMNS, dev_key: f"best {label}"})
 
 
 def run_sweep(
@@ -192,8 +221,10 @@ def run_sweep(
         train_fn: as in :func:`run_seeds`.
 
     Returns:
-        ``{name: [{"value", "stsb_dev", "stsb_dev_std", "sts_avg", "sts_avg_std", "run_dir"}]}``,
-        written to ``OUTPUT_DIR/sweep.json``; the plot goes to ``OUTPUT_DIR/sweep.png``.
+        ``{name: [{"value", "dev_score", "dev_score_std", "dev_metric", "dev_label", "sts_avg",
+        "sts_avg_std", "run_dir"}]}`` (``dev_score``: the best dev score, named by
+        ``dev_metric`` and ``dev_label``), written to ``OUTPUT_DIR/sweep.json``; the plot goes
+        to ``OUTPUT_DIR/sweep.png``; :func:`format_sweep` makes it text.
     """
     unknown = [k for k in grid if k not in SWEEP_KEYS]
     if unknown or not grid:
@@ -212,17 +243,18 @@ def run_sweep(
             point.validate()
             logger.info("sweep %s = %g -> %s", name, value, run_dir)
             if seeds:
-                summary = run_seeds(point, seeds, overwrite, train_fn, quiet=True)
-                mean, std = summary["mean"], summary["std"]
+                summary = run_seeds(point, seeds, overwrite, train_fn)
+                mean, std, metric, label = summary["mean"], summary["std"], summary["dev_metric"], summary["dev_label"]
             else:
-                metrics = _train(point, overwrite, train_fn)
-                mean = {**metrics.get("sts", {}), "best_stsb_dev": float(metrics["best_stsb_dev"])}
+                mean, metric, label = dev_row(_train(point, overwrite, train_fn), point)
                 std = dict.fromkeys(mean, 0.0)
             results[name].append(
                 {
                     "value": float(value),
-                    "stsb_dev": mean["best_stsb_dev"],
-                    "stsb_dev_std": std["best_stsb_dev"],
+                    "dev_score": mean["best_dev_score"],
+                    "dev_score_std": std["best_dev_score"],
+                    "dev_metric": metric,
+                    "dev_label": label,
                     "sts_avg": mean.get("avg", math.nan),
                     "sts_avg_std": std.get("avg", math.nan),
                     "run_dir": str(run_dir),
@@ -230,13 +262,34 @@ def run_sweep(
             )
     write_json_atomic(out / "sweep.json", results)
     plot_sweep(results, out / "sweep.png")
-    for name, points in results.items():
-        print(f"{name}: " + ", ".join(f"{p['value']:g} -> dev {p['stsb_dev']:.2f} (STS avg {p['sts_avg']:.2f})" for p in points))
+    logger.info("sweep written to %s and %s", out / "sweep.json", out / "sweep.png")
     return results
 
 
-def plot_sweep(results: Mapping[str, Sequence[Mapping[str, float]]], path: Path) -> None:
-    """One panel per swept setting: best STS-B dev (± std over seeds) against its value.
+def sweep_point(point: Mapping[str, Any]) -> tuple[float, float, str]:
+    """A sweep point's best dev score, its std over seeds and what it measured; points of a
+    ``sweep.json`` written before the metric was named (``stsb_dev``) read as STS-B dev."""
+    if "dev_score" in point:
+        return float(point["dev_score"]), float(point.get("dev_score_std", 0.0)), str(point.get("dev_label", "dev score"))
+    return float(point["stsb_dev"]), float(point.get("stsb_dev_std", 0.0)), LEGACY_DEV_LABEL
+
+
+def format_sweep(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """:func:`run_sweep`'s results as one line per swept setting: each value's best dev
+    score, named, and the STS average."""
+    lines = []
+    for name, points in results.items():
+        cells = []
+        for p in points:
+            score, _, label = sweep_point(p)
+            cells.append(f"{p['value']:g} -> {label} {score:.2f} (STS avg {p.get('sts_avg', math.nan):.2f})")
+        lines.append(f"{name}: " + ", ".join(cells))
+    return "\n".join(lines)
+
+
+def plot_sweep(results: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> None:
+    """One panel per swept setting: the best dev score (± std over seeds; labelled with
+    what it measured) against its value.
 
     Temperature spans orders of magnitude (0.001 .. 1 in the SimCSE paper's Table D.1),
     so its axis is logarithmic.
@@ -249,13 +302,12 @@ def plot_sweep(results: Mapping[str, Sequence[Mapping[str, float]]], path: Path)
     fig, axes = plt.subplots(1, len(results), figsize=(4.2 * len(results), 3.4), squeeze=False)
     for ax, (name, points) in zip(axes[0], results.items(), strict=True):
         x = [p["value"] for p in points]
-        y = [p["stsb_dev"] for p in points]
-        err = [p.get("stsb_dev_std", 0.0) for p in points]
+        y, err, labels = zip(*(sweep_point(p) for p in points), strict=True)
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3)
         if name == "temperature" and min(x) > 0:
             ax.set_xscale("log")
         ax.set_xlabel(name.replace("_", " "))
-        ax.set_ylabel("STS-B dev (Spearman x 100)")
+        ax.set_ylabel(f"best {labels[0]}")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)

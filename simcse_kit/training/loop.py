@@ -24,6 +24,7 @@ Mixed precision, gradient accumulation and multi-process come from Accelerate.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -136,7 +137,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
-    per_epoch = max(1, batches_per_epoch // cfg.grad_accum)
+    """The optimiser steps of a run: ``ceil(batches_per_epoch / grad_accum)`` an epoch (Accelerate
+    also steps on an epoch's last, shorter accumulation: the end of the loader syncs the
+    gradients), times the epochs, cut to ``cfg.max_steps`` when set."""
+    per_epoch = max(1, math.ceil(batches_per_epoch / cfg.grad_accum))
     steps = per_epoch * cfg.num_epochs
     return min(steps, cfg.max_steps) if cfg.max_steps else steps  # None or 0: no limit
 
@@ -360,6 +364,7 @@ def fit(
     progress = Progress(run, cfg, step, state)
     guard = step_guard(accelerator, cfg, run.n_steps, signals)
     evaluate = Selection(accelerator, model, optimizer, evaluator, checkpoints, progress.log)
+    evaluate.resumed(state)
     model.train()
     if cfg.eval_at_start and state.global_step == 0 and not state.evals:
         evaluate(state)  # step 0: the base model is a candidate for "best" like any checkpoint

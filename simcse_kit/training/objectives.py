@@ -266,7 +266,7 @@ class SimCSEObjective:
         n, m, device = anchors.shape[0], candidates.shape[0], anchors.device
         local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
         positive = masks.view_labels(n, offset, device) if form.all_rows else local
-        itself = local if form.excludes_self else None
+        itself = local if form.all_rows else None  # an anchor among its own candidates
         exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, itself)
         exclude = self.drop_similar(anchors, candidates, positive, itself, exclude)
         if itself is not None:  # no row is its own negative

@@ -1,9 +1,11 @@
 """A text training run: config -> data -> model -> loop -> best model + metrics.
 
 The run folder holds ``config.yaml`` (resolved), ``metrics.json`` (per-eval dev
-scores, final STS table, train time, throughput), ``best_model/`` (the checkpoint
-with the best STS-B dev score, self-describing), ``training_curves.png`` (loss and dev
-score against the step, best step marked), ``alignment_uniformity.png``, with
+scores under the dev evaluator's own metric name, final STS table, train time,
+throughput), ``best_model/`` (the checkpoint with the best dev score: STS-B dev
+Spearman unless the recipe names another dev split; self-describing),
+``training_curves.png`` (loss and dev score against the step, best step marked),
+``alignment_uniformity.png``, with
 ``train.report_to`` the trackers' files under ``logs/`` (:mod:`simcse_kit.training.tracking`) and,
 with ``train.save_steps``, ``checkpoints/`` for ``--resume``.
 """
@@ -53,6 +55,7 @@ from simcse_kit.training.inputs import load_checked_tokenizer, load_teacher, loa
 from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare
 from simcse_kit.training.momentum_queue import MomentumQueue
 from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.selection import LEGACY_DEV_LABEL, LEGACY_DEV_METRIC, metric_label
 from simcse_kit.training.steps import GradCacheStep, MomentumQueueStep, Step
 from simcse_kit.training.teacher import TeacherTable
 from simcse_kit.training.tracking import start_tracking, stop_tracking, tracker_names
@@ -192,7 +195,10 @@ def build_run(
     extra: dict[str, Any] = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
         extra["prompts"] = cfg.data.prompts
-    checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, partial(save_best_model, tokenizer=tokenizer, extra=extra))
+    # The best model records what selected it (no evaluator, evaluate=False: never saved).
+    metric, label = (dev.primary_metric, metric_label(dev)) if dev is not None else (LEGACY_DEV_METRIC, LEGACY_DEV_LABEL)
+    save_best = partial(save_best_model, tokenizer=tokenizer, extra=extra, metric=metric, label=label)
+    checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, save_best)
     # STS dev reads its sentences as queries; a retrieval dev split applies both prompts itself.
     query_prompt = (cfg.data.prompts or {}).get("query", "") if cfg.data.dev_format != "beir" else ""
     evaluator = (
@@ -212,7 +218,7 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
     cfg, accelerator, evaluator = run.cfg, run.accelerator, run.evaluator
     if evaluator is None:
         raise ValueError("finish: the run was built without its dev evaluator (build_run(evaluate=False))")
-    metrics = run_metrics(state, run.objective.views_per_example(), run.objective.masked_negatives)
+    metrics = run_metrics(state, run.objective.views_per_example(), run.objective.masked_negatives, evaluator)
     metrics["precision"] = (
         asdict(run.precision)
         if run.precision is not None
@@ -251,7 +257,7 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             accelerator.log(
                 {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
             )
-        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"STS-B dev, {cfg.data.mode}")
+        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"{evaluator.dev_name}, {cfg.data.mode}")
         plot_training_curves(
             state.losses,
             state.evals,
@@ -259,15 +265,16 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             evaluator.primary_metric,
             state.best_step,
             f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
+            label=evaluator.metric_label,
         )
         write_json_atomic(out / "metrics.json", metrics)
+        if run.final_sts is not None and have_best:  # the CLI prints it too (simcse_kit.cli.train)
+            logger.info("STS table of the best model:\n%s", format_table(metrics["sts"]))
         if have_best:  # the last line names only a folder that exists
-            best_at = (state.best_step, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
-            logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)
+            best_at = (state.best_step, evaluator.metric_label, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
+            logger.info("best model (step %d, %s %.2f on %s) at %s", *best_at)
         else:
             logger.info("run finished without a best model: see the warnings above; metrics at %s", out / "metrics.json")
-        if run.final_sts is not None and have_best:
-            print(format_table(metrics["sts"]))
     stop_tracking(accelerator)
     return metrics
 
@@ -276,13 +283,19 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
 
 
 def save_best_model(
-    model: SimCSEModel, folder: Path, metrics: dict[str, float], *, tokenizer: Any, extra: dict[str, Any]
+    model: SimCSEModel,
+    folder: Path,
+    metrics: dict[str, float],
+    *,
+    tokenizer: Any,
+    extra: dict[str, Any],
+    metric: str,
+    label: str,
 ) -> None:
-    """The run's ``best_model/``: the model, its tokenizer, where it came from and its dev score."""
-    model.save(folder, tokenizer, extra | {"step": int(metrics["step"]), "stsb_dev": metrics["stsb_dev"]})
-
-
-# --------------------------------------------------------------------------- the pieces
+    """The run's ``best_model/``: the model, its tokenizer, where it came from and its dev
+    score, named (``metric``: its key in ``metrics``; ``label``: what it measures)."""
+    dev = {"dev_metric": metric, "dev_label": label, "dev_score": metrics[metric]}
+    model.save(folder, tokenizer, extra | {"step": int(metrics["step"])} | dev)
 
 
 def build_model(cfg: RunConfig) -> SimCSEModel:
@@ -394,7 +407,7 @@ class DevScorer(Protocol):
 @dataclass
 class ModelEvaluator:
     """The loop's ``evaluator(model) -> metrics`` from an evaluator of an encode function
-    (here the dev evaluator: STS-B dev score, alignment and uniformity from one encoding)."""
+    (here the dev evaluator: dev score, alignment and uniformity from one encoding)."""
 
     evaluator: DevScorer
     tokenizer: Any
@@ -407,17 +420,30 @@ class ModelEvaluator:
     def primary_metric(self) -> str:
         return self.evaluator.primary_metric
 
+    @property
+    def metric_label(self) -> str:
+        """What the primary metric measures, e.g. "SICK trial Spearman x 100"."""
+        return metric_label(self.evaluator)
+
+    @property
+    def dev_name(self) -> str:
+        """The dev split, e.g. "SICK trial" (the primary metric's key where unnamed)."""
+        return str(getattr(self.evaluator, "dev_name", self.primary_metric))
+
     def __call__(self, model: nn.Module) -> dict[str, float]:
         encoder = Encoder(model, self.tokenizer, self.max_seq_len, self.device, self.precision)
         return self.evaluator(prompted(encoder.encode, self.prompt))
 
 
-def run_metrics(state: LoopState, views: int, masked_negatives: int) -> dict[str, Any]:
-    """metrics.json's training part: best dev score and step, time, throughput, curves."""
+def run_metrics(state: LoopState, views: int, masked_negatives: int, evaluator: Any) -> dict[str, Any]:
+    """metrics.json's training part: the dev metric (its key in ``evals`` and what it
+    measures), best dev score and step, time, throughput, curves."""
     seconds = max(state.train_seconds, 1e-9)
     return {
+        "dev_metric": evaluator.primary_metric,
+        "dev_label": metric_label(evaluator),
         "best_step": state.best_step,
-        "best_stsb_dev": state.best_score,
+        "best_dev_score": state.best_score,
         "steps": state.global_step,
         "train_seconds": state.train_seconds,
         "examples_per_second": state.rows_seen / views / seconds,
