@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from accelerate import Accelerator

@@ -11,17 +11,26 @@ momentum queue, false-negative masking, warm-up.
 The sharded loader, Accelerate's gradient averaging, GradCache's ``no_sync``, the queue's
 gather and the schedule are what is checked here against one process; the objective's
 own gather is checked at the loss level in tests/test_distributed.py.
+
+The same comparison runs at every precision ``auto`` can pick on a CPU (fp32, bf16
+autocast, bf16 weights with fp32 masters; forced, so any CPU runs them) with the step-0
+and periodic evaluations and checkpoints on; and a rank killed mid-run must end every
+launcher, failed, within a bound, its rank named.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from conftest import REPO, TinyRun, write_train_data
@@ -246,3 +255,58 @@ def test_two_processes_train_as_one_at_every_precision(runs: TinyRun, precision:
     assert any(not torch.equal(start[k], want_w[f"encoder.{k}"].float()) for k in start if f"encoder.{k}" in want_w), (
         "no weight moved by step 2: the comparison would prove nothing"
     )
+
+
+# --------------------------------------------------------------------------- a rank that dies
+
+DEAD_RANK_BOUND_S = 90  # torchrun's agent polls its workers every few seconds and gives a SIGTERMed worker 30 s
+
+
+def worker_of_rank(launcher: subprocess.Popen[str], rank: int, deadline: float) -> psutil.Process:
+    """The ``simcse_kit.cli`` worker process with ``RANK=rank`` that torchrun started."""
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.environ().get("RANK") == str(rank) and "simcse_kit.cli" in child.cmdline():
+                    return child
+        time.sleep(0.2)
+    raise AssertionError(f"no worker of rank {rank} appeared")
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_a_rank_that_dies_ends_the_run_in_bounded_time_naming_it(runs: TinyRun, nnodes: int) -> None:
+    """SIGKILL of rank 1 in the middle of a bf16-weights run (after its first checkpoint, so
+    past the step-0 evaluation and in the steps' collectives): every launcher ends, failed,
+    within ``DEAD_RANK_BOUND_S``, no worker is left behind, and the output names rank 1 and
+    the signal. On one machine torchrun's agent sees the dead worker and stops the other; on
+    two "machines" the survivor's collective fails on the closed connection and its own
+    agent ends it."""
+    options = precision_overrides(runs, "bf16-weights", f"killed-{nnodes}nodes")
+    options.update({"num_epochs": 100, "max_steps": 400, "eval_steps": 0, "eval_at_start": "false"})
+    out = Path(options["output_dir"])
+    env = os.environ | ENV_EXTRA
+    commands = torchrun(nnodes, 2 // nnodes, runs.recipe("unsup-recipe"), options)
+    launchers = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoints" / "step-2").is_dir():
+            assert all(p.poll() is None for p in launchers) and time.monotonic() < deadline, "no checkpoint at step 2"
+            time.sleep(0.1)
+        victim = worker_of_rank(launchers[-1], 1, deadline)
+        workers = [w for p in launchers for w in psutil.Process(p.pid).children(recursive=True)]
+        victim.kill()
+        killed = time.monotonic()
+        outputs = [p.communicate(timeout=DEAD_RANK_BOUND_S)[0] for p in launchers]
+        took = time.monotonic() - killed
+    finally:
+        for p in launchers:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode != 0 for p in launchers), [o[-2000:] for o in outputs]
+    assert not (out / "metrics.json").exists()
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"workers left running: {alive}"
+    text = "\n".join(outputs)
+    assert re.search(r"rank\s*: 1 \(local_rank: \d\)\s*\n\s*exitcode\s*: -9", text), text[-3000:]
+    assert "Signal 9 (SIGKILL)" in text, text[-3000:]
+    print(f"{nnodes} machine(s): every launcher ended {took:.1f} s after rank 1 was killed")
