@@ -275,14 +275,15 @@ def worker_of_rank(launcher: subprocess.Popen[str], rank: int, deadline: float) 
 
 @pytest.mark.parametrize("nnodes", [1, 2])
 def test_a_rank_that_dies_ends_the_run_in_bounded_time_naming_it(runs: TinyRun, nnodes: int) -> None:
-    """SIGKILL of rank 1 in the middle of a bf16-weights run (after its first checkpoint, so
-    past the step-0 evaluation and in the steps' collectives): every launcher ends, failed,
+    """SIGKILL of rank 1 in the middle of a bf16-weights run (after the step-0 evaluation saved
+    a best model and after the first checkpoint, so in the steps' collectives; before the
+    fix the run never got there): every launcher ends, failed,
     within ``DEAD_RANK_BOUND_S``, no worker is left behind, and the output names rank 1 and
     the signal. On one machine torchrun's agent sees the dead worker and stops the other; on
     two "machines" the survivor's collective fails on the closed connection and its own
     agent ends it."""
     options = precision_overrides(runs, "bf16-weights", f"killed-{nnodes}nodes")
-    options.update({"num_epochs": 100, "max_steps": 400, "eval_steps": 0, "eval_at_start": "false"})
+    options.update({"num_epochs": 100, "max_steps": 400, "eval_steps": 0})  # the step-0 evaluation saves a best model
     out = Path(options["output_dir"])
     env = os.environ | ENV_EXTRA
     commands = torchrun(nnodes, 2 // nnodes, runs.recipe("unsup-recipe"), options)

@@ -148,10 +148,10 @@ class MasterWeightAdamW(torch.optim.AdamW):
         accumulators it found when it wrapped the model, so after a cast there and back
         on the main process alone (saving the best model after an evaluation) its
         backward no longer reached DDP: it all-reduced no gradient bucket, went on to
-        the loop's next collective (the divergence guard's 2 flags) and met the other
-        processes' bucket all-reduce there (gloo: "op.preamble.length <= op.nbytes. 8576
-        vs 4 ... Received data size doesn't match expected size"). Docs: "bf16 weights
-        under several processes" in docs/distributed.md.
+        the loop's next collective (the divergence guard's all-reduce of 2 flags) and met
+        the other processes' first bucket all-reduce there (gloo: "op.preamble.length <=
+        op.nbytes. 8576 vs 4 ... Received data size doesn't match expected size"). See
+        "Every precision on several processes" in docs/distributed.md.
 
         Costs one model's worth of memory (in fp32) while the context lasts.
         """
