@@ -316,6 +316,61 @@ def test_sparse_tables_train_like_dense_ones_in_kept_buffers(tiny_model_dir: Pat
         torch.testing.assert_close(runs[True][name], dense, atol=2e-2 if "encoder.layer" in name else 1e-5, rtol=0)
 
 
+def test_saving_fp32_weights_leaves_the_model_hooked_to_ddp(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``fp32_model`` (saving the best model, on the main process only) must not cast the
+    live model: a parameter whose dtype changes gets a new gradient accumulator, and DDP's
+    hooks stay on the old one, so that process's backward would all-reduce nothing (the
+    2-process crash after the step-0 evaluation). DDP's comm hook counts the buckets each
+    backward hands over, before and after; the fp32 copy encodes like the masters say."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from simcse_kit.model.fastpath.bf16 import bf16_training
+    from simcse_kit.training.loop import param_groups
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": s} for s in toy_sentences(4)])
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", dropout=0.0)).train()
+    model.encoder.pooler.requires_grad_(False)
+    opt = bf16_training(model, param_groups(model, 0.01), lr=1e-2)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(model)
+        buckets: list[int] = []
+
+        def count(bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+            buckets.append(bucket.index())
+            done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
+
+        # A lambda: DDP checks the hook's annotations, which this module's future import makes strings.
+        ddp.register_comm_hook(None, lambda _state, bucket: count(bucket))
+
+        def step() -> int:
+            before = len(buckets)
+            ddp(**batch).float().pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            return len(buckets) - before
+
+        handed = step()
+        assert handed > 0
+        live = {n: p.dtype for n, p in model.named_parameters()}
+        with opt.fp32_model(model) as fp32:
+            assert all(p.dtype == torch.float32 for p in fp32.parameters())
+            masters = dict(zip(map(id, opt.model_params), opt.masters, strict=True))
+            for (name, p), q in zip(model.named_parameters(), fp32.parameters(), strict=True):
+                assert torch.equal(q, masters.get(id(p), p)), name
+            fp32.eval()
+            assert fp32(**batch).dtype == torch.float32  # the tables' hooks follow the copy
+        assert {n: p.dtype for n, p in model.named_parameters()} == live
+        assert step() == handed, "after saving, backward no longer reaches DDP"
+    finally:
+        dist.destroy_process_group()
+
+
 def test_sparse_embedding_grad_is_refused_with_several_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     from accelerate import state as accelerate_state
 

@@ -11,17 +11,26 @@ momentum queue, false-negative masking, warm-up.
 The sharded loader, Accelerate's gradient averaging, GradCache's ``no_sync``, the queue's
 gather and the schedule are what is checked here against one process; the objective's
 own gather is checked at the loss level in tests/test_distributed.py.
+
+The same comparison runs at every precision ``auto`` can pick on a CPU (fp32, bf16
+autocast, bf16 weights with fp32 masters; forced, so any CPU runs them) with the step-0
+and periodic evaluations and checkpoints on; and a rank killed mid-run must end every
+launcher, failed, within a bound, its rank named.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from conftest import REPO, TinyRun, write_train_data
@@ -159,3 +168,146 @@ def test_two_machines_train_as_one(runs: TinyRun) -> None:
     options = overrides(runs, "unsup", "unsup-2nodes")
     launch(torchrun(2, 1, runs.recipe("unsup-recipe"), options), 2)
     assert_same_training(Path(options["output_dir"]), want, CASES["unsup"]["max_steps"], runs.model_dir)
+
+
+# --------------------------------------------------------------------------- every precision
+
+
+# precision -> the options that force it on any CPU (``auto`` picks by the machine: bf16
+# weights on one with native bf16, fp32 on one without). fp16 with loss scaling exists only
+# on CUDA: Accelerate on the CPU takes "fp16" as fp32 without a scaler (no autocast, no
+# GradScaler), so a CPU launch would only repeat the fp32 row; see docs/distributed.md.
+PRECISIONS = {
+    "fp32": {"mixed_precision": "no"},
+    "bf16-autocast": {"mixed_precision": "bf16", "bf16_weights": "false", "fast_dropout": "false"},
+    # What auto picks on a CPU with native bf16: bf16 weights, fp32 masters, fast dropout.
+    "bf16-weights": {"mixed_precision": "bf16", "bf16_weights": "true", "fast_dropout": "true"},
+}
+PRECISION_STEPS = 4
+# bf16: the two processes' gradients are summed in bf16 (DDP reduces the model's own
+# dtype), one process sums over the whole batch in one matmul. Measured on the tiny
+# model, native and AVX2-emulated bf16: losses within 4e-4 (autocast) and 1.7e-3 (bf16
+# weights) of the reference, step-2 weights within 3e-3 (one bf16 rounding). The learning
+# rate is compared exactly, as in fp32.
+PRECISION_TOL = {"fp32": TOL, "bf16-autocast": 2e-2, "bf16-weights": 2e-2}
+
+
+def precision_overrides(runs: TinyRun, precision: str, name: str) -> dict[str, object]:
+    """An unsup run at ``precision`` with everything a real run has on: the step-0
+    evaluation, an evaluation and a checkpoint every 2 steps, the divergence guard (always
+    on), over 4 steps (no warm-up: every step moves the weights). The tiny SentEval of the recipe is the dev set."""
+    options = overrides(runs, "unsup", name)
+    options.update({
+        "grad_accum": 1, "num_epochs": 1, "max_steps": PRECISION_STEPS, "warmup_ratio": 0.0,
+        "eval_at_start": "true", "eval_steps": 2, "save_steps": 2, **PRECISIONS[precision],
+    })  # fmt: skip
+    for key in ("queue_size", "momentum"):  # the queue is covered above; this is about precision
+        options.pop(key)
+    return options
+
+
+def evaluations(out: Path) -> list[tuple[int, float]]:
+    return [(int(e["step"]), float(e["stsb_dev"])) for e in json.loads((out / "metrics.json").read_text())["evals"]]
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_two_processes_train_as_one_at_every_precision(runs: TinyRun, precision: str) -> None:
+    """2 processes against 1 at each precision ``auto`` can pick on a CPU, with step-0 and
+    periodic evaluations and checkpoints on: the same learning rate and (to the precision's
+    tolerance) the same loss at every step, the same evaluations at the same steps, a
+    checkpoint at step 2 holding the same weights.
+
+    Before the fix, bf16 weights died at the first step after the step-0 evaluation: saving
+    the best model cast the live parameters to fp32 and back on the main process, which gave
+    them new gradient accumulators; DDP's hooks sat on the old ones, so the main process's
+    backward sent no gradient while the other waited in DDP's all-reduce (gloo: "Received data
+    size doesn't match expected size").
+    """
+    recipe = runs.recipe("unsup-recipe")
+    options = precision_overrides(runs, precision, f"{precision}-1proc")
+    want = Path(options["output_dir"])
+    launch([[sys.executable, "-m", "simcse_kit.cli", "train", str(recipe), *cli_args(options)]], 1)
+    options = precision_overrides(runs, precision, f"{precision}-2proc")
+    got = Path(options["output_dir"])
+    launch(torchrun(1, 2, recipe, options), 2)
+
+    got_lr, got_loss, _ = results(got)
+    want_lr, want_loss, _ = results(want)
+    assert [s for s, _ in want_lr] == list(range(1, PRECISION_STEPS + 1))
+    assert [s for s, _ in got_lr] == [s for s, _ in want_lr]
+    assert [lr for _, lr in got_lr] == pytest.approx([lr for _, lr in want_lr], rel=1e-6, abs=1e-12)
+    tol = PRECISION_TOL[precision]
+    assert [s for s, _ in got_loss] == [s for s, _ in want_loss] == list(range(1, PRECISION_STEPS + 1))
+    for (step, loss), (_, ref) in zip(got_loss, want_loss, strict=True):
+        assert abs(loss - ref) < tol * max(1.0, abs(ref)), f"{precision}: loss at step {step}: {loss} != {ref}"
+    got_evals, want_evals = evaluations(got), evaluations(want)
+    assert [s for s, _ in got_evals] == [s for s, _ in want_evals] == [0, 2, 4]
+    for (step, score), (_, ref) in zip(got_evals, want_evals, strict=True):
+        assert abs(score - ref) < max(tol, 1e-4) * 100, f"{precision}: STS-B dev at step {step}: {score} != {ref}"
+    got_w = load_file(str(got / "checkpoints" / "step-2" / "model.safetensors"))
+    want_w = load_file(str(want / "checkpoints" / "step-2" / "model.safetensors"))
+    assert got_w.keys() == want_w.keys()
+    for key, ref in want_w.items():
+        assert got_w[key].dtype == ref.dtype
+        diff = (got_w[key].float() - ref.float()).abs().max()
+        assert diff <= max(tol, 1e-5) * max(1.0, float(ref.float().abs().max())), (key, diff)
+    start = load_file(str(runs.model_dir / "model.safetensors"))
+    assert any(not torch.equal(start[k], want_w[f"encoder.{k}"].float()) for k in start if f"encoder.{k}" in want_w), (
+        "no weight moved by step 2: the comparison would prove nothing"
+    )
+
+
+# --------------------------------------------------------------------------- a rank that dies
+
+DEAD_RANK_BOUND_S = 90  # torchrun's agent polls its workers every few seconds and gives a SIGTERMed worker 30 s
+
+
+def worker_of_rank(launcher: subprocess.Popen[str], rank: int, deadline: float) -> psutil.Process:
+    """The ``simcse_kit.cli`` worker process with ``RANK=rank`` that torchrun started."""
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if child.environ().get("RANK") == str(rank) and "simcse_kit.cli" in child.cmdline():
+                    return child
+        time.sleep(0.2)
+    raise AssertionError(f"no worker of rank {rank} appeared")
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_a_rank_that_dies_ends_the_run_in_bounded_time_naming_it(runs: TinyRun, nnodes: int) -> None:
+    """SIGKILL of rank 1 in the middle of a bf16-weights run (after the step-0 evaluation saved
+    a best model and after the first checkpoint, so in the steps' collectives; before the
+    fix the run never got there): every launcher ends, failed,
+    within ``DEAD_RANK_BOUND_S``, no worker is left behind, and the output names rank 1 and
+    the signal. On one machine torchrun's agent sees the dead worker and stops the other; on
+    two "machines" the survivor's collective fails on the closed connection and its own
+    agent ends it."""
+    options = precision_overrides(runs, "bf16-weights", f"killed-{nnodes}nodes")
+    options.update({"num_epochs": 100, "max_steps": 400, "eval_steps": 0})  # the step-0 evaluation saves a best model
+    out = Path(options["output_dir"])
+    env = os.environ | ENV_EXTRA
+    commands = torchrun(nnodes, 2 // nnodes, runs.recipe("unsup-recipe"), options)
+    launchers = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoints" / "step-2").is_dir():
+            assert all(p.poll() is None for p in launchers) and time.monotonic() < deadline, "no checkpoint at step 2"
+            time.sleep(0.1)
+        victim = worker_of_rank(launchers[-1], 1, deadline)
+        workers = [w for p in launchers for w in psutil.Process(p.pid).children(recursive=True)]
+        victim.kill()
+        killed = time.monotonic()
+        outputs = [p.communicate(timeout=DEAD_RANK_BOUND_S)[0] for p in launchers]
+        took = time.monotonic() - killed
+    finally:
+        for p in launchers:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode != 0 for p in launchers), [o[-2000:] for o in outputs]
+    assert not (out / "metrics.json").exists()
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"workers left running: {alive}"
+    text = "\n".join(outputs)
+    assert re.search(r"rank\s*: 1 \(local_rank: \d\)\s*\n\s*exitcode\s*: -9", text), text[-3000:]
+    assert "Signal 9 (SIGKILL)" in text, text[-3000:]
+    print(f"{nnodes} machine(s): every launcher ended {took:.1f} s after rank 1 was killed")

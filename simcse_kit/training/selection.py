@@ -146,9 +146,11 @@ class Selection:
             raise TypeError("fit: the evaluator needs a primary_metric attribute naming the key that selects the best model")
         self.accelerator, self.model, self.evaluator, self.checkpoints, self.log = accelerator, model, evaluator, checkpoints, log
         # With bf16 weights the best model is saved from the fp32 masters, not their bf16
-        # rounding (the prepared optimizer wraps the one that holds them).
+        # rounding (the prepared optimizer wraps the one that holds them), through an fp32
+        # copy: the main process alone saves, and casting the trained model itself would
+        # unhook it from DDP (MasterWeightAdamW.fp32_model says how).
         masters = getattr(optimizer, "optimizer", optimizer)
-        self.fp32_weights: Callable[[nn.Module], AbstractContextManager[Any]] = (
+        self.fp32_weights: Callable[[nn.Module], AbstractContextManager[nn.Module]] = (
             masters.fp32_model if isinstance(masters, MasterWeightAdamW) else nullcontext
         )
 
@@ -176,8 +178,8 @@ class Selection:
             elif score > state.best_score:
                 state.best_score, state.best_step = score, state.global_step
                 if self.checkpoints is not None:
-                    with self.fp32_weights(unwrapped):
-                        self.checkpoints.save_best(unwrapped, metrics)
+                    with self.fp32_weights(unwrapped) as weights:
+                        self.checkpoints.save_best(weights, metrics)
         accelerator.wait_for_everyone()
         model.train()
 

@@ -23,8 +23,10 @@ overwritten, not re-allocated every step.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -135,25 +137,34 @@ class MasterWeightAdamW(torch.optim.AdamW):
 
     @contextmanager
     def fp32_model(self, model: nn.Module) -> Iterator[nn.Module]:
-        """``model`` with its trained weights in fp32 (the masters), e.g. to save it;
-        afterwards back to the low-precision weights rounded from the masters."""
-        dtype = self.model_params[0].dtype if self.model_params else torch.bfloat16
-        # model.to(dtype) below would round the kept weights and, in place, their .grad
-        # (the kept buffers of sparse tables), so both are set aside around it.
-        kept = [p.data for p in self.kept]
-        grads = [p.grad for p in self.kept]
-        model.float()
+        """An fp32 copy of ``model`` holding the trained weights (the masters), e.g. to
+        save it; ``model`` itself is not touched.
+
+        A copy, not ``model`` cast to fp32 and back, because a parameter whose dtype
+        changes is a new leaf to autograd: ``param.data = <other dtype>`` drops the
+        parameter's gradient accumulator (``set_data`` resets it on a change of type),
+        and the next backward makes a new one. DistributedDataParallel hooks the
+        accumulators it found when it wrapped the model, so after a cast there and back
+        on the main process alone (saving the best model after an evaluation) its
+        backward no longer reached DDP: it all-reduced no gradient bucket, went on to
+        the loop's next collective (the divergence guard's all-reduce of 2 flags) and met
+        the other processes' first bucket all-reduce there (gloo: "op.preamble.length <=
+        op.nbytes. 8576 vs 4 ... Received data size doesn't match expected size"). See
+        "Every precision on several processes" in docs/distributed.md.
+
+        Costs one model's worth of memory (in fp32) while the context lasts.
+        """
+        masters = {id(p): master for p, master in zip(self.model_params, self.masters, strict=True)}
+        live = dict(model.named_parameters(remove_duplicate=False))
+        # deepcopy keeps shared (tied) parameters shared, and the tables' dtype hooks follow
+        # the copy (bf16_training binds them with functools.partial, which deepcopy copies).
+        fp32 = copy.deepcopy(model).float()
         with torch.no_grad():
-            copy_tensors_(self.model_params, self.masters)
-        try:
-            yield model
-        finally:
-            for p in self.kept:
-                p.grad = None
-            model.to(dtype)
-            for p, data, grad in zip(self.kept, kept, grads, strict=True):
-                p.data = data
-                p.grad = grad
+            for name, p in fp32.named_parameters(remove_duplicate=False):
+                master = masters.get(id(live[name]))
+                if master is not None:
+                    p.copy_(master)  # the kept fp32 tables were copied exactly already
+        yield fp32
 
 
 def bf16_training(model: nn.Module, groups: list[dict[str, Any]], sparse_tables: bool = False, **adamw: Any) -> MasterWeightAdamW:
@@ -187,11 +198,14 @@ def bf16_training(model: nn.Module, groups: list[dict[str, Any]], sparse_tables:
             tensor.data = tensor.data.to(torch.bfloat16)
     compute = next((p for p in model.parameters() if id(p) not in skip), None)
     if compute is not None:
-
-        def to_compute_dtype(_module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
-            # Read at call time: inside fp32_model() the whole model is fp32 again.
-            return output.to(compute.dtype)
-
         for table in tables:
-            table.register_forward_hook(to_compute_dtype)
+            # A partial, not a closure: a deepcopy of the model (MasterWeightAdamW.fp32_model)
+            # copies its arguments, so the copy's tables follow the copy's compute dtype.
+            table.register_forward_hook(partial(_to_compute_dtype, compute))
     return optimizer
+
+
+def _to_compute_dtype(compute: torch.Tensor, _module: nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    """A table's forward hook: its output in the dtype the layers after it compute in,
+    read at call time (``compute`` is one of those layers' parameters)."""
+    return output.to(compute.dtype)
