@@ -239,7 +239,7 @@ def run_job(job: Job) -> dict[str, float]:
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
     row = {
         **metrics.get("sts", {}),
-        DEV_KEY: float(dev_selection(metrics).score or float("nan")),
+        DEV_KEY: float(dev_selection(metrics).best or float("nan")),
         "best_step": float(metrics["best_step"]),
     }
     row |= {"train_seconds": float(metrics["train_seconds"])} | dev_curve(metrics)

@@ -59,7 +59,7 @@ def kept_fp32_score(source: ExportSource, evaluator: STSScorer) -> float | None:
         return None
     data = source.run_config.get("data", {})
     selected = dev_selection({}, source.meta, data)  # STS-B dev under its name, or a folder's older stsb_dev
-    score = selected.score if selected.metric == LEGACY_DEV_METRIC else None
+    score = selected.best if selected.metric == LEGACY_DEV_METRIC else None
     if not isinstance(score, int | float) or not math.isfinite(score):
         return None
     if data.get("dev_file") is not None or data.get("dev_format", "stsb") != "stsb" or (data.get("prompts") or {}).get("query"):
