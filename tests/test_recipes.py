@@ -119,7 +119,7 @@ def test_missing_data_names_the_key_the_path_and_the_data_root(
     assert f"the data root is {tmp_path}/empty: set it with --data-root DIR or the {DATA_ENV} environment variable" in err
     assert not (tmp_path / "runs").exists()
     with pytest.raises(ConfigError, match=r"'data.train_file' = '\{data_root\}/x.txt' needs a data root, and none is set"):
-        from simcse_kit.config.run import run as config
+        from simcse_kit.config import run as config
 
         monkeypatch.setattr(config, "default_data_root", lambda: None)  # as in an installed wheel
         load_config(None, {"train_file": "{data_root}/x.txt"})
