@@ -212,6 +212,21 @@ GRADCACHE_RSS = Spec(
 )  # fmt: skip
 
 
+def _backbone_rows(rec: Record) -> Iterable[Row]:
+    for v, s in rec["summary"].items():
+        yield [rec["device"], rec["model"], v, f"{s['trainable']:,}", _range(s["peak_mib"], 0), _range(s["s_per_step"], 3)]
+
+
+BACKBONE = Spec(
+    "backbone-memory", "backbone_memory", "device|model|variant|trainable parameters|peak MiB|s/step",
+    _backbone_rows,
+    lambda kept: f"One unsup step at batch {_a(kept, 'batch_size')} (twice as many rows), max length "
+    f"{_a(kept, 'max_seq_len')}, bf16 autocast on CUDA: full fine-tuning or LoRA (r 8, query and value), "
+    "`train.gradient_checkpointing` off or on (`-gc`); median of the rounds (range). Peak MiB: CUDA's peak allocation "
+    "(peak RSS on a CPU).",
+)  # fmt: skip
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -421,7 +436,7 @@ def gpu_headline() -> str:
 
 
 SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY, GRADCACHE_RSS)
-SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX)
+SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

@@ -248,3 +248,21 @@ def test_gradient_checkpointing_gives_the_same_gradients(packing: bool, tiny_mod
     (loss_a, a), (loss_b, b) = grads
     assert torch.equal(loss_a, loss_b)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_gradient_checkpointing_refused_where_the_model_has_none(tmp_path: Path) -> None:
+    """MPNet has no gradient checkpointing in transformers 5: one line naming the key, not
+    transformers' ValueError from inside the run."""
+    from tiny_encoders import build_tiny
+
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.training.run import build_model
+
+    folder = build_tiny("mpnet", tmp_path / "mpnet")
+    cfg = RunConfig(
+        model=ModelConfig(name_or_path=str(folder), pooler="avg"),
+        data=DataConfig(train_file=str(tmp_path / "train.txt")),
+        train=TrainConfig(gradient_checkpointing=True),
+    )
+    with pytest.raises(ConfigError, match=r"'train.gradient_checkpointing' = True: MPNetModel does not support it"):
+        build_model(cfg)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_objectives import TAU, reference
 
-from simcse_kit.config.run import LossConfig
 from simcse_kit.config import run as config
+from simcse_kit.config.run import LossConfig
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS, views_per_example
 from simcse_kit.core.modes import Contrast, Mode

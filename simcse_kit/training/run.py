@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import datasets
 import torch
+import transformers
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
@@ -312,7 +313,13 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
     if cfg.train.gradient_checkpointing:
         # Non-reentrant: it needs no input that requires a gradient (a frozen base under
         # LoRA has none) and it replays dropout's random draws, so the gradients are the same.
-        base_encoder(model.encoder).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        encoder = base_encoder(model.encoder)
+        if not encoder.supports_gradient_checkpointing:  # MPNet, for one, in transformers 5
+            raise ConfigError(
+                f"config key 'train.gradient_checkpointing' = True: {type(encoder).__name__} does not support it "
+                f"(transformers {transformers.__version__}); set it false"
+            )
+        encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.train.fast_dropout:
         enable_fast_dropout(model)
     if cfg.train.compile:
