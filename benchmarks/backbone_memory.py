@@ -89,7 +89,9 @@ def main() -> None:
         path = build(Path(tmp) / "bert", size)
         for round_ in range(args.rounds):
             for name, lora, checkpointing in VARIANTS:
-                runs.append({"round": round_, "variant": name} | one_variant(path, lora, checkpointing, batch, args.steps, device))
+                runs.append(
+                    {"round": round_, "variant": name} | one_variant(path, lora, checkpointing, batch, args.steps, device)
+                )
                 print(runs[-1], flush=True)
     summary = {
         name: {k: spread([r[k] for r in runs if r["variant"] == name]) for k in ("peak_mib", "s_per_step")}
