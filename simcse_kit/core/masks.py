@@ -60,10 +60,10 @@ def false_negative_mask(
     mask = (candidate_ids[None, :] == anchor_ids[:, None]) | (candidate_ids[None, :] == positive_ids[:, None])
     if candidate_anchor_ids is not None:
         mask |= candidate_anchor_ids.to(anchor_ids.device)[None, :] == anchor_ids[:, None]
-    rows = torch.arange(anchor_ids.shape[0], device=anchor_ids.device)
-    mask[rows, positive] = False
+    columns = torch.arange(mask.shape[1], device=mask.device)[None, :]  # comparison: no device read-back
+    mask &= columns != positive.to(mask.device)[:, None]
     if self_index is not None:
-        mask[rows, self_index] = False
+        mask &= columns != self_index.to(mask.device)[:, None]
     return mask
 
 
@@ -97,10 +97,12 @@ def similar_candidate_mask(
         a = torch.nn.functional.normalize(anchors.detach().float(), dim=-1)
         c = torch.nn.functional.normalize(candidates.detach().float(), dim=-1)
         mask = a @ c.T > threshold
-    rows = torch.arange(anchors.shape[0], device=mask.device)
-    mask[rows, positive.to(mask.device)] = False
+    # By comparison, not index assignment: assigning at tensor indices reads the device
+    # back on CUDA, once a step.
+    columns = torch.arange(mask.shape[1], device=mask.device)[None, :]
+    mask &= columns != positive.to(mask.device)[:, None]
     if self_index is not None:
-        mask[rows, self_index.to(mask.device)] = False
+        mask &= columns != self_index.to(mask.device)[:, None]
     return mask
 
 

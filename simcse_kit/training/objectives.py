@@ -317,8 +317,8 @@ class SimCSEObjective:
         anchor_rows, blocks = self.views(rows)
         candidate_rows = torch.cat([self.gather_ids(block) for block in blocks])
         if exclude is not None:  # as in the SimCSE term, a positive is never excluded
-            exclude = exclude.clone()
-            exclude[torch.arange(exclude.shape[0], device=exclude.device), positive] = False
+            columns = torch.arange(exclude.shape[1], device=exclude.device)[None, :]
+            exclude = exclude & (columns != positive[:, None])  # comparison: no device read-back on CUDA
         teacher_anchors, teacher_candidates = self.teacher.rows(anchor_rows), self.teacher.rows(candidate_rows)
         targets = losses.similarity_targets(
             teacher_anchors, teacher_candidates, temperature=self.teacher.temperature, exclude=exclude
