@@ -100,7 +100,14 @@ def main() -> None:
     }
     kind = "tiny" if args.tiny else "bert-base"
     out = args.out or REPO / "benchmarks" / "results" / f"backbone_memory-{device}-{kind}.json"
-    record = {"machine": machine(), "args": vars(args) | {"out": str(out)}, "device": device, "model": kind, "runs": runs}
+    where = machine()
+    record = {
+        "machine": where,
+        "args": vars(args) | {"out": str(out)},
+        "device": where.get("gpu", device),
+        "model": kind,
+        "runs": runs,
+    }
     record |= {"summary": summary, "command": f"python -m benchmarks.backbone_memory --batch-size {args.batch_size}"}
     save_results(out, record)
 
