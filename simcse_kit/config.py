@@ -31,7 +31,7 @@ from simcse_kit.config_sections import (
     TrainConfig,
     option,
 )
-from simcse_kit.config_values import DuplicateKeyError, UniqueKeyLoader, parse_value
+from simcse_kit.config_values import RecipeShapeError, UniqueKeyLoader, parse_value
 from simcse_kit.errors import ConfigError
 from simcse_kit.fileio import write_text_atomic
 from simcse_kit.recipes import DATA_ENV, DATA_ROOT_HINT, absolute, default_data_root
@@ -75,6 +75,15 @@ DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_f
 # step 1). Above 10 every logit lies within 0.2 of the others and the loss is log(N), flat.
 TEMPERATURE_RANGE = (1e-3, 10.0)
 TEMPERATURE_WHY = "lower, fp32's exp underflows: loss 0 and no gradient; higher, all logits are alike: a flat loss"
+
+
+def file_in_the_way(folder: Path) -> Path | None:
+    """``folder`` itself or the nearest of its parents that exists, where that is not a
+    folder (so ``folder`` cannot be created or used as one); None where nothing blocks it."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
 
 
 def check_pooling(pooler: str, mlp: str = "none") -> None:
@@ -127,6 +136,12 @@ class RunConfig:
             ("train.eval_steps", self.train.eval_steps >= 0, ">= 0 (0: evaluate only at the end)"),
             ("train.save_steps", self.train.save_steps >= 0, ">= 0 (0: no periodic checkpoints)"),
             ("train.log_steps", self.train.log_steps >= 1, ">= 1"),
+            # numpy's seed (accelerate's set_seed seeds it too) is a uint32.
+            ("train.seed", 0 <= self.train.seed < 2**32, "in [0, 2**32 - 1] (numpy's seed range)"),
+            # Negative decay pushes weights away from zero: never a regulariser, always a typo.
+            ("train.weight_decay", 0 <= self.train.weight_decay < math.inf, ">= 0 and finite (0: no decay)"),
+            ("train.grad_cache_chunk", self.train.grad_cache_chunk >= 0, ">= 0 (0: off)"),
+            ("loss.queue_size", self.loss.queue_size >= 0, ">= 0 (0: off)"),
             (
                 "train.output_dir",
                 self.train.output_dir.strip() != "",
@@ -140,6 +155,8 @@ class RunConfig:
             # 0 would clip every update to nothing: the model would silently never change.
             ok = math.isfinite(self.train.max_grad_norm) and self.train.max_grad_norm > 0
             checks.append(("train.max_grad_norm", ok, "> 0, or null for no clipping"))
+        if self.data.num_workers is not None:
+            checks.append(("data.num_workers", self.data.num_workers >= 0, ">= 0 (0: in the training process), or null for auto"))
         if self.model.dropout is not None:
             checks.append(("model.dropout", 0 <= self.model.dropout < 1, "in [0, 1)"))
         checks.append(
@@ -211,6 +228,15 @@ class RunConfig:
                     else "relative paths in a recipe are read from its folder, on the command line from the current one"
                 )
                 raise ConfigError(f"config key 'data.{key}': {path}: {'folder' if folder else 'file'} not found ({hint})")
+        # Folders the run will create: one under a file could never be made (NotADirectoryError
+        # after the data and model were loaded), and a cache folder that is a file never written.
+        for key, value in (
+            ("train.output_dir", self.train.output_dir),
+            ("loss.teacher_cache_dir", self.loss.teacher_cache_dir if self.loss.teacher else None),
+        ):
+            if value is not None and (blocker := file_in_the_way(Path(value))) is not None:
+                what = "is a file" if blocker == Path(value) else f"is under {blocker}, which is a file"
+                raise ConfigError(f"config key {key!r} = {value!r}: must be a folder, and this {what}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,7 +302,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raw = yaml.load(text, Loader=UniqueKeyLoader) or {}
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
-        except DuplicateKeyError as exc:
+        except RecipeShapeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             hint = f' (quote values that start with {DATA_ROOT}: "{DATA_ROOT}/...")' if DATA_ROOT in text else ""

@@ -90,6 +90,9 @@ def read_rows(path: str | Path, columns: tuple[str, ...]) -> list[dict[str, str]
             header = [h.strip() for h in next(records)]
         except StopIteration:
             raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:  # csv's DictReader-style zip would silently keep the last of the copies
+            raise DataError(f"{where(path, 1)}: header {header} repeats column(s) {repeated}; name each column once")
         missing = [c for c in columns if c not in header]
         if missing:
             raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from simcse_kit.errors import DataError, StorageError, where
+from simcse_kit.errors import ConfigError, DataError, StorageError, where
 
 BOM = "\ufeff"
 # Write failures that are the disk's doing, not a bug: one line, no traceback.
@@ -75,6 +75,17 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
         text = data.decode("latin-1")
     if text.startswith(BOM):
         text = text[1:]
+    if "\0" in text:  # valid UTF-8, but no text file holds NULs: UTF-16 without its byte-order mark, or binary
+        line = text[: text.index("\0")].count("\n") + 1
+        raise DataError(
+            f"{where(path, line)}: holds NUL characters: not a UTF-8 text file (UTF-16 without a byte-order mark, "
+            "or binary data); save it as UTF-8"
+        )
+    if "\n" not in text and "\r" in text.rstrip("\r"):  # old Mac line ends: the whole file would be one line
+        raise DataError(
+            f"{where(path)}: its lines end in a bare carriage return (classic Mac line ends) and none in a newline; "
+            "convert them to newlines (tr '\\r' '\\n')"
+        )
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line, it does not start one
@@ -137,6 +148,8 @@ def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
         StorageError: read-only, no permission, or a full disk, naming ``what`` and ``path``.
     """
     path = Path(path)
+    if not folder and path.is_dir():  # found only at the rename, after the work, otherwise
+        raise ConfigError(f"{what} {path}: is a folder; give the path of a file to write")
     probe_dir = nearest_existing(path if folder else path.parent)
     if not probe_dir.is_dir():
         raise StorageError(f"{what} {path}: {probe_dir} is not a folder")

@@ -144,6 +144,11 @@ def build_run(
             each batch.
     """
     dataset = load_training_data(cfg) if dataset is None else dataset
+    if cfg.train.batch_size > len(dataset):  # legal, but every step would be the whole set: surely a typo
+        raise ConfigError(
+            f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than the training set "
+            f"({len(dataset)} example(s) in {cfg.data.train_file}); use a batch of at most {len(dataset)}"
+        )
     dev = final_sts = None
     if evaluate:
         dev = (

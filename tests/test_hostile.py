@@ -418,7 +418,8 @@ def test_fuzz_sts_readers(first: bytes, second: bytes) -> None:
         shutil.rmtree(folder)
 
 
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"), min_size=1, max_size=20)
+# No NUL: a text file holding one is refused (UTF-16 without a byte-order mark; tests/test_battery.py).
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x00"), min_size=1, max_size=20)
 
 
 @FUZZ

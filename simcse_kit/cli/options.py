@@ -61,6 +61,15 @@ def add_batch_size(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=128)
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """The counts a command takes (``--batch-size``, ``--top-k``) are >= 1, checked before
+    any model is loaded (0 was a library traceback after the load)."""
+    for name in ("batch_size", "top_k"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+
+
 def add_device(p: argparse.ArgumentParser) -> None:
     """``--device`` of every command that encodes (:mod:`simcse_kit.devices`)."""
     from simcse_kit.devices import AUTO_DEVICE, DEVICE_HELP
