@@ -41,6 +41,11 @@ class ModelConfig:
         '"auto": SDPA where the architecture has it, else eager (MPNet, DeBERTa-v2); any other value ("sdpa", '
         '"eager", "flash_attention_2") is required, and recorded.',
     )
+    trust_remote_code: bool = option(
+        False,
+        "Run a model folder's own Python code (config.json's auto_map for a model_type transformers does not know). "
+        "False: such a folder is refused with one line, never a y/N question in the middle of a run.",
+    )
     packing: bool | None = option(
         None,
         "Run the encoder on packed rows instead of padded ones where the model is verified to give the same token states "

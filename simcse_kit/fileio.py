@@ -18,6 +18,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from simcse_kit.errors import ConfigError, DataError, StorageError, where
+from simcse_kit.errors import DataError, StorageError, where
 
 BOM = "\ufeff"
 # Write failures that are the disk's doing, not a bug: one line, no traceback.
@@ -129,6 +130,11 @@ def storage_error(exc: BaseException, path: str | Path) -> StorageError | None:
         return exc
     if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
         return StorageError(f"{path}: {DISK_ERRORS[exc.errno]}; nothing half-written was left there")
+    # safetensors (Rust) reports the OS error only in its text: "Error while serializing:
+    # IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })".
+    found = re.search(r"Os \{ code: (\d+)", str(exc))
+    if found and int(found.group(1)) in DISK_ERRORS:
+        return StorageError(f"{path}: {DISK_ERRORS[int(found.group(1))]}; nothing half-written was left there")
     if isinstance(exc, RuntimeError):
         try:
             free = shutil.disk_usage(nearest_existing(path)).free
@@ -148,8 +154,6 @@ def check_writable(path: str | Path, what: str, folder: bool = False) -> None:
         StorageError: read-only, no permission, or a full disk, naming ``what`` and ``path``.
     """
     path = Path(path)
-    if not folder and path.is_dir():  # found only at the rename, after the work, otherwise
-        raise ConfigError(f"{what} {path}: is a folder; give the path of a file to write")
     probe_dir = nearest_existing(path if folder else path.parent)
     if not probe_dir.is_dir():
         raise StorageError(f"{what} {path}: {probe_dir} is not a folder")

@@ -261,14 +261,19 @@ class SimCSEModel(nn.Module):
     def from_config(cls, cfg: ModelConfig) -> SimCSEModel:
         """A fresh training model from a base encoder (hub id, folder or the default)."""
         path = resolve_model_path(cfg.name_or_path)
-        check_weights(path)  # a truncated file named, not safetensors' bare "incomplete metadata"
+        trust = cfg.trust_remote_code
+        check_weights(path, trust)  # a truncated file named, not safetensors' bare "incomplete metadata"
         try:
-            hf_config = AutoConfig.from_pretrained(path)
+            hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
             if cfg.dropout is not None:  # each family names its dropout keys differently
                 overrides = encoder_families.dropout_overrides(hf_config.model_type, cfg.dropout)
-                hf_config = AutoConfig.from_pretrained(path, **overrides)
-            encoder, attn = encoder_families.load_pretrained_encoder(path, cfg.attn_implementation, config=hf_config)
-        except OSError as exc:
+                hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust, **overrides)
+            encoder, attn = encoder_families.load_pretrained_encoder(
+                path, cfg.attn_implementation, config=hf_config, trust_remote_code=trust
+            )
+        except ConfigError:
+            raise  # already names the folder and the problem
+        except (OSError, ValueError) as exc:
             raise ConfigError(f"model.name_or_path {cfg.name_or_path!r}: cannot load a model there ({exc})") from None
         if cfg.dropout is not None:
             encoder_families.check_dropout(encoder, cfg.dropout)  # every site, not just the keys we set
@@ -280,12 +285,19 @@ class SimCSEModel(nn.Module):
         return cls(encoder, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=packing, attn_implementation=attn)
 
     @classmethod
-    def load(cls, path: str | Path, attn_implementation: str = encoder_families.AUTO, precision: str = "no") -> SimCSEModel:
+    def load(
+        cls,
+        path: str | Path,
+        attn_implementation: str = encoder_families.AUTO,
+        precision: str = "no",
+        trust_remote_code: bool = False,
+    ) -> SimCSEModel:
         """Load a folder written by :meth:`save` (pooler and MLP from its own metadata).
 
         ``attn_implementation="auto"`` tries the implementation the model records it was
         trained with, then SDPA, then eager (:func:`encoder_families.load_pretrained_encoder`);
-        any other value is required. ``precision`` is the inference precision the model
+        any other value is required; a folder that would run its own code is refused unless
+        ``trust_remote_code``. ``precision`` is the inference precision the model
         will run at: a recorded flash attention is kept only for fp16/bf16
         (:func:`encoder_families.inference_attention`). Weights load in fp32.
         """
@@ -293,10 +305,12 @@ class SimCSEModel(nn.Module):
         meta_file = path / SIMCSE_CONFIG
         if not meta_file.is_file():
             raise ConfigError(f"{path}: not a simcse-kit model (no {SIMCSE_CONFIG})")
-        check_weights(path)  # names a truncated or corrupt file (and an unreadable simcse_config.json)
+        check_weights(path, trust_remote_code)  # names a truncated or corrupt file (and an unreadable simcse_config.json)
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         prefer = encoder_families.inference_attention(meta.get("attn_implementation"), precision)
-        encoder, attn = encoder_families.load_pretrained_encoder(path, attn_implementation, prefer=prefer)
+        encoder, attn = encoder_families.load_pretrained_encoder(
+            path, attn_implementation, prefer=prefer, trust_remote_code=trust_remote_code
+        )
         model = cls(encoder, meta["pooler"], meta["mlp"], int(meta["max_seq_len"]), attn_implementation=attn)
         if model.mlp is not None:
             model.mlp.load_state_dict(load_file(str(path / HEAD_WEIGHTS)))

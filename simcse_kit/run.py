@@ -241,7 +241,8 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
                 "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
             )
         if run.final_sts is not None and have_best:
-            best = Encoder(SimCSEModel.load(out / BEST_MODEL), run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
+            model = SimCSEModel.load(out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
+            best = Encoder(model, run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
             metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
             accelerator.log(
                 {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step

@@ -80,6 +80,8 @@ def add_device(p: argparse.ArgumentParser) -> None:
 def check_output(path: Path | None, flag: str = "--json", folder: bool = False) -> None:
     """Fail before the work, not after it, when ``path`` cannot be written."""
     if path is not None:
+        if not folder and Path(path).is_dir():  # found only at the rename, after the work, otherwise
+            raise ConfigError(f"{flag} {path}: is a folder; give the path of a file to write")
         check_writable(path, flag, folder=folder)
 
 

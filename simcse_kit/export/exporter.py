@@ -137,12 +137,14 @@ def export_model(
 
     with atomic_dir(out) as tmp:
         prompts = source.meta.get("prompts")
-        write_folder(model, AutoTokenizer.from_pretrained(source.model_dir), modules, tmp, prompts, truncate_dim)
+        source_tokenizer = AutoTokenizer.from_pretrained(source.model_dir, trust_remote_code=False)
+        write_folder(model, source_tokenizer, modules, tmp, prompts, truncate_dim)
         # Reload from disk: this checks the files users get, not an object we built.
         reloaded = load_backend(tmp, device=str(where))
         # Parity below encodes both sides with copies of one tokenizer: compare the ids of an
         # independent load of the exported one with the source's, and their [UNK] share.
-        problem = tokenization_problem(tokenizer, AutoTokenizer.from_pretrained(tmp), list(probes), model.max_seq_len)
+        exported = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        problem = tokenization_problem(tokenizer, exported, list(probes), model.max_seq_len)
         if problem:
             raise ExportError(f"{problem}; nothing written to {out}")
         if reloaded.max_seq_length != model.max_seq_len:
