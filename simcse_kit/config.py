@@ -376,6 +376,10 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
         cfg.loss.teacher = str(absolute(teacher, folder))
     if cfg.loss.teacher_cache_dir is not None:
         cfg.loss.teacher_cache_dir = str(absolute(cfg.loss.teacher_cache_dir, base("loss.teacher_cache_dir")))
+    # The run folder is read from the current folder wherever it is given (`runs/` is where
+    # you are), and recorded absolute like every other path (README, config.yaml).
+    if cfg.train.output_dir.strip():
+        cfg.train.output_dir = str(absolute(cfg.train.output_dir))
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

@@ -62,6 +62,30 @@ def is_main_launch_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def lock_holder(folder: str | Path) -> str | None:
+    """Who holds ``folder``'s run lock (:class:`RunLock`) now, as its lock file says
+    (``pid 4242 on host-1, started ...``); None when no live process holds it. Creates
+    nothing: a folder without a lock file is not locked."""
+    path = Path(folder) / LOCK_FILE
+    if not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails only while a RunLock holds it
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "an unknown process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class RunLock:
     """An exclusive lock on a run folder, as a context manager.
 

@@ -315,3 +315,73 @@ def test_a_full_disk_while_writing_the_best_model_is_one_line_and_nothing_half_w
     fails(["train", str(recipe)], capsys, str(out / ".best_model"), "no space left on device", "nothing half-written", rc=1)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".best_model")) == []
     assert not (out / "best_model").exists()
+
+
+def test_config_records_output_dir_absolute(tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from simcse_kit.config import load_config, save_config
+
+    monkeypatch.chdir(tiny_run.folder)
+    recipe = tiny_run.recipe("run")
+    cfg = load_config(recipe, {"output_dir": "runs/rel"})
+    assert cfg.train.output_dir == str(tiny_run.folder / "runs" / "rel")  # read from the current folder
+    save_config(cfg, tiny_run.folder / "saved.yaml")
+    saved = yaml.safe_load((tiny_run.folder / "saved.yaml").read_text())
+    assert saved["train"]["output_dir"] == str(tiny_run.folder / "runs" / "rel")
+
+
+# --------------------------------------------------------------------------- export
+
+
+def saved_model(folder: Path, tiny_model_dir: Path) -> Path:
+    """A saved simcse-kit model (tiny BERT, cls pooler) with its tokenizer."""
+    from transformers import AutoTokenizer, BertModel
+
+    from simcse_kit.modeling import SimCSEModel
+
+    model = SimCSEModel(BertModel.from_pretrained(tiny_model_dir), "cls", "none", 32)
+    model.save(folder, AutoTokenizer.from_pretrained(tiny_model_dir), {"step": 0, "stsb_dev": 0.0})
+    return folder
+
+
+def test_export_options_that_would_fail_after_the_work_fail_first(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    model = saved_model(tmp_path / "model", tiny_model_dir)
+    out = tmp_path / "st"
+    # The dynamo exporter wrote opset 18 for --opset 5, and the record said 18: not what was asked.
+    fails(["export", str(model), str(out), "--onnx", "--opset", "5"], capsys, "--opset 5: must be in [18, ")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    fails(["export", str(model), str(out), "--push-to-hub", "me/model"], capsys, "--push-to-hub me/model: the hub is offline")
+    assert not out.exists()
+
+
+def test_export_overwrite_keeps_files_it_did_not_write_and_a_live_run_is_not_exported(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from simcse_kit.guards import RunLock
+
+    model = saved_model(tmp_path / "model", tiny_model_dir)
+    out = tmp_path / "st"
+    assert cli_main(["export", str(model), str(out)]) == 0
+    recorded = json.loads((out / "simcse_export.json").read_text())["files"]
+    assert "model.safetensors" in recorded and "simcse_export.json" in recorded
+    assert cli_main(["export", str(model), str(out), "--overwrite"]) == 0  # its own files only: replaced
+    (out / "notes.txt").write_text("my evaluation notes\n")
+    fails(["export", str(model), str(out), "--overwrite"], capsys, f"{out}: --overwrite would delete notes.txt")
+    assert (out / "notes.txt").read_text() == "my evaluation notes\n"
+
+    run = tmp_path / "run"
+    saved_model(run / "best_model", tiny_model_dir)
+    (run / "config.yaml").write_text("train: {}\n")
+    lock = RunLock(run).acquire()
+    try:
+        fails(["export", str(run), str(tmp_path / "st2")], capsys, "a training run is still writing into", "pid")
+    finally:
+        lock.release()
+    assert not (tmp_path / "st2").exists()

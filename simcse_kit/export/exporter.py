@@ -30,7 +30,7 @@ from simcse_kit.export.card import model_card
 from simcse_kit.export.folder import COMPAT_TESTED, decide_normalize, describe_modules, export_modules, write_folder, write_json
 from simcse_kit.export.hub import hub_upload
 from simcse_kit.export.onnx import DEFAULT_OPSET, add_onnx, onnx_info, quant_info, require_onnx
-from simcse_kit.export.source import EXPORT_INFO, ExportError, ExportSource, check_target, find_source
+from simcse_kit.export.source import EXPORT_INFO, ExportError, ExportSource, check_target, export_files, find_source
 from simcse_kit.export.sts_gate import STSScorer, default_scorer, int8_gate
 from simcse_kit.export.verify import (
     MIN_COSINE,
@@ -170,7 +170,9 @@ def export_model(
             result.sts = int8_gate(evaluator, ours.encode, q_encode, out)
 
         (tmp / "README.md").write_text(model_card(source, result, int(exported.shape[1])), encoding="utf-8")
-        write_json(tmp / EXPORT_INFO, export_info(source, model, result, truncate_dim, quantize))
+        # Its own files listed: a later --overwrite deletes only a folder holding nothing else.
+        info = export_info(source, model, result, truncate_dim, quantize) | {"files": [*export_files(tmp), EXPORT_INFO]}
+        write_json(tmp / EXPORT_INFO, info)
         # Encoders keep the files open on some platforms; let go before the rename.
         del reloaded
     logger.info("exported %s -> %s (%s)", source_path, out, summary)
