@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from simcse_kit.errors import STOPPED_STATUS, ConfigError, Stopped
+from simcse_kit.errors import STOPPED_STATUS, ConfigError, Stopped, StoppedAfterTraining
 from simcse_kit.fileio import storage_error
 
 logger = logging.getLogger(__name__)
@@ -161,6 +161,31 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class AfterTrainingSignals:
+    """While active (the final STS table, after training and ``metrics.json``), SIGTERM and
+    SIGUSR1 raise :class:`~simcse_kit.errors.StoppedAfterTraining` naming ``what`` was
+    interrupted, instead of killing the process without a word (exit 143). Main thread only.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        raise StoppedAfterTraining(signal.Signals(signum).name, signum, self.what)
+
+    def __enter__(self) -> AfterTrainingSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

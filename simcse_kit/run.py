@@ -34,7 +34,7 @@ from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvalua
 from simcse_kit.evaluation.encoding import prompted
 from simcse_kit.fastpath import enable_fast_dropout
 from simcse_kit.fileio import write_json_atomic
-from simcse_kit.guards import StopSignals
+from simcse_kit.guards import AfterTrainingSignals, StopSignals
 from simcse_kit.heap import HeapChoice, apply_mmap_threshold
 from simcse_kit.inference import Encoder
 from simcse_kit.loop import Prepared, fit, make_accelerator, prepare
@@ -108,8 +108,9 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
         run = build_run(cfg)  # every input checked before the run folder is touched
         out = prepare_run_dir(run.recorded, overwrite, resume, held)
         start_tracking(run.accelerator, run.cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
-        # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
-        # handlers are back for the final evaluation: there is nothing left to checkpoint.
+        # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. During the
+        # final STS table there is nothing left to checkpoint: finish writes metrics.json first
+        # and a stop there says so (guards.AfterTrainingSignals).
         with StopSignals() as signals:
             state = fit(
                 run, run.step, run.cfg.train, evaluator=run.evaluator, checkpoints=run.checkpoints, resume=resume, signals=signals
@@ -240,13 +241,6 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             logger.warning(
                 "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
             )
-        if run.final_sts is not None and have_best:
-            model = SimCSEModel.load(out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
-            best = Encoder(model, run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-            metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
-            accelerator.log(
-                {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
-            )
         plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"STS-B dev, {cfg.data.mode}")
         plot_training_curves(
             state.losses,
@@ -256,7 +250,22 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             state.best_step,
             f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
         )
+        # The training's results first: the final table takes minutes on a CPU, and a stop
+        # signal there (no handler left: nothing to checkpoint) lost them, exit 143 without a word.
         write_json_atomic(out / "metrics.json", metrics)
+        if run.final_sts is not None and have_best:
+            what = (
+                f"the final STS table; training had finished and {out / 'metrics.json'} holds its results without the "
+                f"table: score the best model with simcse-kit evaluate {out}"
+            )
+            with AfterTrainingSignals(what):
+                model = SimCSEModel.load(out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
+                best = Encoder(model, run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
+                metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
+            accelerator.log(
+                {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
+            )
+            write_json_atomic(out / "metrics.json", metrics)
         if have_best:  # the last line names only a folder that exists
             best_at = (state.best_step, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
             logger.info("best model (step %d, dev %.2f on %s) at %s", *best_at)

@@ -385,3 +385,30 @@ def test_export_overwrite_keeps_files_it_did_not_write_and_a_live_run_is_not_exp
     finally:
         lock.release()
     assert not (tmp_path / "st2").exists()
+
+
+# --------------------------------------------------------------------------- a stop during the final table
+
+
+def test_sigterm_during_the_final_table_keeps_the_training_results_and_says_so(
+    tiny_run: TinyRun, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import signal
+
+    from simcse_kit.evaluation import STSEvaluator
+
+    def scheduler_kills(self: STSEvaluator, encode: object) -> dict[str, float]:
+        signal.raise_signal(signal.SIGTERM)  # the scheduler's SIGTERM, minutes into the 7-task table
+        raise AssertionError("the signal did not stop the table")
+
+    monkeypatch.setattr(STSEvaluator, "__call__", scheduler_kills)
+    recipe = tiny_run.recipe("run", num_epochs=1, save_steps=0)
+    out = tiny_run.folder / "run"
+    assert cli_main(["train", str(recipe)]) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert "stopped by SIGTERM during the final STS table; training had finished" in err, err
+    assert f"simcse-kit evaluate {out}" in err and "Traceback" not in err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 8 and metrics["evals"] and "sts" not in metrics
+    assert (out / "best_model").is_dir()
