@@ -144,8 +144,11 @@ def build_run(
             prepared (Accelerate's loader calls the function it was given), e.g. to time
             each batch.
     """
+    from_files = dataset is None
     dataset = load_training_data(cfg) if dataset is None else dataset
-    if cfg.train.batch_size > len(dataset):  # legal, but every step would be the whole set: surely a typo
+    # Legal, but every step would be the whole set: surely a typo. (A dataset given in code,
+    # a benchmark's few sentences repeated in one batch, is the caller's choice.)
+    if from_files and cfg.train.batch_size > len(dataset):
         raise ConfigError(
             f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than the training set "
             f"({len(dataset)} example(s) in {cfg.data.train_file}); use a batch of at most {len(dataset)}"

@@ -309,12 +309,17 @@ def test_a_full_disk_while_writing_the_best_model_is_one_line_and_nothing_half_w
             'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
         )
 
+    model = saved_model(tiny_run.folder / "model", tiny_run.model_dir)  # before the disk fills
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", save_pretrained)
     recipe = tiny_run.recipe("run", save_steps=0)
     out = tiny_run.folder / "run"
     fails(["train", str(recipe)], capsys, str(out / ".best_model"), "no space left on device", "nothing half-written", rc=1)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".best_model")) == []
     assert not (out / "best_model").exists()
+    # The export's folder likewise.
+    export = tiny_run.folder / "st"
+    fails(["export", str(model), str(export)], capsys, "no space left on device", rc=1)
+    assert sorted(p.name for p in tiny_run.folder.iterdir() if p.name.startswith((".st", "st"))) == []
 
 
 def test_config_records_output_dir_absolute(tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch) -> None:

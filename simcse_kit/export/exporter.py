@@ -143,8 +143,8 @@ def export_model(
         reloaded = load_backend(tmp, device=str(where))
         # Parity below encodes both sides with copies of one tokenizer: compare the ids of an
         # independent load of the exported one with the source's, and their [UNK] share.
-        exported = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
-        problem = tokenization_problem(tokenizer, exported, list(probes), model.max_seq_len)
+        exported_tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        problem = tokenization_problem(tokenizer, exported_tokenizer, list(probes), model.max_seq_len)
         if problem:
             raise ExportError(f"{problem}; nothing written to {out}")
         if reloaded.max_seq_length != model.max_seq_len:
