@@ -235,8 +235,8 @@ class RunConfig:
             ("loss.teacher_cache_dir", self.loss.teacher_cache_dir if self.loss.teacher else None),
         ):
             if value is not None and (blocker := file_in_the_way(Path(value))) is not None:
-                what = "is a file" if blocker == Path(value) else f"is under {blocker}, which is a file"
-                raise ConfigError(f"config key {key!r} = {value!r}: must be a folder, and this {what}")
+                what = "exists and is not a folder" if blocker == Path(value) else f"is under {blocker}, not a folder"
+                raise ConfigError(f"config key {key!r} = {value!r}: {what}")
         return self
 
     def to_dict(self) -> dict[str, Any]:

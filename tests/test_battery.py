@@ -79,10 +79,10 @@ def test_output_dir_under_a_file_and_a_teacher_cache_that_is_a_file(
     afile = tiny_run.folder / "afile"
     afile.write_text("x\n")
     fails(
-        ["train", str(recipe), "--output-dir", str(afile / "sub")], capsys, "train.output_dir", f"under {afile}, which is a file"
+        ["train", str(recipe), "--output-dir", str(afile / "sub")], capsys, "train.output_dir", f"is under {afile}, not a folder"
     )
     overrides = ["--teacher", str(tiny_model_dir), "--teacher-cache-dir", str(afile)]
-    fails(["train", str(recipe), *overrides], capsys, "loss.teacher_cache_dir", "is a file")
+    fails(["train", str(recipe), *overrides], capsys, "loss.teacher_cache_dir", "exists and is not a folder")
     assert not (tiny_run.folder / "run").exists()
 
 

@@ -189,7 +189,8 @@ def test_bad_option(recipe: Path, capsys: pytest.CaptureFixture[str], overrides:
 def test_model_folder_without_model(recipe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = recipe.parent / "empty_model"
     empty.mkdir()
-    train_fails(recipe, capsys, ["--name-or-path", str(empty)], f"'model.name_or_path' = '{empty}': not a model folder (no config.json)")
+    needle = f"'model.name_or_path' = '{empty}': not a model folder (no config.json)"
+    train_fails(recipe, capsys, ["--name-or-path", str(empty)], needle)
 
 
 # --------------------------------------------------------------------------- STS files (train and evaluate)
