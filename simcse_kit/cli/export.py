@@ -19,13 +19,14 @@ def check_export_options(args: argparse.Namespace) -> None:
     if args.opset is not None:
         import onnx  # the [onnx] extra; --opset means an ONNX export
 
-        from simcse_kit.export.onnx import DEFAULT_OPSET
+        from simcse_kit.export.onnx import MIN_OPSET
 
         highest = onnx.defs.onnx_opset_version()
-        if not DEFAULT_OPSET <= args.opset <= highest:
-            # The dynamo exporter writes opset 18 for anything lower: the graph would not be the one asked for.
+        if not MIN_OPSET <= args.opset <= highest:
+            # Asked for less, the dynamo exporter wrote opset 18 and recorded 18: not the graph asked for.
             raise ConfigError(
-                f"--opset {args.opset}: must be in [{DEFAULT_OPSET}, {highest}] (the ONNX exporter writes opset 18 or later)"
+                f"--opset {args.opset}: must be in [{MIN_OPSET}, {highest}] (LayerNormalization needs opset 17; "
+                "the exporter writes no lower)"
             )
     if args.push_to_hub is not None:
         from huggingface_hub import constants
