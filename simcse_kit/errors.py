@@ -33,6 +33,16 @@ class Stopped(Exception):
         super().__init__(f"stopped by {signal_name} after step {step}; {where}")
 
 
+class StoppedAfterTraining(Exception):
+    """A stop signal (SIGTERM, SIGUSR1) during the work after training (the final STS
+    table): nothing to checkpoint, and ``metrics.json`` already holds the training's
+    results. The CLI prints the message and exits 128 + the signal's number."""
+
+    def __init__(self, signal_name: str, signum: int, what: str) -> None:
+        self.signal_name, self.signum = signal_name, signum
+        super().__init__(f"stopped by {signal_name} during {what}")
+
+
 def where(path: object, line: int | None = None) -> str:
     """``'file.txt, line 3'`` — the prefix every DataError message starts with."""
     return f"{path}, line {line}" if line is not None else str(path)

@@ -18,6 +18,7 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -75,6 +76,17 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
         text = data.decode("latin-1")
     if text.startswith(BOM):
         text = text[1:]
+    if "\0" in text:  # valid UTF-8, but no text file holds NULs: UTF-16 without its byte-order mark, or binary
+        line = text[: text.index("\0")].count("\n") + 1
+        raise DataError(
+            f"{where(path, line)}: holds NUL characters: not a UTF-8 text file (UTF-16 without a byte-order mark, "
+            "or binary data); save it as UTF-8"
+        )
+    if "\n" not in text and "\r" in text.rstrip("\r"):  # old Mac line ends: the whole file would be one line
+        raise DataError(
+            f"{where(path)}: its lines end in a bare carriage return (classic Mac line ends) and none in a newline; "
+            "convert them to newlines (tr '\\r' '\\n')"
+        )
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line, it does not start one
@@ -118,6 +130,11 @@ def storage_error(exc: BaseException, path: str | Path) -> StorageError | None:
         return exc
     if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
         return StorageError(f"{path}: {DISK_ERRORS[exc.errno]}; nothing half-written was left there")
+    # safetensors (Rust) reports the OS error only in its text: "Error while serializing:
+    # IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })".
+    found = re.search(r"Os \{ code: (\d+)", str(exc))
+    if found and int(found.group(1)) in DISK_ERRORS:
+        return StorageError(f"{path}: {DISK_ERRORS[int(found.group(1))]}; nothing half-written was left there")
     if isinstance(exc, RuntimeError):
         try:
             free = shutil.disk_usage(nearest_existing(path)).free

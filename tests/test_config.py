@@ -68,6 +68,8 @@ def test_every_recipe_loads_with_its_values(recipe: Path) -> None:
             if isinstance(value, str) and "{data_root}" in value:  # data paths: the data root put in, absolute
                 assert cfg.data.data_root == str(REPO.parent / "shared" / "data")
                 value = value.replace("{data_root}", cfg.data.data_root)
+            if f"{section}.{key}" == "train.output_dir":  # read from the current folder, recorded absolute
+                value = str(Path.cwd() / value)
             assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
 
 

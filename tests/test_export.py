@@ -550,6 +550,9 @@ def test_push_to_hub(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.Monkey
         return f"https://example.invalid/{repo_id}"
 
     monkeypatch.setattr(exporter, "hub_upload", upload)
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the faked hub is online (offline is refused first)
     model_dir = train_and_save(bert3_dir, "avg", "none", tmp_path / "model")
     out = tmp_path / "st"
     assert main(["export", str(model_dir), str(out), "--push-to-hub", "me/simcse-tiny", "--no-normalize"]) == 0

@@ -189,7 +189,8 @@ def test_bad_option(recipe: Path, capsys: pytest.CaptureFixture[str], overrides:
 def test_model_folder_without_model(recipe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     empty = recipe.parent / "empty_model"
     empty.mkdir()
-    train_fails(recipe, capsys, ["--name-or-path", str(empty)], f"'model.name_or_path' = '{empty}': cannot load a model there")
+    needle = f"'model.name_or_path' = '{empty}': not a model folder (no config.json)"
+    train_fails(recipe, capsys, ["--name-or-path", str(empty)], needle)
 
 
 # --------------------------------------------------------------------------- STS files (train and evaluate)
@@ -418,7 +419,8 @@ def test_fuzz_sts_readers(first: bytes, second: bytes) -> None:
         shutil.rmtree(folder)
 
 
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"), min_size=1, max_size=20)
+# No NUL: a text file holding one is refused (UTF-16 without a byte-order mark; tests/test_battery.py).
+TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r\x00"), min_size=1, max_size=20)
 
 
 @FUZZ

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 
 from simcse_kit.cli import align_uniform, demos, evaluate, export, mine, recipes, retrieval_tasks, train, transfer
-from simcse_kit.cli.options import parse_overrides
-from simcse_kit.errors import STOPPED_STATUS, ConfigError, DataError, Stopped, StorageError
+from simcse_kit.cli.options import check_counts, parse_overrides
+from simcse_kit.errors import STOPPED_STATUS, ConfigError, DataError, Stopped, StoppedAfterTraining, StorageError
 
 __all__ = ["build_parser", "main", "parse_overrides", "resume_command"]
 
@@ -64,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("transformers.distributed.tensor_parallel").setLevel(logging.ERROR)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        check_counts(args)
         return args.func(args, extra)
     except (ConfigError, DataError) as exc:
         print(f"simcse-kit {args.command}: error: {exc}", file=sys.stderr)
@@ -79,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return STOPPED_STATUS
+    except StoppedAfterTraining as exc:  # training finished; metrics.json holds its results
+        print(f"simcse-kit {args.command}: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:  # a second Ctrl-C (or one outside training): no traceback, no checkpoint
         print(f"simcse-kit {args.command}: interrupted", file=sys.stderr)
         return 130

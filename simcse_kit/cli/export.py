@@ -10,11 +10,43 @@ from pathlib import Path
 
 from simcse_kit.cli.options import add_data_options, add_device
 from simcse_kit.config.recipes import senteval_dir
+from simcse_kit.errors import ConfigError
+
+
+def check_export_options(args: argparse.Namespace) -> None:
+    """Options that would fail (or be silently replaced) only after the export's work:
+    an ONNX opset the exporter does not write, an upload with the hub offline."""
+    if args.opset is not None:
+        import onnx  # the [onnx] extra; --opset means an ONNX export
+
+        from simcse_kit.export.onnx import MIN_OPSET
+
+        highest = onnx.defs.onnx_opset_version()
+        if not MIN_OPSET <= args.opset <= highest:
+            # Asked for less, the dynamo exporter wrote opset 18 and recorded 18: not the graph asked for.
+            raise ConfigError(
+                f"--opset {args.opset}: must be in [{MIN_OPSET}, {highest}] (LayerNormalization needs opset 17; "
+                "the exporter writes no lower)"
+            )
+    if args.push_to_hub is not None:
+        from huggingface_hub import constants
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        if constants.HF_HUB_OFFLINE:
+            raise ConfigError(
+                f"--push-to-hub {args.push_to_hub}: the hub is offline (HF_HUB_OFFLINE=1); export without it and upload later"
+            )
+        try:
+            validate_repo_id(args.push_to_hub)
+        except HFValidationError as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"--push-to-hub {args.push_to_hub}: not a hub repo id ({reason})") from None
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.export import ExportError, export_model
 
+    check_export_options(args)  # before the model is loaded and the export built
     try:
         result = export_model(
             args.source,

@@ -61,6 +61,15 @@ def add_batch_size(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=128)
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """The counts a command takes (``--batch-size``, ``--top-k``) are >= 1, checked before
+    any model is loaded (0 was a library traceback after the load)."""
+    for name in ("batch_size", "top_k"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+
+
 def add_device(p: argparse.ArgumentParser) -> None:
     """``--device`` of every command that encodes (:mod:`simcse_kit.model.devices`)."""
     from simcse_kit.model.devices import AUTO_DEVICE, DEVICE_HELP
@@ -71,6 +80,8 @@ def add_device(p: argparse.ArgumentParser) -> None:
 def check_output(path: Path | None, flag: str = "--json", folder: bool = False) -> None:
     """Fail before the work, not after it, when ``path`` cannot be written."""
     if path is not None:
+        if not folder and Path(path).is_dir():  # found only at the rename, after the work, otherwise
+            raise ConfigError(f"{flag} {path}: is a folder; give the path of a file to write")
         check_writable(path, flag, folder=folder)
 
 

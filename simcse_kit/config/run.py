@@ -42,7 +42,7 @@ from simcse_kit.config.sections import (
     option,
     raise_first,
 )
-from simcse_kit.config.values import DuplicateKeyError, UniqueKeyLoader, parse_value
+from simcse_kit.config.values import RecipeShapeError, UniqueKeyLoader, parse_value
 from simcse_kit.errors import ConfigError
 from simcse_kit.files import write_text_atomic
 
@@ -78,6 +78,15 @@ __all__ = [
 ]
 
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
+def file_in_the_way(folder: Path) -> Path | None:
+    """``folder`` itself or the nearest of its parents that exists, where that is not a
+    folder (so ``folder`` cannot be created or used as one); None where nothing blocks it."""
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
 
 
 @dataclass
@@ -124,6 +133,15 @@ class RunConfig:
                     else "relative paths in a recipe are read from its folder, on the command line from the current one"
                 )
                 raise ConfigError(f"config key 'data.{key}': {path}: {'folder' if folder else 'file'} not found ({hint})")
+        # Folders the run will create: one under a file could never be made (NotADirectoryError
+        # after the data and model were loaded), and a cache folder that is a file never written.
+        for key, value in (
+            ("train.output_dir", self.train.output_dir),
+            ("loss.teacher_cache_dir", self.loss.teacher_cache_dir if self.loss.teacher else None),
+        ):
+            if value is not None and (blocker := file_in_the_way(Path(value))) is not None:
+                what = "exists and is not a folder" if blocker == Path(value) else f"is under {blocker}, not a folder"
+                raise ConfigError(f"config key {key!r} = {value!r}: {what}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,7 +207,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raw = yaml.load(text, Loader=UniqueKeyLoader) or {}
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
-        except DuplicateKeyError as exc:
+        except RecipeShapeError as exc:
             raise ConfigError(f"{path}: {exc}") from None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             hint = f' (quote values that start with {DATA_ROOT}: "{DATA_ROOT}/...")' if DATA_ROOT in text else ""
@@ -264,6 +282,10 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
         cfg.loss.teacher = str(absolute(teacher, folder))
     if cfg.loss.teacher_cache_dir is not None:
         cfg.loss.teacher_cache_dir = str(absolute(cfg.loss.teacher_cache_dir, base("loss.teacher_cache_dir")))
+    # The run folder is read from the current folder wherever it is given (`runs/` is where
+    # you are), and recorded absolute like every other path (README, config.yaml).
+    if cfg.train.output_dir.strip():
+        cfg.train.output_dir = str(absolute(cfg.train.output_dir))
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

@@ -119,6 +119,11 @@ class ModelConfig:
         '"auto": SDPA where the architecture has it, else eager (MPNet, DeBERTa-v2); any other value ("sdpa", '
         '"eager", "flash_attention_2") is required, and recorded.',
     )
+    trust_remote_code: bool = option(
+        False,
+        "Run a model folder's own Python code (config.json's auto_map for a model_type transformers does not know). "
+        "False: such a folder is refused with one line, never a y/N question in the middle of a run.",
+    )
     packing: bool | None = option(
         None,
         "Run the encoder on packed rows instead of padded ones where the model is verified to give the same token states "
@@ -221,6 +226,8 @@ class DataConfig:
         ]
         if self.dev_format == "beir":
             rules.append(("dev_file", self.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
+        if self.num_workers is not None:
+            rules.append(("num_workers", self.num_workers >= 0, ">= 0 (0: in the training process), or null for auto"))
         rules.append(("word_repetition", 0 <= self.word_repetition <= 1, "in [0, 1]"))
         if self.word_repetition:
             rules.append(("mode", self.mode == "unsup", "'unsup' with data.word_repetition"))
@@ -303,6 +310,7 @@ class LossConfig:
             ("temperature", usable_temperature(self.temperature), in_range),
             ("hard_negative_weight", self.hard_negative_weight > 0, "> 0"),
             ("unsup_loss", self.unsup_loss in unsup_losses, one_of(unsup_losses)),
+            ("queue_size", self.queue_size >= 0, ">= 0 (0: off)"),
         ]
         if self.false_negative_threshold is not None:
             rules.append(("false_negative_threshold", -1 < self.false_negative_threshold <= 1, "in (-1, 1] or null"))
@@ -393,6 +401,10 @@ class LoopConfig:
             ("eval_steps", self.eval_steps >= 0, ">= 0 (0: evaluate only at the end)"),
             ("save_steps", self.save_steps >= 0, ">= 0 (0: no periodic checkpoints)"),
             ("log_steps", self.log_steps >= 1, ">= 1"),
+            # numpy's seed (accelerate's set_seed seeds it too) is a uint32.
+            ("seed", 0 <= self.seed < 2**32, "in [0, 2**32 - 1] (numpy's seed range)"),
+            # Negative decay pushes weights away from zero: never a regulariser, always a typo.
+            ("weight_decay", 0 <= self.weight_decay < math.inf, ">= 0 and finite (0: no decay)"),
         ]
         if self.max_steps is not None:
             rules.append(("max_steps", self.max_steps >= 0, ">= 0 or null (0 or null: all epochs)"))
@@ -442,7 +454,10 @@ class TrainConfig(LoopConfig):
         """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
         raise_first("train", self, [("batch_size", self.batch_size >= 2, ">= 2 (in-batch negatives need a second example)")])
         super().check()
-        rules: list[Rule] = [("output_dir", self.output_dir.strip() != "", "a folder ('' would write into the current one)")]
+        rules: list[Rule] = [
+            ("output_dir", self.output_dir.strip() != "", "a folder ('' would write into the current one)"),
+            ("grad_cache_chunk", self.grad_cache_chunk >= 0, ">= 0 (0: off)"),
+        ]
         if self.mmap_threshold_mib is not None:
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
             rules.append(("mmap_threshold_mib", 1 <= self.mmap_threshold_mib <= 32, "in [1, 32] or null"))

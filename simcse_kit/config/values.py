@@ -18,7 +18,7 @@ import yaml
 from simcse_kit.config.sections import AUTO
 from simcse_kit.errors import ConfigError
 
-__all__ = ["DuplicateKeyError", "UniqueKeyLoader", "check_type", "parse_value", "yaml_scalar"]
+__all__ = ["DuplicateKeyError", "RecipeShapeError", "UniqueKeyLoader", "check_type", "parse_value", "yaml_scalar"]
 
 NULL_WORDS = ("none", "null", "~")
 """An optional key's "no value" as text: YAML's null words, and ``none`` as the help says it."""
@@ -126,19 +126,61 @@ def parse_value(value: Any, annotation: Any, declared: str, key: str, source: st
         raise ConfigError(f"{source}: config key {key!r} = {value!r} {expected}") from None
 
 
-class DuplicateKeyError(yaml.YAMLError):
+# A recipe is a few dozen values; aliases expanding past this are nested aliases (a
+# "billion laughs": 9 levels of 9 aliases are 387 million values, which an error message
+# quoting the value, or any walk over it, would never finish).
+MAX_EXPANDED_NODES = 10_000
+
+
+class RecipeShapeError(yaml.YAMLError):
+    """A recipe YAML can read but no recipe can be: a key given twice, a key that is not a
+    name, aliases that expand too far (:class:`UniqueKeyLoader`)."""
+
+
+class DuplicateKeyError(RecipeShapeError):
     """A mapping key given twice (:class:`UniqueKeyLoader`)."""
+
+
+def expanded_size(node: yaml.Node, sizes: dict[int, int] | None = None) -> int:
+    """How many values ``node`` stands for with every alias written out (shared nodes
+    counted once per use, computed once each: linear in the document's size)."""
+    sizes = {} if sizes is None else sizes
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a recursive alias (&a [*a]) counts once rather than forever
+    if isinstance(node, yaml.MappingNode):
+        size = 1 + sum(expanded_size(k, sizes) + expanded_size(v, sizes) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(expanded_size(item, sizes) for item in node.value)
+    else:
+        size = 1
+    sizes[id(node)] = size
+    return size
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, but a key given twice in one mapping is an error naming the key
-    and both lines (PyYAML keeps the last silently: a recipe's earlier setting vanishes)."""
+    and both lines (PyYAML keeps the last silently: a recipe's earlier setting vanishes), a
+    key must be a name (``? [a, b]`` is a list), and aliases may not expand past
+    :data:`MAX_EXPANDED_NODES` values."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None and (size := expanded_size(node)) > MAX_EXPANDED_NODES:
+            raise RecipeShapeError(
+                f"its aliases expand to {size:,} values (nested aliases); a recipe is at most "
+                f"{MAX_EXPANDED_NODES:,}: write the values out"
+            )
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _value in node.value:
-            key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):  # ? [a, b]: unhashable, and never a key name
+                kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+                raise RecipeShapeError(f"line {line}: a key is a {kind}; keys are names such as batch_size")
+            key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise DuplicateKeyError(f"key {key!r} is given twice, on lines {seen[key]} and {line}; keep one")
             seen[key] = line

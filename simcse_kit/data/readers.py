@@ -225,6 +225,9 @@ def read_rows(
             header = [h.strip() for h in next(records)]
         except StopIteration:
             raise DataError(f"{path}: empty file; expected a header row with {list(required)}") from None
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:  # csv's DictReader-style zip would silently keep the last of the copies
+            raise DataError(f"{where(path, 1)}: header {header} repeats column(s) {repeated}; name each column once")
         missing = [c for c in required if c not in header]
         negative_names: list[str] = []
         if hard_negatives:

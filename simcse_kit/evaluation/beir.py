@@ -48,8 +48,9 @@ class RetrievalTask:
     path: Path | None = None
 
 
-def _jsonl(path: Path, what: str, fields: tuple[str, ...]) -> dict[str, dict[str, str]]:
-    """id -> row of a JSONL file whose rows carry ``_id`` and the string ``fields``."""
+def _jsonl(path: Path, what: str, fields: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """id -> row of a JSONL file whose rows carry ``_id`` and the string ``fields``; the
+    ``required`` ones must hold more than blanks."""
     rows: dict[str, dict[str, str]] = {}
     for line, row in read_json_objects(path, what):
         doc_id = row.get("_id")
@@ -61,6 +62,9 @@ def _jsonl(path: Path, what: str, fields: tuple[str, ...]) -> dict[str, dict[str
         for key in fields:
             if not isinstance(row.get(key, ""), str):
                 raise DataError(f"{where(path, line)}: {key!r} must be a string")
+            if key in required and not (row.get(key) or "").strip():
+                # An empty query still ranks the corpus (by the prompt and special tokens alone): a score of noise.
+                raise DataError(f"{where(path, line)}: empty {key!r} for _id {doc_id!r}; every query needs its text")
         rows[doc_id] = {key: row.get(key, "") or "" for key in fields}
     if not rows:
         raise DataError(f"{path}: no rows; expected one JSON object a line")
@@ -112,7 +116,7 @@ def read_beir(folder: str | Path, split: str = "test", name: str | None = None) 
         found = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
         raise DataError(f"{qrels_path}: qrels file not found (this folder has splits {found})")
     docs = _jsonl(folder / "corpus.jsonl", "corpus file", ("title", "text"))
-    all_queries = _jsonl(folder / "queries.jsonl", "queries file", ("text",))
+    all_queries = _jsonl(folder / "queries.jsonl", "queries file", ("text",), required=("text",))
     qrels = _qrels(qrels_path)
     missing_q = [q for q in qrels if q not in all_queries]
     if missing_q:

@@ -37,7 +37,7 @@ from simcse_kit.export.folder import (
 )
 from simcse_kit.export.hub import hub_upload
 from simcse_kit.export.onnx import DEFAULT_OPSET, add_onnx, onnx_info, quant_info, require_onnx
-from simcse_kit.export.source import EXPORT_INFO, ExportError, ExportSource, check_target, find_source
+from simcse_kit.export.source import EXPORT_INFO, ExportError, ExportSource, check_target, export_files, find_source
 from simcse_kit.export.sts_gate import STSScorer, default_scorer, int8_gate, kept_fp32_score
 from simcse_kit.export.verify import (
     MIN_COSINE,
@@ -145,12 +145,14 @@ def export_model(
 
     with atomic_dir(out) as tmp:
         prompts = source.meta.get("prompts")
-        write_folder(model, AutoTokenizer.from_pretrained(source.model_dir), modules, tmp, prompts, truncate_dim)
+        source_tokenizer = AutoTokenizer.from_pretrained(source.model_dir, trust_remote_code=False)
+        write_folder(model, source_tokenizer, modules, tmp, prompts, truncate_dim)
         # Reload from disk: this checks the files users get, not an object we built.
         reloaded = load_backend(tmp, device=str(where))
         # Parity below encodes both sides with copies of one tokenizer: compare the ids of an
         # independent load of the exported one with the source's, and their [UNK] share.
-        problem = tokenization_problem(tokenizer, AutoTokenizer.from_pretrained(tmp), list(probes), model.max_seq_len)
+        exported_tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        problem = tokenization_problem(tokenizer, exported_tokenizer, list(probes), model.max_seq_len)
         if problem:
             raise ExportError(f"{problem}; nothing written to {out}")
         if reloaded.max_seq_length != model.max_seq_len:
@@ -182,7 +184,9 @@ def export_model(
             result.sts_fp32_from = "computed" if kept is None else "run record"
 
         (tmp / "README.md").write_text(model_card(source, result, int(exported.shape[1])), encoding="utf-8")
-        write_json(tmp / EXPORT_INFO, export_info(source, model, result, truncate_dim, quantize))
+        # Its own files listed: a later --overwrite deletes only a folder holding nothing else.
+        info = export_info(source, model, result, truncate_dim, quantize) | {"files": [*export_files(tmp), EXPORT_INFO]}
+        write_json(tmp / EXPORT_INFO, info)
         # Encoders keep the files open on some platforms; let go before the rename.
         del reloaded
     logger.info("exported %s -> %s (%s)", source_path, out, summary)

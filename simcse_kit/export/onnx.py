@@ -56,6 +56,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 18
 """The dynamo exporter's native opset in torch 2.x; onnxruntime >= 1.14 runs it."""
+MIN_OPSET = 17
+"""LayerNormalization, in every transformer encoder, is an opset-17 operator: asked for less,
+the dynamo exporter cannot convert its graph down and writes opset 18 instead."""
 MIN_COSINE = 0.9999
 """fp32 graph vs torch: every row at every checked shape must reach this."""
 EXPORTERS = ("dynamo", "torchscript")
@@ -308,6 +311,9 @@ def write_onnx(
         token_pooling=graph.token_pooling,
     )
     del proto
+    if done.opset != opset:  # the dynamo exporter writes 18 where it cannot convert down to the opset asked
+        path.unlink(missing_ok=True)
+        raise OnnxExportError(f"--opset {opset}: the {used} exporter wrote opset {done.opset} instead; ask for {done.opset}")
     logger.info("ONNX graph by the %s exporter, opset %d; lowest cosine vs torch %.7f", used, done.opset, min(parity.values()))
     if quantize == "int8":
         quantize_int8(path, folder / INT8_FILE)

@@ -13,6 +13,7 @@ import yaml
 from simcse_kit.errors import ConfigError
 from simcse_kit.files import check_writable, folder_contents
 from simcse_kit.model.modeling import SIMCSE_CONFIG
+from simcse_kit.training.guards import lock_holder
 
 EXPORT_INFO = "simcse_export.json"
 """Provenance written into the export. Deliberately *not* ``simcse_config.json``: the
@@ -60,6 +61,12 @@ def find_source(path: str | Path) -> ExportSource:
             run_dir = path.parent
     else:
         raise ConfigError(f"{path}: not a simcse-kit run or model folder (no {SIMCSE_CONFIG} there or in best_model/)")
+    for folder in dict.fromkeys(filter(None, (run_dir, path))):
+        holder = lock_holder(folder)
+        if holder is not None:  # its best_model/ may still be replaced, its metrics.json not written yet
+            raise ConfigError(
+                f"{path}: a training run is still writing into {folder} ({holder}); export it when the run has finished"
+            )
     meta = json.loads((model_dir / SIMCSE_CONFIG).read_text(encoding="utf-8"))
     source = ExportSource(model_dir=model_dir, meta=meta, run_dir=run_dir)
     if run_dir is not None:
@@ -87,9 +94,41 @@ def check_target(source: ExportSource, out: Path, overwrite: bool) -> None:
     check_writable(out, "export folder")  # the export is built beside it, then renamed into place
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out}: already exists; choose another folder or pass --overwrite")
+    if overwrite and (out / EXPORT_INFO).is_file():
+        check_only_export_files(out)
     if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_INFO).is_file():
         # --overwrite replaces a whole folder: only one we wrote (an earlier export) or an empty one.
         raise ConfigError(
             f"{out}: --overwrite replaces only an earlier export (with {EXPORT_INFO}) or an empty folder; "
             f"this one holds {', '.join(folder_contents(out))}: choose another folder"
+        )
+
+
+def export_files(folder: Path) -> list[str]:
+    """Every file under ``folder`` as a path relative to it (``onnx/model.onnx``), sorted:
+    what an export records in :data:`EXPORT_INFO` as its own."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def check_only_export_files(out: Path) -> None:
+    """``--overwrite`` deletes the earlier export at ``out`` whole: only where it holds
+    nothing but the files that export recorded (``files`` in :data:`EXPORT_INFO`). A file
+    added there since (notes, a fine-tuned head) would be lost: refused, naming it.
+
+    Raises:
+        ConfigError: naming the files the earlier export did not write.
+    """
+    try:
+        info = json.loads((out / EXPORT_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{out / EXPORT_INFO}: cannot be read ({exc}); not replacing {out}") from None
+    recorded = info.get("files") if isinstance(info, dict) else None
+    if not isinstance(recorded, list):  # an export from before the list was recorded: it cannot tell
+        return
+    added = [name for name in export_files(out) if name not in set(recorded) | {EXPORT_INFO}]
+    if added:
+        shown = ", ".join(added[:5]) + (f", ... ({len(added) - 5} more)" if len(added) > 5 else "")
+        raise ConfigError(
+            f"{out}: --overwrite would delete {shown}, which the earlier export there did not write; "
+            "move it out first, or export to another folder"
         )

@@ -109,7 +109,8 @@ def load_backend(
     kwargs: dict[str, Any] = {}
     if file_name is not None:
         kwargs["model_kwargs"] = {"file_name": file_name}
-    return SentenceTransformer(str(folder), device=device, backend=backend, **kwargs)
+    # Explicit: None would let the loader ask y/N on the terminal for a folder's own code.
+    return SentenceTransformer(str(folder), device=device, backend=backend, trust_remote_code=False, **kwargs)
 
 
 def st_encode(st_model: Any) -> TensorEncode:

@@ -7,7 +7,8 @@ with safetensors' ``incomplete metadata`` without naming the file. Here:
 
 - :func:`check_weights`: every ``*.safetensors`` file's header and size agree (cheap: the
   header is read and the tensors' extents compared with the file size, nothing loaded),
-  and every JSON file parses;
+  every JSON file parses (``config.json`` to an object), and a model that would run its
+  folder's own code is refused unless trusted (:func:`check_remote_code`);
 - :func:`check_tokenizer_files`: a local folder holds a tokenizer (``tokenizer.json`` or
   a vocabulary file);
 - :func:`check_tokenizer`: the loaded tokenizer fits the model: no token id beyond the
@@ -34,11 +35,35 @@ JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special
 MIN_VOCAB_SHARE = 0.5
 
 
-def check_weights(folder: str | Path) -> None:
-    """Every ``*.safetensors`` and JSON file of a local ``folder`` reads; no-op for a hub id.
+REMOTE_CODE_HINT = "set model.trust_remote_code: true in the recipe to run it"
+
+
+def check_remote_code(folder: Path, config: dict[str, Any], trust_remote_code: bool) -> None:
+    """A ``config.json`` whose ``model_type`` transformers does not know and whose
+    ``auto_map`` points at Python files of the folder needs that code run to load: refused
+    unless ``trust_remote_code`` (transformers would otherwise ask y/N on the terminal in
+    the middle of a run, or fail on a closed stdin)."""
+    from transformers import CONFIG_MAPPING
+
+    auto_map = config.get("auto_map")
+    if trust_remote_code or not auto_map or config.get("model_type") in CONFIG_MAPPING:
+        return
+    values = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
+    code = sorted({str(v[0] if isinstance(v, list) else v) for v in values})
+    raise ConfigError(
+        f"{folder / 'config.json'}: model_type {config.get('model_type')!r} is not a transformers model; loading it "
+        f"would run the folder's own code ({code}): refused ({REMOTE_CODE_HINT})"
+    )
+
+
+def check_weights(folder: str | Path, trust_remote_code: bool = False) -> None:
+    """Every ``*.safetensors`` and JSON file of a local ``folder`` reads, ``config.json``
+    is a JSON object, and the model needs no code of its own unless ``trust_remote_code``
+    (:func:`check_remote_code`); no-op for a hub id.
 
     Raises:
-        ConfigError: naming the file: truncated or corrupt weights, or invalid JSON.
+        ConfigError: naming the file: truncated or corrupt weights, invalid JSON, a
+            config that is not an object, or custom code not trusted.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -49,9 +74,13 @@ def check_weights(folder: str | Path) -> None:
         path = folder / name
         if path.is_file():
             try:
-                json.loads(path.read_text(encoding="utf-8"))
+                value = json.loads(path.read_text(encoding="utf-8"))
             except (ValueError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"{path}: corrupt model file: not valid JSON ({exc})") from None
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: corrupt model file: expected a JSON object, got {type(value).__name__}")
+            if name == "config.json":
+                check_remote_code(folder, value, trust_remote_code)
     for path in sorted(folder.glob("*.safetensors")):
         try:
             # safe_open checks that the header parses and that the tensors it lists end
@@ -111,7 +140,7 @@ def check_tokenizer(tokenizer: Any, vocab_size: int | None, where: str | Path) -
             raise ConfigError(f"{where}: the tokenizer's {name} {token!r} is not in its vocabulary")
 
 
-def load_checked_tokenizer(path: str | Path, vocab_size: int | None = None) -> Any:
+def load_checked_tokenizer(path: str | Path, vocab_size: int | None = None, trust_remote_code: bool = False) -> Any:
     """``AutoTokenizer.from_pretrained(path)`` after :func:`check_tokenizer_files`, then
     :func:`check_tokenizer` against ``vocab_size`` (default: the folder's ``config.json``)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -120,12 +149,12 @@ def load_checked_tokenizer(path: str | Path, vocab_size: int | None = None) -> A
 
     check_tokenizer_files(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{path}: cannot load its tokenizer ({reason})") from None
     try:
-        config = AutoConfig.from_pretrained(str(path))
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
         config = None  # an adapter folder has no config.json: its saved tokenizer is ready as is
     if vocab_size is None:

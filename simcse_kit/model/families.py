@@ -335,30 +335,84 @@ def load_pretrained_encoder(
     Raises:
         ConfigError: an explicitly requested implementation is not supported by the
             architecture (or its package is missing).
-        OSError: nothing loadable at ``path``.
+        ConfigError: nothing loadable at ``path`` (no model, a pickle torch refuses,
+            weights that do not fit the config, NaN weights, custom code not trusted).
+        OSError: no model files at all there.
     """
     kwargs.setdefault("dtype", torch.float32)
+    # Explicit: None would let transformers ask y/N on the terminal for a folder's own code.
+    kwargs.setdefault("trust_remote_code", False)
     if attn_implementation != AUTO:
         try:
-            return AutoModel.from_pretrained(str(path), attn_implementation=attn_implementation, **kwargs), attn_implementation
+            model = _from_pretrained(path, attn_implementation, kwargs)
+        except ConfigError:
+            raise  # about the folder, not the attention implementation
         except (ValueError, ImportError) as exc:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(
                 f"config key 'model.attn_implementation' = {attn_implementation!r}: not available for {path} ({reason}); "
                 "use 'auto' (SDPA where supported, else eager) or 'eager'"
             ) from None
+        check_finite(model, path)
+        return model, attn_implementation
     order = [c for c in (prefer, *AUTO_ORDER) if c not in (None, AUTO)]
     order = list(dict.fromkeys(order))  # eager recorded: tried once, as the last resort it is
     failed: list[str] = []
     for choice in order:
         try:
-            model = AutoModel.from_pretrained(str(path), attn_implementation=choice, **kwargs)
-        except (ValueError, ImportError):
-            if choice == order[-1]:
-                raise  # eager failing is not about attention: the folder itself is bad
+            model = _from_pretrained(path, choice, kwargs)
+        except ConfigError:
+            raise  # about the folder: another attention implementation would not help
+        except (ValueError, ImportError) as exc:
+            if choice == order[-1]:  # eager failing is not about attention: the folder itself is bad
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ConfigError(f"{path}: cannot load a model there ({reason})") from None
             failed.append(choice)
             continue
         if failed:
             logger.info("%s: %s attention (%s not available for it)", type(model).__name__, choice, " or ".join(failed))
+        check_finite(model, path)
         return model, choice
     raise AssertionError("unreachable: the last choice returns or raises")
+
+
+def _from_pretrained(path: str | Path, attn_implementation: str, kwargs: dict[str, Any]) -> PreTrainedModel:
+    """``AutoModel.from_pretrained``, its failures that are about the folder's files (a
+    pickle torch refuses to unpickle, weights of other shapes than ``config.json`` says)
+    turned into a ConfigError naming the folder; ValueError and ImportError (an attention
+    implementation the architecture lacks) pass through for the caller's fallback."""
+    import pickle
+
+    try:
+        return AutoModel.from_pretrained(str(path), attn_implementation=attn_implementation, **kwargs)
+    except pickle.UnpicklingError:
+        pickles = sorted(p.name for p in Path(path).glob("*.bin")) if Path(path).is_dir() else []
+        where = f"{path}/{pickles[0]}" if pickles else str(path)
+        raise ConfigError(
+            f"{where}: a pickle that torch refuses to load with weights_only (it holds more than tensors, and "
+            "unpickling it could run code); use a safetensors copy of the model (model.safetensors)"
+        ) from None
+    except RuntimeError as exc:
+        if "mismatched" not in str(exc) and "size mismatch" not in str(exc):
+            raise
+        raise ConfigError(
+            f"{path}: the weights do not fit its config.json (tensors of other shapes than the config describes: "
+            "the weights or the config belong to another model); copy the model again"
+        ) from None
+
+
+def check_finite(model: nn.Module, path: str | Path) -> None:
+    """Every weight of a freshly loaded ``model`` is finite: a NaN base model would only
+    surface as "training diverged at step 1" (or as an STS table of noise).
+
+    Raises:
+        ConfigError: naming the folder, the first tensor with NaN or infinity and how many.
+    """
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise ConfigError(
+                    f"{path}: the weights hold NaN or infinite values ({name}: {bad} of {tensor.numel()}); "
+                    "the model is damaged: copy it again or use another"
+                )

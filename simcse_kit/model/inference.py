@@ -103,11 +103,16 @@ class SentenceTransformerEncoder:
     """A sentence-transformers folder (its own modules decide pooling and normalisation)."""
 
     def __init__(
-        self, path: str, device: str | torch.device = "cpu", max_seq_len: int | None = None, precision: str = "no"
+        self,
+        path: str,
+        device: str | torch.device = "cpu",
+        max_seq_len: int | None = None,
+        precision: str = "no",
+        trust_remote_code: bool = False,
     ) -> None:
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(path, device=str(device))
+        self.model = SentenceTransformer(path, device=str(device), trust_remote_code=trust_remote_code)
         if max_seq_len is not None:
             self.model.max_seq_length = max_seq_len
         self.device = torch.device(device)
@@ -129,6 +134,7 @@ def load_encoder(
     max_seq_len: int | None = None,
     device: str | torch.device = AUTO_DEVICE,
     precision: str = "no",
+    trust_remote_code: bool = False,
 ) -> Encoder | SentenceTransformerEncoder:
     """Load whatever MODEL names: a simcse-kit run folder (its ``best_model``), a
     simcse-kit model folder, a sentence-transformers folder, or a plain HF model
@@ -141,6 +147,7 @@ def load_encoder(
     ``device`` is ``auto`` (CUDA, else MPS, else CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``
     (:func:`simcse_kit.model.devices.resolve_device`). A model recorded with flash attention
     reloads with SDPA unless ``precision`` is fp16 or bf16 (flash runs only in those).
+    A folder that would run its own code (``auto_map``) is refused unless ``trust_remote_code``.
     """
     device = resolve_device(device)
     logger.info("encoding on %s", device)
@@ -152,27 +159,33 @@ def load_encoder(
     if (resolved / SIMCSE_CONFIG).is_file():
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s records its own pooler", pooler, resolved)
-        model = SimCSEModel.load(resolved, precision=precision)
-        tokenizer = load_checked_tokenizer(resolved, model.encoder.config.vocab_size)
+        model = SimCSEModel.load(resolved, precision=precision, trust_remote_code=trust_remote_code)
+        tokenizer = load_checked_tokenizer(resolved, model.encoder.config.vocab_size, trust_remote_code)
         prompts = json.loads((resolved / SIMCSE_CONFIG).read_text(encoding="utf-8")).get("prompts")
         return Encoder(model, tokenizer, max_seq_len or model.max_seq_len, device, precision, prompts)
     if (resolved / "modules.json").is_file():
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s is a sentence-transformers folder", pooler, resolved)
-        check_weights(resolved)
-        return SentenceTransformerEncoder(str(resolved), device, max_seq_len, precision)
+        check_weights(resolved, trust_remote_code)
+        return SentenceTransformerEncoder(str(resolved), device, max_seq_len, precision, trust_remote_code)
     looks_local = str(path).startswith(("/", ".", "~")) or str(path).count("/") > 1  # a hub id is "org/name"
     if looks_local and not resolved.is_dir():
         raise ConfigError(f"{path}: no such model folder")
     if not resolved.is_dir() and hub_constants.HF_HUB_OFFLINE:  # the real problem comes first, not "pass --pooler"
         raise ConfigError(f"{path}: no such local folder, and the hub is offline (HF_HUB_OFFLINE=1): cannot look it up there")
+    if resolved.is_dir() and not (resolved / "config.json").is_file():  # the real problem, not "pass --pooler"
+        raise ConfigError(
+            f"{path}: not a model folder (no config.json, and no {SIMCSE_CONFIG} or modules.json of a simcse-kit "
+            "or sentence-transformers model)"
+        )
     if pooler is None:
         raise ConfigError(f"{path}: a plain transformers model records no pooler; pass --pooler (one of {POOLERS})")
-    check_weights(resolved)
+    check_weights(resolved, trust_remote_code)
     try:
-        encoder, attn = load_pretrained_encoder(str(resolved))  # SDPA where the architecture has it
+        # SDPA where the architecture has it
+        encoder, attn = load_pretrained_encoder(str(resolved), trust_remote_code=trust_remote_code)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot load a model there ({exc})") from None
-    tokenizer = load_checked_tokenizer(resolved, encoder.config.vocab_size)
+    tokenizer = load_checked_tokenizer(resolved, encoder.config.vocab_size, trust_remote_code)
     model = SimCSEModel(encoder, pooler, "none", max_seq_len or 256, attn_implementation=attn)
     return Encoder(model, tokenizer, model.max_seq_len, device, precision)

@@ -333,14 +333,19 @@ class SimCSEModel(nn.Module):
     def from_config(cls, cfg: ModelConfig) -> SimCSEModel:
         """A fresh training model from a base encoder (hub id, folder or the default)."""
         path = resolve_model_path(cfg.name_or_path)
-        check_weights(path)  # a truncated file named, not safetensors' bare "incomplete metadata"
+        trust = cfg.trust_remote_code
+        check_weights(path, trust)  # a truncated file named, not safetensors' bare "incomplete metadata"
         try:
-            hf_config = AutoConfig.from_pretrained(path)
+            hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
             if cfg.dropout is not None:  # each family names its dropout keys differently
                 overrides = families.dropout_overrides(hf_config.model_type, cfg.dropout)
-                hf_config = AutoConfig.from_pretrained(path, **overrides)
-            encoder, attn = families.load_pretrained_encoder(path, cfg.attn_implementation, config=hf_config)
-        except OSError as exc:
+                hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust, **overrides)
+            encoder, attn = families.load_pretrained_encoder(
+                path, cfg.attn_implementation, config=hf_config, trust_remote_code=trust
+            )
+        except ConfigError:
+            raise  # already names the folder and the problem
+        except (OSError, ValueError) as exc:
             raise ConfigError(f"model.name_or_path {cfg.name_or_path!r}: cannot load a model there ({exc})") from None
         if cfg.dropout is not None:
             families.check_dropout(encoder, cfg.dropout)  # every site, not just the keys we set
@@ -353,12 +358,19 @@ class SimCSEModel(nn.Module):
         return cls(wrapped, cfg.pooler, cfg.mlp, cfg.eval_max_seq_len, packing=packing, attn_implementation=attn)  # type: ignore[arg-type]
 
     @classmethod
-    def load(cls, path: str | Path, attn_implementation: str = families.AUTO, precision: str = "no") -> SimCSEModel:
+    def load(
+        cls,
+        path: str | Path,
+        attn_implementation: str = families.AUTO,
+        precision: str = "no",
+        trust_remote_code: bool = False,
+    ) -> SimCSEModel:
         """Load a folder written by :meth:`save` (pooler and MLP from its own metadata).
 
         ``attn_implementation="auto"`` tries the implementation the model records it was
         trained with, then SDPA, then eager (:func:`families.load_pretrained_encoder`);
-        any other value is required. ``precision`` is the inference precision the model
+        any other value is required; a folder that would run its own code is refused unless
+        ``trust_remote_code``. ``precision`` is the inference precision the model
         will run at: a recorded flash attention is kept only for fp16/bf16
         (:func:`families.inference_attention`). Weights load in fp32.
         """
@@ -366,20 +378,24 @@ class SimCSEModel(nn.Module):
         meta_file = path / SIMCSE_CONFIG
         if not meta_file.is_file():
             raise ConfigError(f"{path}: not a simcse-kit model (no {SIMCSE_CONFIG})")
-        check_weights(path)  # names a truncated or corrupt file (and an unreadable simcse_config.json)
+        check_weights(path, trust_remote_code)  # names a truncated or corrupt file (and an unreadable simcse_config.json)
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         prefer = families.inference_attention(meta.get("attn_implementation"), precision)
         if (path / ADAPTER_CONFIG).is_file():
-            encoder, attn = load_adapter_merged(path, attn_implementation, prefer)
+            encoder, attn = load_adapter_merged(path, attn_implementation, prefer, trust_remote_code)
         else:
-            encoder, attn = families.load_pretrained_encoder(path, attn_implementation, prefer=prefer)
+            encoder, attn = families.load_pretrained_encoder(
+                path, attn_implementation, prefer=prefer, trust_remote_code=trust_remote_code
+            )
         model = cls(encoder, meta["pooler"], meta["mlp"], int(meta["max_seq_len"]), attn_implementation=attn)
         if model.mlp is not None:
             model.mlp.load_state_dict(load_file(str(path / HEAD_WEIGHTS)))
         return model.eval()
 
 
-def load_adapter_merged(path: Path, attn_implementation: str, prefer: str | None) -> tuple[PreTrainedModel, str]:
+def load_adapter_merged(
+    path: Path, attn_implementation: str, prefer: str | None, trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, str]:
     """The base model that ``path``'s LoRA adapter names, with the adapter merged into its
     weights: a plain encoder for inference and export (no peft at run time).
 
@@ -394,7 +410,9 @@ def load_adapter_merged(path: Path, attn_implementation: str, prefer: str | None
     if not base_path:
         raise ConfigError(f"{path / ADAPTER_CONFIG}: names no base_model_name_or_path to put the adapter on")
     try:
-        base, attn = families.load_pretrained_encoder(base_path, attn_implementation, prefer=prefer)
+        base, attn = families.load_pretrained_encoder(
+            base_path, attn_implementation, prefer=prefer, trust_remote_code=trust_remote_code
+        )
     except OSError as exc:
         raise ConfigError(f"{path}: the adapter's base model {base_path!r} cannot be loaded ({exc})") from None
     merged = PeftModel.from_pretrained(base, str(path)).merge_and_unload()

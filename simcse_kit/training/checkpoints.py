@@ -82,14 +82,53 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     return max(done, key=lambda p: checkpoint_step(p) or 0, default=None)
 
 
+def loop_state_problem(state: object, step: int | None) -> str | None:
+    """Why a checkpoint's parsed ``loop_state.json`` cannot be where a resume continues
+    (not an object, a negative or non-integer count, a step other than the folder's name
+    says), or None."""
+    if not isinstance(state, dict):
+        return f"expected a JSON object, got {type(state).__name__}"
+    counts = ("global_step", "epoch", "batches_in_epoch", "rows_seen")
+    for key in counts:
+        value = state.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"{key} = {value!r}: must be a whole number >= 0"
+    if step is not None and state["global_step"] != step:
+        return f"global_step = {state['global_step']} but the folder is step-{step}"
+    best = state.get("best_step", -1)
+    if not isinstance(best, int) or not -1 <= best <= state["global_step"]:
+        return f"best_step = {best!r}: must be in [-1, global_step = {state['global_step']}]"
+    return None
+
+
+def random_state_problem(path: Path) -> str | None:
+    """Why an Accelerate ``random_states_N.pkl`` would not restore the RNGs, or None.
+    Accelerate's ``load_state`` catches any failure here, logs "Could not load random
+    states" at INFO and goes on with fresh RNG: a resume that silently differs."""
+    from accelerate.utils import load
+
+    try:
+        states = load(path)
+    except Exception as exc:  # whatever the unpickler raises, the file is unusable
+        return f"{path}: not a random-state file ({type(exc).__name__})"
+    keys = ("random_state", "numpy_random_seed", "torch_manual_seed")
+    if not isinstance(states, dict) or any(key not in states for key in keys):
+        return f"{path}: not a random-state file (expected the keys {list(keys)})"
+    return None
+
+
 def checkpoint_problem(ckpt: Path) -> str | None:
     """What is wrong with a complete-looking checkpoint folder (a truncated or corrupt
-    file: a disk that filled, a copy cut short), or None. Cheap: headers and zip
-    directories are read, no tensor."""
+    file: a disk that filled, a copy cut short; a loop state no run writes; random states
+    that would not restore), or None. Cheap: headers, zip directories and the small
+    state files are read, no model tensor."""
     try:
-        json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8"))
+        loop_state = json.loads((ckpt / LOOP_STATE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return f"{ckpt / LOOP_STATE}: {exc}"
+    problem = loop_state_problem(loop_state, checkpoint_step(ckpt))
+    if problem is not None:
+        return f"{ckpt / LOOP_STATE}: {problem}"
     for path in sorted(ckpt.iterdir()):
         # torch.save writes zip archives, whose directory sits at the end: a cut file has none.
         if path.suffix in (".bin", ".pt", ".pkl") and path.is_file():
@@ -97,6 +136,10 @@ def checkpoint_problem(ckpt: Path) -> str | None:
                 zipfile.ZipFile(path).close()
             except (OSError, zipfile.BadZipFile) as exc:
                 return f"{path}: {exc}"
+        if path.name.startswith("random_states_") and path.suffix == ".pkl":
+            problem = random_state_problem(path)
+            if problem is not None:
+                return problem
     for folder in (ckpt, ckpt / BEST_SNAPSHOT):
         try:
             check_weights(folder)

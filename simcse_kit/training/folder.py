@@ -11,6 +11,8 @@ and stay ``null`` in it: a resume on another device decides them there.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from contextlib import ExitStack
@@ -19,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from simcse_kit.config.run import AUTO, RunConfig, TrainConfig, load_config, save_config
+from simcse_kit.config.run import AUTO, HUB_PREFIX, RunConfig, TrainConfig, load_config, save_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.files import folder_contents, remove_dir
+from simcse_kit.files import folder_contents, remove_dir, write_json_atomic
 from simcse_kit.model.precision import PrecisionChoice, resolve_precision
 from simcse_kit.training.checkpoints import latest_checkpoint
 from simcse_kit.training.guards import LOCK_FILE, RunLock
@@ -41,6 +43,10 @@ RESUME_MAY_DIFFER = (
     "loss.teacher_cache_dir",
 )
 CHECKPOINTS = "checkpoints"
+# The training data's fingerprints, written beside config.yaml: config.yaml records the
+# paths, and a file edited in place between a kill and --resume would continue the
+# checkpoint's data position in other data.
+DATA_FINGERPRINTS = "data_fingerprints.json"
 LOGS = "logs"  # the experiment trackers' folder in the run folder
 BEST_MODEL = "best_model"
 
@@ -108,6 +114,54 @@ def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
     return out
 
 
+def data_fingerprints(cfg: RunConfig) -> dict[str, dict[str, object]]:
+    """``{path: {"bytes": size, "sha256": digest}}`` of the files the run trains on
+    (``data.train_file``, ``data.mix_file``; a ``hub:`` dataset has no file). The whole
+    file is hashed: an edit keeping the size and the ends (a fixed typo) still differs."""
+    out: dict[str, dict[str, object]] = {}
+    for value in (cfg.data.train_file, cfg.data.mix_file):
+        if value is None or value.startswith(HUB_PREFIX) or not Path(value).is_file():
+            continue
+        digest = hashlib.sha256()
+        with open(value, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        out[value] = {"bytes": Path(value).stat().st_size, "sha256": digest.hexdigest()}
+    return out
+
+
+def check_data_unchanged(out: Path, cfg: RunConfig) -> None:
+    """On --resume: the training files are those the run started on (:data:`DATA_FINGERPRINTS`).
+
+    Raises:
+        ConfigError: naming the file that changed (its size, or its content).
+    """
+    record = out / DATA_FINGERPRINTS
+    if not record.is_file():  # a run folder from before fingerprints were recorded
+        logger.warning("--resume: %s records no data fingerprints; the training files are not checked", out)
+        return
+    try:
+        saved = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{record}: cannot be read ({exc}); the run's data cannot be checked") from None
+    now = data_fingerprints(cfg)
+    for path, was in saved.items() if isinstance(saved, dict) else ():
+        new = now.get(path)
+        if new == was:
+            continue
+        if new is None:
+            change = "is gone"
+        elif new["bytes"] != was.get("bytes"):
+            change = f"changed since the run started ({was.get('bytes')} -> {new['bytes']} bytes)"
+        else:
+            digests = f"sha256 {str(was.get('sha256'))[:12]}... -> {str(new['sha256'])[:12]}..."
+            change = f"changed since the run started (same size, other content: {digests})"
+        raise ConfigError(
+            f"--resume: {path} {change}; the checkpoint's data position would continue in other data: "
+            "restore the file, or start a new run in another --output-dir"
+        )
+
+
 def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False, held: ExitStack | None = None) -> Path:
     """Create the run folder; refuse to clobber a finished or unfinished run unless asked.
 
@@ -136,6 +190,7 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
                     f"--resume: the requested config differs from {saved_path} in {'; '.join(diffs)}; "
                     "resume with the same settings, or start a new run in another --output-dir"
                 )
+            check_data_unchanged(out, cfg)
             return out
         logger.warning("--resume: %s holds no run yet; starting from the beginning", out)
     elif finished and not overwrite:
@@ -155,4 +210,5 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
         remove_dir(out / CHECKPOINTS)  # a fresh run must never resume into the old one's state
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
+    write_json_atomic(out / DATA_FINGERPRINTS, data_fingerprints(cfg))
     return out

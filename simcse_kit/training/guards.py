@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from simcse_kit.errors import STOPPED_STATUS, ConfigError, Stopped
+from simcse_kit.errors import STOPPED_STATUS, ConfigError, Stopped, StoppedAfterTraining
 from simcse_kit.files import storage_error
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,30 @@ def is_main_launch_process() -> bool:
     """Rank 0 of a ``torchrun`` / ``accelerate launch`` job, or a single process (the lock
     is taken before Accelerate starts, so the launcher's RANK is what there is)."""
     return os.environ.get("RANK", "0") == "0"
+
+
+def lock_holder(folder: str | Path) -> str | None:
+    """Who holds ``folder``'s run lock (:class:`RunLock`) now, as its lock file says
+    (``pid 4242 on host-1, started ...``); None when no live process holds it. Creates
+    nothing: a folder without a lock file is not locked."""
+    path = Path(folder) / LOCK_FILE
+    if not path.is_file():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails only while a RunLock holds it
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "an unknown process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 class RunLock:
@@ -137,6 +161,31 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class AfterTrainingSignals:
+    """While active (the final STS table, after training and ``metrics.json``), SIGTERM and
+    SIGUSR1 raise :class:`~simcse_kit.errors.StoppedAfterTraining` naming ``what`` was
+    interrupted, instead of killing the process without a word (exit 143). Main thread only.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        raise StoppedAfterTraining(signal.Signals(signum).name, signum, self.what)
+
+    def __enter__(self) -> AfterTrainingSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -106,9 +106,17 @@ def embedding_projection(cfg: RunConfig, table: TeacherTable, texts: list[str], 
     if loss.teacher_projection == "aligned":
         # Into the student's own coordinates, at any width: the untrained student's vectors of
         # the same sentences (its exported pooling, in fp32; deterministic, so a resume agrees).
-        student = load_encoder(cfg.model.name_or_path, pooler=cfg.model.pooler, max_seq_len=cfg.model.max_seq_len, device=device)
+        student = load_encoder(
+            cfg.model.name_or_path,
+            pooler=cfg.model.pooler,
+            max_seq_len=cfg.model.max_seq_len,
+            device=device,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
         return aligned_projection(table.vectors, student.encode(texts))
-    width = AutoConfig.from_pretrained(resolve_model_path(cfg.model.name_or_path)).hidden_size
+    width = AutoConfig.from_pretrained(
+        resolve_model_path(cfg.model.name_or_path), trust_remote_code=cfg.model.trust_remote_code
+    ).hidden_size
     if table.width == width:
         return None
     if loss.teacher_projection == "none":
@@ -127,11 +135,15 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1  # a hub id is "org/name"
     if looks_local and not Path(path).expanduser().is_dir():
         raise ConfigError(f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}: no such folder")
-    check_weights(path)  # truncated weights or a corrupt JSON file, named before the run folder exists
+    trust = cfg.model.trust_remote_code
+    # Truncated weights, a corrupt JSON file, custom code not trusted: named before the run folder exists.
+    check_weights(path, trust)
+    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}: not a model folder (no config.json)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        hf_config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as exc:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+        hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust)
+    except (OSError, ValueError, TypeError) as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         key = f"config key 'model.name_or_path' = {cfg.model.name_or_path!r}"
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None

@@ -226,6 +226,10 @@ def mine_file(
             import faiss  # noqa: F401
         except ImportError:
             raise ConfigError("--index faiss needs faiss: pip install 'simcse-kit[faiss]' (faiss-cpu)") from None
+    if Path(out_path).resolve() == Path(pairs_path).resolve():  # the pairs would be replaced by their mined copy
+        raise ConfigError(f"{out_path}: the output is the input file {pairs_path}; write the mined pairs to another file")
+    if Path(out_path).is_dir():  # found only at the rename, after the work, otherwise
+        raise ConfigError(f"{out_path}: is a folder; give the path of a file to write the mined pairs to")
     check_writable(out_path, "--out")  # before the model is loaded and the file encoded
     rows = read_rows(pairs_path, ("sent0", "sent1"))
     encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)

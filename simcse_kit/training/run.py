@@ -51,7 +51,7 @@ from simcse_kit.training.folder import (
     with_concrete_precision,
     with_device_defaults,
 )
-from simcse_kit.training.guards import StopSignals
+from simcse_kit.training.guards import AfterTrainingSignals, StopSignals
 from simcse_kit.training.inputs import load_checked_tokenizer, load_teacher, load_training_data
 from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare
 from simcse_kit.training.momentum_queue import MomentumQueue
@@ -119,8 +119,9 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
         run = build_run(cfg)  # every input checked before the run folder is touched
         out = prepare_run_dir(run.recorded, overwrite, resume, held)
         start_tracking(run.accelerator, run.cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
-        # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. The default
-        # handlers are back for the final evaluation: there is nothing left to checkpoint.
+        # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. During the
+        # final STS table there is nothing left to checkpoint: finish writes metrics.json first
+        # and a stop there says so (guards.AfterTrainingSignals).
         with StopSignals() as signals:
             state = fit(
                 run, run.step, run.cfg.train, evaluator=run.evaluator, checkpoints=run.checkpoints, resume=resume, signals=signals
@@ -154,7 +155,15 @@ def build_run(
             prepared (Accelerate's loader calls the function it was given), e.g. to time
             each batch.
     """
+    from_files = dataset is None
     dataset = load_training_data(cfg) if dataset is None else dataset
+    # Legal, but every step would be the whole set: surely a typo. (A dataset given in code,
+    # a benchmark's few sentences repeated in one batch, is the caller's choice.)
+    if from_files and cfg.train.batch_size > len(dataset):
+        raise ConfigError(
+            f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than the training set "
+            f"({len(dataset)} example(s) in {cfg.data.train_file}); use a batch of at most {len(dataset)}"
+        )
     dev: DevScorer | None = None
     final_sts = None
     if evaluate:
@@ -252,12 +261,6 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             logger.warning(
                 "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
             )
-        if run.final_sts is not None and have_best:
-            best = Encoder(SimCSEModel.load(out / BEST_MODEL), run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-            metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
-            accelerator.log(
-                {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
-            )
         plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"{evaluator.dev_name}, {cfg.data.mode}")
         plot_training_curves(
             state.losses,
@@ -268,9 +271,23 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
             label=evaluator.metric_label,
         )
+        # The training's results first: the final table takes minutes on a CPU, and a stop
+        # signal there (no handler left: nothing to checkpoint) lost them, exit 143 without a word.
         write_json_atomic(out / "metrics.json", metrics)
-        if run.final_sts is not None and have_best:  # the CLI prints it too (simcse_kit.cli.train)
-            logger.info("STS table of the best model:\n%s", format_table(metrics["sts"]))
+        if run.final_sts is not None and have_best:
+            what = (
+                f"the final STS table; training had finished and {out / 'metrics.json'} holds its results without the "
+                f"table: score the best model with simcse-kit evaluate {out}"
+            )
+            with AfterTrainingSignals(what):
+                model = SimCSEModel.load(out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
+                best = Encoder(model, run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
+                metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
+            accelerator.log(
+                {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
+            )
+            write_json_atomic(out / "metrics.json", metrics)
+            logger.info("STS table of the best model:\n%s", format_table(metrics["sts"]))  # the CLI prints it too
         if have_best:  # the last line names only a folder that exists
             best_at = (state.best_step, evaluator.metric_label, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
             logger.info("best model (step %d, %s %.2f on %s) at %s", *best_at)
