@@ -1,7 +1,7 @@
 """The options, start and kept JSON that every harness script shares (on top of ``_common``).
 
-Variants alternate over ``--rounds`` in fresh interpreters; a busy machine is refused unless
-``--allow-busy``; every round is kept in ``results/<script>-<cpu class>.json`` for ``report.py``.
+Variants alternate over ``--rounds`` in fresh interpreters; a busy machine is refused unless ``--allow-busy``;
+every round is kept in ``results/<script>-<cpu class>.json`` for ``report.py``.
 """
 
 from __future__ import annotations

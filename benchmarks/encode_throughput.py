@@ -1,7 +1,6 @@
 """Encoding throughput: simcse-kit ``Encoder.encode`` vs ``SentenceTransformer.encode``.
 
-Variants ``st-fp32``, ``st-bf16``, ``kit-fp32``, ``kit-bf16`` on the STS-B dev + test sentences.
-Results: BENCHMARKS.md, "Encoding speed".
+Variants ``st-fp32``, ``st-bf16``, ``kit-fp32``, ``kit-bf16`` on the STS-B dev + test sentences (BENCHMARKS.md).
 """
 
 from __future__ import annotations

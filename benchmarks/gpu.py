@@ -1,7 +1,5 @@
-"""simcse-kit against the sentence-transformers trainer on one device, same job.
-
-Variants ``kit-pack-wN`` / ``kit-pad-wN`` / ``kit-padc-wN`` (packing on/off, ``train.compile``) and
-``st-wN`` (``MultipleNegativesRankingLoss`` on ``(s, s)``, ``bf16=True``), N DataLoader workers,
+"""simcse-kit against the sentence-transformers trainer on one device, same job: ``kit-pack-wN`` / ``kit-pad-wN`` /
+``kit-padc-wN`` (packing on/off, ``train.compile``) and ``st-wN`` (MNRL on ``(s, s)``, bf16), N DataLoader workers,
 alternated over rounds; ``--cpu-smoke`` runs a tiny encoder in seconds. Results: BENCHMARKS.md, "GPU".
 """
 

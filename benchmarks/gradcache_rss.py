@@ -1,7 +1,6 @@
 """Where a GradCache run's resident memory goes: RSS around each step, per allocator setting.
 
-Variants ``default`` and ``mmapN`` (``train.mmap_threshold_mib`` N); RSS sampled every 5 ms.
-Results: BENCHMARKS.md, "Memory".
+Variants ``default`` and ``mmapN`` (``train.mmap_threshold_mib`` N); RSS sampled every 5 ms (BENCHMARKS.md).
 """
 
 from __future__ import annotations

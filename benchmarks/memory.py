@@ -1,7 +1,6 @@
 """Peak memory (RSS) of simcse-kit training per batch size, plain vs GradCache.
 
-Points ``b<batch>`` (plain) and ``b<batch>-gc<chunk>`` (GradCache), each in a fresh interpreter.
-Results: BENCHMARKS.md, "Memory".
+Points ``b<batch>`` (plain) and ``b<batch>-gc<chunk>`` (GradCache), each in a fresh interpreter (BENCHMARKS.md).
 """
 
 from __future__ import annotations

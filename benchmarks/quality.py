@@ -1,9 +1,7 @@
 """The quality tables (BENCHMARKS.md: quality, domain, mining, distillation), each a spec in :data:`TABLES`.
 
-Every row of a table trains the default model by a recipe (or a sentence-transformers peer of
-it, ``st_peers.py``) at each learning rate of the table for one seed, dev only; the rate with
-the best mean dev score is kept (never a test score), then the row runs ``--seeds`` at it.
-Finished runs are reused; ``--parallel N`` runs N fresh interpreters at once.
+Each row (a recipe, or its sentence-transformers peer: ``st_peers.py``) runs every learning rate for one
+seed, dev only; the best dev rate (never test) then runs ``--seeds``. Finished runs are reused.
 
     python -m benchmarks.quality domain --data-root DATA --parallel 10 --threads 1 --keep-going
 """

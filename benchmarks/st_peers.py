@@ -1,7 +1,6 @@
-"""Sentence-transformers peers of a simcse-kit recipe (``quality.py``'s ``st-*`` rows): the
-recipe's data, budget, dev selection (step 0 included) and final evaluator, with one of
-``MultipleNegativesRankingLoss``, ``DenoisingAutoEncoderLoss`` (TSDAE; words split on
-whitespace: no nltk offline), ``ContrastiveTensionLossInBatchNegatives`` or ``MSELoss`` from a teacher.
+"""Sentence-transformers peers of a recipe (``quality.py``'s ``st-*`` rows): its data, budget, dev selection
+(step 0 included) and final evaluator, with ``MultipleNegativesRankingLoss``, ``DenoisingAutoEncoderLoss``
+(TSDAE; words split on whitespace), ``ContrastiveTensionLossInBatchNegatives`` or ``MSELoss`` from a teacher.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Training throughput: simcse-kit vs sentence-transformers on the same job.
 
-Unsup SimCSE on all-MiniLM-L6-v2, batch 64, max length 32, clipping at 1.0 on both sides;
-variants ``st-fp32``, ``st-bf16``, ``kit-fp32``, ``kit-bf16``, ``kit-auto`` (the recipe as
-shipped). Results: BENCHMARKS.md, "Training speed per CPU class".
+Unsup SimCSE on all-MiniLM-L6-v2, batch 64, max length 32, clipping at 1.0; variants ``st-fp32``, ``st-bf16``,
+``kit-fp32``, ``kit-bf16``, ``kit-auto`` (the recipe as shipped). Results: BENCHMARKS.md, "Training speed".
 """
 
 from __future__ import annotations
