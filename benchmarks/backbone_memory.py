@@ -50,7 +50,6 @@ def one_variant(path: Path, lora: int, checkpointing: bool, batch: torch.Tensor,
     out = {"trainable": sum(p.numel() for p in params), "peak_mib": peak}
     del model, optimizer
     gc.collect()
-    torch.cuda.empty_cache() if cuda else None
     return out | {"s_per_step": sorted(times)[len(times) // 2]}
 
 
@@ -73,7 +72,6 @@ def main() -> None:
             for name, (lora, checkpointing) in VARIANTS.items():
                 measured = one_variant(Path(tmp), lora, checkpointing, batch, args.steps, device)
                 runs.append({"round": round_, "variant": name} | measured)
-                print(runs[-1], flush=True)
     summary = {
         v: {k: spread([r[k] for r in runs if r["variant"] == v]) for k in ("peak_mib", "s_per_step")}
         | {"trainable": next(r["trainable"] for r in runs if r["variant"] == v)}
