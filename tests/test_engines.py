@@ -103,6 +103,13 @@ def test_sharded_engines_refuse_what_does_not_compose(engine: Engine, settings: 
         check_engine(engine, settings)
 
 
+def test_an_accumulation_set_by_the_launch_is_refused_under_ddp_too() -> None:
+    """The loop counts its steps with train.grad_accum; a launch that makes Accelerate
+    accumulate otherwise would train a different schedule, whatever the engine."""
+    with pytest.raises(ConfigError, match="'train.grad_accum' = 1 but accelerate launch set gradient accumulation to 4"):
+        check_engine(Engine(), {"train.grad_accum": 1, "accelerate.gradient_accumulation_steps": 4})
+
+
 @pytest.mark.parametrize(
     ("engine", "settings"),
     [
@@ -253,3 +260,36 @@ def test_cuda_fsdp2_trains_as_the_plain_run_and_resumes(tiny_run: TinyRun, extra
     assert again_loss[-1][0] == 3
     for key, want in got_w.items():
         assert torch.allclose(again_w[key], want, atol=1e-5, rtol=0), key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only: FSDP's mixed-precision policy needs GPUs")
+def test_cuda_fsdp2_bf16_trains_and_saves_fp32(tiny_run: TinyRun) -> None:
+    """A bf16 recipe under FSDP2 becomes FSDP's mixed-precision policy (bf16 compute, fp32
+    sharded weights): it trains like the plain bf16-autocast run, and best_model/ is fp32."""
+    from conftest import write_train_data
+    from test_multiprocess import cli_args
+
+    gpus = min(2, torch.cuda.device_count())
+    data = tiny_run.folder / "unsup"
+    data.mkdir(exist_ok=True)
+    options = {"train_file": write_train_data(data, "unsup", n=32), "dropout": 0.0, "pooler": "avg", "batch_size": 8,
+               "max_steps": 4, "eval_steps": 2, "eval_at_start": "false", "final_eval": "false", "log_steps": 1,
+               "mixed_precision": "bf16", "bf16_weights": "false", "fast_dropout": "false"}  # fmt: skip
+    recipe = tiny_run.recipe("recipe")
+    env = os.environ | ENV
+    runs = {}
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp2.yaml"),
+                  "--num_processes", str(gpus), "--main_process_port", str(free_port())]  # fmt: skip
+    for name, launcher in (("plain", [sys.executable]), ("fsdp", accelerate)):
+        out = tiny_run.folder / f"bf16-{name}"
+        command = [*launcher, "-m", "simcse_kit.cli", "train", str(recipe), *cli_args(options), "--output-dir", str(out)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        runs[name] = losses_and_weights(out)
+    (plain_loss, plain_w), (fsdp_loss, fsdp_w) = runs["plain"], runs["fsdp"]
+    assert [s for s, _ in fsdp_loss] == [1, 2, 3, 4]
+    for (_, got), (_, want) in zip(fsdp_loss, plain_loss, strict=True):
+        assert got == pytest.approx(want, rel=5e-2)  # bf16 rounding, in different places
+    for key, want in plain_w.items():
+        assert fsdp_w[key].dtype == torch.float32, key
+        assert torch.allclose(fsdp_w[key], want, atol=2e-2, rtol=0), (key, (fsdp_w[key] - want).abs().max())

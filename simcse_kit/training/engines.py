@@ -98,11 +98,21 @@ def check_engine(engine: Engine, settings: dict[str, Any]) -> None:
     Raises:
         ConfigError: one line naming the keys and the engine.
     """
+    problems = []
+    accumulate = settings.get("accelerate.gradient_accumulation_steps")
+    if accumulate is not None and "train.grad_accum" in settings and accumulate != settings["train.grad_accum"]:
+        # ACCELERATE_GRADIENT_ACCUMULATION_STEPS (a DeepSpeed config's, or accelerate
+        # launch --gradient_accumulation_steps) overrides the Accelerator's argument.
+        problems.append(
+            f"'train.grad_accum' = {settings['train.grad_accum']} but accelerate launch set gradient accumulation to "
+            f"{accumulate} (leave gradient_accumulation_steps out of the launch: the recipe decides)"
+        )
     if engine.name == "DDP":
         if engine.requested:
             raise ConfigError(not_available(engine.requested))
+        if problems:
+            raise ConfigError("; ".join(problems))
         return
-    problems = []
     # bf16 weights keep their own fp32 masters beside the (sharded) parameters, and fast
     # dropout swaps the attention module's code: neither was built for a sharded module.
     for key in ("train.bf16_weights", "train.fast_dropout"):
@@ -118,12 +128,6 @@ def check_engine(engine: Engine, settings: dict[str, Any]) -> None:
         problems.append(
             f"'train.max_grad_norm' = {settings['train.max_grad_norm']} but DeepSpeed clips at {engine.clip} "
             "(set gradient_clipping in the accelerate config's deepspeed_config to the same value)"
-        )
-    accumulate = settings.get("accelerate.gradient_accumulation_steps")
-    if accumulate is not None and "train.grad_accum" in settings and accumulate != settings["train.grad_accum"]:
-        problems.append(
-            f"'train.grad_accum' = {settings['train.grad_accum']} but the accelerate config accumulates {accumulate} "
-            "(leave gradient_accumulation_steps out of it: the recipe decides)"
         )
     if problems:
         raise ConfigError(f"not with {engine.name}: {'; '.join(problems)}")
