@@ -4,7 +4,9 @@ On CPU: the shipped configs (docs/accelerate/*.yaml) load as Accelerate's and la
 the environment the kit expects; what does not compose with a sharded engine is refused
 with the keys named; a sharded engine asked for where Accelerate would quietly train DDP
 (CPU processes) is refused; evaluations and the best model come from the full-weights
-copy that a sharded run keeps; SimCSEModel names its layers for FSDP's wrapping.
+copy that a sharded run keeps; SimCSEModel names its layers for FSDP's wrapping; and,
+with torch's FSDP2 directly (Accelerate sets it up on GPUs only), 2 gloo processes of the
+kit's sharded model and gathering objective train as one process on the whole batch.
 
 On CUDA only (skipped elsewhere, and said so): ``accelerate launch --config_file
 docs/accelerate/fsdp2.yaml`` trains as the plain run does (learning rate, loss, final
@@ -28,7 +30,7 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
-from conftest import REPO, TinyRun
+from conftest import REPO, TinyRun, toy_sentences
 from test_loop import Toy, mse_step, save_toy, toy_loader
 
 from simcse_kit.cli import main
@@ -191,6 +193,107 @@ def test_simcse_model_names_its_layers_for_fsdp(tmp_path: Path, tiny_model_dir: 
     # What Accelerate's wrapping looks for: modules of that class inside the model.
     layers = [m for m in model.modules() if type(m).__name__ == expected]
     assert len(layers) == AutoModel.from_pretrained(folder).config.num_hidden_layers
+
+
+# --------------------------------------------------------------------------- FSDP2 on CPU, torch directly
+
+WORLD, PER_RANK, STEPS = 2, 4, 3
+
+
+def fsdp_run(model_dir: str, rank: int, world: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Train the kit's model with its objective (cross-process gather on) and AdamW for
+    STEPS steps on this process's share of each global batch: sharded layer by layer with
+    FSDP2 when ``world`` > 1 (what Accelerate's FSDP2 prepare does on GPUs), plain on one
+    process. Returns the loss per step (mean over processes) and the full final weights."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoTokenizer, get_linear_schedule_with_warmup
+
+    from simcse_kit.config.run import LossConfig, ModelConfig
+    from simcse_kit.data.readers import ContrastiveCollator
+    from simcse_kit.model.modeling import SimCSEModel
+    from simcse_kit.training.loop import make_optimizer
+    from simcse_kit.training.objectives import SimCSEObjective
+
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=model_dir, pooler="avg", mlp="train", dropout=0.0))
+    model.train()
+    if world > 1:
+        # TRANSFORMER_BASED_WRAP: each of the model's _no_split_modules its own unit, then the root.
+        for module in model.modules():
+            if type(module).__name__ in (model._no_split_modules or []):
+                fully_shard(module)
+        fully_shard(model)
+    cfg = LoopConfig(learning_rate=1e-3, weight_decay=0.01)
+    optimizer = make_optimizer(model, cfg)
+    schedule = get_linear_schedule_with_warmup(optimizer, 1, STEPS)
+    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_dir), "sup", 16)
+    objective = SimCSEObjective("sup", LossConfig(temperature=0.05, gather=True))
+    sentences = toy_sentences(2 * 8 * STEPS)  # words of the tiny vocabulary (unknown words: all one [UNK])
+    losses = []
+    for step in range(STEPS):
+        batch = [{"sent0": sentences[2 * i], "sent1": sentences[2 * i + 1]} for i in range(8 * step, 8 * step + 8)]
+        loss = objective.step(model, collate(batch[rank * PER_RANK : (rank + 1) * PER_RANK] if world > 1 else batch))
+        # What Accelerate's clip_grad_norm_ calls for FSDP2: torch's, DTensor-aware.
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        if world > 1:
+            loss = loss.detach().clone()
+            torch.distributed.all_reduce(loss)
+            loss /= world
+        losses.append(float(loss))
+    if world == 1:
+        return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # Accelerator.get_state_dict's FSDP2 call: the full weights, on rank 0.
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    return losses, state
+
+
+def fsdp_worker(rank: int, model_dir: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=WORLD)
+    try:
+        losses, state = fsdp_run(model_dir, rank, WORLD)
+        if rank == 0:
+            torch.save({"losses": losses, "state": state}, Path(out_dir) / "fsdp.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_on_two_cpu_processes_trains_as_one(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """FSDP2 itself runs on CPU processes (gloo), though Accelerate only sets it up on GPUs:
+    the kit's model, sharded per layer, with its objective gathering the other process's
+    candidates, AdamW, the schedule and clipping, trains as one process on the whole batch
+    (loss per step and final full weights, fp32, 1e-5), and the full state dict gathered as
+    Accelerate gathers it loads into the unsharded copy (FullCopy) whole."""
+    import torch.multiprocessing as mp
+
+    from simcse_kit.model.modeling import SimCSEModel
+
+    mp.spawn(fsdp_worker, args=(str(tiny_model_dir), str(tmp_path)), nprocs=WORLD, join=True)
+    got = torch.load(tmp_path / "fsdp.pt")
+    want_losses, want_state = fsdp_run(str(tiny_model_dir), 0, 1)
+    assert len(got["losses"]) == STEPS
+    assert len({round(loss, 4) for loss in want_losses}) == STEPS, f"degenerate losses (all [UNK]?): {want_losses}"
+    for step, (loss, want) in enumerate(zip(got["losses"], want_losses, strict=True), 1):
+        assert abs(loss - want) < 1e-5 * max(1.0, abs(want)), f"loss at step {step}: {loss} != {want}"
+    assert got["state"].keys() == want_state.keys()
+    for key, want in want_state.items():
+        assert torch.allclose(got["state"][key], want, atol=1e-5, rtol=0), (key, (got["state"][key] - want).abs().max())
+    # The gathered weights fill an unsharded model completely (FullCopy loads strictly).
+    from simcse_kit.config.run import ModelConfig
+
+    copy = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="train", dropout=0.0))
+    copy.load_state_dict(got["state"])
+    first = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="train", dropout=0.0))
+    moved = [k for k, v in first.state_dict().items() if k in want_state and not torch.equal(v, want_state[k])]
+    assert moved, "no weight moved: the comparison would prove nothing"
 
 
 # --------------------------------------------------------------------------- CUDA only
