@@ -24,6 +24,8 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -200,11 +202,28 @@ def test_simcse_model_names_its_layers_for_fsdp(tmp_path: Path, tiny_model_dir: 
 WORLD, PER_RANK, STEPS = 2, 4, 3
 
 
-def fsdp_run(model_dir: str, rank: int, world: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+class FSDP2NoSync:
+    """What GradCache asks of the accelerator, as Accelerate does it for FSDP2:
+    ``no_sync(model)`` is ``model.set_requires_gradient_sync(False)`` for its duration."""
+
+    def __init__(self, num_processes: int) -> None:
+        self.num_processes = num_processes
+
+    @contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        model.set_requires_gradient_sync(False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+def fsdp_run(model_dir: str, rank: int, world: int, chunk: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train the kit's model with its objective (cross-process gather on) and AdamW for
     STEPS steps on this process's share of each global batch: sharded layer by layer with
     FSDP2 when ``world`` > 1 (what Accelerate's FSDP2 prepare does on GPUs), plain on one
-    process. Returns the loss per step (mean over processes) and the full final weights."""
+    process; with ``chunk``, through GradCache in chunks of that many rows. Returns the
+    loss per step (mean over processes) and the full final weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoTokenizer, get_linear_schedule_with_warmup
@@ -214,6 +233,7 @@ def fsdp_run(model_dir: str, rank: int, world: int) -> tuple[list[float], dict[s
     from simcse_kit.model.modeling import SimCSEModel
     from simcse_kit.training.loop import make_optimizer
     from simcse_kit.training.objectives import SimCSEObjective
+    from simcse_kit.training.steps import GradCacheStep
 
     torch.manual_seed(0)
     model = SimCSEModel.from_config(ModelConfig(name_or_path=model_dir, pooler="avg", mlp="train", dropout=0.0))
@@ -229,11 +249,12 @@ def fsdp_run(model_dir: str, rank: int, world: int) -> tuple[list[float], dict[s
     schedule = get_linear_schedule_with_warmup(optimizer, 1, STEPS)
     collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_dir), "sup", 16)
     objective = SimCSEObjective("sup", LossConfig(temperature=0.05, gather=True))
+    step = GradCacheStep(objective, chunk, FSDP2NoSync(world)) if chunk else objective.step
     sentences = toy_sentences(2 * 8 * STEPS)  # words of the tiny vocabulary (unknown words: all one [UNK])
     losses = []
-    for step in range(STEPS):
-        batch = [{"sent0": sentences[2 * i], "sent1": sentences[2 * i + 1]} for i in range(8 * step, 8 * step + 8)]
-        loss = objective.step(model, collate(batch[rank * PER_RANK : (rank + 1) * PER_RANK] if world > 1 else batch))
+    for n in range(STEPS):
+        batch = [{"sent0": sentences[2 * i], "sent1": sentences[2 * i + 1]} for i in range(8 * n, 8 * n + 8)]
+        loss = step(model, collate(batch[rank * PER_RANK : (rank + 1) * PER_RANK] if world > 1 else batch))
         # What Accelerate's clip_grad_norm_ calls for FSDP2: torch's, DTensor-aware.
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         optimizer.step()
@@ -252,33 +273,35 @@ def fsdp_run(model_dir: str, rank: int, world: int) -> tuple[list[float], dict[s
     return losses, state
 
 
-def fsdp_worker(rank: int, model_dir: str, out_dir: str) -> None:
+def fsdp_worker(rank: int, model_dir: str, out_dir: str, chunk: int) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=WORLD)
     try:
-        losses, state = fsdp_run(model_dir, rank, WORLD)
+        losses, state = fsdp_run(model_dir, rank, WORLD, chunk)
         if rank == 0:
             torch.save({"losses": losses, "state": state}, Path(out_dir) / "fsdp.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_fsdp2_on_two_cpu_processes_trains_as_one(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("chunk", [0, 2], ids=["plain", "gradcache"])
+def test_fsdp2_on_two_cpu_processes_trains_as_one(tmp_path: Path, tiny_model_dir: Path, chunk: int) -> None:
     """FSDP2 itself runs on CPU processes (gloo), though Accelerate only sets it up on GPUs:
     the kit's model, sharded per layer, with its objective gathering the other process's
     candidates, AdamW, the schedule and clipping, trains as one process on the whole batch
     (loss per step and final full weights, fp32, 1e-5), and the full state dict gathered as
-    Accelerate gathers it loads into the unsharded copy (FullCopy) whole."""
+    Accelerate gathers it loads into the unsharded copy (FullCopy) whole. With GradCache
+    (chunks of one example), all chunks but the last run without FSDP2's gradient sync."""
     import torch.multiprocessing as mp
 
     from simcse_kit.model.modeling import SimCSEModel
 
-    mp.spawn(fsdp_worker, args=(str(tiny_model_dir), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(fsdp_worker, args=(str(tiny_model_dir), str(tmp_path), chunk), nprocs=WORLD, join=True)
     got = torch.load(tmp_path / "fsdp.pt")
-    want_losses, want_state = fsdp_run(str(tiny_model_dir), 0, 1)
+    want_losses, want_state = fsdp_run(str(tiny_model_dir), 0, 1)  # the plain step: GradCache is exact
     assert len(got["losses"]) == STEPS
     assert len({round(loss, 4) for loss in want_losses}) == STEPS, f"degenerate losses (all [UNK]?): {want_losses}"
     for step, (loss, want) in enumerate(zip(got["losses"], want_losses, strict=True), 1):
