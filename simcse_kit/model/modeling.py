@@ -226,6 +226,17 @@ class SimCSEModel(nn.Module):
     def uses_mlp(self) -> bool:
         return self.mlp is not None and (self.mlp_mode == "always" or self.training)
 
+    @property
+    def _no_split_modules(self) -> list[str] | None:
+        """The encoder's transformer layer classes (``BertLayer``, ``Qwen3DecoderLayer``...).
+
+        Accelerate reads this attribute of the model it prepares: FSDP's
+        ``TRANSFORMER_BASED_WRAP`` then shards layer by layer (without it, the whole model
+        would be one unit, gathered whole for every forward).
+        """
+        layers = getattr(base_encoder(self.encoder), "_no_split_modules", None)
+        return list(layers) if layers else None
+
     def forward(
         self,
         input_ids: torch.Tensor,

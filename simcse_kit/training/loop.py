@@ -48,6 +48,7 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.model.fastpath.bf16 import bf16_training
 from simcse_kit.model.fastpath.internals import reset_accelerate_state
 from simcse_kit.training.checkpoints import Checkpoints, LoopState
+from simcse_kit.training.engines import Engine, FullCopy, check_engine, check_requested, engine_of
 from simcse_kit.training.guards import StepGuard, Stopped, StopSignals
 from simcse_kit.training.selection import Evaluator, Selection
 from simcse_kit.training.steps import Step
@@ -87,6 +88,7 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
             f"make_accelerator: mixed_precision = {cfg.mixed_precision!r}, bf16_weights = {cfg.bf16_weights!r}: "
             "decide 'auto' for this machine first (simcse_kit.model.precision.resolve_precision)"
         )
+    check_requested(cpu)  # Accelerate itself would fail (DeepSpeed) or quietly not shard (FSDP)
     # bf16 weights run the model in bf16 outright: autocast on top would only add casts.
     precision = "no" if cfg.bf16_model else cfg.mixed_precision
     # Accelerate keeps one process-wide state and refuses a second Accelerator with another
@@ -148,12 +150,17 @@ def total_steps(cfg: LoopConfig, batches_per_epoch: int) -> int:
 def scheduler_ticks_per_step(accelerator: Accelerator, cfg: LoopConfig) -> int:
     """How many times the prepared scheduler moves per optimiser step of :func:`fit`.
 
+    Under DeepSpeed the engine steps the schedule itself, once per optimiser step (the
+    prepared scheduler's own ``step`` does nothing).
+
     Accelerate's scheduler wrapper steps the schedule once per process at each optimiser
     step (``num_processes`` times; once with ``split_batches``), since it expects a
     schedule sized by the unsharded loader; without ``step_scheduler_with_optimizer`` it
     moves at every call, i.e. every micro-batch. A schedule built for ``n`` optimiser steps
     is made ``n`` times this long, so every process count follows the same rate per step.
     """
+    if engine_of(accelerator).steps_in_backward:
+        return 1
     if not accelerator.step_scheduler_with_optimizer:
         return cfg.grad_accum
     return 1 if accelerator.split_batches else accelerator.num_processes
@@ -194,6 +201,9 @@ class Prepared:
         n_steps: the optimiser steps the loop takes (the schedule's length).
         generator: the loader's shuffling generator (``DataLoader(generator=...)``): each
             epoch's order is drawn from it, so its state is checkpointed; None: no such one.
+        engine: how the processes hold the model (DDP, FSDP, DeepSpeed: :mod:`simcse_kit.training.engines`).
+        full_copy: with sharded weights, the unsharded copy that evaluations and the best
+            model use (:class:`~simcse_kit.training.engines.FullCopy`); None otherwise.
     """
 
     accelerator: Accelerator
@@ -203,6 +213,8 @@ class Prepared:
     loader: DataLoader
     n_steps: int
     generator: torch.Generator | None
+    engine: Engine
+    full_copy: FullCopy | None
 
 
 def prepare(model: nn.Module, loader: DataLoader, cfg: LoopConfig, accelerator: Accelerator | None = None) -> Prepared:
@@ -220,6 +232,8 @@ def prepare(model: nn.Module, loader: DataLoader, cfg: LoopConfig, accelerator: 
             checkpointing); default a new one from ``cfg``.
     """
     accelerator = accelerator or make_accelerator(cfg)
+    engine = engine_of(accelerator)
+    check_engine(engine, loop_settings(cfg, accelerator))
     set_seed(cfg.seed)
     generator: torch.Generator | None = getattr(loader, "generator", None)
     # The loader first: the schedule's length is the optimiser steps of the loader each
@@ -235,8 +249,22 @@ def prepare(model: nn.Module, loader: DataLoader, cfg: LoopConfig, accelerator: 
     optimizer = make_optimizer(model, cfg)
     ticks = scheduler_ticks_per_step(accelerator, cfg)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.warmup_ratio * n_steps) * ticks, n_steps * ticks)
+    # Taken before prepare shards the weights (FSDP shards the module in place).
+    full_copy = FullCopy(model, accelerator) if engine.shards_weights else None
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
-    return Prepared(accelerator, model, optimizer, scheduler, loader, n_steps, generator)
+    if engine.name != "DDP" and accelerator.is_main_process:
+        logger.info("engine: %s", engine.name)
+    return Prepared(accelerator, model, optimizer, scheduler, loader, n_steps, generator, engine, full_copy)
+
+
+def loop_settings(cfg: LoopConfig, accelerator: Accelerator) -> dict[str, Any]:
+    """The loop's settings that :func:`~simcse_kit.training.engines.check_engine` checks."""
+    return {
+        "train.bf16_weights": cfg.bf16_weights,
+        "train.max_grad_norm": cfg.max_grad_norm,
+        "train.grad_accum": cfg.grad_accum,
+        "accelerate.gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
+    }
 
 
 # --------------------------------------------------------------------------- the loop
@@ -267,8 +295,17 @@ def step_grad_norm(run: Prepared, cfg: LoopConfig, wanted: bool) -> torch.Tensor
     without clipping it is computed only when ``wanted`` (a logged step). None otherwise."""
     if not run.accelerator.sync_gradients:
         return None
+    if run.engine.steps_in_backward:
+        # DeepSpeed clipped (its gradient_clipping, checked equal to max_grad_norm) and
+        # stepped inside backward; this is the norm it measured.
+        norm = run.accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm or 0.0)  # max_norm unused
+        return None if norm is None else torch.as_tensor(norm, dtype=torch.float32)
     if cfg.max_grad_norm is not None:
         return run.accelerator.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm)
+    if run.engine.shards_weights and wanted:
+        # Each process holds a shard of every gradient: the total norm is Accelerate's
+        # (DTensor-aware) clipping's, with a bound that never clips.
+        return run.accelerator.clip_grad_norm_(run.model.parameters(), float("inf"))
     if wanted:
         run.accelerator.unscale_gradients()  # fp16: the true gradients' norm, as clipping sees it
         return gradient_norm(run.model.parameters())
@@ -363,7 +400,7 @@ def fit(
         checkpoints.restore(accelerator, state, run.generator)
     progress = Progress(run, cfg, step, state)
     guard = step_guard(accelerator, cfg, run.n_steps, signals)
-    evaluate = Selection(accelerator, model, optimizer, evaluator, checkpoints, progress.log)
+    evaluate = Selection(accelerator, model, optimizer, evaluator, checkpoints, progress.log, run.full_copy)
     evaluate.resumed(state)
     model.train()
     if cfg.eval_at_start and state.global_step == 0 and not state.evals:

@@ -43,6 +43,7 @@ from simcse_kit.model.inference import Encoder
 from simcse_kit.model.modeling import SimCSEModel, base_encoder
 from simcse_kit.model.precision import PrecisionChoice, check_cuda_flags, set_tf32
 from simcse_kit.training.checkpoints import Checkpoints, LoopState
+from simcse_kit.training.engines import check_engine, engine_of
 from simcse_kit.training.folder import (
     BEST_MODEL,
     CHECKPOINTS,
@@ -193,6 +194,15 @@ def build_run(
     cfg = with_device_defaults(cfg, accelerator.device, accelerator.num_processes)
     tf32 = set_tf32(accelerator.device)
     check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
+    check_engine(
+        engine_of(accelerator),
+        {
+            "train.bf16_weights": cfg.train.bf16_weights,
+            "train.fast_dropout": cfg.train.fast_dropout,
+            "train.grad_cache_chunk": cfg.train.grad_cache_chunk,
+            "loss.queue_size": cfg.loss.queue_size,
+        },
+    )
     model = build_model(cfg)
     negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
     objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None, negatives=negatives)

@@ -28,6 +28,7 @@ from torch import nn
 
 from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
 from simcse_kit.training.checkpoints import Checkpoints, LoopState
+from simcse_kit.training.engines import FullCopy
 from simcse_kit.training.guards import collapse_reason
 from simcse_kit.training.tracking import LoopLog
 
@@ -131,6 +132,9 @@ class Selection:
         evaluator: None: nothing is evaluated, nothing selected.
         checkpoints: where the best model is saved; None: it is tracked, not saved.
         log: the loop's trackers (every evaluation's metrics are logged).
+        full_copy: with sharded weights (FSDP, ZeRO-3), the unsharded copy that is
+            refreshed from the shards (all processes take part), then evaluated and saved
+            on the main process; None: the prepared model is unwrapped instead.
     """
 
     def __init__(
@@ -141,10 +145,12 @@ class Selection:
         evaluator: Evaluator | None,
         checkpoints: Checkpoints | None,
         log: LoopLog,
+        full_copy: FullCopy | None = None,
     ) -> None:
         if evaluator is not None and not isinstance(getattr(evaluator, "primary_metric", None), str):
             raise TypeError("fit: the evaluator needs a primary_metric attribute naming the key that selects the best model")
         self.accelerator, self.model, self.evaluator, self.checkpoints, self.log = accelerator, model, evaluator, checkpoints, log
+        self.full_copy = full_copy
         # With bf16 weights the best model is saved from the fp32 masters, not their bf16
         # rounding (the prepared optimizer wraps the one that holds them), through an fp32
         # copy: the main process alone saves, and casting the trained model itself would
@@ -159,8 +165,12 @@ class Selection:
             return
         accelerator, model, metric = self.accelerator, self.model, self.evaluator.primary_metric
         model.eval()
+        # Sharded weights: every process sends its shards (a collective), the main process
+        # evaluates the whole model. Otherwise each process holds it all already.
+        full = self.full_copy.refresh(model) if self.full_copy is not None else None
         if accelerator.is_main_process:
-            unwrapped = accelerator.unwrap_model(model)
+            unwrapped = full if full is not None else accelerator.unwrap_model(model)
+            unwrapped.eval()
             metrics = {"step": float(state.global_step), **self.evaluator(unwrapped)}
             state.evals.append(metrics)
             self.log.evaluation(metrics)
@@ -180,6 +190,8 @@ class Selection:
                 if self.checkpoints is not None:
                     with self.fp32_weights(unwrapped) as weights:
                         self.checkpoints.save_best(weights, metrics)
+        if self.full_copy is not None:
+            self.full_copy.release()
         accelerator.wait_for_everyone()
         model.train()
 
