@@ -142,7 +142,7 @@ def test_outputs_that_are_folders_and_zero_batches_fail_before_the_model_loads(
     mine = ["mine", str(pairs), "--model", str(tiny_model_dir), *model]
     fails([*mine[:2], str(tmp_path), *mine[2:]], capsys, f"{tmp_path}: is a folder")
     fails([*mine[:2], str(tmp_path / "m.csv"), *mine[2:], "--batch-size", "0"], capsys, "--batch-size 0")
-    fails([*mine[:2], str(tmp_path / "m.csv"), *mine[2:], "--top-k", "0"], capsys, "--top-k 0: must be >= 1")
+    fails([*mine[:2], str(tmp_path / "m.csv"), *mine[2:], "--top-k", "0"], capsys, "--range-max 0: must be >= 1")
     before = pairs.read_bytes()
     fails([*mine[:2], str(pairs), *mine[2:]], capsys, "the output is the input file")
     assert pairs.read_bytes() == before
