@@ -152,6 +152,7 @@ class RunConfig:
         checks.append(("data.word_repetition", 0 <= self.data.word_repetition <= 1, "in [0, 1]"))
         if self.data.word_repetition or self.data.train_format != "auto":
             checks.append(("data.mode", self.data.mode == "unsup", "'unsup' with data.word_repetition or data.train_format"))
+        checks.append(("data.bad_rows", self.data.bad_rows in ("error", "skip"), "'error' or 'skip'"))
         checks.append(("data.mix_ratio", 0 <= self.data.mix_ratio < 1, "in [0, 1)"))
         if self.data.mix_ratio > 0:
             checks.append(("data.mix_file", self.data.mix_file is not None, "set with data.mix_ratio > 0"))

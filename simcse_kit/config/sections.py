@@ -97,6 +97,16 @@ class DataConfig:
         "ESimCSE word repetition (unsup): one view of each sentence gets a few tokens doubled in place, so the two views "
         "differ in length (0: off; ESimCSE: 0.32).",
     )
+    bad_rows: str = option(
+        "error",
+        '"error": a bad row of train_file (or mix_file) stops the run before anything is written, naming the file, the '
+        'line and the problem; "skip": bad rows are left out, counted (metrics.json skipped_rows) and the first few logged.',
+    )
+    cache_dir: str | None = option(
+        None,
+        "where local training files are cached as memory-mapped Arrow (read once, reused while the file is unchanged; "
+        "docs/data.md). None: the datasets cache ($HF_DATASETS_CACHE).",
+    )
     mix_file: str | None = option(None, "a second (general) corpus mixed into train_file, in data.mode's format")
     mix_ratio: float = option(0.0, "share of the mixed training set drawn from mix_file, in [0, 1)")
     dev_file: str | None = option(None, "dev split for checkpoint selection (None: STS-B dev of eval_data_dir)")

@@ -1,8 +1,10 @@
 """Training data: validated readers, `datasets` wrapping and batch collation.
 
-Files are read with :func:`simcse_kit.files.read_lines` (UTF-8, a byte-order mark as
-Excel writes it dropped, ``\r\n`` or ``\n``) and checked here, so an error names the
-file and line, then handed to `datasets.Dataset`. Formats, by training mode:
+Files are streamed with :class:`simcse_kit.files.LineStream` (UTF-8, a byte-order mark as
+Excel writes it dropped, ``\r\n`` or ``\n``) and checked here row by row, so an error
+names the file and line; training writes the checked rows into a memory-mapped Arrow
+cache (:mod:`simcse_kit.data.corpus`), so a corpus of any size is read in constant
+memory. Formats, by training mode:
   * ``unsup``: a text file, one sentence a line; blank lines are skipped.
   * ``sup``: CSV or JSONL with columns ``sent0, sent1`` (extra columns are ignored).
   * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``; or ``k`` hard negatives
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
+import json
 import logging
 import random
 import re
@@ -31,8 +33,9 @@ import torch
 
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
+from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus
 from simcse_kit.errors import DataError, where
-from simcse_kit.files import read_json_objects, read_lines
+from simcse_kit.files import BOM, LineStream, check_readable
 from simcse_kit.model.packing import plan_batch
 
 logger = logging.getLogger(__name__)
@@ -42,13 +45,78 @@ COLUMNS: dict[str, tuple[str, ...]] = {mode: tuple(dict.fromkeys(cols)) for mode
 
 
 def read_sentences(path: str | Path) -> list[str]:
-    """One sentence a line; blank lines skipped; an empty file is an error."""
+    """One sentence a line; blank lines skipped; an empty file is an error.
+
+    A list, for small files; training reads the same rows into the Arrow cache
+    (:func:`read_train_file`)."""
     path = Path(path)
-    sentences = [line.strip() for _, line in read_lines(path) if line.strip()]
-    if not sentences:
+    sentences = [s for batch in sentence_batches(path, BadRows()) for s in batch["sent0"]]
+    _enough_sentences(path, len(sentences))
+    return sentences
+
+
+def _enough_sentences(path: Path, n: int) -> None:
+    if not n:
         raise DataError(f"{path}: no sentences (the file is empty or blank)")
-    if len(sentences) < 2:
+    if n < 2:
         raise DataError(f"{path}: only one sentence; contrastive training needs at least two (in-batch negatives)")
+
+
+def _enough_rows(path: Path, n: int) -> None:
+    if n < 2:
+        raise DataError(f"{path}: {n} usable row(s); contrastive training needs at least two")
+
+
+BOM_BYTES = BOM.encode("utf-8")
+BLOCK_BYTES = 2**20  # a text corpus is read in blocks of whole lines of about this size
+
+
+def sentence_batches(path: Path, bad: BadRows) -> Iterator[dict[str, list[str]]]:
+    """The non-blank lines of a text file, stripped, as ``{"sent0": [...]}`` batches of
+    about :data:`BLOCK_BYTES` of text.
+
+    Whole blocks are decoded and split at once (no Python step per line but the strip):
+    a corpus is read at the speed of ``str.split``. A block that is not valid UTF-8 is
+    decoded again line by line, so the bad line is named and (``skip``) only it is left out.
+    """
+    lines_before = 0
+    rest = b""
+    with check_readable(path).open("rb") as fh:
+        while True:
+            chunk = fh.read(BLOCK_BYTES)
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1 if chunk else len(data)  # whole lines; at the end, what is left
+            if not data:
+                return
+            if cut == 0:  # a line longer than a block: read on
+                rest = data
+                continue
+            block, rest = data[:cut], data[cut:]
+            if lines_before == 0 and block.startswith(BOM_BYTES):
+                block = block[len(BOM_BYTES) :]
+            sentences = _block_sentences(path, block, lines_before, bad)
+            lines_before += block.count(b"\n")
+            if sentences:
+                yield {"sent0": sentences}
+            if not chunk:
+                return
+
+
+def _block_sentences(path: Path, block: bytes, lines_before: int, bad: BadRows) -> list[str]:
+    """The stripped non-blank lines of ``block``, whose first line is line ``lines_before + 1``."""
+    try:
+        return [s for s in (line.strip() for line in block.decode("utf-8").split("\n")) if s]
+    except UnicodeDecodeError:
+        pass
+    sentences = []
+    for number, raw in enumerate(block.split(b"\n"), start=lines_before + 1):
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            bad(DataError(f"{where(path, number)}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})"))
+            continue
+        if text:
+            sentences.append(text)
     return sentences
 
 
@@ -139,60 +207,161 @@ def read_rows(path: str | Path, columns: tuple[str, ...], hard_negatives: bool =
     With ``hard_negatives`` each row also gets its ``k`` hard negatives (``k`` read off
     the file, the same in every row; module docstring), named
     :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``; ``columns`` are the
-    others (``sent0, sent1``).
+    others (``sent0, sent1``). A list, for small files; training reads the same rows into
+    the Arrow cache (:func:`read_train_file`).
     """
     path = Path(path)
-    rows: list[dict[str, str]] = []
-    k = 0
+    rows = list(table_rows(path, columns, hard_negatives, BadRows()))
+    _enough_rows(path, len(rows))
+    return rows
+
+
+def table_rows(path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows) -> Iterator[dict[str, str]]:
+    """The checked rows of a CSV or JSONL file (:func:`read_rows`), streamed; a bad row
+    goes to ``bad``, a problem of the whole file (no header, a header without the
+    columns) raises."""
     if path.suffix.lower() in (".jsonl", ".json"):
-        wanted = [*columns, NEGATIVE] if hard_negatives else list(columns)
-        for number, obj in read_json_objects(path, keys=f" with keys {wanted}"):
+        return _jsonl_rows(path, columns, hard_negatives, bad)
+    return _csv_rows(path, columns, hard_negatives, bad)
+
+
+def _jsonl_rows(path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows) -> Iterator[dict[str, str]]:
+    keys = f" with keys {[*columns, NEGATIVE] if hard_negatives else list(columns)}"
+    lines = LineStream(path, keep_bad=bad.policy == "skip")
+    k = 0
+    for number, text in lines:
+        if lines.bad is not None:
+            error, lines.bad = lines.bad, None
+            bad(error)
+            continue
+        if not text.strip():
+            continue
+        try:
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where(path, number)}: expected a JSON object{keys}, got {type(obj).__name__}")
             row = _check_row(path, number, obj, columns)
             if hard_negatives:
                 values = _json_negatives(path, number, obj)
                 k = k or len(values)
                 row = _with_negatives(path, number, row, values, k)
-            rows.append(row)
-    else:
-        lines = read_lines(path)
-        if not lines:
-            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}")
-        text = "\n".join(line for _, line in lines)
-        reader = csv.reader(io.StringIO(text))
-        records = _csv_records(reader, path)
+        except DataError as exc:
+            bad(exc)
+            continue
+        yield row
+
+
+def _csv_rows(path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows) -> Iterator[dict[str, str]]:
+    lines = LineStream(path, keep_bad=bad.policy == "skip")
+    reader = csv.reader(text + "\n" for _, text in lines)
+    records = _csv_records(reader, path)
+    try:
+        header = [h.strip() for h in next(records)]
+    except StopIteration:
+        raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
+    if lines.bad is not None:  # the header is the file's: no row to skip
+        raise lines.bad
+    missing = [c for c in columns if c not in header]
+    negative_names: list[str] = []
+    if hard_negatives:
+        negative_names = _numbered_negatives(path, 1, header) or ([NEGATIVE] if NEGATIVE in header else [])
+        if not negative_names:
+            missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
+    if missing:
+        raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
+    while True:
         try:
-            header = [h.strip() for h in next(records)]
+            record = next(reader)
         except StopIteration:
-            raise DataError(f"{path}: empty file; expected a header row with {list(columns)}") from None
-        missing = [c for c in columns if c not in header]
-        negative_names: list[str] = []
-        if hard_negatives:
-            negative_names = _numbered_negatives(path, 1, header) or ([NEGATIVE] if NEGATIVE in header else [])
-            if not negative_names:
-                missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
-        if missing:
-            raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
-        for record in records:
-            number = reader.line_num
-            if not any(field.strip() for field in record):
-                continue
+            return
+        except csv.Error as exc:  # skipped: the reader goes on at the next line
+            lines.bad = None
+            bad(DataError(f"{where(path, reader.line_num)}: not valid CSV ({exc})"))
+            continue
+        number = reader.line_num
+        if lines.bad is not None:  # a line of this record is not UTF-8
+            error, lines.bad = lines.bad, None
+            bad(error)
+            continue
+        if not any(field.strip() for field in record):
+            continue
+        try:
             if len(record) != len(header):
                 raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
             fields = dict(zip(header, record, strict=True))
             row = _check_row(path, number, fields, columns)
             if hard_negatives:
                 row = _with_negatives(path, number, row, [fields[name] for name in negative_names], len(negative_names))
-            rows.append(row)
-    if len(rows) < 2:
-        raise DataError(f"{path}: {len(rows)} usable row(s); contrastive training needs at least two")
-    return rows
+        except DataError as exc:
+            bad(exc)
+            continue
+        yield row
+
+
+def read_train_file(source: str | Path, mode: str, bad_rows: str = "error", cache_dir: str | Path | None = None) -> Corpus:
+    """A local training file for ``mode``, checked, as a memory-mapped dataset (the Arrow
+    cache of :mod:`simcse_kit.data.corpus`: built on the first read, reused while the
+    file is unchanged).
+
+    Args:
+        source: the file (text, CSV or JSONL; module docstring).
+        mode: ``unsup``, ``sup`` or ``hardneg``.
+        bad_rows: ``error``: a bad row stops the read, naming the file, the line and
+            the problem; ``skip``: bad rows are left out, counted and the first few logged.
+        cache_dir: where the cache goes (default: the `datasets` cache, ``$HF_DATASETS_CACHE``).
+
+    Raises:
+        DataError: a bad row (``error``), a bad file, or fewer than two rows.
+    """
+    path = check_readable(source)
+    columns = COLUMNS[mode]
+    negatives = mode == modes.NEGATIVES_MODE
+    if mode == "unsup" and path.suffix.lower() not in (".csv", ".jsonl", ".json"):
+        return cached_corpus(
+            path,
+            lambda bad: sentence_batches(path, bad),
+            {"rows": "sentences"},
+            bad_rows,
+            cache_dir,
+            count_duplicates="sent0",
+            check=lambda report: _enough_sentences(Path(source), report.rows),
+        )
+    base = tuple(c for c in columns if c != NEGATIVE) if negatives else columns
+    return cached_corpus(
+        path,
+        lambda bad: batched(table_rows(path, base, negatives, bad)),
+        {"rows": "table", "columns": list(base), "hard_negatives": negatives},
+        bad_rows,
+        cache_dir,
+        check=lambda report: _enough_rows(Path(source), report.rows),
+    )
+
+
+def skipped_rows(dataset: datasets.Dataset) -> int:
+    """Bad rows skipped reading the training files behind ``dataset`` (their cache sidecars)."""
+    total = 0
+    for entry in dataset.cache_files:
+        sidecar = Path(entry["filename"]).with_suffix(".json")
+        if sidecar.parent.name == SUBFOLDER and sidecar.is_file():
+            total += int(json.loads(sidecar.read_text(encoding="utf-8")).get("skipped", 0))
+    return total
 
 
 def load_train_dataset(
-    source: str, mode: str, max_samples: int | None = None, sentences: Sequence[str] | None = None
+    source: str,
+    mode: str,
+    max_samples: int | None = None,
+    sentences: Sequence[str] | None = None,
+    bad_rows: str = "error",
+    cache_dir: str | Path | None = None,
 ) -> datasets.Dataset:
     """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``.
 
+    A local file is memory-mapped from its Arrow cache (:func:`read_train_file`, with
+    ``bad_rows`` and ``cache_dir``); a hub dataset is `datasets`' own cache.
     ``sentences``: an ``unsup`` corpus already read (the distinct sentences of a scored
     pair file, say); ``source`` then only names it.
     """
@@ -215,22 +384,17 @@ def load_train_dataset(
         if missing:
             raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
         ds = ds.select_columns(list(columns))
-    elif mode == "unsup" and Path(source).suffix.lower() not in (".csv", ".jsonl", ".json"):
-        sentences = read_sentences(source)
-        duplicates = len(sentences) - len(set(sentences))
-        if duplicates:
+    else:
+        corpus = read_train_file(source, mode, bad_rows, cache_dir)
+        ds = corpus.dataset
+        if corpus.report.duplicates:
             # Kept (a corpus is what it is), but two copies in one batch are each
             # other's negatives: say so, and how to mask them.
             logger.warning(
                 "%s: %d duplicated sentence(s) kept; copies in one batch act as negatives (set loss.mask_false_negatives)",
                 source,
-                duplicates,
+                corpus.report.duplicates,
             )
-        ds = datasets.Dataset.from_dict({"sent0": sentences})
-    else:
-        base = tuple(c for c in columns if c != NEGATIVE)
-        rows = read_rows(source, base if negatives else columns, hard_negatives=negatives)
-        ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in rows[0]})
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
     k = f", {negatives_of(ds.column_names)} hard negatives each" if negatives else ""
