@@ -171,7 +171,8 @@ def cached_corpus(
         write_text_atomic(sidecar, json.dumps(asdict(report), indent=1))
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
+        # A write that failed (full disk, read-only folder); not a read of the training file.
+        if isinstance(exc, OSError) and not (exc.filename and Path(exc.filename) == path):
             raise _cache_error(exc, folder) from None
         raise
     if report.skipped:
