@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import tracemalloc
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,15 @@ def test_shuffled_indices_are_random_samplers_order_without_its_list(monkeypatch
             tracemalloc.stop()
         assert 0 <= first < n
     assert peaks[0] < 8 * 2**20 < peaks[1], peaks  # RandomSampler holds n Python ints (~36 MB here)
+
+
+def test_processes_reading_at_once_build_one_cache(tmp_path: Path) -> None:
+    # The processes of a run start together: one builds, the others wait for it and map its file.
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(f"sentence {i}\n" for i in range(100_000)), encoding="utf-8")
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(read_train_file, path, "unsup", "error", tmp_path / "cache") for _ in range(2)]
+        results = [future.result() for future in futures]
+    assert sorted(r.cache_hit for r in results) == [False, True]
+    assert len({r.cache_file for r in results}) == 1 and len(list((tmp_path / "cache").rglob("*.arrow"))) == 1
+    assert all(len(r.dataset) == 100_000 for r in results)

@@ -12,8 +12,8 @@ are handled and :data:`FORMAT`. A second run with the same file starts from the 
 without reading the file; an edited file gets a new key and is read again. Each cache
 file has a JSON sidecar with what the read found (rows, skipped rows and the first few
 reasons, duplicates, ``k``), written last: a cache without its sidecar is incomplete and
-is not used. Both are renamed into place, so processes that build at once do not see
-each other's half-written files.
+is not used. Both are renamed into place, and a lock file beside them lets one process
+build while the others (the rest of a multi-process run) wait and then map its cache.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pyarrow as pa
+from filelock import FileLock
 
 from simcse_kit.errors import DataError, StorageError
 from simcse_kit.files import storage_error, write_text_atomic
@@ -150,15 +151,45 @@ def cached_corpus(
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = folder / SUBFOLDER
     key = cache_key(path, what | {"bad_rows": bad_rows})
-    arrow, sidecar = folder / f"{path.stem[:40]}-{key}.arrow", folder / f"{path.stem[:40]}-{key}.json"
+    name = f"{path.stem[:40]}-{key}"
+    arrow, sidecar = folder / f"{name}.arrow", folder / f"{name}.json"
     if arrow.is_file() and sidecar.is_file():
-        report = Report(**json.loads(sidecar.read_text(encoding="utf-8")))
-        if check is not None:
-            check(report)
-        _log_skipped(path, report)
-        return Corpus(datasets.Dataset.from_file(str(arrow)), report, arrow, cache_hit=True)
+        return _hit(path, arrow, sidecar, check)
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder / f".{name}.lock"))
+        lock.acquire()
+    except OSError as exc:
+        raise _cache_error(exc, folder) from None
+    # One builder: the other processes of a run (or other runs) wait here, then map its cache;
+    # a bad row stops each of them in turn with the same error.
+    try:
+        if arrow.is_file() and sidecar.is_file():
+            return _hit(path, arrow, sidecar, check)
+        return _build_cache(path, rows, folder, arrow, sidecar, bad_rows, count_duplicates, check)
+    finally:
+        lock.release()
+
+
+def _hit(path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None] | None) -> Corpus:
+    report = Report(**json.loads(sidecar.read_text(encoding="utf-8")))
+    if check is not None:
+        check(report)
+    _log_skipped(path, report)
+    return Corpus(datasets.Dataset.from_file(str(arrow)), report, arrow, cache_hit=True)
+
+
+def _build_cache(
+    path: Path,
+    rows: Callable[[BadRows], Iterator[dict[str, list[str]]]],
+    folder: Path,
+    arrow: Path,
+    sidecar: Path,
+    bad_rows: str,
+    count_duplicates: str | None,
+    check: Callable[[Report], None] | None,
+) -> Corpus:
+    try:
         fd, tmp = tempfile.mkstemp(prefix=f".{arrow.name}.", dir=folder)
         os.close(fd)
     except OSError as exc:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -46,32 +45,11 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
         pairs = PAIR_READERS[data.train_format](data.train_file)
         sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
     read = {"bad_rows": data.bad_rows, "cache_dir": data.cache_dir}
-    with main_process_first():
-        dataset = load_train_dataset(data.train_file, data.mode, data.max_train_samples, sentences=sentences, **read)
-        if data.mix_file is not None and data.mix_ratio > 0:
-            general = load_train_dataset(data.mix_file, data.mode, **read)
-            dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
+    dataset = load_train_dataset(data.train_file, data.mode, data.max_train_samples, sentences=sentences, **read)
+    if data.mix_file is not None and data.mix_ratio > 0:
+        general = load_train_dataset(data.mix_file, data.mode, **read)
+        dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset
-
-
-@contextmanager
-def main_process_first() -> Iterator[None]:
-    """Several processes: the main one runs the block first (it builds the training file's
-    Arrow cache), the others then (they map it). Unlike Accelerate's ``main_process_first``
-    the main process reaches the barrier even when the block raises, so the others go on,
-    meet the same bad row themselves and stop with the same one-line error; one process:
-    nothing."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        yield
-        return
-    state = PartialState()
-    if not state.is_main_process:
-        state.wait_for_everyone()
-    try:
-        yield
-    finally:
-        if state.is_main_process:
-            state.wait_for_everyone()
 
 
 def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTargets, TeacherTable] | None:
