@@ -407,17 +407,23 @@ def _numbered_columns(ds: datasets.Dataset, source: str) -> datasets.Dataset:
     hard_neg_k`` (a list of one: ``hard_neg``); other datasets unchanged."""
     if NEGATIVE not in ds.column_names or len(ds) == 0 or not isinstance(ds[0][NEGATIVE], list):
         return ds
-    lists = ds[NEGATIVE]
-    k = len(lists[0])
-    for number, value in enumerate(lists):
-        if not isinstance(value, list) or len(value) != k or k == 0:
-            count = len(value) if isinstance(value, list) else "not a list of"
-            raise DataError(f"{source}: row {number}: {count} hard negative(s), the first row has {k}; every row needs the same")
+    k = len(ds[0][NEGATIVE])
     names = modes.hard_negative_columns(k)
-    ds = ds.remove_columns(NEGATIVE)
-    for i, name in enumerate(names):
-        ds = ds.add_column(name, [value[i] for value in lists])
-    return ds
+
+    def split(batch: dict[str, list[object]], indices: list[int]) -> dict[str, list[object]]:
+        # Batched through `datasets` (its cache for a hub dataset): the column is never one Python list.
+        out: dict[str, list[object]] = {name: [] for name in names}
+        for number, value in zip(indices, batch[NEGATIVE], strict=True):
+            if not isinstance(value, list) or len(value) != k or k == 0:
+                count = len(value) if isinstance(value, list) else "not a list of"
+                raise DataError(
+                    f"{source}: row {number}: {count} hard negative(s), the first row has {k}; every row needs the same"
+                )
+            for name, text in zip(names, value, strict=True):
+                out[name].append(text)
+        return out
+
+    return ds.map(split, batched=True, with_indices=True, remove_columns=[NEGATIVE], desc="hard negatives")
 
 
 def mix_datasets(domain: datasets.Dataset, general: datasets.Dataset, ratio: float, seed: int) -> datasets.Dataset:
