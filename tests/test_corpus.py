@@ -169,3 +169,15 @@ def test_processes_reading_at_once_build_one_cache(tmp_path: Path) -> None:
     assert sorted(r.cache_hit for r in results) == [False, True]
     assert len({r.cache_file for r in results}) == 1 and len(list((tmp_path / "cache").rglob("*.arrow"))) == 1
     assert all(len(r.dataset) == 100_000 for r in results)
+
+
+def test_a_cache_folder_that_cannot_be_written_is_named_before_the_run(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = write_recipe(tmp_path, tiny_model_dir, tmp_path / "run")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder", encoding="utf-8")
+    assert cli_main(["train", str(recipe), "--cache-dir", str(blocker)]) != 0
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"data.cache_dir {blocker}" in errors[0] and "cannot write" in errors[0], errors
+    assert not (tmp_path / "run").exists()
