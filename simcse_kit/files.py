@@ -59,13 +59,7 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
     Raises:
         DataError: missing file, a folder or a pipe where a file was expected, or invalid UTF-8.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"{where(path)}: is a folder; expected a {what}")
-    if path.exists() and not path.is_file():  # a FIFO, <(...) or a device: it exists, it is not "not found"
-        raise DataError(f"{where(path)}: not a regular file (a pipe, <(...) or a device); save it to a file and pass that")
-    if not path.is_file():
-        raise DataError(f"{where(path)}: {what} not found")
+    path = check_readable(path, what)
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
@@ -77,11 +71,7 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
     if text.startswith(BOM):
         text = text[1:]
     if "\0" in text:  # valid UTF-8, but no text file holds NULs: UTF-16 without its byte-order mark, or binary
-        line = text[: text.index("\0")].count("\n") + 1
-        raise DataError(
-            f"{where(path, line)}: holds NUL characters: not a UTF-8 text file (UTF-16 without a byte-order mark, "
-            "or binary data); save it as UTF-8"
-        )
+        raise nul_error(path, text[: text.index("\0")].count("\n") + 1)
     if "\n" not in text and "\r" in text.rstrip("\r"):  # old Mac line ends: the whole file would be one line
         raise DataError(
             f"{where(path)}: its lines end in a bare carriage return (classic Mac line ends) and none in a newline; "
@@ -91,6 +81,76 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line, it does not start one
     return [(number, line[:-1] if line.endswith("\r") else line) for number, line in enumerate(lines, start=1)]
+
+
+def check_readable(path: str | Path, what: str = "file") -> Path:
+    """``path`` as a Path, after checking it is a regular file.
+
+    Raises:
+        DataError: missing, a folder, or a pipe or device where a file was expected.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{where(path)}: is a folder; expected a {what}")
+    if path.exists() and not path.is_file():  # a FIFO, <(...) or a device: it exists, it is not "not found"
+        raise DataError(f"{where(path)}: not a regular file (a pipe, <(...) or a device); save it to a file and pass that")
+    if not path.is_file():
+        raise DataError(f"{where(path)}: {what} not found")
+    return path
+
+
+def nul_error(path: str | Path, line: int) -> DataError:
+    """The error of a file whose text holds NUL characters at ``line``: valid UTF-8, but no
+    text file holds them (UTF-16 without its byte-order mark, or binary data)."""
+    return DataError(
+        f"{where(path, line)}: holds NUL characters: not a UTF-8 text file (UTF-16 without a byte-order mark, "
+        "or binary data); save it as UTF-8"
+    )
+
+
+class LineStream:
+    """The lines of a text file as :func:`read_lines` reads them, streamed: one line in
+    memory at a time, so a corpus of any size is read in constant memory.
+
+    Iterating gives ``(line_number, text)``. A line that is not valid UTF-8 raises a
+    DataError naming it; with ``keep_bad`` it is given decoded with replacement characters
+    instead and :attr:`bad` holds that error, for a caller that skips bad rows (it resets
+    ``bad`` once it has dealt with it; a CSV record over several lines may hold the line).
+
+    Attributes:
+        number: the number of the last line given (0 before the first).
+        bad: the error of an undecodable line given since the caller last reset it.
+    """
+
+    def __init__(self, path: str | Path, what: str = "file", keep_bad: bool = False) -> None:
+        self.path = check_readable(path, what)
+        self.keep_bad = keep_bad
+        self.number = 0
+        self.bad: DataError | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        # Binary iteration splits on b"\n" only (not on form feeds or U+2028, which occur
+        # inside scraped sentences), exactly as read_lines splits the decoded text.
+        with self.path.open("rb") as fh:
+            for number, raw in enumerate(fh, start=1):
+                if number == 1 and raw.startswith(BOM.encode("utf-8")):
+                    raw = raw[3:]
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    error = DataError(f"{where(self.path, number)}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})")
+                    if not self.keep_bad:
+                        raise error from None
+                    self.bad = self.bad or error
+                    text = raw.decode("utf-8", errors="replace")
+                if "\0" in text:  # UTF-16 without its byte-order mark, or binary: a whole-file problem
+                    raise nul_error(self.path, number)
+                if text.endswith("\n"):
+                    text = text[:-1]
+                if text.endswith("\r"):
+                    text = text[:-1]
+                self.number = number
+                yield number, text
 
 
 def read_json_objects(path: str | Path, what: str = "file", keys: str = "") -> list[tuple[int, dict[str, Any]]]:

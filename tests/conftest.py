@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,6 +13,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The training files' Arrow caches (simcse_kit.data.corpus) go to a folder of the test
+# session's own, removed at exit, not into the user's datasets cache; the run's processes
+# (2-process tests) inherit it.
+_DATASETS_CACHE = tempfile.mkdtemp(prefix="simcse-kit-test-datasets-")
+os.environ["HF_DATASETS_CACHE"] = _DATASETS_CACHE
+atexit.register(shutil.rmtree, _DATASETS_CACHE, True)
 
 import torch  # noqa: E402
 

@@ -79,7 +79,8 @@ def test_errors_name_the_file_and_line(
     csv = tmp_path / "pairs.csv"
     csv.write_text("sent0,sent1\na,b\nc,d\n")
     assert main(["train", str(path), "--train-file", str(csv), "--mode", "hardneg"]) == 2
-    assert f"{csv}, line 1: header ['sent0', 'sent1'] lacks column(s) ['hard_neg (or hard_neg_1 .. hard_neg_k)']" in capsys.readouterr().err
+    wanted = f"{csv}, line 1: header ['sent0', 'sent1'] lacks column(s) ['hard_neg (or hard_neg_1 .. hard_neg_k)']"
+    assert wanted in capsys.readouterr().err
 
     assert main(["train", str(path), "--pooler", "max"]) == 2
     assert "model.pooler" in capsys.readouterr().err

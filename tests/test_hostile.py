@@ -73,7 +73,7 @@ TRAIN_CASES = [
     ("ragged row", "pairs.csv", b"sent0,sent1\na,b\nc\n", "sup", ["pairs.csv, line 3: 1 fields, header has 2"]),
     ("too many fields", "pairs.csv", b"sent0,sent1\na,b\nc,d,e\n", "sup", ["pairs.csv, line 3: 3 fields, header has 2"]),
     ("empty value", "pairs.csv", b"sent0,sent1\na,b\nc,  \n", "sup", ["pairs.csv, line 3: empty value in column 'sent1'"]),
-    ("hard_neg missing", "trip.csv", b"sent0,sent1\na,b\nc,d\n", "hardneg", ["trip.csv, line 1", "['hard_neg']"]),
+    ("hard_neg missing", "trip.csv", b"sent0,sent1\na,b\nc,d\n", "hardneg", ["trip.csv, line 1", "lacks column(s) ['hard_neg"]),
     ("bare CR in CSV", "pairs.csv", b"sent0,sent1\na,b\nx\ry z,b\nc,d\n", "sup", ["pairs.csv, line 3: not valid CSV"]),
     ("only a header", "pairs.csv", b"sent0,sent1\n", "sup", ["pairs.csv: 0 usable row(s)"]),
     ("JSONL not JSON", "p.jsonl", b'{"sent0": "a", "sent1": "b"}\n{"sent0": \n', "sup", ["p.jsonl, line 2: not valid JSON"]),

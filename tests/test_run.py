@@ -81,9 +81,11 @@ def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
         "masked_negatives",
         "precision",
         "memory",
+        "skipped_rows",
         "speed",
         "sts",
     }
+    assert metrics["skipped_rows"] == 0  # data.bad_rows: error (the default)
     # CPU: no TF32; compile off by default; auto workers and packing as decided for the CPU
     assert metrics["speed"] == {"tf32": False, "compile": False, "num_workers": 0, "packing": True}
     # mmap_threshold_mib unset: malloc left as it comes, and said so

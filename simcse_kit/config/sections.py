@@ -197,6 +197,16 @@ class DataConfig:
         "ESimCSE word repetition (unsup): one view of each sentence gets a few tokens doubled in place, so the two views "
         "differ in length (0: off; ESimCSE: 0.32).",
     )
+    bad_rows: str = option(
+        "error",
+        '"error": a bad row of train_file (or mix_file) stops the run before anything is written, naming the file, the '
+        'line and the problem; "skip": bad rows are left out, counted (metrics.json skipped_rows) and the first few logged.',
+    )
+    cache_dir: str | None = option(
+        None,
+        "where local training files are cached as memory-mapped Arrow (read once, reused while the file is unchanged; "
+        "docs/data.md). None: the datasets cache ($HF_DATASETS_CACHE).",
+    )
     mix_file: str | None = option(None, "a second (general) corpus mixed into train_file, in data.mode's format")
     mix_ratio: float = option(0.0, "share of the mixed training set drawn from mix_file, in [0, 1)")
     dev_file: str | None = option(None, "dev split for checkpoint selection (None: STS-B dev of eval_data_dir)")
@@ -226,6 +236,7 @@ class DataConfig:
         ]
         if self.dev_format == "beir":
             rules.append(("dev_file", self.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
+        rules.append(("bad_rows", self.bad_rows in ("error", "skip"), "'error' or 'skip'"))
         if self.num_workers is not None:
             rules.append(("num_workers", self.num_workers >= 0, ">= 0 (0: in the training process), or null for auto"))
         rules.append(("word_repetition", 0 <= self.word_repetition <= 1, "in [0, 1]"))
@@ -325,7 +336,7 @@ class LossConfig:
         if self.queue_size > 0:
             rules.append(("momentum", 0 <= self.momentum < 1, "in [0, 1) with loss.queue_size > 0"))
         rules += [
-            ("score_loss", self.score_loss in SCORE_LOSSES, one_of(SCORE_LOSSES)),
+            ("score_loss", self.score_loss in SCORE_LOSSES, f"one of {SCORE_LOSSES}"),
             ("score_scale", 0 < self.score_scale < math.inf, "> 0 and finite"),
             ("score_weight", 0 <= self.score_weight <= 1, "in [0, 1]"),
         ]

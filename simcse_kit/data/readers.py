@@ -1,8 +1,10 @@
 """Training data: validated readers, `datasets` wrapping and batch collation.
 
-Files are read with :func:`simcse_kit.files.read_lines` (UTF-8, a byte-order mark as
-Excel writes it dropped, ``\r\n`` or ``\n``) and checked here, so an error names the
-file and line, then handed to `datasets.Dataset`. Formats, by training mode:
+Files are streamed with :class:`simcse_kit.files.LineStream` (UTF-8, a byte-order mark as
+Excel writes it dropped, ``\r\n`` or ``\n``) and checked here row by row, so an error
+names the file and line; training writes the checked rows into a memory-mapped Arrow
+cache (:mod:`simcse_kit.data.corpus`), so a corpus of any size is read in constant
+memory. Formats, by training mode:
   * ``unsup``: a text file, one sentence a line; blank lines are skipped.
   * ``sup``: CSV or JSONL with columns ``sent0, sent1`` (extra columns are ignored).
   * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``; or ``k`` hard negatives
@@ -11,10 +13,6 @@ file and line, then handed to `datasets.Dataset`. Formats, by training mode:
     number (a fixed ``V = 2 + k`` views per example keeps the batch layout one reshape);
     the dataset's columns are :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``
     (``hard_neg`` for one, as before) and :func:`negatives_of` reads ``k`` back.
-  * ``scored``: CSV or JSONL with ``sent0, sent1, score``: a graded label per pair, a
-    number in any range; with ``data.score_range: [low, high]`` a score outside it is an
-    error and the scores are mapped onto [0, 1] (:func:`scale_score`). STS-B and SICK
-    files are read by the evaluation's readers (``data.train_format``, :mod:`simcse_kit.training.inputs`).
   * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
 """
 
@@ -22,7 +20,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
+import json
 import logging
 import math
 import random
@@ -37,8 +35,9 @@ import torch
 
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
+from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus
 from simcse_kit.errors import DataError, where
-from simcse_kit.files import read_json_objects, read_lines
+from simcse_kit.files import BOM, LineStream, check_readable, nul_error
 from simcse_kit.model.packing import plan_batch
 
 if TYPE_CHECKING:
@@ -51,13 +50,88 @@ COLUMNS: dict[str, tuple[str, ...]] = {mode: tuple(dict.fromkeys(cols)) for mode
 
 
 def read_sentences(path: str | Path) -> list[str]:
-    """One sentence a line; blank lines skipped; an empty file is an error."""
+    """One sentence a line; blank lines skipped; an empty file is an error.
+
+    A list, for small files; training reads the same rows into the Arrow cache
+    (:func:`read_train_file`)."""
     path = Path(path)
-    sentences = [line.strip() for _, line in read_lines(path) if line.strip()]
-    if not sentences:
+    sentences = [s for batch in sentence_batches(path, BadRows()) for s in batch["sent0"]]
+    _enough_sentences(path, len(sentences))
+    return sentences
+
+
+def _enough_sentences(path: Path, n: int) -> None:
+    if not n:
         raise DataError(f"{path}: no sentences (the file is empty or blank)")
-    if len(sentences) < 2:
+    if n < 2:
         raise DataError(f"{path}: only one sentence; contrastive training needs at least two (in-batch negatives)")
+
+
+def _enough_rows(path: Path, n: int) -> None:
+    if n < 2:
+        raise DataError(f"{path}: {n} usable row(s); contrastive training needs at least two")
+
+
+BOM_BYTES = BOM.encode("utf-8")
+BLOCK_BYTES = 2**20  # a text corpus is read in blocks of whole lines of about this size
+
+
+def sentence_batches(path: Path, bad: BadRows) -> Iterator[dict[str, list[str]]]:
+    """The non-blank lines of a text file, stripped, as ``{"sent0": [...]}`` batches of
+    about :data:`BLOCK_BYTES` of text.
+
+    Whole blocks are decoded and split at once (no Python step per line but the strip):
+    a corpus is read at the speed of ``str.split``. A block that is not valid UTF-8 is
+    decoded again line by line, so the bad line is named and (``skip``) only it is left out.
+    """
+    lines_before = 0
+    rest = b""
+    with check_readable(path).open("rb") as fh:
+        while True:
+            chunk = fh.read(BLOCK_BYTES)
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1 if chunk else len(data)  # whole lines; at the end, what is left
+            if not data:
+                return
+            if cut == 0:  # a line longer than a block: read on
+                rest = data
+                continue
+            block, rest = data[:cut], data[cut:]
+            if lines_before == 0 and block.startswith(BOM_BYTES):
+                block = block[len(BOM_BYTES) :]
+            if lines_before == 0 and b"\n" not in block.rstrip(b"\n") and b"\r" in block.rstrip(b"\r\n"):
+                # Old Mac line ends: the whole file would be one line (and "only one sentence").
+                raise DataError(
+                    f"{where(path)}: its lines end in a bare carriage return (classic Mac line ends) and none in a "
+                    "newline; convert them to newlines (tr '\\r' '\\n')"
+                )
+            sentences = _block_sentences(path, block, lines_before, bad)
+            lines_before += block.count(b"\n")
+            if sentences:
+                yield {"sent0": sentences}
+            if not chunk:
+                return
+
+
+def _block_sentences(path: Path, block: bytes, lines_before: int, bad: BadRows) -> list[str]:
+    """The stripped non-blank lines of ``block``, whose first line is line ``lines_before + 1``."""
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        if "\0" in text:  # valid UTF-8, but no text file holds NULs (a C-speed search of the block)
+            raise nul_error(path, lines_before + text[: text.index("\0")].count("\n") + 1)
+        return [s for s in (line.strip() for line in text.split("\n")) if s]
+    sentences = []
+    for number, raw in enumerate(block.split(b"\n"), start=lines_before + 1):
+        try:
+            text = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            bad(DataError(f"{where(path, number)}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})"))
+            continue
+        if text:
+            sentences.append(text)
     return sentences
 
 
@@ -193,63 +267,182 @@ def read_rows(
         score_column: also a numeric column, the pair's graded label
             (:func:`check_score`), returned as a float; None: text columns only.
         score_range: the scores' declared ``[low, high]``, mapped onto [0, 1]; None: as read.
+
+    A list, for small files; training reads the same rows into the Arrow cache
+    (:func:`read_train_file`).
     """
     path = Path(path)
-    rows: list[dict[str, Any]] = []
-    required = columns if score_column is None else (*columns, score_column)
-    k = 0
+    rows = list(table_rows(path, columns, hard_negatives, BadRows(), score_column, score_range))
+    _enough_rows(path, len(rows))
+    return rows
 
-    def check(number: int, row: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = _check_row(path, number, row, columns)
-        if score_column is not None:
-            out[score_column] = check_score(row.get(score_column), path, number, score_column, score_range)
-        return out
 
+def table_rows(
+    path: Path,
+    columns: tuple[str, ...],
+    hard_negatives: bool,
+    bad: BadRows,
+    score_column: str | None = None,
+    score_range: Sequence[float] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The checked rows of a CSV or JSONL file (:func:`read_rows`), streamed; a bad row
+    goes to ``bad``, a problem of the whole file (no header, a header without the
+    columns) raises."""
+    score = (score_column, score_range)
     if path.suffix.lower() in (".jsonl", ".json"):
-        wanted = [*required, NEGATIVE] if hard_negatives else list(required)
-        for number, obj in read_json_objects(path, keys=f" with keys {wanted}"):
-            row = check(number, obj)
+        return _jsonl_rows(path, columns, hard_negatives, bad, *score)
+    return _csv_rows(path, columns, hard_negatives, bad, *score)
+
+
+def _scored(
+    path: Path, number: int, row: dict[str, Any], fields: Mapping[str, object], score: tuple[str | None, Any]
+) -> dict[str, Any]:
+    """``row`` with its score column checked and scaled (:func:`check_score`), when the mode has one."""
+    column, score_range = score if score else (None, None)
+    if column is not None:
+        row[column] = check_score(fields.get(column), path, number, column, score_range)
+    return row
+
+
+def _jsonl_rows(
+    path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any
+) -> Iterator[dict[str, Any]]:
+    required = [*columns, score[0]] if score and score[0] else list(columns)
+    keys = f" with keys {[*required, NEGATIVE] if hard_negatives else required}"
+    lines = LineStream(path, keep_bad=bad.policy == "skip")
+    k = 0
+    for number, text in lines:
+        if lines.bad is not None:
+            error, lines.bad = lines.bad, None
+            bad(error)
+            continue
+        if not text.strip():
+            continue
+        try:
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where(path, number)}: expected a JSON object{keys}, got {type(obj).__name__}")
+            row = _scored(path, number, dict(_check_row(path, number, obj, columns)), obj, score)
             if hard_negatives:
                 values = _json_negatives(path, number, obj)
                 k = k or len(values)
                 row = _with_negatives(path, number, row, values, k)
-            rows.append(row)
-    else:
-        lines = read_lines(path)
-        if not lines:
-            raise DataError(f"{path}: empty file; expected a header row with {list(required)}")
-        text = "\n".join(line for _, line in lines)
-        reader = csv.reader(io.StringIO(text))
-        records = _csv_records(reader, path)
+        except DataError as exc:
+            bad(exc)
+            continue
+        yield row
+
+
+def _csv_rows(path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any) -> Iterator[dict[str, Any]]:
+    required = (*columns, score[0]) if score and score[0] else columns
+    lines = LineStream(path, keep_bad=bad.policy == "skip")
+    reader = csv.reader(text + "\n" for _, text in lines)
+    records = _csv_records(reader, path)
+    try:
+        header = [h.strip() for h in next(records)]
+    except StopIteration:
+        raise DataError(f"{path}: empty file; expected a header row with {list(required)}") from None
+    if lines.bad is not None:  # the header is the file's: no row to skip
+        raise lines.bad
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:  # a zip of header and fields would silently keep the last of the copies
+        raise DataError(f"{where(path, 1)}: header {header} repeats column(s) {repeated}; name each column once")
+    missing = [c for c in required if c not in header]
+    negative_names: list[str] = []
+    if hard_negatives:
+        negative_names = _numbered_negatives(path, 1, header) or ([NEGATIVE] if NEGATIVE in header else [])
+        if not negative_names:
+            missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
+    if missing:
+        raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
+    while True:
         try:
-            header = [h.strip() for h in next(records)]
+            record = next(reader)
         except StopIteration:
-            raise DataError(f"{path}: empty file; expected a header row with {list(required)}") from None
-        repeated = sorted({h for h in header if header.count(h) > 1})
-        if repeated:  # csv's DictReader-style zip would silently keep the last of the copies
-            raise DataError(f"{where(path, 1)}: header {header} repeats column(s) {repeated}; name each column once")
-        missing = [c for c in required if c not in header]
-        negative_names: list[str] = []
-        if hard_negatives:
-            negative_names = _numbered_negatives(path, 1, header) or ([NEGATIVE] if NEGATIVE in header else [])
-            if not negative_names:
-                missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
-        if missing:
-            raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
-        for record in records:
-            number = reader.line_num
-            if not any(field.strip() for field in record):
-                continue
+            return
+        except csv.Error as exc:  # skipped: the reader goes on at the next line
+            lines.bad = None
+            bad(DataError(f"{where(path, reader.line_num)}: not valid CSV ({exc})"))
+            continue
+        number = reader.line_num
+        if lines.bad is not None:  # a line of this record is not UTF-8
+            error, lines.bad = lines.bad, None
+            bad(error)
+            continue
+        if not any(field.strip() for field in record):
+            continue
+        try:
             if len(record) != len(header):
                 raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
             fields = dict(zip(header, record, strict=True))
-            row = check(number, fields)
+            row = _scored(path, number, dict(_check_row(path, number, fields, columns)), fields, score)
             if hard_negatives:
                 row = _with_negatives(path, number, row, [fields[name] for name in negative_names], len(negative_names))
-            rows.append(row)
-    if len(rows) < 2:
-        raise DataError(f"{path}: {len(rows)} usable row(s); contrastive training needs at least two")
-    return rows
+        except DataError as exc:
+            bad(exc)
+            continue
+        yield row
+
+
+def read_train_file(
+    source: str | Path,
+    mode: str,
+    bad_rows: str = "error",
+    cache_dir: str | Path | None = None,
+    score_range: Sequence[float] | None = None,
+) -> Corpus:
+    """A local training file for ``mode``, checked, as a memory-mapped dataset (the Arrow
+    cache of :mod:`simcse_kit.data.corpus`: built on the first read, reused while the
+    file is unchanged).
+
+    Args:
+        source: the file (text, CSV or JSONL; module docstring).
+        mode: ``unsup``, ``sup`` or ``hardneg``.
+        bad_rows: ``error``: a bad row stops the read, naming the file, the line and
+            the problem; ``skip``: bad rows are left out, counted and the first few logged.
+        cache_dir: where the cache goes (default: the `datasets` cache, ``$HF_DATASETS_CACHE``).
+        score_range: a scored mode's declared score range (:func:`check_score`).
+
+    Raises:
+        DataError: a bad row (``error``), a bad file, or fewer than two rows.
+    """
+    path = check_readable(source)
+    columns = COLUMNS[mode]
+    negatives = mode == modes.NEGATIVES_MODE
+    if mode == "unsup" and path.suffix.lower() not in (".csv", ".jsonl", ".json"):
+        return cached_corpus(
+            path,
+            lambda bad: sentence_batches(path, bad),
+            {"rows": "sentences"},
+            bad_rows,
+            cache_dir,
+            count_duplicates="sent0",
+            check=lambda report: _enough_sentences(Path(source), report.rows),
+        )
+    base = tuple(c for c in columns if c != NEGATIVE) if negatives else columns
+    score = modes.mode(mode).score_column
+    ranged = list(score_range) if score_range is not None else None
+    return cached_corpus(
+        path,
+        lambda bad: batched(table_rows(path, base, negatives, bad, score, score_range)),
+        {"rows": "table", "columns": list(base), "hard_negatives": negatives, "score": score, "score_range": ranged},
+        bad_rows,
+        cache_dir,
+        check=lambda report: _enough_rows(Path(source), report.rows),
+    )
+
+
+def skipped_rows(dataset: datasets.Dataset) -> int:
+    """Bad rows skipped reading the training files behind ``dataset`` (their cache sidecars)."""
+    total = 0
+    for entry in dataset.cache_files:
+        sidecar = Path(entry["filename"]).with_suffix(".json")
+        if sidecar.parent.name == SUBFOLDER and sidecar.is_file():
+            total += int(json.loads(sidecar.read_text(encoding="utf-8")).get("skipped", 0))
+    return total
 
 
 def scored_dataset(
@@ -270,12 +463,16 @@ def load_train_dataset(
     mode: str,
     max_samples: int | None = None,
     sentences: Sequence[str] | None = None,
+    bad_rows: str = "error",
+    cache_dir: str | Path | None = None,
     score_range: Sequence[float] | None = None,
 ) -> datasets.Dataset:
     """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``
     (a ``hardneg`` file's ``k`` negatives as :func:`simcse_kit.core.modes.hard_negative_columns`;
     a scored mode's score column, a float: :func:`check_score` under ``score_range``).
 
+    A local file is memory-mapped from its Arrow cache (:func:`read_train_file`, with
+    ``bad_rows`` and ``cache_dir``); a hub dataset is `datasets`' own cache.
     ``sentences``: an ``unsup`` corpus already read (the distinct sentences of a scored
     pair file, say); ``source`` then only names it.
     """
@@ -303,22 +500,17 @@ def load_train_dataset(
         if score_column is not None:  # checked and scaled as a file's, rows counted from 1
             checked = [check_score(v, source, i, score_column, score_range) for i, v in enumerate(ds[score_column], 1)]
             ds = ds.remove_columns(score_column).add_column(score_column, checked)
-    elif mode == "unsup" and Path(source).suffix.lower() not in (".csv", ".jsonl", ".json"):
-        sentences = read_sentences(source)
-        duplicates = len(sentences) - len(set(sentences))
-        if duplicates:
+    else:
+        corpus = read_train_file(source, mode, bad_rows, cache_dir, score_range)
+        ds = corpus.dataset
+        if corpus.report.duplicates:
             # Kept (a corpus is what it is), but two copies in one batch are each
             # other's negatives: say so, and how to mask them.
             logger.warning(
                 "%s: %d duplicated sentence(s) kept; copies in one batch act as negatives (set loss.mask_false_negatives)",
                 source,
-                duplicates,
+                corpus.report.duplicates,
             )
-        ds = datasets.Dataset.from_dict({"sent0": sentences})
-    else:
-        base = tuple(c for c in columns if c != NEGATIVE) if negatives else columns
-        rows = read_rows(source, base, hard_negatives=negatives, score_column=score_column, score_range=score_range)
-        ds = datasets.Dataset.from_dict({c: [r[c] for r in rows] for c in rows[0]})
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
     k = f", {negatives_of(ds.column_names)} hard negatives each" if negatives else ""
@@ -331,17 +523,23 @@ def _numbered_columns(ds: datasets.Dataset, source: str) -> datasets.Dataset:
     hard_neg_k`` (a list of one: ``hard_neg``); other datasets unchanged."""
     if NEGATIVE not in ds.column_names or len(ds) == 0 or not isinstance(ds[0][NEGATIVE], list):
         return ds
-    lists = ds[NEGATIVE]
-    k = len(lists[0])
-    for number, value in enumerate(lists):
-        if not isinstance(value, list) or len(value) != k or k == 0:
-            count = len(value) if isinstance(value, list) else "not a list of"
-            raise DataError(f"{source}: row {number}: {count} hard negative(s), the first row has {k}; every row needs the same")
+    k = len(ds[0][NEGATIVE])
     names = modes.hard_negative_columns(k)
-    ds = ds.remove_columns(NEGATIVE)
-    for i, name in enumerate(names):
-        ds = ds.add_column(name, [value[i] for value in lists])
-    return ds
+
+    def split(batch: dict[str, list[object]], indices: list[int]) -> dict[str, list[object]]:
+        # Batched through `datasets` (its cache for a hub dataset): the column is never one Python list.
+        out: dict[str, list[object]] = {name: [] for name in names}
+        for number, value in zip(indices, batch[NEGATIVE], strict=True):
+            if not isinstance(value, list) or len(value) != k or k == 0:
+                count = len(value) if isinstance(value, list) else "not a list of"
+                raise DataError(
+                    f"{source}: row {number}: {count} hard negative(s), the first row has {k}; every row needs the same"
+                )
+            for name, text in zip(names, value, strict=True):
+                out[name].append(text)
+        return out
+
+    return ds.map(split, batched=True, with_indices=True, remove_columns=[NEGATIVE], desc="hard negatives")
 
 
 def mix_datasets(domain: datasets.Dataset, general: datasets.Dataset, ratio: float, seed: int) -> datasets.Dataset:

@@ -38,7 +38,8 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
     """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
     that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
     unlabelled text; in ``scored`` its pairs and scores, checked against
-    ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus)."""
+    ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
+    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`)."""
     data = cfg.data
     sentences = None
     if data.train_format != "auto" and data.mode == "scored":
@@ -52,10 +53,18 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
             pairs = PAIR_READERS[data.train_format](data.train_file)
             sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
         dataset = load_train_dataset(
-            data.train_file, data.mode, data.max_train_samples, sentences=sentences, score_range=data.score_range
+            data.train_file,
+            data.mode,
+            data.max_train_samples,
+            sentences=sentences,
+            bad_rows=data.bad_rows,
+            cache_dir=data.cache_dir,
+            score_range=data.score_range,
         )
     if data.mix_file is not None and data.mix_ratio > 0:
-        general = load_train_dataset(data.mix_file, data.mode, score_range=data.score_range)
+        general = load_train_dataset(
+            data.mix_file, data.mode, bad_rows=data.bad_rows, cache_dir=data.cache_dir, score_range=data.score_range
+        )
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset
 

@@ -30,8 +30,8 @@ from torch.utils.data import DataLoader
 
 from simcse_kit.config.run import RunConfig
 from simcse_kit.core.batch import view_prompts
-from simcse_kit.data.pipeline import loader_options
-from simcse_kit.data.readers import ContrastiveCollator, negatives_of
+from simcse_kit.data.pipeline import ShuffledIndices, loader_options
+from simcse_kit.data.readers import ContrastiveCollator, negatives_of, skipped_rows
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
 from simcse_kit.evaluation.encoding import Encode, prompted
@@ -91,6 +91,7 @@ class Run(Prepared):
         checkpoints: the run folder's checkpoints and best model.
         teacher: the teacher's vectors of the training sentences; None: no teacher.
         tf32: whether fp32 matmuls run on TF32 tensor cores.
+        skipped_rows: bad rows of the training files left out (``data.bad_rows: skip``).
     """
 
     cfg: RunConfig
@@ -105,6 +106,7 @@ class Run(Prepared):
     checkpoints: Checkpoints
     teacher: TeacherTable | None
     tf32: bool
+    skipped_rows: int = 0
 
 
 def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
@@ -230,6 +232,7 @@ def build_run(
         **vars(prepare(model, loader, cfg.train, accelerator)),
         cfg=cfg, recorded=recorded, precision=precision, heap=heap, tokenizer=tokenizer, objective=objective, step=step,
         evaluator=evaluator, final_sts=final_sts, checkpoints=checkpoints, teacher=teacher[1] if teacher else None, tf32=tf32,
+        skipped_rows=skipped_rows(dataset),
     )
 
 
@@ -250,6 +253,7 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
         }
     )
     metrics["memory"] = asdict(run.heap)
+    metrics["skipped_rows"] = run.skipped_rows  # data.bad_rows: skip (0 otherwise: a bad row stops the run)
     if run.teacher is not None:
         table = run.teacher
         metrics["teacher"] = {
@@ -396,13 +400,14 @@ def make_loader(
         teacher_index=teacher_index,
         packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
     )
+    generator = torch.Generator().manual_seed(cfg.train.seed)
     return DataLoader(
         dataset,
         batch_size=per_process,
-        shuffle=True,
+        sampler=ShuffledIndices(dataset, generator=generator),  # shuffle=True's order, without a list of every index
         drop_last=len(dataset) >= per_process,  # a short last batch has too few negatives
         collate_fn=collator,
-        generator=torch.Generator().manual_seed(cfg.train.seed),
+        generator=generator,
         num_workers=cfg.data.num_workers or 0,  # auto (None) not made concrete: the CPU's 0
         pin_memory=options.pin_memory,
     )

@@ -1,0 +1,280 @@
+"""Training files of any size: validated once into a memory-mapped Arrow cache.
+
+A training file is read as a stream of checked rows (:mod:`simcse_kit.data.readers`)
+and written, a batch of :data:`BATCH_ROWS` rows at a time, into an Arrow file that
+`datasets.Dataset.from_file` memory-maps. Python holds one batch, never the corpus: the
+rows live in the operating system's page cache, shared by every process of a run that
+maps the same file, and a process touches only the pages of the examples it reads.
+
+The cache is keyed on what the rows depend on: the file's absolute path, size and
+modification time, a hash of its first and last MiB, the columns asked for, how bad rows
+are handled and :data:`FORMAT`. A second run with the same file starts from the cache
+without reading the file; an edited file gets a new key and is read again. Each cache
+file has a JSON sidecar with what the read found (rows, skipped rows and the first few
+reasons, duplicates, ``k``), written last: a cache without its sidecar is incomplete and
+is not used. Both are renamed into place, and a lock file beside them lets one process
+build while the others (the rest of a multi-process run) wait and then map its cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+from filelock import FileLock
+
+from simcse_kit.errors import DataError, StorageError
+from simcse_kit.files import storage_error, write_text_atomic
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1  # bump when the rows a file gives change (a reader fix): older caches are not reused
+BATCH_ROWS = 10_000  # rows held in Python while building: about 1-2 MB of short sentences
+SHOWN_BAD_ROWS = 5  # bad rows named in the log (and the sidecar) when they are skipped
+EDGE_BYTES = 2**20  # the head and tail hashed into the cache key
+SUBFOLDER = "simcse_kit_train"
+
+BAD_ROWS = ("error", "skip")
+
+
+@dataclass
+class BadRows:
+    """What to do with a bad row: ``error`` raises its DataError (the file, the line and
+    the problem), ``skip`` counts it and names the first :data:`SHOWN_BAD_ROWS` in the log."""
+
+    policy: str = "error"
+    count: int = 0
+    shown: list[str] = field(default_factory=list)
+
+    def __call__(self, error: DataError) -> None:
+        if self.policy != "skip":
+            raise error
+        self.count += 1
+        if len(self.shown) < SHOWN_BAD_ROWS:
+            self.shown.append(str(error))
+            logger.warning("skipped bad row: %s", error)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What reading a training file found (the cache's sidecar).
+
+    Attributes:
+        rows: the examples kept.
+        skipped: bad rows skipped (``data.bad_rows: skip``).
+        shown: the first skipped rows' errors.
+        duplicates: repeated texts among the rows (``unsup`` text files; 0 otherwise).
+        columns: the dataset's columns.
+        seconds: how long the read took when the cache was built.
+    """
+
+    rows: int
+    skipped: int
+    shown: list[str]
+    duplicates: int
+    columns: list[str]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A training file as a memory-mapped dataset, with its :class:`Report`.
+
+    Attributes:
+        dataset: the rows, memory-mapped from ``cache_file``.
+        report: what the read found.
+        cache_file: the Arrow file.
+        cache_hit: the cache was already there (nothing was read).
+    """
+
+    dataset: datasets.Dataset
+    report: Report
+    cache_file: Path
+    cache_hit: bool
+
+
+def default_cache_dir() -> Path:
+    """``$HF_DATASETS_CACHE`` as set now (else `datasets`' default), where `datasets` keeps
+    its own caches: beside the data may be read-only."""
+    return Path(os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE)
+
+
+def cache_key(path: Path, what: dict[str, object]) -> str:
+    """The cache key of ``path`` read as ``what`` (module docstring)."""
+    stat = path.stat()
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(json.dumps([FORMAT, str(path.resolve()), stat.st_size, stat.st_mtime_ns, what], sort_keys=True).encode())
+    with path.open("rb") as fh:
+        digest.update(fh.read(EDGE_BYTES))
+        if stat.st_size > EDGE_BYTES:
+            fh.seek(max(EDGE_BYTES, stat.st_size - EDGE_BYTES))
+            digest.update(fh.read())
+    return digest.hexdigest()
+
+
+def cached_corpus(
+    path: Path,
+    rows: Callable[[BadRows], Iterator[dict[str, list[str]]]],
+    what: dict[str, object],
+    bad_rows: str = "error",
+    cache_dir: str | Path | None = None,
+    count_duplicates: str | None = None,
+    check: Callable[[Report], None] | None = None,
+) -> Corpus:
+    """``path`` as a memory-mapped dataset: from the cache, or read with ``rows`` and cached.
+
+    Args:
+        path: the training file.
+        rows: ``rows(bad) -> checked rows`` as column batches (:func:`batched`); each
+            bad row goes to ``bad`` (which raises or counts it), file-level problems raise.
+        what: how the file is read (columns, mode): part of the cache key.
+        bad_rows: ``error`` or ``skip``.
+        cache_dir: where the cache goes (default :func:`default_cache_dir`).
+        count_duplicates: count repeated values of this column (kept in the report).
+        check: called on the report before the cache is kept; raises to refuse the file
+            (too few rows), so a refused file leaves no cache.
+
+    Raises:
+        DataError: a bad row (``error``), a file-level problem, or ``check``'s refusal.
+        StorageError: the cache folder cannot be written.
+    """
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder = folder / SUBFOLDER
+    key = cache_key(path, what | {"bad_rows": bad_rows})
+    name = f"{path.stem[:40]}-{key}"
+    arrow, sidecar = folder / f"{name}.arrow", folder / f"{name}.json"
+    if arrow.is_file() and sidecar.is_file():
+        return _hit(path, arrow, sidecar, check)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(folder / f".{name}.lock"))
+        lock.acquire()
+    except OSError as exc:
+        raise _cache_error(exc, folder) from None
+    # One builder: the other processes of a run (or other runs) wait here, then map its cache;
+    # a bad row stops each of them in turn with the same error.
+    try:
+        if arrow.is_file() and sidecar.is_file():
+            return _hit(path, arrow, sidecar, check)
+        return _build_cache(path, rows, folder, arrow, sidecar, bad_rows, count_duplicates, check)
+    finally:
+        lock.release()
+
+
+def _hit(path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None] | None) -> Corpus:
+    report = Report(**json.loads(sidecar.read_text(encoding="utf-8")))
+    if check is not None:
+        check(report)
+    _log_skipped(path, report)
+    return Corpus(datasets.Dataset.from_file(str(arrow)), report, arrow, cache_hit=True)
+
+
+def _build_cache(
+    path: Path,
+    rows: Callable[[BadRows], Iterator[dict[str, list[str]]]],
+    folder: Path,
+    arrow: Path,
+    sidecar: Path,
+    bad_rows: str,
+    count_duplicates: str | None,
+    check: Callable[[Report], None] | None,
+) -> Corpus:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{arrow.name}.", dir=folder)
+        os.close(fd)
+    except OSError as exc:
+        raise _cache_error(exc, folder) from None
+    try:
+        report = _build(Path(tmp), rows, BadRows(bad_rows), count_duplicates)
+        if check is not None:
+            check(report)
+        os.replace(tmp, arrow)
+        write_text_atomic(sidecar, json.dumps(asdict(report), indent=1))
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        # A write that failed (full disk, read-only folder); not a read of the training file.
+        if isinstance(exc, OSError) and not (exc.filename and Path(exc.filename) == path):
+            raise _cache_error(exc, folder) from None
+        raise
+    if report.skipped:
+        logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", path, report.skipped)
+    rate = report.rows / max(report.seconds, 1e-9)
+    logger.info("%s: %d rows cached in %.1f s (%.0f rows/s) at %s", path, report.rows, report.seconds, rate, arrow)
+    return Corpus(datasets.Dataset.from_file(str(arrow)), report, arrow, cache_hit=False)
+
+
+def _build(
+    tmp: Path, rows: Callable[[BadRows], Iterator[dict[str, list[str]]]], bad: BadRows, count_duplicates: str | None
+) -> Report:
+    """Write the checked rows to ``tmp`` in Arrow batches; the report of what was read."""
+    start = time.perf_counter()
+    writer: pa.ipc.RecordBatchStreamWriter | None = None
+    hashes: list[np.ndarray] = []  # 8 bytes a row: the one per-row cost, for the duplicate count
+    n = 0
+    columns: list[str] = []
+    with pa.OSFile(str(tmp), "wb") as sink:
+        for batch in rows(bad):
+            if writer is None:
+                columns = list(batch)
+                # Text columns as strings; a scored mode's score (floats) as float64.
+                kinds = [pa.float64() if isinstance(batch[name][0], float) else pa.string() for name in columns]
+                schema = pa.schema(list(zip(columns, kinds, strict=True)))
+                writer = pa.ipc.new_stream(sink, schema)
+            writer.write_batch(
+                pa.record_batch([pa.array(batch[c], k) for c, k in zip(columns, kinds, strict=True)], names=columns)
+            )
+            if count_duplicates is not None:
+                hashes.append(np.fromiter(map(hash, batch[count_duplicates]), dtype=np.int64))
+            n += len(batch[columns[0]])
+        if writer is not None:
+            writer.close()
+    duplicates = 0
+    if hashes:
+        every = np.concatenate(hashes)
+        hashes.clear()
+        every.sort()
+        duplicates = int(np.count_nonzero(every[1:] == every[:-1]))
+    return Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start)
+
+
+def batched(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, list[Any]]]:
+    """Rows as column batches of :data:`BATCH_ROWS`."""
+    batch: dict[str, list[Any]] = {}
+    size = 0
+    for row in rows:
+        if not batch:
+            batch = {name: [] for name in row}
+        for name, value in row.items():
+            batch[name].append(value)
+        size += 1
+        if size == BATCH_ROWS:
+            yield batch
+            batch, size = {}, 0
+    if size:
+        yield batch
+
+
+def _log_skipped(path: Path, report: Report) -> None:
+    """On a cache hit, what the build said of the skipped rows."""
+    for message in report.shown:
+        logger.warning("skipped bad row: %s", message)
+    if report.skipped:
+        logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", path, report.skipped)
+
+
+def _cache_error(exc: OSError, folder: Path) -> StorageError:
+    error = storage_error(exc, folder)
+    if error is not None:
+        return StorageError(f"data.cache_dir {folder}: {error}")
+    return StorageError(f"data.cache_dir {folder}: cannot write the training data's cache there ({exc.strerror or exc})")
