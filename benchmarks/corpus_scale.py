@@ -1,17 +1,8 @@
-"""Corpora of any size: start-up time and memory against the corpus's length.
-
-A deterministic synthetic corpus of ``--lines`` lines (the lines of ``wiki1m_head.txt``
-re-combined in pairs and numbered, so every line is distinct) is written to a temp folder;
-each variant runs in a fresh interpreter, once with an empty cache (cold) and once with
-the cache the cold run left (warm):
-  * ``kit``: the unsup recipe (all-MiniLM-L6-v2, batch 64) for 2 optimiser steps on the
-    file: seconds from the interpreter's start to the end of the first step, peak RSS, and
-    the Arrow cache's build rate (rows/s, cold only).
-  * ``kit-load``: the kit's reader alone (load only), to set beside the next two.
-  * ``st``: sentence-transformers' loading path, ``datasets.load_dataset("text", ...)``
-    (load only): seconds and peak RSS.
-  * ``lists``: the whole file read into a Python list and ``Dataset.from_dict`` (load only):
-    how the kit read a training file before the Arrow cache.
+"""Corpora of any size: start-up time and memory against the corpus's length, on a deterministic
+synthetic corpus (``wiki1m_head.txt``'s lines re-combined in pairs and numbered), each variant in a
+fresh interpreter, cold (empty cache) and warm: ``kit`` (the unsup recipe, 2 steps: seconds to the end
+of the first step, peak RSS, cache build rate), ``kit-load`` (the reader alone), ``st``
+(``datasets.load_dataset("text")``, sentence-transformers' path) and ``lists`` (the old whole-file lists).
 
     python -m benchmarks.corpus_scale --lines 100000 [--lines 1000000]
 """

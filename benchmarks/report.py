@@ -172,13 +172,6 @@ def _encode_rows(rec: Record) -> Iterable[Row]:
         yield [_class(rec), v, _range(s["sentences_per_s"]), ratio, f"{s['stsb_test']['median']:.2f}", cos, _busy(rec)]
 
 
-def _rss_rows(rec: Record) -> Iterable[Row]:
-    for v, s in rec["summary"].items():
-        c = rec["comparisons"].get(v)
-        vs = [_claim(c[k]) if c else "–" for k in ("peak_rss_mib", "after_last_mib")]
-        yield [_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["after_last_mib"], 0), _range(s["s_per_step"], 2), *vs]
-
-
 THROUGHPUT = Spec(
     "train-throughput", "train_throughput",
     "CPU class|ST fp32|ST bf16|kit fp32|kit bf16|kit auto|auto decided|kit fp32 / ST fp32|kit auto / ST best|runs busy",
@@ -203,12 +196,23 @@ MEMORY = Spec(
     after=lambda kept: md_table("CPU class|difference|peak RSS", ([_class(r), n, _claim(d)] for r in kept
                                                                    for n, d in r["comparisons"].items())),
 )  # fmt: skip
-GRADCACHE_RSS = Spec(
-    "gradcache-rss", "gradcache_rss",
-    "CPU class|`train.mmap_threshold_mib`|peak RSS MiB|RSS after the last step MiB|s/step|peak vs default|after vs default",
-    _rss_rows,
-    lambda kept: f"GradCache at batch {_a(kept, 'batch_size')}, chunks of {_a(kept, 'chunk')} rows, {_a(kept, 'steps')} "
-    "steps, per `train.mmap_threshold_mib`; median of the rounds (range). " + SPREAD,
+
+
+def _corpus_rows(rec: Record) -> Iterable[Row]:
+    for r in rec["runs"]:
+        cold = r.get("cache") == "cold" and "cache_build_rows_per_s" in r
+        build = f"{r['cache_build_rows_per_s'] / 1000:.0f}k" if cold else "–"
+        step = f"{r['first_step_s']:.1f}" if "first_step_s" in r else "–"
+        cells = [f"{r['load_s']:.2f}", f"{r['peak_rss_mib']:.0f}", step, build]
+        yield [f"{r['lines']:,}", r["variant"], r.get("cache", "–"), *cells]
+
+
+CORPUS = Spec(
+    "corpus-scale", "corpus_scale", "lines|variant|cache|load s|peak RSS MiB|first step s|cache build rows/s",
+    _corpus_rows,
+    "One fresh process each, one round: `kit` trains the main job's model 2 steps on the corpus (first step: from the "
+    "start of the process); `kit-load` only loads it; `st` loads it as sentence-transformers does "
+    "(`datasets.load_dataset('text')`); `lists`: the old whole-file Python lists.",
 )  # fmt: skip
 
 
@@ -435,7 +439,7 @@ def gpu_headline() -> str:
     )  # fmt: skip
 
 
-SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY, GRADCACHE_RSS)
+SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY, CORPUS)
 SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}

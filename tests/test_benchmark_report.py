@@ -20,7 +20,7 @@ from benchmarks._harness import difference, summary_of
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 # The scripts whose JSON report.py turns into tables (the harness scripts).
-HARNESS = ("train_throughput", "encode_throughput", "memory", "gradcache_rss")
+HARNESS = ("train_throughput", "encode_throughput", "memory")
 MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
 MACHINE |= {"versions": {"torch": "2.13.0"}}
 
