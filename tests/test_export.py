@@ -493,7 +493,9 @@ def test_int8_gate_takes_fp32_from_the_run(tiny_run: object, tmp_path: Path, mon
     tiny_run.train("run")  # type: ignore[attr-defined]
     run = tiny_run.folder / "run"  # type: ignore[attr-defined]
     senteval = tiny_run.folder / "senteval"  # type: ignore[attr-defined]
-    recorded = json.loads((run / "best_model" / SIMCSE_CONFIG).read_text())["stsb_dev"]
+    meta = json.loads((run / "best_model" / SIMCSE_CONFIG).read_text())
+    assert meta["dev_metric"] == "stsb_dev"  # the run selected on STS-B dev, under that name
+    recorded = meta["dev_score"]
     assert DevEvaluator(senteval)(load_encoder(run / "best_model").encode)["stsb_dev"] == pytest.approx(recorded, abs=1e-6)
 
     calls: list[int] = []
