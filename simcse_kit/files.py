@@ -161,18 +161,18 @@ def read_json_objects(path: str | Path, what: str = "file", keys: str = "") -> l
             which keys one should have, for the message).
     """
     path = Path(path)
-    rows: list[tuple[int, dict[str, Any]]] = []
-    for number, text in read_lines(path, what):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{where(path, number)}: expected a JSON object{keys}, got {type(obj).__name__}")
-        rows.append((number, obj))
-    return rows
+    return [(number, json_object(text, path, number, keys)) for number, text in read_lines(path, what) if text.strip()]
+
+
+def json_object(text: str, path: str | Path, number: int, keys: str = "") -> dict[str, Any]:
+    """One JSONL line as the object it must be; a DataError naming the file and line otherwise."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where(path, number)}: expected a JSON object{keys}, got {type(obj).__name__}")
+    return obj
 
 
 def nearest_existing(path: str | Path) -> Path:

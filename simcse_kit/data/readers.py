@@ -37,7 +37,7 @@ from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
 from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus
 from simcse_kit.errors import DataError, where
-from simcse_kit.files import BOM, LineStream, check_readable, nul_error
+from simcse_kit.files import BOM, LineStream, check_readable, json_object, nul_error
 from simcse_kit.model.packing import plan_batch
 
 if TYPE_CHECKING:
@@ -319,12 +319,7 @@ def _jsonl_rows(
         if not text.strip():
             continue
         try:
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where(path, number)}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{where(path, number)}: expected a JSON object{keys}, got {type(obj).__name__}")
+            obj = json_object(text, path, number, keys)
             row = _scored(path, number, dict(_check_row(path, number, obj, columns)), obj, score)
             if hard_negatives:
                 values = _json_negatives(path, number, obj)
