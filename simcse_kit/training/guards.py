@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -140,14 +140,44 @@ class RunLock:
 # --------------------------------------------------------------------------- signals
 
 
-class StopSignals:
+class SignalHandlers:
+    """Install :meth:`_handle` for :attr:`signals` while active and put the previous
+    handlers back after. Main thread only (Python delivers signals there); elsewhere it
+    does nothing."""
+
+    signals: tuple[int, ...] = ()
+
+    def __init__(self) -> None:
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Handlers) -> _Handlers:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+_Handlers = TypeVar("_Handlers", bound=SignalHandlers)
+
+
+class StopSignals(SignalHandlers):
     """While active, SIGTERM / SIGUSR1 / SIGINT set :attr:`requested` instead of killing;
     a second SIGINT raises KeyboardInterrupt at once. Installed only in the main thread
     (Python delivers signals there); elsewhere it does nothing."""
 
+    signals = STOP_SIGNALS
+
     def __init__(self) -> None:
+        super().__init__()
         self.requested: str | None = None
-        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -158,41 +188,21 @@ class StopSignals:
             hint = " (Ctrl-C again to stop at once, without a checkpoint)" if signum == signal.SIGINT else ""
             logger.warning("%s received: finishing the current step, then writing a checkpoint%s", name, hint)
 
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-
-class AfterTrainingSignals:
+class AfterTrainingSignals(SignalHandlers):
     """While active (the final STS table, after training and ``metrics.json``), SIGTERM and
     SIGUSR1 raise :class:`~simcse_kit.errors.StoppedAfterTraining` naming ``what`` was
     interrupted, instead of killing the process without a word (exit 143). Main thread only.
     """
 
+    signals = (signal.SIGTERM, signal.SIGUSR1)
+
     def __init__(self, what: str) -> None:
+        super().__init__()
         self.what = what
-        self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         raise StoppedAfterTraining(signal.Signals(signum).name, signum, self.what)
-
-    def __enter__(self) -> AfterTrainingSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
 
 
 # --------------------------------------------------------------------------- the per-step check
