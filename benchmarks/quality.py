@@ -39,13 +39,15 @@ logger = logging.getLogger("quality")
 @dataclasses.dataclass(frozen=True)
 class Row:
     """A table row: ``train/<recipe>.yaml`` (``{d}``: the domain) with ``overrides``, or a
-    sentence-transformers ``peer`` of it; ``teacher``/``mined``: learns from ``--teacher`` / the re-mined pairs."""
+    sentence-transformers ``peer`` of it; ``teacher``: learns from ``--teacher``; ``mined``: trains on the
+    SNLI pairs re-mined with that many negatives each (``first``: only each row's first of them)."""
 
     recipe: str
     overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     peer: str = ""
     teacher: bool = False
-    mined: bool = False
+    mined: int = 0
+    first: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +86,15 @@ _TEACHER_ROWS = {
     "kit-similarity+simcse": Row("teacher/{d}", {"teacher_weight": "0.5"}, teacher=True),
     "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
 }
-_MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=True), "sup+mined": Row("hardneg", mined=True)}
+_MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=1), "sup+mined": Row("hardneg", mined=1)}
+# k = 1 and k = 3 on the same rows: those with three qualifying candidates, the k = 1 run on each one's first
+_NEGATIVE_ROWS = {"hardneg-k1": Row("hardneg", mined=3, first=True), "hardneg-k3": Row("hardneg", mined=3)}
 TABLES = {
     "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
     "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
     "teacher": Table(_TEACHER_ROWS, list(_TEACHER_ROWS), "1e-5,3e-5,1e-4", ("sick", "stsb"), ("base", "teacher")),
     "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
+    "negatives": Table(_NEGATIVE_ROWS, list(_NEGATIVE_ROWS), trains_on=(SNLI,)),
 }
 
 
@@ -373,7 +378,7 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
         if args.teacher_cache_dir is not None:
             opts["teacher_cache_dir"] = str(args.teacher_cache_dir)
     if row.mined:
-        opts["train_file"] = str(args.mined)
+        opts["train_file"] = str(args.mined[row.mined, row.first])
     label, sweep_dir = f"{domain}-{name}" if domain else name, "sweep" if sweep else ""
     return Job(
         name=str(Path(sweep_dir, label, lr_tag(lr), f"seed-{seed}")),
@@ -389,20 +394,30 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
     )
 
 
-def mined_file(out: Path, triplets: Path) -> Path:
-    """``triplets`` without its contradictions, re-mined by ``simcse-kit mine`` (cached in ``out``)."""
+def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False) -> Path:
+    """``triplets`` without its contradictions, re-mined by ``simcse-kit mine`` with ``k`` negatives
+    (cached in ``out``); ``first``: those rows with only their first negative."""
     from simcse_kit.data.readers import read_rows
     from simcse_kit.files import write_text_atomic
     from simcse_kit.training.mining import mine_file
 
-    target = out / "snli_pairs_mined.csv"
+    target = out / f"snli_pairs_mined{k if k > 1 else ''}.csv"
+    if first:
+        firsts = target.with_name(f"{target.stem}_first.csv")
+        if not firsts.is_file():
+            rows = list(csv.DictReader(mined_file(out, triplets, k).open(encoding="utf-8", newline="")))
+            text = io.StringIO()
+            writer = csv.writer(text, lineterminator="\n")
+            writer.writerows([("sent0", "sent1", "hard_neg"), *((r["sent0"], r["sent1"], r["hard_neg_1"]) for r in rows)])
+            write_text_atomic(firsts, text.getvalue())
+        return firsts
     if not target.is_file():
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=("sent0", "sent1"), lineterminator="\n")
         writer.writeheader()
         writer.writerows(read_rows(triplets, ("sent0", "sent1")))
         write_text_atomic(out / "snli_pairs.csv", text.getvalue())
-        mine_file(out / "snli_pairs.csv", target)
+        mine_file(out / "snli_pairs.csv", target, num_negatives=k)
     return target
 
 
@@ -440,9 +455,10 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
 
     spec = TABLES[table]
     lrs = parse_values("learning rate", args.learning_rates or spec.learning_rates)
-    if any(spec.rows[r].mined for r in args.rows):
+    args.mined = {}
+    for row in (spec.rows[r] for r in args.rows if spec.rows[r].mined):
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        args.mined = mined_file(args.output_dir, args.data_root / SNLI)
+        args.mined[row.mined, row.first] = mined_file(args.output_dir, args.data_root / SNLI, row.mined, row.first)
     if any(spec.rows[r].teacher for r in args.rows):
         for domain in spec.domains:
             encode_teacher(domain, args)
@@ -463,7 +479,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
             if d == domain and label in made.rows:
                 kind = "st" if spec.rows[r].peer else "kit"
                 results[label] = stats(label, d, kind, made.rows[label], made.chosen[label])
-                if table == "mining":
+                if table in ("mining", "negatives"):
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
@@ -540,7 +556,7 @@ def main() -> None:
     record = build(args.table, args)
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    spec_view = {"sts": report.QUALITY, "mining": report.MINING}.get(args.table, report.DOMAIN)
+    spec_view = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES}.get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 

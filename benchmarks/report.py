@@ -355,6 +355,13 @@ def _mining_verdict(kept: list[Record]) -> list[str]:
     ]
 
 
+def _negatives_verdict(kept: list[Record]) -> list[str]:
+    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
+    k3, k1 = m["hardneg-k3"], m["hardneg-k1"]
+    return [f"- k = 3 − k = 1 (the same rows): {k3['avg'] - k1['avg']:+.2f} on the 7-task average, "
+            f"{k3['retrieval:avg'] - k1['retrieval:avg']:+.2f} nDCG@10"]  # fmt: skip
+
+
 def _fixed(values: Iterable[float]) -> list[str]:
     return [f"{v:.2f}" for v in values]
 
@@ -378,6 +385,10 @@ TEACHER_GENERAL = Spec(
 MINING = Spec(
     "mining", "mining", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
     _mining_rows, after=_mining_verdict,
+)  # fmt: skip
+NEGATIVES = Spec(
+    "negatives", "negatives", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
+    _mining_rows, after=_negatives_verdict,
 )  # fmt: skip
 RETRIEVAL = Spec(
     "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",
@@ -440,7 +451,7 @@ def gpu_headline() -> str:
 
 
 SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY, CORPUS)
-SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
+SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE, NEGATIVES)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 
