@@ -68,7 +68,9 @@ def hand_count(guide_a: torch.Tensor, guide_c: torch.Tensor, margin: float, stra
 
 @pytest.mark.parametrize("columns", [2, 3])
 @pytest.mark.parametrize(("strategy", "margin"), [("absolute", 0.0), ("absolute", 0.02), ("relative", 0.03)])
-def test_guide_loss_and_gradients_equal_gist(tiny_model_dir: Path, guide_dir: Path, columns: int, strategy: str, margin: float) -> None:
+def test_guide_loss_and_gradients_equal_gist(
+    tiny_model_dir: Path, guide_dir: Path, columns: int, strategy: str, margin: float
+) -> None:
     """The kit's sup (pairs) and hardneg (triplets) forms with a guide equal GISTEmbedLoss
     (no anchor-anchor or positive-positive terms: the kit's candidates are the positives and
     hard negatives) to 1e-10 in fp64, with some candidates masked, as many as a hand count."""
@@ -104,7 +106,8 @@ def test_guide_loss_and_gradients_equal_gist(tiny_model_dir: Path, guide_dir: Pa
     for key, g in want_grads.items():
         torch.testing.assert_close(student.get_parameter(key).grad, g, rtol=1e-10, atol=1e-12, msg=key)
 
-    guide_a, guide_c = table[batch["guide_rows"][0::columns]], torch.cat([table[batch["guide_rows"][v::columns]] for v in range(1, columns)])
+    rows_of = batch["guide_rows"]
+    guide_a, guide_c = table[rows_of[0::columns]], torch.cat([table[rows_of[v::columns]] for v in range(1, columns)])
     expected = hand_count(guide_a, guide_c, margin, strategy)
     assert 0 < objective.guide_masked == objective.last_guide_masked == expected < n * (guide_c.shape[0] - 1)
     assert objective.metrics()["guide_masked_total"] == expected
@@ -128,7 +131,8 @@ def test_guided_mask_by_hand() -> None:
     # relative 0.5: thresholds 0.433, 0.492, 0.25: anchor 1 drops 30 deg (0.5) and 120 deg (0.866).
     relative = masks.guided_mask(anchors, candidates, positive, margin=0.5, strategy="relative")
     assert relative.tolist() == [[False, False, True, False], [True, False, False, True], [False, False, False, False]]
-    assert masks.guided_mask(anchors, candidates, positive, margin=2.0, self_index=torch.tensor([2, 0, 1]))[:, [2, 0, 1]].diagonal().tolist() == [False] * 3
+    itself = masks.guided_mask(anchors, candidates, positive, margin=2.0, self_index=torch.tensor([2, 0, 1]))
+    assert itself[:, [2, 0, 1]].diagonal().tolist() == [False] * 3  # a row's own column is never the guide's to mark
     with pytest.raises(ValueError, match="margin strategy"):
         masks.guided_mask(anchors, candidates, positive, strategy="percent")
     assert GUIDE_MARGIN_STRATEGIES == masks.MARGIN_STRATEGIES  # config's names are the core's
@@ -301,7 +305,8 @@ def test_guide_across_two_processes_equals_one_process(tmp_path: Path, tiny_mode
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for mode, views in (("unsup", 2), ("hardneg", 3)):
         batch, table = guided_batch(tokenizer, mode, WORLD * PER_RANK)
-        want_loss, want_masked, want_grads = _two_process_case(str(tiny_model_dir), mode, _rows(batch, 0, WORLD * PER_RANK, views), table)
+        whole = _rows(batch, 0, WORLD * PER_RANK, views)
+        want_loss, want_masked, want_grads = _two_process_case(str(tiny_model_dir), mode, whole, table)
         torch.manual_seed(0)
         model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="none", dropout=0.0))
         with torch.no_grad():
