@@ -332,6 +332,8 @@ def test_guide_config_errors_name_the_key(tiny_run: TinyRun, tmp_path: Path) -> 
         tiny_run.config("b", guide="teacher")
     with pytest.raises(ConfigError, match=r"'loss.guide_margin' = nan"):
         tiny_run.config("c", guide=str(tmp_path), guide_margin="nan")
+    with pytest.raises(ConfigError, match=r"'loss.guide' = .*: must be null with loss.score_weight 1"):
+        tiny_run.config("s", mode="scored", guide=str(tmp_path))  # no InfoNCE term: no negatives to vet
     missing = tmp_path / "no-such-guide"
     with pytest.raises(ConfigError, match=rf"config key 'loss.guide' = '{missing}'.*no such model folder"):
         tiny_run.train("d", guide=str(missing), teacher_cache_dir=str(tmp_path / "cache"))

@@ -120,6 +120,7 @@ class RunConfig:
             unused = [
                 ("queue_size", self.loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)"),
                 ("teacher", self.loss.teacher is None, "null with loss.score_weight 1 (it joins InfoNCE)"),
+                ("guide", self.loss.guide is None, "null with loss.score_weight 1 (it vets InfoNCE's negatives)"),
             ]
             raise_first("loss", self.loss, unused)
         return self
