@@ -109,7 +109,7 @@ def test_guide_loss_and_gradients_equal_gist(
     rows_of = batch["guide_rows"]
     guide_a, guide_c = table[rows_of[0::columns]], torch.cat([table[rows_of[v::columns]] for v in range(1, columns)])
     expected = hand_count(guide_a, guide_c, margin, strategy)
-    assert 0 < objective.guide_masked == objective.last_guide_masked == expected < n * (guide_c.shape[0] - 1)
+    assert 0 < objective.guided.total == objective.guided.last == expected < n * (guide_c.shape[0] - 1)
     assert objective.metrics()["guide_masked_total"] == expected
     # Without the guide the loss differs: the masking above changed the answer.
     assert abs(SimCSEObjective(mode, LossConfig(temperature=TAU)).loss(rows.detach(), batch).item() - got.item()) > 1e-6
@@ -201,7 +201,7 @@ def test_guide_with_queue_matches_naive_loop(tiny_model_dir: Path, mode: str, st
     want, masked = naive_guided(emb, batch["guide_rows"], table, mode, margin, strategy, (queue_rows, queue_guide))
     assert got.item() == pytest.approx(want, rel=1e-10)
     _, in_batch = naive_guided(emb, batch["guide_rows"], table, mode, margin, strategy)
-    assert objective.guide_masked == masked > in_batch > 0  # the queue's entries were vetted too
+    assert objective.guided.total == masked > in_batch > 0  # the queue's entries were vetted too
     with pytest.raises(ValueError, match="queue's guide rows"):
         objective.loss(emb, batch, queue=Queue(queue_rows, None, None))
 
@@ -226,7 +226,7 @@ def test_gradcache_with_guide_equals_full_batch_and_naive_loop(tiny_model_dir: P
         emb = full(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
     naive, masked = naive_guided(emb, batch["guide_rows"], table, mode, MARGIN[mode], "absolute")
     assert got_loss.item() == pytest.approx(want_loss.item(), abs=1e-5) and want_loss.item() == pytest.approx(naive, rel=1e-5)
-    assert chunked.guide_masked == plain.guide_masked == masked > 0
+    assert chunked.guided.total == plain.guided.total == masked > 0
     for (name, p), q in zip(full.named_parameters(), cached.parameters(), strict=True):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=0, msg=name)
@@ -252,7 +252,7 @@ def test_momentum_queue_keeps_the_keys_guide_rows(tiny_model_dir: Path) -> None:
     with torch.no_grad():
         emb = model(**{k: v for k, v in second.items() if k in ("input_ids", "attention_mask", "token_type_ids")})
     _, masked = naive_guided(emb, second["guide_rows"], table, "sup", 0.3, "absolute", (rows, guide_rows))
-    assert objective.last_guide_masked == masked
+    assert objective.guided.last == masked
     assert "queue_guide_rows" not in MomentumQueue(model, 6, 0.0, 32).state_dict()  # no guide: the state as before
     assert "queue_guide_rows" in queue.state_dict()
 
@@ -267,7 +267,7 @@ def _two_process_case(model_dir: str, mode: str, batch: dict[str, torch.Tensor],
     objective = SimCSEObjective(mode, LossConfig(temperature=TAU, gather=True), guide=guide)
     loss = objective.step(model, batch)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return loss.item(), objective.guide_masked, grads
+    return loss.item(), objective.guided.total, grads
 
 
 def _rows(batch: dict[str, torch.Tensor], first: int, count: int, views: int) -> dict[str, torch.Tensor]:

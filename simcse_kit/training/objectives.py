@@ -26,7 +26,7 @@ from simcse_kit.core import distributed, losses, masks, modes, score_losses
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
 from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
 
-__all__ = ["GuideFilter", "SimCSEObjective", "TeacherTargets"]
+__all__ = ["GuideFilter", "SimCSEObjective", "Tally", "TeacherTargets"]
 
 
 @dataclass
@@ -114,6 +114,32 @@ class GuideFilter:
         return self.vectors[index]
 
 
+@dataclass
+class Tally:
+    """Masked (anchor, candidate) entries: in the latest batch and over all batches so far.
+
+    Kept as device tensors (or 0): reading a count back every step would stall a GPU; the
+    properties read them where they are reported (log steps, the run's end).
+    """
+
+    _last: torch.Tensor | int = 0
+    _total: torch.Tensor | int = 0
+
+    def add(self, entries: torch.Tensor | int, same_batch: bool = False) -> None:
+        """Count ``entries`` (a device tensor is added on the device, not read back): a new
+        batch's, or with ``same_batch`` more of the latest batch's (a second mask)."""
+        self._last = self._last + entries if same_batch else entries
+        self._total = self._total + entries
+
+    @property
+    def last(self) -> int:
+        return int(self._last)
+
+    @property
+    def total(self) -> int:
+        return int(self._total)
+
+
 def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     # One block stays the very tensor (no copy): the unsup loss sees what it always saw.
     return parts[0] if len(parts) == 1 else torch.cat(list(parts))
@@ -144,8 +170,8 @@ class SimCSEObjective:
     hard negatives, the queue's rows) that the guide rates above the anchor's positive, less
     the margin, is dropped too (:func:`masks.guided_mask`, GISTEmbed's rule); the batch's
     ``guide_rows`` and the queue's say which of the guide's vectors each row is.
-    :attr:`guide_masked` counts the (anchor, candidate) entries the guide drops, whether or
-    not another rule dropped them too, :attr:`last_guide_masked` those of the latest batch.
+    :attr:`guided` counts the (anchor, candidate) entries the guide drops, whether or not
+    another rule dropped them too.
 
     With a ``teacher`` (:class:`TeacherTargets`) the loss is ``(1 - w) * SimCSE + w * T``.
     For ``similarity``, ``T`` is the soft-target form of the same call: the same anchors,
@@ -165,12 +191,10 @@ class SimCSEObjective:
     negatives: int = 1
     """``k``, hard negatives per example (``hardneg``): ``V = 2 + k`` views, each negative a block."""
     guide: GuideFilter | None = None
-    # Kept as device tensors (or 0): reading a count back every step would stall a GPU;
-    # the properties below read them where they are reported (log steps, the run's end).
-    _masked_total: torch.Tensor | int = field(default=0, compare=False, repr=False)
-    _last_masked: torch.Tensor | int = field(default=0, compare=False, repr=False)
-    _guide_total: torch.Tensor | int = field(default=0, compare=False, repr=False)
-    _last_guide: torch.Tensor | int = field(default=0, compare=False, repr=False)
+    masked: Tally = field(default_factory=Tally, compare=False, repr=False)
+    """Entries masked by text or by the student's similarity."""
+    guided: Tally = field(default_factory=Tally, compare=False, repr=False)
+    """Entries masked by the guide."""
     last_terms: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -185,9 +209,9 @@ class SimCSEObjective:
         masking, the entries masked in the latest batch and in all batches so far."""
         out = {name: float(value) for name, value in self.last_terms.items()}
         if self.masking:
-            out |= {"masked_negatives": float(self.last_masked), "masked_negatives_total": float(self.masked_negatives)}
+            out |= {"masked_negatives": float(self.masked.last), "masked_negatives_total": float(self.masked.total)}
         if self.guide is not None:
-            out |= {"guide_masked": float(self.last_guide_masked), "guide_masked_total": float(self.guide_masked)}
+            out |= {"guide_masked": float(self.guided.last), "guide_masked_total": float(self.guided.total)}
         return out
 
     @property
@@ -400,7 +424,7 @@ class SimCSEObjective:
             return exclude
         similar = masks.similar_candidate_mask(anchors, candidates, threshold, positive, self_index)
         new = similar if exclude is None else similar & ~exclude
-        self.count_masked(new.sum(), add=exclude is not None)
+        self.masked.add(new.sum(), same_batch=exclude is not None)
         return similar if exclude is None else exclude | similar
 
     def drop_guided(
@@ -440,20 +464,8 @@ class SimCSEObjective:
             self.guide.rows(anchor_rows), self.guide.rows(torch.cat(parts)), positive, self.guide.margin, self.guide.strategy,
             self_index,
         )  # fmt: skip
-        count = guided.sum()
-        self._last_guide = count
-        self._guide_total = self._guide_total + count
+        self.guided.add(guided.sum())
         return guided if exclude is None else exclude | guided
-
-    @property
-    def guide_masked(self) -> int:
-        """(anchor, candidate) entries the guide dropped over all batches so far."""
-        return int(self._guide_total)
-
-    @property
-    def last_guide_masked(self) -> int:
-        """(anchor, candidate) entries the guide dropped in the latest batch."""
-        return int(self._last_guide)
 
     def false_negatives(
         self,
@@ -487,25 +499,18 @@ class SimCSEObjective:
             pair_ids = self.gather_ids(anchor_ids)
             group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
         mask = masks.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
-        self.count_masked(mask.sum())
+        self.masked.add(mask.sum())
         return mask
-
-    def count_masked(self, entries: torch.Tensor | int, add: bool = False) -> None:
-        """Count masked (anchor, candidate) entries: ``add`` to this batch's count
-        (the second mask of the same batch) or start it. ``entries`` may be a device
-        tensor: it is added on the device, not read back."""
-        self._last_masked = self._last_masked + entries if add else entries
-        self._masked_total = self._masked_total + entries
 
     @property
     def masked_negatives(self) -> int:
-        """Masked (anchor, candidate) entries over all batches so far."""
-        return int(self._masked_total)
+        """Masked (anchor, candidate) entries over all batches so far (by text or similarity)."""
+        return self.masked.total
 
     @property
     def last_masked(self) -> int:
         """Masked (anchor, candidate) entries in the latest batch."""
-        return int(self._last_masked)
+        return self.masked.last
 
     def row_ids(self, batch: Batch | None, n_rows: int) -> torch.Tensor | None:
         """The batch's ``text_ids`` ``[B]`` when false-negative masking is on, else None."""

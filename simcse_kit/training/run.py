@@ -283,13 +283,13 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             "model": loss.guide,
             "margin": loss.guide_margin,
             "margin_strategy": loss.guide_margin_strategy,
-            "masked": run.objective.guide_masked,  # (anchor, candidate) entries it dropped, all steps
+            "masked": run.objective.guided.total,  # (anchor, candidate) entries it dropped, all steps
             "sentences": int(run.guide.vectors.shape[0]),
             "width": run.guide.width,
             "cache_key": run.guide.key,
             "cache_hit": run.guide.cache_hit,
         }
-        logger.info("the guide dropped %d (anchor, candidate) entries", run.objective.guide_masked)
+        logger.info("the guide dropped %d (anchor, candidate) entries", run.objective.guided.total)
     speed = {"tf32": run.tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
     metrics["speed"] = speed | {"packing": cfg.model.packing}
     if run.objective.masking:
