@@ -368,3 +368,22 @@ def test_simcse_kit_train_with_a_guide_writes_the_masked_count(tiny_run: TinyRun
     shared = json.loads((tiny_run.folder / "b" / "metrics.json").read_text(encoding="utf-8"))
     assert shared["guide"]["cache_key"] == shared["teacher"]["cache_key"] == block["cache_key"]
     assert shared["guide"]["cache_hit"] and shared["guide"]["masked"] > 0
+
+
+def test_the_gist_peer_takes_the_recipes_guide_and_margin(tiny_model_dir: Path, guide_dir: Path) -> None:
+    """benchmarks' sentence-transformers peer of the guide rows: GISTEmbedLoss with the recipe's
+    guide, margin, strategy and temperature; a recipe without a guide is refused."""
+    from sentence_transformers import SentenceTransformer
+
+    from benchmarks.st_peers import peer_loss, run_settings
+    from simcse_kit.config.run import RunConfig
+
+    student = SentenceTransformer(str(tiny_model_dir), device="cpu")
+    cfg = RunConfig()
+    cfg.loss.guide, cfg.loss.guide_margin, cfg.loss.guide_margin_strategy = str(guide_dir), 0.1, "relative"
+    loss = peer_loss("gist", student, cfg.loss)
+    assert type(loss).__name__ == "GISTEmbedLoss"
+    assert (loss.margin, loss.margin_strategy, loss.temperature) == (0.1, "relative", cfg.loss.temperature)
+    assert run_settings(cfg, "gist", "fp32")["guide"] == str(guide_dir)  # another guide: another run
+    with pytest.raises(ValueError, match="needs a recipe with loss.guide"):
+        peer_loss("gist", student, LossConfig())
