@@ -1,4 +1,4 @@
-"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation), each a spec in :data:`TABLES`.
+"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation, guide), each a spec in :data:`TABLES`.
 
 Each row (a recipe, or its sentence-transformers peer: ``st_peers.py``) runs every learning rate for one
 seed, dev only; the best dev rate (never test) then runs ``--seeds``. Finished runs are reused.
@@ -39,8 +39,9 @@ logger = logging.getLogger("quality")
 @dataclasses.dataclass(frozen=True)
 class Row:
     """A table row: ``train/<recipe>.yaml`` (``{d}``: the domain) with ``overrides``, or a
-    sentence-transformers ``peer`` of it; ``teacher``: learns from ``--teacher``; ``mined``: trains on the
-    SNLI pairs re-mined with that many negatives each (``first``: only each row's first of them)."""
+    sentence-transformers ``peer`` of it; ``teacher``/``guide``: learns from ``--teacher`` / with ``--guide``
+    vetting its negatives; ``mined``: trains on the SNLI pairs re-mined with that many negatives each
+    (``first``: only each row's first of them)."""
 
     recipe: str
     overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -48,6 +49,7 @@ class Row:
     teacher: bool = False
     mined: int = 0
     first: bool = False
+    guide: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +88,11 @@ _TEACHER_ROWS = {
     "kit-similarity+simcse": Row("teacher/{d}", {"teacher_weight": "0.5"}, teacher=True),
     "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
 }
+_GUIDE_ROWS = {
+    "kit-hardneg": Row("hardneg"),
+    "kit-hardneg-guide": Row("hardneg", guide=True),
+    "st-gist": Row("hardneg", peer="gist", guide=True),
+}
 _MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=1), "sup+mined": Row("hardneg", mined=1)}
 # k = 1 and k = 3 on the same rows: those with three qualifying candidates, the k = 1 run on each one's first
 _NEGATIVE_ROWS = {"hardneg-k1": Row("hardneg", mined=3, first=True), "hardneg-k3": Row("hardneg", mined=3)}
@@ -95,6 +102,7 @@ TABLES = {
     "teacher": Table(_TEACHER_ROWS, list(_TEACHER_ROWS), "1e-5,3e-5,1e-4", ("sick", "stsb"), ("base", "teacher")),
     "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
     "negatives": Table(_NEGATIVE_ROWS, list(_NEGATIVE_ROWS), trains_on=(SNLI,)),
+    "guide": Table(_GUIDE_ROWS, list(_GUIDE_ROWS), trains_on=(SNLI,)),
 }
 
 
@@ -246,6 +254,8 @@ def run_job(job: Job) -> dict[str, float]:
         "best_step": float(metrics["best_step"]),
     }
     row |= {"train_seconds": float(metrics["train_seconds"])} | dev_curve(metrics)
+    if "guide" in metrics:  # (anchor, candidate) entries the guide masked, over the run
+        row["guide_masked"] = float(metrics["guide"]["masked"])
     if job.retrieval and not job.dev_only:
         row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
     return row
@@ -375,8 +385,10 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
     opts = dict(row.overrides) | {"learning_rate": str(lr)}
     if row.teacher:
         opts["teacher"] = str(args.teacher)
-        if args.teacher_cache_dir is not None:
-            opts["teacher_cache_dir"] = str(args.teacher_cache_dir)
+    if row.guide:
+        opts["guide"] = str(args.guide)
+    if (row.teacher or row.guide) and args.teacher_cache_dir is not None:
+        opts["teacher_cache_dir"] = str(args.teacher_cache_dir)
     if row.mined:
         opts["train_file"] = str(args.mined[row.mined, row.first])
     label, sweep_dir = f"{domain}-{name}" if domain else name, "sweep" if sweep else ""
@@ -429,14 +441,16 @@ def training_rows(job: Job) -> int:
     return len(load_training_data(load_config(job.recipe, job.overrides)))
 
 
-def encode_teacher(domain: str, args: argparse.Namespace) -> None:
-    """The teacher's vectors of ``domain``'s training sentences, cached before any worker starts."""
+def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) -> None:
+    """The teacher's and guide's vectors of ``row``'s training sentences on ``domain``, cached before any worker starts."""
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.inputs import load_teacher, load_training_data
+    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_data
 
-    job = row_job("teacher", domain, "kit-similarity", 3e-5, 0, True, args)
+    job = row_job(table, domain, row, 3e-5, 0, True, args)
     cfg = load_config(job.recipe, job.overrides)
-    load_teacher(cfg, load_training_data(cfg))
+    data = load_training_data(cfg)
+    teacher = load_teacher(cfg, data)
+    load_guide(cfg, data, teacher[1] if teacher else None)
 
 
 def stats(name: str, domain: str, kind: str, per_seed: Mapping[int, Mapping[str, float]], lr: float | None) -> dict[str, Any]:
@@ -459,9 +473,9 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     for row in (spec.rows[r] for r in args.rows if spec.rows[r].mined):
         args.output_dir.mkdir(parents=True, exist_ok=True)
         args.mined[row.mined, row.first] = mined_file(args.output_dir, args.data_root / SNLI, row.mined, row.first)
-    if any(spec.rows[r].teacher for r in args.rows):
-        for domain in spec.domains:
-            encode_teacher(domain, args)
+    vectors = [r for r in args.rows if (spec.rows[r].teacher or spec.rows[r].guide) and not spec.rows[r].peer]
+    for domain in spec.domains if vectors else ():
+        encode_vectors(table, domain, vectors[0], args)
     senteval = str(args.eval_data_dir or args.data_root / "senteval")
     models = {"base": DEFAULT_MODEL, "teacher": str(getattr(args, "teacher", None))}
     tasks = tuple(args.tasks)
@@ -526,7 +540,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder of the final table (smoke tests)")
     p.add_argument("--st-precision", choices=("fp32", "bf16", "auto"), default="auto", help="auto: bf16 on a GPU, else fp32")
     p.add_argument("--teacher", default=None, help="the teacher (table teacher): a sentence-transformers folder")
-    p.add_argument("--teacher-cache-dir", type=Path, default=None, help="where its vectors are cached (default: the kit's)")
+    p.add_argument("--guide", default=None, help="the guide (table guide): a sentence-transformers folder")
+    p.add_argument("--teacher-cache-dir", type=Path, default=None, help="where their vectors are cached (default: the kit's)")
     p.add_argument("--data-root", type=Path, default=None, help="default: $SIMCSE_KIT_DATA, else ../shared/data")
     p.add_argument("--retrieval-tasks", nargs="+", default=None, help="built-in retrieval tasks (default: all; none: skip)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
@@ -548,15 +563,18 @@ def main() -> None:
     spec = TABLES[args.table]
     args.rows = args.rows or list(spec.default)
     unknown = [r for r in args.rows if r not in spec.rows]
-    if unknown or (args.table == "teacher" and not args.teacher):
-        raise SystemExit(f"--rows {unknown} not in {list(spec.rows)}" if unknown else "the teacher table needs --teacher")
+    needs = {"teacher": args.teacher, "guide": args.guide}
+    if unknown or not needs.get(args.table, True):
+        what = f"--rows {unknown} not in {list(spec.rows)}" if unknown else f"the {args.table} table needs --{args.table}"
+        raise SystemExit(what)
     args.output_dir = args.output_dir or REPO / "runs" / "benchmarks" / args.table
     prepare(args, spec)
     start = time.perf_counter()
     record = build(args.table, args)
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    spec_view = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES}.get(args.table, report.DOMAIN)
+    views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
+    spec_view = views.get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 

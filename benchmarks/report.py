@@ -362,6 +362,31 @@ def _negatives_verdict(kept: list[Record]) -> list[str]:
             f"{k3['retrieval:avg'] - k1['retrieval:avg']:+.2f} nDCG@10"]  # fmt: skip
 
 
+GUIDE_TASKS = ("mrpc-paraphrase", "stsb-similar", "sick-related")  # simcse_kit.evaluation.retrieval_tasks.RETRIEVAL_TASKS
+
+
+def _guide_rows(rec: Record) -> Iterable[Row]:
+    for name, s in rec["results"].items():
+        m, sd, n = s["mean"], s["std"], len(s["per_seed"])
+        keys = ("avg", "STSBenchmark", "best_stsb_dev", *(f"retrieval:{t}" for t in GUIDE_TASKS), "retrieval:avg")
+        cells = [_ms(m, sd, k, n) for k in keys]
+        masked = f"{m['guide_masked']:,.0f}" if "guide_masked" in m else "–"
+        yield [name, str(n), *cells[:3], _best_step(s["per_seed"]), *cells[3:], masked]
+
+
+def _guide_verdict(kept: list[Record]) -> list[str]:
+    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
+    if "kit-hardneg-guide" not in m:
+        return []
+    ours = m["kit-hardneg-guide"]
+    return [
+        f"- `kit-hardneg-guide` − `{o}`: {ours['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
+        f"{ours['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
+        for o in ("kit-hardneg", "st-gist")
+        if o in m
+    ]
+
+
 def _fixed(values: Iterable[float]) -> list[str]:
     return [f"{v:.2f}" for v in values]
 
@@ -385,6 +410,12 @@ TEACHER_GENERAL = Spec(
 MINING = Spec(
     "mining", "mining", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
     _mining_rows, after=_mining_verdict,
+)  # fmt: skip
+GUIDE = Spec(
+    "guide", "guide",
+    "row|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|" + "|".join(f"nDCG@10 {t}" for t in GUIDE_TASKS)
+    + "|nDCG@10 avg|entries masked by the guide",
+    _guide_rows, after=_guide_verdict,
 )  # fmt: skip
 NEGATIVES = Spec(
     "negatives", "negatives", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
@@ -450,8 +481,8 @@ def gpu_headline() -> str:
     )  # fmt: skip
 
 
-SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY, CORPUS)
-SPECS += (GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE, NEGATIVES)
+SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY)
+SPECS += (CORPUS, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

@@ -1,6 +1,7 @@
 """Sentence-transformers peers of a recipe (``quality.py``'s ``st-*`` rows): its data, budget, dev selection
 (step 0 included) and final evaluator, with ``MultipleNegativesRankingLoss``, ``DenoisingAutoEncoderLoss``
-(TSDAE; words split on whitespace), ``ContrastiveTensionLossInBatchNegatives`` or ``MSELoss`` from a teacher.
+(TSDAE; words split on whitespace), ``ContrastiveTensionLossInBatchNegatives``, ``MSELoss`` from a teacher or
+``GISTEmbedLoss`` with the recipe's ``loss.guide`` (its defaults otherwise: anchor-anchor and positive-positive terms on).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-LOSSES = ("mnrl", "tsdae", "ct", "mse")  # mse: MSELoss distillation from the recipe's loss.teacher
+LOSSES = ("mnrl", "tsdae", "ct", "mse", "gist")  # mse: from the recipe's loss.teacher; gist: with its loss.guide
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
 EVAL_BATCH_SIZE = 128  # as simcse_kit.training.run, so dev and test scores batch alike
 
@@ -40,7 +41,7 @@ def delete_words(sentence: str, rng: random.Random, ratio: float = TSDAE_DELETIO
 def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> datasets.Dataset:
     """The kit's training set in the columns (and column order) the loss reads."""
     if mode == "hardneg":
-        if loss != "mnrl":
+        if loss not in ("mnrl", "gist"):
             raise ValueError(f"loss {loss!r} trains on unlabelled sentences; the recipe's mode is hardneg")
         return data.rename_columns({"sent0": "anchor", "sent1": "positive", "hard_neg": "negative"})
     if mode != "unsup":
@@ -73,14 +74,15 @@ def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datase
     return datasets.Dataset.from_dict({"sentence": texts, "label": vectors.tolist()})
 
 
-def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
-    """The sentence-transformers loss."""
+def peer_loss(loss: str, model: Any, loss_cfg: Any) -> nn.Module:
+    """The sentence-transformers loss, at the recipe's temperature (and guide: ``loss_cfg``, its loss section)."""
     from sentence_transformers.sentence_transformer.losses import (
         ContrastiveTensionLossInBatchNegatives,
         DenoisingAutoEncoderLoss,
         MultipleNegativesRankingLoss,
     )
 
+    temperature = loss_cfg.temperature
     if loss == "mnrl":
         return MultipleNegativesRankingLoss(model, scale=1.0 / temperature)
     if loss == "tsdae":
@@ -94,6 +96,15 @@ def peer_loss(loss: str, model: Any, temperature: float) -> nn.Module:
         from sentence_transformers.sentence_transformer.losses import MSELoss
 
         return MSELoss(model)
+    if loss == "gist":
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
+
+        if loss_cfg.guide is None:
+            raise ValueError("the gist peer needs a recipe with loss.guide")
+        guide = SentenceTransformer(loss_cfg.guide, device=str(model.device))
+        margin = {"margin": loss_cfg.guide_margin, "margin_strategy": loss_cfg.guide_margin_strategy}
+        return GISTEmbedLoss(model, guide, temperature=temperature, **margin)
     raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
 
 
@@ -180,7 +191,7 @@ def st_train(
     model = SentenceTransformer(path, device=device)
     train_len, eval_len = cfg.model.max_seq_len, cfg.model.eval_max_seq_len
     model.max_seq_length = train_len
-    criterion = peer_loss(loss, model, cfg.loss.temperature)
+    criterion = peer_loss(loss, model, cfg.loss)
 
     encode = encoder(model, eval_len, train_len)
     label = f"st-{loss} seed {seed}"
@@ -270,6 +281,7 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
         **extra, **({"dev_only": True} if dev_only else {}), "loss": loss, "precision": resolve_precision(precision),
         "model": cfg.model.name_or_path, "max_seq_len": cfg.model.max_seq_len, "eval_max_seq_len": cfg.model.eval_max_seq_len,
         "temperature": cfg.loss.temperature, **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
+        **({k: getattr(cfg.loss, k) for k in ("guide", "guide_margin", "guide_margin_strategy")} if loss == "gist" else {}),
         **{k: getattr(data, k) for k in ("mode", "train_file", "train_format", "max_train_samples", "mix_file", "mix_ratio")},
         **{k: getattr(data, k) for k in ("eval_data_dir", "dev_file", "dev_format")},
         **{k: getattr(train, k) for k in ("batch_size", "num_epochs", "max_steps", "learning_rate", "weight_decay")},

@@ -13,6 +13,7 @@ from conftest import REPO
 
 from simcse_kit.config.run import (
     DEV_FORMATS,
+    GUIDE_MARGIN_STRATEGIES,
     MLP_MODES,
     MODES,
     POOLERS,
@@ -210,6 +211,7 @@ ENUMERATED = [
     ("loss.unsup_loss", modes.UNSUP_LOSSES, {}),
     ("loss.teacher_loss", TEACHER_LOSSES, {"teacher": "t"}),
     ("loss.teacher_projection", TEACHER_PROJECTIONS, {"teacher": "t"}),
+    ("loss.guide_margin_strategy", GUIDE_MARGIN_STRATEGIES, {"guide": "g"}),
     ("train.mixed_precision", PRECISIONS, {}),
 ]
 

@@ -216,3 +216,54 @@ def test_mine_command_refuses_impossible_options(tmp_path: Path, capsys: pytest.
     assert main(["mine", str(src), str(out), "--num-negatives", "5", "--range-max", "4"]) == 2
     assert "--num-negatives 5: only 4 candidate(s) remain" in capsys.readouterr().err
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- a guide vets the candidates
+
+# The model ranks q's candidates as K_ANGLES does (x45 .707 is the best below the positive's
+# .766). The guide sees q's positive at 20 degrees (cos .940) and x45 at 10 (.985: above the
+# positive), x50 at 25 (.906: .034 below it), x60 at 60 (.5); every other sentence far away.
+GUIDE_ANGLES = {name: 180 for name in K_ANGLES} | {"q": 0, "qp": 20, "x45": 10, "x50": 25, "x60": 60}
+
+
+def guide_encode(sentences: Sequence[str]) -> torch.Tensor:
+    rad = [math.radians(GUIDE_ANGLES[s]) for s in sentences]
+    return torch.tensor([[math.cos(r), math.sin(r)] for r in rad])
+
+
+@pytest.mark.parametrize(
+    ("margin", "strategy", "want"),
+    [
+        (None, "absolute", "x45"),  # no guide: the model's best below the positive
+        (0.0, "absolute", "x50"),  # x45 the guide rates above the positive
+        (0.05, "absolute", "x60"),  # x50 is within .05 of it too: .906 > .940 - .05
+        (0.03, "relative", "x50"),  # .940 x .97 = .912 > .906: x50 stays
+        (0.05, "relative", "x60"),  # .940 x .95 = .893 < .906: x50 goes
+    ],
+)
+def test_the_guide_vets_mined_negatives_by_hand(margin: float | None, strategy: str, want: str) -> None:
+    guide = None if margin is None else guide_encode
+    got = mine_hard_negatives(
+        K_PAIRS, k_encode, 1, margin=0.0, guide=guide, guide_margin=margin or 0.0, guide_margin_strategy=strategy
+    )
+    assert got[0] == (want,)
+
+
+def test_mine_command_takes_a_guide(tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--guide`` with a huge margin vets every candidate away: no row gets a negative; a bad
+    strategy or a missing guide is a clear error naming the option."""
+    sents = toy_sentences(24)
+    src = tmp_path / "pairs.csv"
+    with src.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([("sent0", "sent1"), *[(sents[i], sents[i + 12]) for i in range(12)]])
+    args = ["mine", str(src), str(tmp_path / "out.csv"), "--model", str(tiny_model_dir), "--pooler", "avg"]
+    from test_teacher import save_teacher
+
+    guide = save_teacher(tmp_path / "guide", hidden=16)
+    assert main([*args, "--guide", str(guide), "--guide-margin", "0"]) == 0
+    assert main([*args, "--guide", str(guide), "--guide-margin", "3"]) == 2  # cos > pos - 3: every candidate
+    assert "no row got a hard negative" in capsys.readouterr().err
+    assert main([*args, "--guide", str(tmp_path / "missing")]) == 2
+    assert "--guide" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--guide-margin-strategy 'percent'"):
+        mining.mine_file(src, tmp_path / "x.csv", str(tiny_model_dir), "avg", guide=str(guide), guide_margin_strategy="percent")

@@ -272,7 +272,7 @@ def test_queue_is_a_fifo_ring() -> None:
     assert queue.negatives()[0].flatten().tolist() == [1.0, 2.0, 3.0]
     queue.enqueue(torch.tensor([[4.0], [5.0], [6.0]]), torch.tensor([4, 5, 6]))
     # 6 overwrote the oldest (1); all 5 rows are filled
-    emb, ids = queue.negatives()
+    emb, ids, _ = queue.negatives()
     assert emb.flatten().tolist() == [6.0, 2.0, 3.0, 4.0, 5.0] and ids.tolist() == [6, 2, 3, 4, 5]
     queue.enqueue(torch.arange(7.0, 14.0)[:, None], torch.arange(7, 14))  # more than the queue holds
     assert sorted(queue.negatives()[0].flatten().tolist()) == [9.0, 10.0, 11.0, 12.0, 13.0]

@@ -396,7 +396,7 @@ def test_the_queue_stores_the_positives_of_k_negative_examples(tiny_model_dir: P
     step = MomentumQueueStep(obj, queue)
     first, second = k_examples(4, k), k_examples(4, k, offset=4)
     step(model, collate(first))
-    keys, ids = queue.negatives()
+    keys, ids, _ = queue.negatives()
     positives = [ex["sent1"] for ex in first]
     assert torch.equal(ids, text_ids(positives))
     pair_batch = ContrastiveCollator(tokenizer, "sup", 16)([{"sent0": p, "sent1": p} for p in positives])

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device
+from simcse_kit.config.run import GUIDE_MARGIN_STRATEGIES
 
 
 def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
@@ -29,6 +30,9 @@ def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
         range_min=args.range_min,
         relative_margin=args.relative_margin,
         index=args.index,
+        guide=args.guide,
+        guide_margin=args.guide_margin,
+        guide_margin_strategy=args.guide_margin_strategy,
     )
     return 0
 
@@ -73,6 +77,19 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         choices=("top", "random"),
         default="top",
         help="the best candidates left, or a seeded sample of them",
+    )
+    p.add_argument(
+        "--guide",
+        default=None,
+        help="a second model (anything --model accepts, recording its pooler) that vets the candidates: one it rates above "
+        "the positive (less --guide-margin) is not taken, as loss.guide does in training",
+    )
+    p.add_argument("--guide-margin", type=float, default=0.0, help="with --guide: see --guide-margin-strategy")
+    p.add_argument(
+        "--guide-margin-strategy",
+        choices=GUIDE_MARGIN_STRATEGIES,
+        default="absolute",
+        help="absolute: skip guide(a, c) > guide(a, pos) - margin; relative: > guide(a, pos) x (1 - margin) for a positive score",
     )
     p.add_argument("--seed", type=int, default=0, help="for --sampling-strategy random")
     p.add_argument(

@@ -22,6 +22,8 @@ from simcse_kit.config.sections import (
     AUTO,
     DEFAULT_MODEL,
     DEV_FORMATS,
+    GUIDE_IS_TEACHER,
+    GUIDE_MARGIN_STRATEGIES,
     HUB_PREFIX,
     MLP_MODES,
     MODES,
@@ -51,6 +53,8 @@ __all__ = [
     "AUTO",
     "DEFAULT_MODEL",
     "DEV_FORMATS",
+    "GUIDE_IS_TEACHER",
+    "GUIDE_MARGIN_STRATEGIES",
     "HUB_PREFIX",
     "MLP_MODES",
     "MODES",
@@ -116,6 +120,7 @@ class RunConfig:
             unused = [
                 ("queue_size", self.loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)"),
                 ("teacher", self.loss.teacher is None, "null with loss.score_weight 1 (it joins InfoNCE)"),
+                ("guide", self.loss.guide is None, "null with loss.score_weight 1 (it vets InfoNCE's negatives)"),
             ]
             raise_first("loss", self.loss, unused)
         return self
@@ -276,10 +281,13 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
     folder = base("model.name_or_path") or Path.cwd()
     if name.startswith((".", "~")) or (folder / name).exists():
         cfg.model.name_or_path = str(absolute(name, folder))
-    teacher = cfg.loss.teacher  # a path only where it names one, as model.name_or_path
-    folder = base("loss.teacher") or Path.cwd()
-    if teacher is not None and (teacher.startswith((".", "~")) or (folder / teacher).exists()):
-        cfg.loss.teacher = str(absolute(teacher, folder))
+    for key in ("teacher", "guide"):  # a path only where it names one, as model.name_or_path
+        other = getattr(cfg.loss, key)
+        folder = base(f"loss.{key}") or Path.cwd()
+        if other is None or (key == "guide" and other == GUIDE_IS_TEACHER):
+            continue
+        if other.startswith((".", "~")) or (folder / other).exists():
+            setattr(cfg.loss, key, str(absolute(other, folder)))
     if cfg.loss.teacher_cache_dir is not None:
         cfg.loss.teacher_cache_dir = str(absolute(cfg.loss.teacher_cache_dir, base("loss.teacher_cache_dir")))
     # The run folder is read from the current folder wherever it is given (`runs/` is where

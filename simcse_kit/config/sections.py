@@ -35,6 +35,8 @@ DEV_FORMATS = (*PAIR_FORMATS, "beir")
 TEACHER_LOSSES = ("similarity", "embedding")  # simcse_kit.training.objectives.TeacherTargets.kind
 SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
 TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
+GUIDE_MARGIN_STRATEGIES = ("absolute", "relative")  # simcse_kit.core.masks.MARGIN_STRATEGIES (config imports no torch)
+GUIDE_IS_TEACHER = "teacher"  # loss.guide: reuse loss.teacher's cached vectors
 PRECISIONS = (AUTO, "no", "fp16", "bf16")  # simcse_kit.model.precision
 # The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
 # the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
@@ -293,7 +295,18 @@ class LossConfig:
     )
     teacher_cache_dir: str | None = option(
         None,
-        "where teacher vectors are cached (None: $SIMCSE_KIT_CACHE or ~/.cache/simcse-kit)",
+        "where teacher and guide vectors are cached (None: $SIMCSE_KIT_CACHE or ~/.cache/simcse-kit)",
+    )
+    guide: str | None = option(
+        None,
+        "a frozen model that vets every negative (GISTEmbed): a candidate it rates above the anchor's positive (less "
+        'loss.guide_margin) is not a negative; a model folder or hub id, or "teacher" for loss.teacher\'s vectors '
+        "(None: off; docs/losses.md)",
+    )
+    guide_margin: float = option(0.0, "loss.guide: how far below the positive's guide score a candidate is still dropped")
+    guide_margin_strategy: str = option(
+        "absolute",
+        'loss.guide: "absolute" drops score > s_pos - margin; "relative" drops score > s_pos - |s_pos| * margin',
     )
     matryoshka_dims: list[int] | None = option(
         None,
@@ -351,6 +364,13 @@ class LossConfig:
             rules.append(("teacher_student_temperature", student_tau_ok, f"null or {temperature_range()}"))
             projection_ok = self.teacher_projection in TEACHER_PROJECTIONS
             rules.append(("teacher_projection", projection_ok, one_of(TEACHER_PROJECTIONS)))
+        if self.guide is not None:
+            teacher_ok = self.guide != GUIDE_IS_TEACHER or self.teacher is not None
+            rules += [
+                ("guide", teacher_ok, "a model folder or hub id, or 'teacher' with a loss.teacher"),
+                ("guide_margin", math.isfinite(self.guide_margin), "a finite number"),
+                ("guide_margin_strategy", self.guide_margin_strategy in GUIDE_MARGIN_STRATEGIES, one_of(GUIDE_MARGIN_STRATEGIES)),
+            ]
         raise_first("loss", self, rules)
 
 

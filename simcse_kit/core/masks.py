@@ -9,7 +9,8 @@ the same text twice (a duplicated corpus line, an NLI premise with two hypothese
 negative that repeats the positive), the copy is pushed away from its own twin.
 :func:`false_negative_mask` marks, for each anchor, every candidate whose text equals the
 anchor's or its positive's; :func:`similar_candidate_mask` marks candidates too close to
-the anchor to be a negative. The loss core's ``exclude=``
+the anchor to be a negative; :func:`guided_mask` marks candidates that a frozen guide model
+rates above the anchor's positive (GISTEmbed's guided in-sample selection). The loss core's ``exclude=``
 (:func:`simcse_kit.core.losses.contrastive_loss`) drops them from the softmax. Texts are
 compared by a 64-bit hash (:func:`simcse_kit.core.batch.text_ids`), which the collator adds to
 the batch as ``text_ids`` so it can be gathered across processes and stored in the
@@ -24,7 +25,19 @@ import math
 
 import torch
 
-__all__ = ["false_negative_mask", "self_mask", "similar_candidate_mask", "view_labels", "weight_bias"]
+__all__ = [
+    "MARGIN_STRATEGIES",
+    "false_negative_mask",
+    "guide_threshold",
+    "guided_mask",
+    "self_mask",
+    "similar_candidate_mask",
+    "view_labels",
+    "weight_bias",
+]
+
+MARGIN_STRATEGIES = ("absolute", "relative")
+"""How a guide's margin lowers the positive's score into a threshold (:func:`guide_threshold`)."""
 
 
 def false_negative_mask(
@@ -101,6 +114,68 @@ def similar_candidate_mask(
     # back on CUDA, once a step.
     columns = torch.arange(mask.shape[1], device=mask.device)[None, :]
     mask &= columns != positive.to(mask.device)[:, None]
+    if self_index is not None:
+        mask &= columns != self_index.to(mask.device)[:, None]
+    return mask
+
+
+def guide_threshold(positive_scores: torch.Tensor, margin: float, strategy: str) -> torch.Tensor:
+    """The score above which a candidate is no negative: ``s_p - margin`` (``"absolute"``)
+    or ``s_p - |s_p| * margin`` (``"relative"``: a share of the positive's score), the
+    margin strategies of sentence-transformers' ``GISTEmbedLoss`` and ``mine_hard_negatives``.
+
+    Args:
+        positive_scores: ``[N, 1]`` (or any shape) the guide's score of each anchor's positive.
+        margin: >= 0 lowers the threshold (more is masked); 0: only candidates the guide
+            rates strictly above the positive.
+        strategy: one of :data:`MARGIN_STRATEGIES`.
+    """
+    if strategy == "absolute":
+        return positive_scores - margin
+    if strategy == "relative":
+        return positive_scores - positive_scores.abs() * margin
+    raise ValueError(f"margin strategy must be one of {MARGIN_STRATEGIES}, got {strategy!r}")
+
+
+def guided_mask(
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    positive: torch.Tensor,
+    margin: float = 0.0,
+    strategy: str = "absolute",
+    self_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Candidates a guide rates above the anchor's positive, by a margin: likely positives.
+
+    GISTEmbed (Solatorio, 2024; sentence-transformers' ``GISTEmbedLoss``) and NV-Retriever's
+    positive-aware filtering: a frozen, stronger model scores the anchor against every
+    candidate; one it finds closer than the anchor's own positive (less the margin,
+    :func:`guide_threshold`) is more likely an unlabelled positive than a negative. The
+    guide's vectors may have any width; they never carry a gradient.
+
+    Args:
+        anchors: ``[N, D']`` the guide's vectors of the anchors.
+        candidates: ``[M, D']`` the guide's vectors of the candidates (in-batch rows of
+            every process, hard negatives, queue rows), in the loss's column order.
+        positive: ``[N]`` column of each anchor's positive (its score is the threshold's
+            base; never marked).
+        margin: see :func:`guide_threshold`.
+        strategy: ``"absolute"`` or ``"relative"``.
+        self_index: optional ``[N]`` column holding the anchor itself (never marked here;
+            the 2N-view loss masks it on its own).
+
+    Returns:
+        ``[N, M]`` bool, True where candidate ``j`` must not be a negative of anchor ``i``.
+    """
+    dtype = torch.promote_types(torch.promote_types(anchors.dtype, candidates.dtype), torch.float32)  # fp64 stays fp64
+    with torch.no_grad():
+        a = torch.nn.functional.normalize(anchors.detach().to(dtype), dim=-1)
+        c = torch.nn.functional.normalize(candidates.detach().to(device=a.device, dtype=dtype), dim=-1)
+        scores = a @ c.T
+        positive = positive.to(scores.device)
+        mask = scores > guide_threshold(scores.gather(1, positive[:, None]), margin, strategy)
+    columns = torch.arange(mask.shape[1], device=mask.device)[None, :]  # comparison: no device read-back
+    mask &= columns != positive[:, None]
     if self_index is not None:
         mask &= columns != self_index.to(mask.device)[:, None]
     return mask

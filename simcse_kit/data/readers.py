@@ -593,6 +593,8 @@ class ContrastiveCollator:
             ``text_ids`` are of the texts without them: a false negative is the same content.
         teacher_index: with a teacher (``loss.teacher``), sentence -> row of its vector
             table; adds ``teacher_rows`` ``[B]`` int64 (:mod:`simcse_kit.training.teacher`).
+        guide_index: with a guide (``loss.guide``), sentence -> row of its vector table;
+            adds ``guide_rows`` ``[B]`` int64.
         packing_plan: also add the batch's packing plan (:func:`simcse_kit.model.packing.plan_batch`:
             ``pack_*`` int64 tensors), planned here in the DataLoader worker so a packing
             model's forward needs no device-to-host synchronisation.
@@ -609,6 +611,7 @@ class ContrastiveCollator:
     prompts: tuple[str, ...] = ()
     teacher_index: Mapping[str, int] | None = None
     packing_plan: bool = False
+    guide_index: Mapping[str, int] | None = None
     negatives: int = 1
 
     def __post_init__(self) -> None:
@@ -634,6 +637,8 @@ class ContrastiveCollator:
             out["scores"] = torch.tensor([float(ex[score_column]) for ex in examples], dtype=torch.float32)
         if self.teacher_index is not None:  # the teacher encoded the texts without prompts
             out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in raw], dtype=torch.long)
+        if self.guide_index is not None:  # so did the guide
+            out["guide_rows"] = torch.tensor([self.guide_index[t] for t in raw], dtype=torch.long)
         if self.packing_plan:
             out.update(plan_batch(out["attention_mask"]))
         return out

@@ -1,9 +1,9 @@
 """A text run's inputs, loaded and checked before anything is written.
 
 The training data (:func:`load_training_data`), the tokenizer checked against the model
-folder and the configured lengths (:func:`load_checked_tokenizer`) and the teacher's
-vectors of the training sentences (:func:`load_teacher`): each fails with a ConfigError
-naming the config key, before the run folder exists.
+folder and the configured lengths (:func:`load_checked_tokenizer`) and the teacher's and
+the guide's vectors of the training sentences (:func:`load_teacher`, :func:`load_guide`):
+each fails with a ConfigError naming the config key, before the run folder exists.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
 
-from simcse_kit.config.run import RunConfig
+from simcse_kit.config.run import GUIDE_IS_TEACHER, RunConfig
 from simcse_kit.core.batch import view_columns
 from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of, scored_dataset
 from simcse_kit.errors import ConfigError
@@ -28,7 +28,7 @@ from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, chec
 from simcse_kit.model.families import max_tokens, prepare_tokenizer
 from simcse_kit.model.inference import load_encoder
 from simcse_kit.model.modeling import resolve_model_path
-from simcse_kit.training.objectives import TeacherTargets
+from simcse_kit.training.objectives import GuideFilter, TeacherTargets
 from simcse_kit.training.teacher import TeacherTable, aligned_projection, load_teacher_table, pca_projection, teacher_texts
 
 logger = logging.getLogger(__name__)
@@ -73,8 +73,7 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
     """With ``loss.teacher``: its vectors of every distinct training sentence (cached) and
     the objective's teacher term; None without a teacher.
 
-    Several processes: the main process encodes (or reads the cache) first, the others
-    then read its cache. A wider teacher for ``embedding`` distillation is projected to
+    The vectors come from :func:`sentence_table`. A wider teacher for ``embedding`` distillation is projected to
     the student's width by PCA (``loss.teacher_projection: pca``) or refused; ``aligned``
     maps it (at any width) into the student's own coordinates, from the untrained student's
     vectors of the same sentences.
@@ -82,18 +81,7 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
     loss = cfg.loss
     if loss.teacher is None:
         return None
-    negatives = negatives_of(dataset.column_names)
-    columns = set(view_columns(cfg.data.mode, negatives))
-    texts = teacher_texts({name: dataset[name] for name in columns}, cfg.data.mode, negatives)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    order = nullcontext()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        state = PartialState()
-        device, order = str(state.device), state.main_process_first()
-    with order:
-        table = load_teacher_table(
-            loss.teacher, texts, cache_dir=loss.teacher_cache_dir, device=device, show_progress=cfg.train.progress_bar
-        )
+    table, texts, device = sentence_table(cfg, dataset, loss.teacher, "loss.teacher")
     projection = embedding_projection(cfg, table, texts, device) if loss.teacher_loss == "embedding" else None
     what = (loss.teacher_loss, loss.teacher, len(texts), table.width, loss.teacher_weight)
     logger.info("teacher: %s distillation from %s (%d sentences, %d wide), weight %g", *what)
@@ -106,6 +94,52 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
         student_temperature=loss.teacher_student_temperature,
     )
     return targets, table
+
+
+def sentence_table(cfg: RunConfig, dataset: datasets.Dataset, model: str, key: str) -> tuple[TeacherTable, list[str], str]:
+    """``model``'s vectors of every distinct training sentence (cached; the teacher's and the
+    guide's alike), with those sentences and the device it ran on. Several processes: the
+    main process encodes (or reads the cache) first, the others then read its cache."""
+    negatives = negatives_of(dataset.column_names)
+    columns = set(view_columns(cfg.data.mode, negatives))
+    texts = teacher_texts({name: dataset[name] for name in columns}, cfg.data.mode, negatives)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    order = nullcontext()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        state = PartialState()
+        device, order = str(state.device), state.main_process_first()
+    with order:
+        table = load_teacher_table(
+            model,
+            texts,
+            cache_dir=cfg.loss.teacher_cache_dir,
+            device=device,
+            show_progress=cfg.train.progress_bar,
+            config_key=key,
+        )
+    return table, texts, device
+
+
+def load_guide(
+    cfg: RunConfig, dataset: datasets.Dataset, teacher: TeacherTable | None
+) -> tuple[GuideFilter, TeacherTable] | None:
+    """With ``loss.guide``: its vectors of every distinct training sentence (cached as the
+    teacher's; ``teacher``: the teacher's own table, not encoded again) and the objective's
+    filter of negatives; None without a guide."""
+    loss = cfg.loss
+    if loss.guide is None:
+        return None
+    if loss.guide == GUIDE_IS_TEACHER:
+        if teacher is None:  # LossConfig.check refuses it; a config built in code may not have run it
+            raise ConfigError("config key 'loss.guide' = 'teacher': needs loss.teacher")
+        table = teacher
+    else:
+        table = sentence_table(cfg, dataset, loss.guide, "loss.guide")[0]
+    logger.info(
+        "guide: %s vets the negatives (%d sentences, %d wide), margin %g (%s)",
+        loss.guide, table.vectors.shape[0], table.width, loss.guide_margin, loss.guide_margin_strategy,
+    )  # fmt: skip
+    return GuideFilter(table.vectors, loss.guide_margin, loss.guide_margin_strategy), table
 
 
 def embedding_projection(cfg: RunConfig, table: TeacherTable, texts: list[str], device: str) -> tuple[torch.Tensor, ...] | None:

@@ -17,6 +17,11 @@ but not *too* close. The rules are sentence-transformers' ``mine_hard_negatives`
     fewer than ``num_negatives`` left gets none (``mine_file`` leaves it out, as ST's
     ``n-tuple`` output does).
 
+  * ``guide`` (``--guide``): a second model vets what is left, as ``loss.guide`` vets a
+    batch's negatives (GISTEmbed; :func:`simcse_kit.core.masks.guide_threshold`): a candidate
+    the guide rates above the row's positive, less ``guide_margin`` (absolute, or relative
+    to the positive's guide score), is likely an unlabelled positive and is never taken.
+
 The margins use the row's own positive (ST uses the hardest of the anchor's positives).
 The search never builds the corpus's all-pairs matrix: the anchors' top candidates come
 from :func:`simcse_kit.evaluation.search.exact_search` (blocks of queries and of corpus,
@@ -42,7 +47,8 @@ from pathlib import Path
 
 import torch
 
-from simcse_kit.config.run import DEFAULT_MODEL
+from simcse_kit.config.run import DEFAULT_MODEL, GUIDE_MARGIN_STRATEGIES
+from simcse_kit.core.masks import guide_threshold
 from simcse_kit.core.modes import hard_negative_columns
 from simcse_kit.data.readers import read_rows
 from simcse_kit.errors import ConfigError, DataError
@@ -62,7 +68,14 @@ RANGE_PER_NEGATIVE = 10
 
 
 def check_options(
-    num_negatives: int, range_min: int, range_max: int, margin: float, relative_margin: float | None, sampling_strategy: str
+    num_negatives: int,
+    range_min: int,
+    range_max: int,
+    margin: float,
+    relative_margin: float | None,
+    sampling_strategy: str,
+    guide_margin: float = 0.0,
+    guide_margin_strategy: str = "absolute",
 ) -> None:
     """The options' own rules, each a ConfigError naming the option."""
     if sampling_strategy not in SAMPLING_STRATEGIES:
@@ -83,6 +96,10 @@ def check_options(
         raise ConfigError(f"--margin {margin}: must be a finite number")
     if relative_margin is not None and not math.isfinite(relative_margin):
         raise ConfigError(f"--relative-margin {relative_margin}: must be a finite number")
+    if not math.isfinite(guide_margin):
+        raise ConfigError(f"--guide-margin {guide_margin}: must be a finite number")
+    if guide_margin_strategy not in GUIDE_MARGIN_STRATEGIES:
+        raise ConfigError(f"--guide-margin-strategy {guide_margin_strategy!r}: must be one of {GUIDE_MARGIN_STRATEGIES}")
 
 
 def mine_hard_negatives(
@@ -98,6 +115,9 @@ def mine_hard_negatives(
     seed: int = 0,
     index: str = "exact",
     device: torch.device | str = "cpu",
+    guide: Callable[[Sequence[str]], torch.Tensor] | None = None,
+    guide_margin: float = 0.0,
+    guide_margin_strategy: str = "absolute",
 ) -> list[tuple[str, ...] | None]:
     """``num_negatives`` hard negatives per pair, from the corpus of all the pairs'
     sentences, by the rules of the module docstring.
@@ -115,12 +135,18 @@ def mine_hard_negatives(
         seed: for ``"random"``.
         index: ``"exact"`` or ``"faiss"`` (:data:`INDEXES`).
         device: where the exact search runs.
+        guide: sentences -> ``[M, D']`` a second model's embeddings; a candidate it rates
+            above the row's positive (by ``guide_margin``) is not taken (None: no guide).
+        guide_margin: how far below the positive's guide score a candidate is still dropped.
+        guide_margin_strategy: ``"absolute"`` or ``"relative"`` (a share of that score).
 
     Returns:
         ``N`` tuples of ``k`` negatives, best first; ``None`` where fewer than ``k`` qualify.
     """
     range_max = range_min + RANGE_PER_NEGATIVE * num_negatives if range_max is None else range_max
-    check_options(num_negatives, range_min, range_max, margin, relative_margin, sampling_strategy)
+    check_options(
+        num_negatives, range_min, range_max, margin, relative_margin, sampling_strategy, guide_margin, guide_margin_strategy
+    )
     if index not in SEARCHES:
         raise ConfigError(f"--index {index!r}: must be one of {INDEXES}")
     corpus = list(dict.fromkeys(s for pair in pairs for s in pair))
@@ -143,11 +169,18 @@ def mine_hard_negatives(
     # Per pair: its anchor's candidates, the margins against its own positive.
     rows = torch.tensor([query_of[a] for a, _ in pairs])
     scores, ids = scores[rows], ids[rows]
-    anchors = emb[torch.tensor([position[a] for a, _ in pairs])]
-    positive = (anchors * emb[torch.tensor([position[p] for _, p in pairs])]).sum(dim=1, keepdim=True)
+    anchor_rows, positive_rows = torch.tensor([position[a] for a, _ in pairs]), torch.tensor([position[p] for _, p in pairs])
+    anchors = emb[anchor_rows]
+    positive = (anchors * emb[positive_rows]).sum(dim=1, keepdim=True)
     drop = scores > positive - margin
     if relative_margin is not None:
         drop |= scores > positive - positive.abs() * relative_margin
+    if guide is not None:
+        vetted = guide_scores(guide, corpus, anchor_rows, positive_rows, ids)
+        limit = guide_threshold(vetted[:, :1], guide_margin, guide_margin_strategy)
+        dropped = (vetted[:, 1:] > limit) & ~drop & torch.isfinite(scores)
+        logger.info("the guide dropped %d candidate(s) that the model's margins had kept", int(dropped.sum()))
+        drop |= dropped
     scores = scores.masked_fill(drop, -math.inf)
     scores, order = scores.sort(dim=1, descending=True, stable=True)
     scores, ids = scores[:, range_min:], ids.gather(1, order)[:, range_min:]
@@ -166,6 +199,39 @@ def mine_hard_negatives(
             picked = valid[torch.randperm(valid.numel(), generator=generator)[:num_negatives].sort().values]
         out.append(tuple(corpus[int(i)] for i in picked))
     return out
+
+
+GUIDE_BLOCK = 4096
+"""Pairs scored by the guide at once: ``[block, range_max, D']`` stays small (all of SNLI at
+once would be gigabytes)."""
+
+
+def guide_scores(
+    guide: Callable[[Sequence[str]], torch.Tensor],
+    corpus: Sequence[str],
+    anchor_rows: torch.Tensor,
+    positive_rows: torch.Tensor,
+    ids: torch.Tensor,
+) -> torch.Tensor:
+    """The guide's cosines of each pair's anchor with its positive and its candidates.
+
+    Args:
+        guide: sentences -> ``[M, D']`` embeddings.
+        corpus: the ``M`` sentences.
+        anchor_rows: ``[N]`` corpus row of each pair's anchor; ``positive_rows``: of its positive.
+        ids: ``[N, K]`` corpus rows of each pair's candidates (``-1``: none; scored as row 0).
+
+    Returns:
+        ``[N, 1 + K]``: the positive's score, then each candidate's.
+    """
+    vectors = torch.nn.functional.normalize(guide(corpus).float(), dim=-1)
+    anchors = vectors[anchor_rows]
+    columns = torch.cat([positive_rows[:, None], ids.clamp_min(0)], dim=1)
+    blocks = [
+        torch.einsum("nd,nkd->nk", anchors[first : first + GUIDE_BLOCK], vectors[columns[first : first + GUIDE_BLOCK]])
+        for first in range(0, len(anchor_rows), GUIDE_BLOCK)
+    ]
+    return torch.cat(blocks) if blocks else torch.empty(0, columns.shape[1])
 
 
 def mine_negatives(
@@ -204,6 +270,9 @@ def mine_file(
     range_min: int = 0,
     relative_margin: float | None = None,
     index: str = "exact",
+    guide: str | None = None,
+    guide_margin: float = 0.0,
+    guide_margin_strategy: str = "absolute",
 ) -> dict[str, int]:
     """``simcse-kit mine``: read ``sent0, sent1`` pairs, write them with ``num_negatives``
     hard negatives: CSV columns ``hard_neg`` (one) or ``hard_neg_1 .. hard_neg_k``; JSONL
@@ -212,13 +281,16 @@ def mine_file(
 
     Rows for which fewer than ``num_negatives`` candidates qualify are left out (and
     counted), as sentence-transformers does: a ``hardneg`` file needs ``k`` in every row.
-    ``top_k`` is ``--range-max`` (:func:`mine_hard_negatives`).
+    ``top_k`` is ``--range-max`` (:func:`mine_hard_negatives`). ``guide``: a second model
+    (anything :func:`load_encoder` opens) that vets the candidates (``--guide``).
 
     Returns:
         ``{"rows": written, "skipped": rows without enough negatives}``.
     """
     range_max = range_min + RANGE_PER_NEGATIVE * num_negatives if top_k is None else top_k
-    check_options(num_negatives, range_min, range_max, margin, relative_margin, sampling_strategy)
+    check_options(
+        num_negatives, range_min, range_max, margin, relative_margin, sampling_strategy, guide_margin, guide_margin_strategy
+    )
     if index not in SEARCHES:
         raise ConfigError(f"--index {index!r}: must be one of {INDEXES}")
     if index == "faiss":
@@ -233,6 +305,12 @@ def mine_file(
     check_writable(out_path, "--out")  # before the model is loaded and the file encoded
     rows = read_rows(pairs_path, ("sent0", "sent1"))
     encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
+    vetting = None
+    if guide is not None:
+        try:
+            vetting = load_encoder(guide, device=device)
+        except ConfigError as exc:
+            raise ConfigError(f"--guide {guide}: {exc}") from None
     pairs = [(r["sent0"], r["sent1"]) for r in rows]
     negatives = mine_hard_negatives(
         pairs,
@@ -246,6 +324,9 @@ def mine_file(
         seed=seed,
         index=index,
         device=encoder.device,
+        guide=None if vetting is None else (lambda s: vetting.encode(s, batch_size=batch_size)),
+        guide_margin=guide_margin,
+        guide_margin_strategy=guide_margin_strategy,
     )
     kept = [(a, p, n) for (a, p), n in zip(pairs, negatives, strict=True) if n is not None]
     if not kept:  # an empty hardneg file would only fail later, at training

@@ -8,7 +8,8 @@ queue of ``queue_size`` rows that later batches use as extra negatives. The queu
 carries no gradient, so the negatives are cheap: no backward through the momentum
 encoder, and no memory for its activations. The queue also stores each row's text id
 (:func:`simcse_kit.core.batch.text_ids`), so false-negative masking
-(:mod:`simcse_kit.core.masks`) reaches its rows too.
+(:mod:`simcse_kit.core.masks`) reaches its rows too, and, with a guide (``loss.guide``), each
+row's index into the guide's table of the training sentences, so the guide vets them too.
 
 :class:`simcse_kit.training.steps.MomentumQueueStep` is the training step that uses it.
 """
@@ -40,16 +41,19 @@ class MomentumQueue(nn.Module):
         momentum: ``m`` in ``[0, 1)``; ``0`` makes the copy follow the online encoder
             exactly, ESimCSE uses ``0.995``, MoCo ``0.999``.
         dim: embedding width ``D``.
+        guide: also keep each row's guide row (``queue_guide_rows``); off, the state holds
+            no such buffer, so checkpoints of runs without a guide are unchanged.
     """
 
     # Buffers (register_buffer in __init__), declared so they read as tensors, not modules.
     queue: torch.Tensor
     queue_ids: torch.Tensor
+    queue_guide_rows: torch.Tensor | None
     ptr: torch.Tensor
     filled: torch.Tensor
     pending_update: torch.Tensor
 
-    def __init__(self, model: nn.Module, size: int, momentum: float, dim: int) -> None:
+    def __init__(self, model: nn.Module, size: int, momentum: float, dim: int, guide: bool = False) -> None:
         super().__init__()
         if size < 1:
             raise ValueError(f"queue size must be >= 1, got {size}")
@@ -61,6 +65,8 @@ class MomentumQueue(nn.Module):
         self.encoder.requires_grad_(False)
         self.register_buffer("queue", torch.zeros(size, dim))
         self.register_buffer("queue_ids", torch.zeros(size, dtype=torch.int64))
+        # A None buffer is left out of state_dict: a queue without a guide saves what it always saved.
+        self.register_buffer("queue_guide_rows", torch.zeros(size, dtype=torch.int64) if guide else None)
         self.register_buffer("ptr", torch.zeros((), dtype=torch.int64))
         self.register_buffer("filled", torch.zeros((), dtype=torch.int64))
         # ``filled`` mirrored on the host: it grows by batch sizes (shapes) only, so the
@@ -86,10 +92,12 @@ class MomentumQueue(nn.Module):
         self.encoder.train(training)
         return self.encoder(**inputs).float()
 
-    def negatives(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The filled part of the queue: ``([F, D], [F])`` embeddings and text ids."""
+    def negatives(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The filled part of the queue: ``([F, D], [F], [F] or None)`` embeddings, text ids
+        and guide rows (None without a guide)."""
         n = self._filled_rows
-        return self.queue[:n], self.queue_ids[:n]
+        guide = None if self.queue_guide_rows is None else self.queue_guide_rows[:n]
+        return self.queue[:n], self.queue_ids[:n], guide
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """Load as ``nn.Module`` does, then mirror the restored fill on the host (once)."""
@@ -98,8 +106,9 @@ class MomentumQueue(nn.Module):
         return result
 
     @torch.no_grad()
-    def enqueue(self, keys: torch.Tensor, ids: torch.Tensor) -> None:
-        """Write ``keys [B, D]`` (and their ``ids [B]``) over the oldest rows.
+    def enqueue(self, keys: torch.Tensor, ids: torch.Tensor, guide_rows: torch.Tensor | None = None) -> None:
+        """Write ``keys [B, D]`` (and their ``ids [B]``, and with a guide their ``guide_rows
+        [B]``) over the oldest rows.
 
         With ``B > Q`` only the newest ``Q`` rows are kept.
         """
@@ -107,6 +116,10 @@ class MomentumQueue(nn.Module):
         positions = (self.ptr + torch.arange(keys.shape[0], device=self.queue.device)) % self.size
         self.queue[positions] = keys.to(self.queue.dtype)
         self.queue_ids[positions] = ids.to(self.queue_ids.device)
+        if self.queue_guide_rows is not None:
+            if guide_rows is None:
+                raise ValueError("a queue built with guide=True needs the keys' guide_rows")
+            self.queue_guide_rows[positions] = guide_rows[-self.size :].to(self.queue_guide_rows.device)
         self.ptr.copy_((self.ptr + keys.shape[0]) % self.size)
         self.filled.copy_(torch.clamp(self.filled + keys.shape[0], max=self.size))
         self._filled_rows = min(self._filled_rows + keys.shape[0], self.size)

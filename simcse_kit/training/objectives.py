@@ -26,7 +26,7 @@ from simcse_kit.core import distributed, losses, masks, modes, score_losses
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
 from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
 
-__all__ = ["SimCSEObjective", "TeacherTargets"]
+__all__ = ["GuideFilter", "SimCSEObjective", "Tally", "TeacherTargets"]
 
 
 @dataclass
@@ -87,6 +87,59 @@ class TeacherTargets:
             return F.mse_loss(F.normalize(embeddings.float(), dim=-1), F.normalize(target, dim=-1))
 
 
+@dataclass
+class GuideFilter:
+    """A guide's vetting of negatives (``loss.guide``; :func:`simcse_kit.training.inputs.load_guide`).
+
+    Attributes:
+        vectors: ``[U, D']`` the guide's vectors of the distinct training sentences (any
+            width); a batch's ``guide_rows`` ``[B]`` (and the queue's) index it.
+        margin: ``loss.guide_margin``.
+        strategy: ``loss.guide_margin_strategy``, ``"absolute"`` or ``"relative"``
+            (:func:`simcse_kit.core.masks.guide_threshold`).
+    """
+
+    vectors: torch.Tensor
+    margin: float = 0.0
+    strategy: str = "absolute"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in masks.MARGIN_STRATEGIES:
+            raise ValueError(f"guide margin strategy must be one of {masks.MARGIN_STRATEGIES}, got {self.strategy!r}")
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The guide's vectors of table rows ``index`` ``[K]``: ``[K, D']`` on its device."""
+        if self.vectors.device != index.device:  # moved once, to the training device
+            self.vectors = self.vectors.to(index.device)
+        return self.vectors[index]
+
+
+@dataclass
+class Tally:
+    """Masked (anchor, candidate) entries: in the latest batch and over all batches so far.
+
+    Kept as device tensors (or 0): reading a count back every step would stall a GPU; the
+    properties read them where they are reported (log steps, the run's end).
+    """
+
+    _last: torch.Tensor | int = 0
+    _total: torch.Tensor | int = 0
+
+    def add(self, entries: torch.Tensor | int, same_batch: bool = False) -> None:
+        """Count ``entries`` (a device tensor is added on the device, not read back): a new
+        batch's, or with ``same_batch`` more of the latest batch's (a second mask)."""
+        self._last = self._last + entries if same_batch else entries
+        self._total = self._total + entries
+
+    @property
+    def last(self) -> int:
+        return int(self._last)
+
+    @property
+    def total(self) -> int:
+        return int(self._total)
+
+
 def _cat(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     # One block stays the very tensor (no copy): the unsup loss sees what it always saw.
     return parts[0] if len(parts) == 1 else torch.cat(list(parts))
@@ -113,6 +166,12 @@ class SimCSEObjective:
     with ``loss.false_negative_threshold`` candidates whose cosine with the anchor exceeds
     it are dropped too (:func:`masks.similar_candidate_mask`); the positive never is.
     :attr:`masked_negatives` counts them over all calls, :attr:`last_masked` in the latest.
+    With a ``guide`` (:class:`GuideFilter`) every candidate (in-batch rows of every process,
+    hard negatives, the queue's rows) that the guide rates above the anchor's positive, less
+    the margin, is dropped too (:func:`masks.guided_mask`, GISTEmbed's rule); the batch's
+    ``guide_rows`` and the queue's say which of the guide's vectors each row is.
+    :attr:`guided` counts the (anchor, candidate) entries the guide drops, whether or not
+    another rule dropped them too.
 
     With a ``teacher`` (:class:`TeacherTargets`) the loss is ``(1 - w) * SimCSE + w * T``.
     For ``similarity``, ``T`` is the soft-target form of the same call: the same anchors,
@@ -131,10 +190,11 @@ class SimCSEObjective:
     teacher: TeacherTargets | None = None
     negatives: int = 1
     """``k``, hard negatives per example (``hardneg``): ``V = 2 + k`` views, each negative a block."""
-    # Kept as device tensors (or 0): reading a count back every step would stall a GPU;
-    # the properties below read them where they are reported (log steps, the run's end).
-    _masked_total: torch.Tensor | int = field(default=0, compare=False, repr=False)
-    _last_masked: torch.Tensor | int = field(default=0, compare=False, repr=False)
+    guide: GuideFilter | None = None
+    masked: Tally = field(default_factory=Tally, compare=False, repr=False)
+    """Entries masked by text or by the student's similarity."""
+    guided: Tally = field(default_factory=Tally, compare=False, repr=False)
+    """Entries masked by the guide."""
     last_terms: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -149,7 +209,9 @@ class SimCSEObjective:
         masking, the entries masked in the latest batch and in all batches so far."""
         out = {name: float(value) for name, value in self.last_terms.items()}
         if self.masking:
-            out |= {"masked_negatives": float(self.last_masked), "masked_negatives_total": float(self.masked_negatives)}
+            out |= {"masked_negatives": float(self.masked.last), "masked_negatives_total": float(self.masked.total)}
+        if self.guide is not None:
+            out |= {"guide_masked": float(self.guided.last), "guide_masked_total": float(self.guided.total)}
         return out
 
     @property
@@ -250,7 +312,7 @@ class SimCSEObjective:
             embeddings: ``[N*V, H]``, example-major.
             batch: the collated batch; its ``text_ids`` ``[B]`` are needed with
                 ``loss.mask_false_negatives``.
-            queue: optional extra negatives of every anchor, ``([Q, H], [Q] text ids)``.
+            queue: optional extra negatives of every anchor (:class:`~simcse_kit.training.steps.Queue`).
         """
         form = self.contrast
         ids = self.row_ids(batch, embeddings.shape[0])
@@ -269,6 +331,7 @@ class SimCSEObjective:
         itself = local if form.all_rows else None  # an anchor among its own candidates
         exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, itself)
         exclude = self.drop_similar(anchors, candidates, positive, itself, exclude)
+        exclude = self.drop_guided(batch, queue, positive, itself, exclude)
         if itself is not None:  # no row is its own negative
             own = masks.self_mask(n, m, offset, device)
             exclude = own if exclude is None else own | exclude
@@ -361,8 +424,48 @@ class SimCSEObjective:
             return exclude
         similar = masks.similar_candidate_mask(anchors, candidates, threshold, positive, self_index)
         new = similar if exclude is None else similar & ~exclude
-        self.count_masked(new.sum(), add=exclude is not None)
+        self.masked.add(new.sum(), same_batch=exclude is not None)
         return similar if exclude is None else exclude | similar
+
+    def drop_guided(
+        self,
+        batch: Batch | None,
+        queue: Queue | None,
+        positive: torch.Tensor,
+        self_index: torch.Tensor | None,
+        exclude: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """``exclude`` ``[N, M]`` (or None) plus the candidates the guide rates above the
+        anchor's positive by the margin (:func:`masks.guided_mask`), counted; ``exclude``
+        itself without a guide.
+
+        The guide's vectors of the candidates are found by the same gather as the rows
+        (``guide_rows`` of every process, block after block) and the queue's ``guide_rows``.
+
+        Args:
+            batch: the collated batch, holding ``guide_rows`` ``[B]``.
+            queue: the queue's rows and their guide rows, the last candidate columns.
+            positive: ``[N]`` column of each anchor's positive (its guide score is the threshold).
+            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
+            exclude: the exclusions so far, or None.
+        """
+        if self.guide is None:
+            return exclude
+        if batch is None or "guide_rows" not in batch:
+            raise ValueError("a guide needs the batch's guide_rows (ContrastiveCollator(guide_index=...))")
+        rows = batch["guide_rows"].to(positive.device)
+        anchor_rows, blocks = self.views(rows)
+        parts = [self.gather_ids(block) for block in blocks]
+        if queue is not None:
+            if queue.guide_rows is None:
+                raise ValueError("the queue's guide rows are required with a guide (MomentumQueue(guide=True))")
+            parts.append(queue.guide_rows.to(positive.device))
+        guided = masks.guided_mask(
+            self.guide.rows(anchor_rows), self.guide.rows(torch.cat(parts)), positive, self.guide.margin, self.guide.strategy,
+            self_index,
+        )  # fmt: skip
+        self.guided.add(guided.sum())
+        return guided if exclude is None else exclude | guided
 
     def false_negatives(
         self,
@@ -396,25 +499,18 @@ class SimCSEObjective:
             pair_ids = self.gather_ids(anchor_ids)
             group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
         mask = masks.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
-        self.count_masked(mask.sum())
+        self.masked.add(mask.sum())
         return mask
-
-    def count_masked(self, entries: torch.Tensor | int, add: bool = False) -> None:
-        """Count masked (anchor, candidate) entries: ``add`` to this batch's count
-        (the second mask of the same batch) or start it. ``entries`` may be a device
-        tensor: it is added on the device, not read back."""
-        self._last_masked = self._last_masked + entries if add else entries
-        self._masked_total = self._masked_total + entries
 
     @property
     def masked_negatives(self) -> int:
-        """Masked (anchor, candidate) entries over all batches so far."""
-        return int(self._masked_total)
+        """Masked (anchor, candidate) entries over all batches so far (by text or similarity)."""
+        return self.masked.total
 
     @property
     def last_masked(self) -> int:
         """Masked (anchor, candidate) entries in the latest batch."""
-        return int(self._last_masked)
+        return self.masked.last
 
     def row_ids(self, batch: Batch | None, n_rows: int) -> torch.Tensor | None:
         """The batch's ``text_ids`` ``[B]`` when false-negative masking is on, else None."""

@@ -53,7 +53,7 @@ from simcse_kit.training.folder import (
     with_device_defaults,
 )
 from simcse_kit.training.guards import AfterTrainingSignals, StopSignals
-from simcse_kit.training.inputs import load_checked_tokenizer, load_teacher, load_training_data
+from simcse_kit.training.inputs import load_checked_tokenizer, load_guide, load_teacher, load_training_data
 from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare
 from simcse_kit.training.momentum_queue import MomentumQueue
 from simcse_kit.training.objectives import SimCSEObjective
@@ -90,6 +90,8 @@ class Run(Prepared):
         final_sts: the STS table scored on the best model at the end; None: not scored.
         checkpoints: the run folder's checkpoints and best model.
         teacher: the teacher's vectors of the training sentences; None: no teacher.
+        guide: the guide's vectors of the training sentences (``loss.guide``; the teacher's
+            table itself for ``teacher``); None: no guide.
         tf32: whether fp32 matmuls run on TF32 tensor cores.
         skipped_rows: bad rows of the training files left out (``data.bad_rows: skip``).
     """
@@ -107,6 +109,7 @@ class Run(Prepared):
     teacher: TeacherTable | None
     tf32: bool
     skipped_rows: int = 0
+    guide: TeacherTable | None = None
 
 
 def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
@@ -187,6 +190,7 @@ def build_run(
     # The teacher's vectors too (encoded once, or read from the cache): a teacher that
     # does not load, or cannot match the student, fails before the run folder exists.
     teacher = load_teacher(cfg, dataset)
+    guide = load_guide(cfg, dataset, teacher[1] if teacher else None)  # the same, for the guide that vets negatives
     out = Path(cfg.train.output_dir)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
@@ -207,9 +211,17 @@ def build_run(
     )
     model = build_model(cfg)
     negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
-    objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None, negatives=negatives)
+    objective = SimCSEObjective(
+        cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None, negatives=negatives, guide=guide[0] if guide else None
+    )
     loader = make_loader(
-        cfg, dataset, tokenizer, accelerator.num_processes, accelerator.device, teacher[1].index if teacher else None
+        cfg,
+        dataset,
+        tokenizer,
+        accelerator.num_processes,
+        accelerator.device,
+        teacher[1].index if teacher else None,
+        guide[1].index if guide else None,
     )
     if wrap_collate is not None:
         loader.collate_fn = wrap_collate(loader.collate_fn)
@@ -232,7 +244,7 @@ def build_run(
         **vars(prepare(model, loader, cfg.train, accelerator)),
         cfg=cfg, recorded=recorded, precision=precision, heap=heap, tokenizer=tokenizer, objective=objective, step=step,
         evaluator=evaluator, final_sts=final_sts, checkpoints=checkpoints, teacher=teacher[1] if teacher else None, tf32=tf32,
-        skipped_rows=skipped_rows(dataset),
+        skipped_rows=skipped_rows(dataset), guide=guide[1] if guide else None,
     )
 
 
@@ -265,6 +277,19 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             "cache_hit": table.cache_hit,
             "seconds": table.seconds,
         }
+    if run.guide is not None:
+        loss = cfg.loss
+        metrics["guide"] = {
+            "model": loss.guide,
+            "margin": loss.guide_margin,
+            "margin_strategy": loss.guide_margin_strategy,
+            "masked": run.objective.guided.total,  # (anchor, candidate) entries it dropped, all steps
+            "sentences": int(run.guide.vectors.shape[0]),
+            "width": run.guide.width,
+            "cache_key": run.guide.key,
+            "cache_hit": run.guide.cache_hit,
+        }
+        logger.info("the guide dropped %d (anchor, candidate) entries", run.objective.guided.total)
     speed = {"tf32": run.tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
     metrics["speed"] = speed | {"packing": cfg.model.packing}
     if run.objective.masking:
@@ -374,12 +399,14 @@ def make_loader(
     num_processes: int,
     device: torch.device | str = "cpu",
     teacher_index: Mapping[str, int] | None = None,
+    guide_index: Mapping[str, int] | None = None,
 ) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
     generator of its own, which the loop checkpoints so a resume redraws the order.
     Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); the packing plan
     made in the collator, so in the workers with ``data.num_workers > 0``.
-    ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``."""
+    ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``;
+    ``guide_index``: with a guide, their ``guide_rows``."""
     options = loader_options(device)
     logger.info(
         "input pipeline: %s worker process(es); pinned memory and asynchronous copies %s",
@@ -398,6 +425,7 @@ def make_loader(
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
         teacher_index=teacher_index,
+        guide_index=guide_index,
         packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
     )
     generator = torch.Generator().manual_seed(cfg.train.seed)
@@ -423,7 +451,8 @@ def make_step(cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective, ac
     if cfg.train.grad_cache_chunk > 0:  # big batches: chunk-wise encoder backward, same gradients
         return GradCacheStep(objective, cfg.train.grad_cache_chunk, accelerator)
     if cfg.loss.queue_size > 0:  # MoCo-style negatives (simcse_kit.training.momentum_queue)
-        queue = MomentumQueue(model, cfg.loss.queue_size, cfg.loss.momentum, model.encoder.config.hidden_size)
+        guide = cfg.loss.guide is not None  # the queue keeps its keys' guide rows
+        queue = MomentumQueue(model, cfg.loss.queue_size, cfg.loss.momentum, model.encoder.config.hidden_size, guide)
         accelerator.register_for_checkpointing(queue)
         logger.info("momentum queue: %d negatives, momentum %.4f", cfg.loss.queue_size, cfg.loss.momentum)
         return MomentumQueueStep(objective, queue, accelerator)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -55,12 +55,20 @@ logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
 """A collated batch: ``input_ids``, ``attention_mask`` ``[B, T]``, optional ``text_ids``
-``[B]``, ``teacher_rows`` ``[B]``, a scored mode's ``scores`` ``[N]`` (one per example) and a
+``[B]``, ``teacher_rows`` and ``guide_rows`` ``[B]``, a scored mode's ``scores`` ``[N]`` (one per example) and a
 packing plan (:mod:`simcse_kit.core.batch`)."""
 Backward = Callable[[torch.Tensor], None]
 """``backward(loss)``: Accelerate's in a run, ``loss.backward()`` by default."""
-Queue = tuple[torch.Tensor, torch.Tensor | None]
-"""Extra negatives without gradient (the momentum queue): ``([Q, H] rows, [Q] text ids)``."""
+
+
+class Queue(NamedTuple):
+    """Extra negatives without gradient (the momentum queue): ``[Q, H]`` rows, their ``[Q]``
+    text ids (false-negative masking) and ``[Q]`` rows of the guide's table (``loss.guide``)."""
+
+    rows: torch.Tensor
+    text_ids: torch.Tensor | None = None
+    guide_rows: torch.Tensor | None = None
+
 
 
 class Step(Protocol):
@@ -240,9 +248,10 @@ class MomentumQueueStep(ObjectiveStep):
         if bool(self.queue.pending_update):
             self.queue.update(online)
         embeddings = self.objective.embed(model, batch)
-        negatives, negative_ids = self.queue.negatives()
+        negatives, negative_ids, guide_rows = self.queue.negatives()
         # Cloned, so the in-place enqueue below never touches a tensor saved for backward.
-        queue = (negatives.clone(), negative_ids.clone()) if negatives.shape[0] else None
+        guided = None if guide_rows is None else guide_rows.clone()
+        queue = Queue(negatives.clone(), negative_ids.clone(), guided) if negatives.shape[0] else None
         loss = self.objective.loss(embeddings, batch, queue=queue)
         # The keys are encoded after the loss used the old queue: view 1 of each example
         # (the positives; in unsup the same sentence as view 0).
@@ -253,10 +262,13 @@ class MomentumQueueStep(ObjectiveStep):
             ids = batch["text_ids"][rows]
         else:  # masking off: the ids are never compared
             ids = torch.zeros(keys.shape[0], dtype=torch.int64, device=keys.device)
+        # The guide's rows of the keys, so the guide vets the queue's entries as it vets the batch's.
+        guide = batch["guide_rows"][rows] if "guide_rows" in batch else None
         if self.objective.loss_cfg.gather:  # every process keeps the same queue
             keys, _ = distributed.gather_with_grad(keys)
             ids = distributed.gather_labels(ids)
-        self.queue.enqueue(keys, ids)
+            guide = None if guide is None else distributed.gather_labels(guide)
+        self.queue.enqueue(keys, ids, guide)
         sync = getattr(self.accelerator, "sync_gradients", True) if self.accelerator is not None else True
         self.queue.pending_update.fill_(bool(sync))
         return backpropagate(loss, backward)

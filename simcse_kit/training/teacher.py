@@ -1,6 +1,7 @@
 """A stronger model's vectors of the training sentences, computed once and cached.
 
-Distillation (``loss.teacher``) needs the teacher's view of every training row. Running the
+Distillation (``loss.teacher``) needs the teacher's view of every training row, and the
+guide (``loss.guide``, which vets negatives) the guide's: both are such a table, made here. Running the
 teacher inside each step would cost a second, bigger forward per batch; instead each
 *distinct* training sentence is encoded once before training (batched, on the run's
 device, with a progress bar) into a table ``[U, D']``, and a batch carries each row's index
@@ -149,8 +150,9 @@ def load_teacher_table(
     max_seq_len: int | None = None,
     batch_size: int = 128,
     show_progress: bool = True,
+    config_key: str = "loss.teacher",
 ) -> TeacherTable:
-    """The teacher's vectors of ``texts``: from the cache, or encoded once and cached.
+    """The teacher's (or the guide's) vectors of ``texts``: from the cache, or encoded once and cached.
 
     Args:
         teacher: any model :func:`simcse_kit.model.inference.load_encoder` opens (a
@@ -161,21 +163,24 @@ def load_teacher_table(
         max_seq_len: the teacher's truncation (default its own).
         batch_size: sentences per forward.
         show_progress: a progress bar over the encoding.
+        config_key: the key that named the model (``loss.teacher`` or ``loss.guide``), for
+            errors and logs.
     """
+    role = config_key.rsplit(".", 1)[-1]
     start = time.perf_counter()
     key = teacher_key(teacher, texts, max_seq_len)
     path = Path(cache_dir or default_cache_dir()) / f"{key}.safetensors"
     index = {text: i for i, text in enumerate(texts)}
     vectors = _read_cache(path, texts) if path.is_file() else None
     if vectors is not None:
-        logger.info("teacher %s: %d sentences from the cache %s", teacher, len(texts), path)
+        logger.info("%s %s: %d sentences from the cache %s", role, teacher, len(texts), path)
         return TeacherTable(vectors, index, key, True, time.perf_counter() - start)
     try:
         encoder = load_encoder(teacher, max_seq_len=max_seq_len, device=str(device))
     except ConfigError as exc:
-        raise ConfigError(f"config key 'loss.teacher' = {teacher!r}: {exc}") from None
+        raise ConfigError(f"config key {config_key!r} = {teacher!r}: {exc}") from None
     blocks = []
-    bar = tqdm(total=len(texts), desc="teacher", unit="sent", disable=not show_progress)
+    bar = tqdm(total=len(texts), desc=role, unit="sent", disable=not show_progress)
     for first in range(0, len(texts), ENCODE_BLOCK):
         block = list(texts[first : first + ENCODE_BLOCK])
         blocks.append(encoder.encode(block, batch_size=batch_size).float().cpu())
@@ -185,7 +190,7 @@ def load_teacher_table(
     _write_cache(path, vectors, texts, teacher)
     seconds = time.perf_counter() - start
     width = vectors.shape[1]
-    logger.info("teacher %s: encoded %d sentences (%d wide) in %.1f s; cached at %s", teacher, len(texts), width, seconds, path)
+    logger.info("%s %s: encoded %d sentences (%d wide) in %.1f s; cached at %s", role, teacher, len(texts), width, seconds, path)
     return TeacherTable(vectors, index, key, False, seconds)
 
 
