@@ -1,4 +1,4 @@
-"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation), each a spec in :data:`TABLES`.
+"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation, multi), each a spec in :data:`TABLES`.
 
 Each row (a recipe, or its sentence-transformers peer: ``st_peers.py``) runs every learning rate for one
 seed, dev only; the best dev rate (never test) then runs ``--seeds``. Finished runs are reused.
@@ -85,11 +85,13 @@ _TEACHER_ROWS = {
     "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
 }
 _MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=True), "sup+mined": Row("hardneg", mined=True)}
+_MULTI_ROWS = {"kit-unsup": Row("unsup"), "kit-hardneg": Row("hardneg"), "kit-multi": Row("multi")}  # one dataset, four
 TABLES = {
     "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
     "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
     "teacher": Table(_TEACHER_ROWS, list(_TEACHER_ROWS), "1e-5,3e-5,1e-4", ("sick", "stsb"), ("base", "teacher")),
     "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
+    "multi": Table(_MULTI_ROWS, list(_MULTI_ROWS), trains_on=(SNLI,)),
 }
 
 
@@ -540,7 +542,7 @@ def main() -> None:
     record = build(args.table, args)
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    spec_view = {"sts": report.QUALITY, "mining": report.MINING}.get(args.table, report.DOMAIN)
+    spec_view = {"sts": report.QUALITY, "mining": report.MINING, "multi": report.MULTI}.get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 
