@@ -4,7 +4,6 @@ the recipe's errors, and ``--resume`` mid-epoch ending as an uninterrupted run."
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -106,3 +105,121 @@ def test_a_mixture_indexes_its_datasets_as_one_and_refuses_a_mixed_batch() -> No
     assert collate(mixture.__getitems__([0, 1])) == {"n": torch.tensor(2), DATASET_KEY: "wiki"}
     with pytest.raises(ValueError, match="one dataset"):
         collate([mixture[0], mixture[3]])
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_a_single_file_run_keeps_its_batch_order(tiny_run: TinyRun) -> None:
+    """A recipe without data.datasets draws exactly the order it always drew: per epoch the
+    DataLoader iterator's base seed, one ``randperm`` cut into batches (the last short one
+    dropped), then RandomSampler's discarded second draw, all from the seeded generator."""
+    from simcse_kit.training.inputs import load_training_data
+    from simcse_kit.training.run import make_loader
+
+    cfg = tiny_run.config("order", batch_size=6)
+    dataset = load_training_data(cfg)
+    texts = list(dataset["sent0"])
+    loader = make_loader(cfg, dataset, None, 1)
+    loader.collate_fn = lambda examples: [texts.index(e["sent0"]) for e in examples]
+    got = [batch for _ in range(2) for batch in loader]
+    generator, n, want = torch.Generator().manual_seed(cfg.train.seed), len(texts), []
+    for _ in range(2):
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        order = torch.randperm(n, generator=generator).tolist()
+        want += [order[i : i + 6] for i in range(0, n - n % 6, 6)]
+        torch.randperm(n, generator=generator)
+    assert len(set(texts)) == n and got == want
+
+
+def mixture_recipe(tiny_run: TinyRun, name: str, datasets: object, **train: object) -> Path:
+    """The tiny recipe with ``data.datasets``: ``train.txt`` (64 sentences, unsup) and
+    ``nli.csv`` (32 triplets, hardneg) beside it."""
+    recipe = tiny_run.recipe(name, **train)
+    sents = toy_sentences(100)
+    nli = tiny_run.folder / "nli.csv"
+    nli.write_text("sent0,sent1,hard_neg\n" + "".join(f"{sents[i]},{sents[i]} .,{sents[i + 50]}\n" for i in range(32)))
+    raw = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    raw["data"]["datasets"] = datasets
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return recipe
+
+
+TWO = {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "hardneg"}}
+
+
+def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_dir: Path) -> None:
+    """Through the run's loader: an unsup batch has 2 rows an example, a hardneg batch 3, and
+    the mixture's loss of each is that mode's objective's (not the other reading of the rows)."""
+    from transformers import AutoTokenizer
+
+    from simcse_kit.training.inputs import load_training_sets
+    from simcse_kit.training.mixture import MixtureObjective
+    from simcse_kit.training.objectives import SimCSEObjective
+    from simcse_kit.training.run import make_mixture_loader
+
+    cfg = load_config(mixture_recipe(tiny_run, "modes", TWO))
+    sets = load_training_sets(cfg)
+    loader = make_mixture_loader(cfg, sets, AutoTokenizer.from_pretrained(tiny_model_dir), 1)
+    objective = MixtureObjective({"wiki": SimCSEObjective("unsup", cfg.loss), "nli": SimCSEObjective("hardneg", cfg.loss)})
+    rows = {"wiki": 16, "nli": 24}
+    seen: Counter[str] = Counter()
+    torch.manual_seed(0)
+    for batch in loader:
+        name = batch[DATASET_KEY]
+        assert batch["input_ids"].shape[0] == rows[name]
+        embeddings = torch.randn(rows[name], 8)
+        own = SimCSEObjective("unsup" if name == "wiki" else "hardneg", cfg.loss).loss(embeddings, batch)
+        other = SimCSEObjective("sup", cfg.loss).loss(embeddings, batch)  # the rows read as pairs
+        assert torch.equal(objective.loss(embeddings, batch), own) and not torch.isclose(own, other)
+        objective.tally.add(name, rows[name] // (2 if name == "wiki" else 3), own)
+        seen[name] += 1
+    assert seen == {"wiki": 8, "nli": 4}
+    report = objective.tally.report()
+    assert report["wiki"]["examples"] == 64 and report["nli"]["examples"] == 32 and report["nli"]["batches"] == 4
+    assert objective.metrics()["nli/examples"] == 32.0
+
+
+def test_a_bad_dataset_entry_names_the_recipe_and_the_entry(tiny_run: TinyRun) -> None:
+    from simcse_kit.training.run import build_run
+
+    bad = mixture_recipe(tiny_run, "bad", {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "scored"}})
+    with pytest.raises(ConfigError, match=rf"{bad}: config key 'data.datasets' entry 'nli': mode 'scored': must be one of"):
+        load_config(bad)
+    typo = mixture_recipe(tiny_run, "typo", [{"file": "train.txt"}, {"file": "nli.csv", "mdoe": "hardneg"}])
+    unknown = r"entry 2 of the list: unknown key\(s\) \['mdoe'\]"
+    with pytest.raises(ConfigError, match=rf"{typo}: config key 'data.datasets' {unknown}"):
+        load_config(typo)
+    weight = mixture_recipe(tiny_run, "weight", TWO | {"nli": TWO["nli"] | {"weight": 2}})
+    with pytest.raises(ConfigError, match=rf"{weight}: config key 'data.datasets' entry 'nli': weight 2.0: only used with"):
+        load_config(weight)
+    missing = mixture_recipe(tiny_run, "missing", TWO | {"nli": {"file": "nope.csv", "mode": "hardneg"}})
+    with pytest.raises(ConfigError, match=r"entry 'nli': .*nope.csv: file not found"):
+        load_config(missing).check_data()
+    big = mixture_recipe(tiny_run, "big", TWO, batch_size=40)  # nli has 32 triplets
+    with pytest.raises(ConfigError, match=r"'train.batch_size' = 40: larger than data.datasets entry 'nli' \(32 example"):
+        build_run(load_config(big))
+
+
+@pytest.mark.slow
+def test_a_mixture_killed_mid_epoch_and_resumed_ends_as_an_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
+    """``simcse-kit train`` on two datasets, SIGKILLed after a checkpoint inside the first
+    epoch and resumed: the same per-dataset counts and losses, evaluations and weights."""
+    ref_recipe, cut_recipe = mixture_recipe(tiny_run, "ref", TWO), mixture_recipe(tiny_run, "cut", TWO)
+    ref_out, cut_out = tiny_run.folder / "ref", tiny_run.folder / "cut"
+    ref = subprocess.run(train_cmd(ref_recipe), env=ENV, capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    with (tmp_path / "killed.log").open("w") as log:
+        proc = subprocess.Popen(train_cmd(cut_recipe), env=ENV, stdout=subprocess.DEVNULL, stderr=log)
+        kill_when(proc, lambda: newest_step(cut_out) >= 4)
+    assert newest_step(cut_out) < 12  # inside the first epoch (8 + 4 batches)
+    done = subprocess.run(train_cmd(cut_recipe, "--resume"), env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stderr
+    want = run_metrics(ref_out)
+    # 3 epochs of 8 wiki and 4 nli batches of 8 examples.
+    assert {name: (d["batches"], d["examples"]) for name, d in want["datasets"].items()} == {"wiki": (24, 192), "nli": (12, 96)}
+    assert run_metrics(cut_out) == want
+    weights = load_file(str(ref_out / "best_model" / "model.safetensors"))
+    got = load_file(str(cut_out / "best_model" / "model.safetensors"))
+    assert all(torch.equal(weights[k], got[k]) for k in weights)
