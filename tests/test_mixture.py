@@ -4,7 +4,9 @@ the recipe's errors, and ``--resume`` mid-epoch ending as an uninterrupted run."
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -223,3 +225,29 @@ def test_a_mixture_killed_mid_epoch_and_resumed_ends_as_an_uninterrupted_run(tmp
     weights = load_file(str(ref_out / "best_model" / "model.safetensors"))
     got = load_file(str(cut_out / "best_model" / "model.safetensors"))
     assert all(torch.equal(weights[k], got[k]) for k in weights)
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_mixture_as_one(tiny_run: TinyRun) -> None:
+    """``torchrun`` on 2 processes against one, dropout 0, global batch 8: the same loss at
+    every step, the same weights and per-dataset counts and mean losses: each step's
+    dataset is the same on both processes and the gather combines rows of it."""
+    from test_multiprocess import TOL, assert_same_training, cli_args, launch, torchrun
+
+    options = {
+        "dropout": 0.0, "pooler": "avg", "batch_size": 8, "learning_rate": 1e-3, "max_steps": 6, "eval_steps": 0,
+        "eval_at_start": "false", "save_steps": 0, "final_eval": "false", "log_steps": 1, "report_to": "tensorboard",
+        "mask_false_negatives": "true",
+    }  # fmt: skip
+    one, two = tiny_run.folder / "one", tiny_run.folder / "two"
+    recipe = mixture_recipe(tiny_run, "procs", TWO)
+    single = [sys.executable, "-m", "simcse_kit.cli", "train", str(recipe), *cli_args(options | {"output_dir": one})]
+    launch([single], 1)
+    launch(torchrun(1, 2, recipe, options | {"output_dir": two}), 2)
+    assert_same_training(two, one, 6, tiny_run.model_dir)
+    want, got = (json.loads((out / "metrics.json").read_text())["datasets"] for out in (one, two))
+    counts = [{n: (d["batches"], d["examples"]) for n, d in run.items()} for run in (got, want)]
+    assert counts[0] == counts[1]
+    assert sum(d["batches"] for d in want.values()) == 6 and all(d["batches"] for d in want.values())
+    for name, row in want.items():
+        assert got[name]["mean_loss"] == pytest.approx(row["mean_loss"], rel=TOL)
