@@ -151,8 +151,9 @@ TWO = {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "hardne
 
 
 def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_dir: Path) -> None:
-    """Through the run's loader: an unsup batch has 2 rows an example, a hardneg batch 3, and
-    the mixture's loss of each is that mode's objective's (not the other reading of the rows)."""
+    """Through the run's loader: an unsup batch has 2 rows an example, a hardneg batch 3 and
+    one with 2 mined negatives 4, and the mixture's loss of each is that mode's objective's
+    (not the other reading of the rows)."""
     from transformers import AutoTokenizer
 
     from simcse_kit.training.inputs import load_training_sets
@@ -160,25 +161,34 @@ def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_di
     from simcse_kit.training.objectives import SimCSEObjective
     from simcse_kit.training.run import make_mixture_loader
 
-    cfg = load_config(mixture_recipe(tiny_run, "modes", TWO))
+    sents = toy_sentences(60)
+    rows = "".join(f"{sents[i]},{sents[i]} .,{sents[i + 20]},{sents[i + 40]}\n" for i in range(16))
+    (tiny_run.folder / "mined.csv").write_text("sent0,sent1,hard_neg_1,hard_neg_2\n" + rows, encoding="utf-8")
+    three = TWO | {"mined": {"file": "mined.csv", "mode": "hardneg"}}
+    cfg = load_config(mixture_recipe(tiny_run, "modes", three))
     sets = load_training_sets(cfg)
     loader = make_mixture_loader(cfg, sets, AutoTokenizer.from_pretrained(tiny_model_dir), 1)
-    objective = MixtureObjective({"wiki": SimCSEObjective("unsup", cfg.loss), "nli": SimCSEObjective("hardneg", cfg.loss)})
-    rows = {"wiki": 16, "nli": 24}
+    own = {
+        "wiki": SimCSEObjective("unsup", cfg.loss),
+        "nli": SimCSEObjective("hardneg", cfg.loss),
+        "mined": SimCSEObjective("hardneg", cfg.loss, negatives=2),
+    }
+    objective = MixtureObjective(own)
+    views = {"wiki": 2, "nli": 3, "mined": 4}
     seen: Counter[str] = Counter()
     torch.manual_seed(0)
     for batch in loader:
         name = batch[DATASET_KEY]
-        assert batch["input_ids"].shape[0] == rows[name]
-        embeddings = torch.randn(rows[name], 8)
-        own = SimCSEObjective("unsup" if name == "wiki" else "hardneg", cfg.loss).loss(embeddings, batch)
-        other = SimCSEObjective("sup", cfg.loss).loss(embeddings, batch)  # the rows read as pairs
-        assert torch.equal(objective.loss(embeddings, batch), own) and not torch.isclose(own, other)
-        objective.tally.add(name, rows[name] // (2 if name == "wiki" else 3), own)
+        assert batch["input_ids"].shape[0] == 8 * views[name]
+        embeddings = torch.randn(8 * views[name], 8)
+        want = own[name].loss(embeddings, batch)
+        other = SimCSEObjective("sup", cfg.loss).loss(embeddings[: 16 if name == "wiki" else 24], batch)  # read as pairs
+        assert torch.equal(objective.loss(embeddings, batch), want) and not torch.isclose(want, other)
+        objective.tally.add(name, 8, want)
         seen[name] += 1
-    assert seen == {"wiki": 8, "nli": 4}
+    assert seen == {"wiki": 8, "nli": 4, "mined": 2}
     report = objective.tally.report()
-    assert report["wiki"]["examples"] == 64 and report["nli"]["examples"] == 32 and report["nli"]["batches"] == 4
+    assert report["wiki"]["examples"] == 64 and report["nli"]["examples"] == 32 and report["mined"]["batches"] == 2
     assert objective.metrics()["nli/examples"] == 32.0
 
 
@@ -207,7 +217,8 @@ def test_a_bad_dataset_entry_names_the_recipe_and_the_entry(tiny_run: TinyRun) -
 def test_a_mixture_killed_mid_epoch_and_resumed_ends_as_an_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
     """``simcse-kit train`` on two datasets, SIGKILLed after a checkpoint inside the first
     epoch and resumed: the same per-dataset counts and losses, evaluations and weights."""
-    ref_recipe, cut_recipe = mixture_recipe(tiny_run, "ref", TWO), mixture_recipe(tiny_run, "cut", TWO)
+    tracked = {"report_to": ["tensorboard"]}
+    ref_recipe, cut_recipe = mixture_recipe(tiny_run, "ref", TWO, **tracked), mixture_recipe(tiny_run, "cut", TWO, **tracked)
     ref_out, cut_out = tiny_run.folder / "ref", tiny_run.folder / "cut"
     ref = subprocess.run(train_cmd(ref_recipe), env=ENV, capture_output=True, text=True, timeout=600)
     assert ref.returncode == 0, ref.stderr[-2000:]
@@ -222,6 +233,12 @@ def test_a_mixture_killed_mid_epoch_and_resumed_ends_as_an_uninterrupted_run(tmp
     # 3 epochs of 8 wiki and 4 nli batches of 8 examples.
     assert {name: (d["batches"], d["examples"]) for name, d in want["datasets"].items()} == {"wiki": (24, 192), "nli": (12, 96)}
     assert run_metrics(cut_out) == want
+    # The trackers get the same counts, step by step (the last log step: the run's end).
+    events = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    logs = events.EventAccumulator(str(ref_out / "logs" / "simcse-kit"))
+    logs.Reload()
+    assert logs.Scalars("train/nli/examples")[-1].value == 96
+    assert logs.Scalars("train/wiki/mean_loss")[-1].value == pytest.approx(want["datasets"]["wiki"]["mean_loss"], rel=1e-6)
     weights = load_file(str(ref_out / "best_model" / "model.safetensors"))
     got = load_file(str(cut_out / "best_model" / "model.safetensors"))
     assert all(torch.equal(weights[k], got[k]) for k in weights)

@@ -170,7 +170,7 @@ class DatasetSpec:
     """One dataset of a mixture (``data.datasets``): its file and how its examples are read and trained.
 
     A recipe gives each as a mapping with these keys (``file`` required), in a list or
-    under its name in a mapping of name -> spec (:func:`dataset_specs`).
+    under its name in a mapping of name -> spec (:func:`simcse_kit.config.values.dataset_specs`).
     """
 
     name: str = option("", "the dataset's name in logs and metrics.json (default: the mapping's key, else the file's stem)")

@@ -302,20 +302,21 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
     metrics["speed"] = speed | {"packing": cfg.model.packing}
     if run.objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", run.objective.masked_negatives)
+    trained = cfg.data.mode if cfg.data.datasets is None else " + ".join(dict.fromkeys(d.mode for d in cfg.data.datasets))
     have_best = (out / BEST_MODEL).is_dir()
     if accelerator.is_main_process:
         if not have_best:  # every evaluation non-finite or collapsed (warned at each)
             logger.warning(
                 "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
             )
-        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"{evaluator.dev_name}, {cfg.data.mode}")
+        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"{evaluator.dev_name}, {trained}")
         plot_training_curves(
             state.losses,
             state.evals,
             out / "training_curves.png",
             evaluator.primary_metric,
             state.best_step,
-            f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
+            f"{out.name}: {trained}, {Path(cfg.model.name_or_path).name}",
             label=evaluator.metric_label,
         )
         # The training's results first: the final table takes minutes on a CPU, and a stop
