@@ -239,6 +239,13 @@ def test_a_mixture_killed_mid_epoch_and_resumed_ends_as_an_uninterrupted_run(tmp
     logs.Reload()
     assert logs.Scalars("train/nli/examples")[-1].value == 96
     assert logs.Scalars("train/wiki/mean_loss")[-1].value == pytest.approx(want["datasets"]["wiki"]["mean_loss"], rel=1e-6)
+    # Its export's card names the datasets and their modes, not the unused data.train_file.
+    from simcse_kit.export import export_model
+
+    export_model(ref_out, tmp_path / "st")
+    card = (tmp_path / "st" / "README.md").read_text(encoding="utf-8")
+    assert f"wiki (`{tiny_run.folder / 'train.txt'}`, unsup), nli (`{tiny_run.folder / 'nli.csv'}`, hardneg)" in card
+    assert "SimCSE (unsup + hardneg)" in card
     weights = load_file(str(ref_out / "best_model" / "model.safetensors"))
     got = load_file(str(cut_out / "best_model" / "model.safetensors"))
     assert all(torch.equal(weights[k], got[k]) for k in weights)
