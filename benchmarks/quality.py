@@ -1,4 +1,4 @@
-"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation, guide), each a spec in :data:`TABLES`.
+"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation, guide, multi), each a spec in :data:`TABLES`.
 
 Each row (a recipe, or its sentence-transformers peer: ``st_peers.py``) runs every learning rate for one
 seed, dev only; the best dev rate (never test) then runs ``--seeds``. Finished runs are reused.
@@ -96,6 +96,7 @@ _GUIDE_ROWS = {
 _MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=1), "sup+mined": Row("hardneg", mined=1)}
 # k = 1 and k = 3 on the same rows: those with three qualifying candidates, the k = 1 run on each one's first
 _NEGATIVE_ROWS = {"hardneg-k1": Row("hardneg", mined=3, first=True), "hardneg-k3": Row("hardneg", mined=3)}
+_MULTI_ROWS = {"kit-unsup": Row("unsup"), "kit-hardneg": Row("hardneg"), "kit-multi": Row("multi")}  # one dataset, four
 TABLES = {
     "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
     "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
@@ -103,6 +104,7 @@ TABLES = {
     "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
     "negatives": Table(_NEGATIVE_ROWS, list(_NEGATIVE_ROWS), trains_on=(SNLI,)),
     "guide": Table(_GUIDE_ROWS, list(_GUIDE_ROWS), trains_on=(SNLI,)),
+    "multi": Table(_MULTI_ROWS, list(_MULTI_ROWS), trains_on=(SNLI,)),
 }
 
 
@@ -574,7 +576,7 @@ def main() -> None:
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
-    spec_view = views.get(args.table, report.DOMAIN)
+    spec_view = (views | {"multi": report.MULTI}).get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 

@@ -387,6 +387,13 @@ def _guide_verdict(kept: list[Record]) -> list[str]:
     ]
 
 
+def _multi_rows(rec: Record) -> Iterable[Row]:
+    for name, s in rec["results"].items():
+        m, sd, n = s["mean"], s["std"], len(s["per_seed"])
+        keys = (*STS, "best_stsb_dev", "retrieval:avg")
+        yield [name, str(n), *(_ms(m, sd, k, n) for k in keys), _best_step(s["per_seed"])]
+
+
 def _fixed(values: Iterable[float]) -> list[str]:
     return [f"{v:.2f}" for v in values]
 
@@ -420,6 +427,11 @@ GUIDE = Spec(
 NEGATIVES = Spec(
     "negatives", "negatives", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
     _mining_rows, after=_negatives_verdict,
+)  # fmt: skip
+MULTI = Spec(
+    "multi", "multi", f"config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step", _multi_rows,
+    "One dataset a run against all four in one run (`train/multi.yaml`); Spearman x 100 and nDCG@10 x 100 of the "
+    "built-in retrieval tasks, mean ± sample std over the seeds.",
 )  # fmt: skip
 RETRIEVAL = Spec(
     "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",
@@ -482,7 +494,7 @@ def gpu_headline() -> str:
 
 
 SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY)
-SPECS += (CORPUS, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
+SPECS += (MULTI, CORPUS, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

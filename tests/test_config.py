@@ -71,6 +71,12 @@ def test_every_recipe_loads_with_its_values(recipe: Path) -> None:
                 value = value.replace("{data_root}", cfg.data.data_root)
             if f"{section}.{key}" == "train.output_dir":  # read from the current folder, recorded absolute
                 value = str(Path.cwd() / value)
+            if f"{section}.{key}" == "data.datasets":  # name -> spec, each file resolved like train_file
+                root = str(REPO.parent / "shared" / "data")
+                value = {name: spec | {"file": spec["file"].replace("{data_root}", root)} for name, spec in value.items()}
+                got = {spec.name: {k: getattr(spec, k) for k in value[spec.name]} for spec in cfg.data.datasets}
+                assert got == value
+                continue
             assert getattr(getattr(cfg, section), key) == value, f"{section}.{key}"
 
 

@@ -115,6 +115,16 @@ class RunConfig:
         if self.loss.queue_size > 0:  # the momentum queue and GradCache each own the step
             ok = self.train.grad_cache_chunk == 0
             raise_first("train", self.train, [("grad_cache_chunk", ok, "0 with loss.queue_size > 0 (use one of them)")])
+        if self.data.datasets is not None:
+            # Not yet with a mixture: each wraps one objective of one mode (a queue's keys, GradCache's
+            # chunks of whole examples, a teacher's or a guide's table of one file's sentences).
+            raise_first("train", self.train, [("grad_cache_chunk", self.train.grad_cache_chunk == 0, "0 with data.datasets")])
+            unsupported = [
+                ("queue_size", self.loss.queue_size == 0, "0 with data.datasets"),
+                ("teacher", self.loss.teacher is None, "null with data.datasets"),
+                ("guide", self.loss.guide is None, "null with data.datasets"),
+            ]
+            raise_first("loss", self.loss, unsupported)
         if self.data.mode == "scored" and self.loss.score_weight == 1:
             # No InfoNCE term then: what only feeds it would be silently unused.
             unused = [
@@ -129,6 +139,8 @@ class RunConfig:
         """Check the data paths exist before anything is loaded; raise ConfigError naming
         the key, the path tried and how the data root is set."""
         for key in self.data.path_keys():
+            if key == "train_file" and self.data.datasets is not None:  # unused: the datasets' files are checked below
+                continue
             path = Path(getattr(self.data, key))
             folder = key == "eval_data_dir"
             if not (path.is_dir() if folder else path.exists()):
@@ -138,6 +150,9 @@ class RunConfig:
                     else "relative paths in a recipe are read from its folder, on the command line from the current one"
                 )
                 raise ConfigError(f"config key 'data.{key}': {path}: {'folder' if folder else 'file'} not found ({hint})")
+        for spec in self.data.datasets or []:
+            if not spec.file.startswith(HUB_PREFIX) and not Path(spec.file).is_file():
+                raise ConfigError(f"config key 'data.datasets' entry {spec.name!r}: {spec.file}: file not found")
         # Folders the run will create: one under a file could never be made (NotADirectoryError
         # after the data and model were loaded), and a cache folder that is a file never written.
         for key, value in (
@@ -239,7 +254,12 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         from_recipe.discard(index[norm])
     recipe_dir = path.resolve().parent if path is not None else None
     _resolve_paths(cfg, {key: recipe_dir for key in from_recipe})
-    return cfg.validate()
+    try:
+        return cfg.validate()
+    except ConfigError as exc:
+        if path is None or "data.datasets" not in from_recipe or not str(exc).startswith("config key 'data.datasets'"):
+            raise
+        raise ConfigError(f"{path}: {exc}") from None  # a dataset entry is the recipe's: name the file too
 
 
 def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
@@ -257,7 +277,9 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
     for key in keys:
         if not getattr(data, key).strip():  # "" would resolve to the current folder
             raise ConfigError(f"config key 'data.{key}' = '': an empty path; give a file or folder")
-    if any(DATA_ROOT in getattr(data, key) for key in keys):
+    # data.datasets' files are resolved as train_file is, from the recipe's folder where it lists them.
+    specs = [spec for spec in data.datasets or [] if not spec.file.startswith(HUB_PREFIX)]
+    if any(DATA_ROOT in getattr(data, key) for key in keys) or any(DATA_ROOT in spec.file for spec in specs):
         # --data-root (a command-line override) > SIMCSE_KIT_DATA > the recipe's > the default.
         root: Path | None
         if data.data_root is not None and "data.data_root" not in recipe_keys:
@@ -268,15 +290,18 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
             root = absolute(data.data_root, base("data.data_root"))
         else:
             root = default_data_root()
-        for key in keys:
-            value = getattr(data, key)
+        named = [(f"data.{key}", getattr(data, key)) for key in keys]
+        named += [(f"data.datasets' entry {spec.name!r} file", spec.file) for spec in specs]
+        for what, value in named:
             if DATA_ROOT in value and root is None:
-                raise ConfigError(f"config key 'data.{key}' = {value!r} needs a data root, and none is set: {DATA_ROOT_HINT}")
+                raise ConfigError(f"config key '{what}' = {value!r} needs a data root, and none is set: {DATA_ROOT_HINT}")
         data.data_root = str(root)
     elif data.data_root is not None:
         data.data_root = str(absolute(data.data_root, base("data.data_root")))
     for key in keys:
         setattr(data, key, str(absolute(getattr(data, key).replace(DATA_ROOT, data.data_root or ""), base(f"data.{key}"))))
+    for spec in specs:
+        spec.file = str(absolute(spec.file.replace(DATA_ROOT, data.data_root or ""), base("data.datasets")))
     name = cfg.model.name_or_path
     folder = base("model.name_or_path") or Path.cwd()
     if name.startswith((".", "~")) or (folder / name).exists():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from simcse_kit.core import modes
@@ -31,6 +31,10 @@ POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "las
 MLP_MODES = ("none", "train", "always")
 MODES = tuple(modes.TABLE)  # simcse_kit.core.modes: one row per mode
 PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.sts_readers.PAIR_READERS maps each to its reader
+# data.datasets: the modes a dataset of a mixture may have (scored needs its own score_range:
+# one file's concern), and how batches are drawn among the datasets (simcse_kit.data.mixture).
+MIXTURE_MODES = ("unsup", "sup", "hardneg")
+SAMPLINGS = ("proportional", "round_robin", "weighted")
 DEV_FORMATS = (*PAIR_FORMATS, "beir")
 TEACHER_LOSSES = ("similarity", "embedding")  # simcse_kit.training.objectives.TeacherTargets.kind
 SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
@@ -164,6 +168,42 @@ class ModelConfig:
 
 
 @dataclass
+class DatasetSpec:
+    """One dataset of a mixture (``data.datasets``): its file and how its examples are read and trained.
+
+    A recipe gives each as a mapping with these keys (``file`` required), in a list or
+    under its name in a mapping of name -> spec (:func:`simcse_kit.config.values.dataset_specs`).
+    """
+
+    name: str = option("", "the dataset's name in logs and metrics.json (default: the mapping's key, else the file's stem)")
+    file: str = option("", 'file path ("{data_root}/..." or relative to the recipe), or "hub:<dataset id>"')
+    format: str = option("auto", '"auto" (by mode and suffix), or "stsb" / "sick": a scored pair file read as its sentences')
+    mode: str = option("unsup", one_of(MIXTURE_MODES))
+    prompts: dict[str, str] | None = option(None, "this dataset's training prompts (default: data.prompts)")
+    weight: float | None = option(None, "its share of the batches with data.sampling weighted (default 1)")
+    max_train_samples: int | None = option(None, "use only its first N examples (None: all)")
+
+    def problems(self) -> list[str]:
+        """What is wrong with the spec's values, each as ``key ...: must be ...``; empty when none."""
+        out = []
+        if not self.file.strip():
+            out.append("file: missing; give the dataset's file (or hub:<id>)")
+        if self.mode not in MIXTURE_MODES:
+            out.append(f"mode {self.mode!r}: must be one of {MIXTURE_MODES}")
+        if self.format not in (AUTO, *PAIR_FORMATS):
+            out.append(f"format {self.format!r}: must be 'auto' or one of {PAIR_FORMATS}")
+        elif self.format != AUTO and self.mode != "unsup":
+            out.append(f"format {self.format!r}: only with mode 'unsup' (the pair file's sentences)")
+        if self.weight is not None and not (math.isfinite(self.weight) and self.weight > 0):
+            out.append(f"weight {self.weight!r}: must be > 0")
+        if self.max_train_samples is not None and self.max_train_samples < 2:
+            out.append(f"max_train_samples {self.max_train_samples!r}: must be >= 2 (or null for all)")
+        if self.prompts is not None and not set(self.prompts) <= set(modes.PROMPT_NAMES):
+            out.append(f"prompts {self.prompts!r}: must be a mapping with keys among {modes.PROMPT_NAMES}")
+        return out
+
+
+@dataclass
 class DataConfig:
     """Training data and the STS data used for dev selection."""
 
@@ -224,6 +264,19 @@ class DataConfig:
         "and written into the export (docs/retrieval.md).",
     )
 
+    datasets: list[DatasetSpec] | None = option(
+        None,
+        "Several datasets in one run, each batch from one of them (docs/data.md): a list of specs, or a mapping of "
+        "name -> spec, each with file, format, mode (unsup, sup, hardneg), prompts, weight, max_train_samples. Replaces "
+        "train_file, train_format, mode and max_train_samples, which are then unused.",
+    )
+    sampling: str = option(
+        "proportional",
+        f"with data.datasets, which dataset each batch is drawn from ({one_of(SAMPLINGS)}): proportional, every full "
+        "batch of every dataset once an epoch in a shuffled order; round_robin, the datasets in turn, as many batches "
+        "from each as the smallest has; weighted, as many batches as proportional shared by the datasets' weights.",
+    )
+
     def path_keys(self) -> list[str]:
         """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
         keys = ("train_file", "eval_data_dir", *OPTIONAL_DATA_PATHS)
@@ -262,7 +315,15 @@ class DataConfig:
             names = modes.PROMPT_NAMES
             ok = set(self.prompts) <= set(names)
             rules.append(("prompts", ok, f"a mapping with keys among {names}, e.g. {{query: 'query: '}}"))
+        rules.append(("sampling", self.sampling in SAMPLINGS, one_of(SAMPLINGS)))
+        if self.datasets is not None:
+            rules += [
+                ("mix_ratio", self.mix_ratio == 0, "0 with data.datasets (list the general corpus as one more dataset)"),
+                ("word_repetition", self.word_repetition == 0, "0 with data.datasets"),
+            ]
         raise_first("data", self, rules)
+        if self.datasets is not None:
+            check_datasets(self.datasets, self.sampling)
 
 
 @dataclass
@@ -493,3 +554,29 @@ class TrainConfig(LoopConfig):
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
             rules.append(("mmap_threshold_mib", 1 <= self.mmap_threshold_mib <= 32, "in [1, 32] or null"))
         raise_first("train", self, rules)
+
+
+def check_datasets(specs: list[DatasetSpec], sampling: str) -> None:
+    """The checks of ``data.datasets`` as a whole: at least one, distinct names, each spec's
+    values (:meth:`DatasetSpec.problems`), weights only where they are used.
+
+    Raises:
+        ConfigError: ``config key 'data.datasets' entry 'name': ...``.
+    """
+    if not specs:
+        raise ConfigError("config key 'data.datasets' = []: list at least one dataset (or leave it null)")
+    seen: set[str] = set()
+    for spec in specs:
+        where = f"config key 'data.datasets' entry {spec.name!r}"
+        if spec.name in seen:
+            raise ConfigError(f"{where}: the name is given twice; each dataset needs its own name")
+        seen.add(spec.name)
+        problems = spec.problems()
+        if spec.weight is not None and sampling != "weighted":
+            problems.append(f"weight {spec.weight!r}: only used with data.sampling weighted (data.sampling is {sampling!r})")
+        if problems:
+            raise ConfigError(f"{where}: {problems[0]}")
+
+
+
+DATASET_KEYS = tuple(f.name for f in fields(DatasetSpec))

@@ -9,13 +9,15 @@ YAML loader of recipes, which refuses a key given twice.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from simcse_kit.config.sections import AUTO
+from simcse_kit.config.sections import AUTO, DATASET_KEYS, DatasetSpec
 from simcse_kit.errors import ConfigError
 
 __all__ = ["DuplicateKeyError", "RecipeShapeError", "UniqueKeyLoader", "check_type", "parse_value", "yaml_scalar"]
@@ -32,9 +34,10 @@ class _Mismatch(ValueError):
             not of the type, which :func:`parse_value` says with the type as written.
     """
 
-    def __init__(self, expected: str | None = None) -> None:
+    def __init__(self, expected: str | None = None, entry: str | None = None) -> None:
         super().__init__(expected or "is not of its key's type")
         self.expected = expected
+        self.entry = entry  # a list's or mapping's entry at fault: the message names it, not the whole value
 
 
 def yaml_scalar(text: str) -> Any:
@@ -62,6 +65,8 @@ def check_type(value: Any, kind: Any) -> Any:
         if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
             return dict(value)
         raise _Mismatch("must be a mapping of names to texts, e.g. {query: 'query: '}")
+    if typing.get_origin(kind) is list and typing.get_args(kind) == (DatasetSpec,):
+        return dataset_specs(value)
     if typing.get_origin(kind) is list:  # a YAML list, or "a,b" on the command line
         (item,) = typing.get_args(kind)
         what = "names" if item is str else f"{item.__name__}s"
@@ -123,7 +128,56 @@ def parse_value(value: Any, annotation: Any, declared: str, key: str, source: st
         return check_type(parsed, kind)
     except _Mismatch as exc:
         expected = f"is not a valid {declared}" if exc.expected is None else exc.expected
+        if exc.entry is not None:
+            raise ConfigError(f"{source}: config key {key!r} entry {exc.entry}: {expected}") from None
         raise ConfigError(f"{source}: config key {key!r} = {value!r} {expected}") from None
+
+
+def dataset_specs(value: Any) -> list[DatasetSpec]:
+    """``data.datasets`` as a recipe writes it, a list of mappings or a mapping of name ->
+    mapping, as :class:`~simcse_kit.config.sections.DatasetSpec` s; a list entry without a
+    ``name`` is named by its file's stem. Each value is checked against its field's type
+    and the spec's rules (:meth:`~simcse_kit.config.sections.DatasetSpec.problems`).
+
+    Raises:
+        _Mismatch: naming the entry (its name, else its place in the list) and the problem.
+    """
+    if isinstance(value, str) and value.strip().startswith(("[", "{")):  # written inline on the command line
+        value = yaml_scalar(value)
+    entries: list[tuple[str, Any, str | None]]
+    if isinstance(value, dict):
+        entries = [(repr(str(name)), spec, str(name)) for name, spec in value.items()]
+    elif isinstance(value, list):
+        entries = [(f"{i + 1} of the list", spec, None) for i, spec in enumerate(value)]
+    else:
+        raise _Mismatch("must be a list of datasets or a mapping of name -> dataset (docs/data.md)")
+    hints = typing.get_type_hints(DatasetSpec)
+    specs: list[DatasetSpec] = []
+    for label, spec, name in entries:
+        if not isinstance(spec, dict):
+            raise _Mismatch(f"must be a mapping with keys {list(DATASET_KEYS)}, got {spec!r}", label)
+        unknown = sorted(str(k) for k in spec if k not in DATASET_KEYS)
+        if unknown:
+            raise _Mismatch(f"unknown key(s) {unknown}; a dataset has {list(DATASET_KEYS)}", label)
+        if name is not None and spec.get("name", name) != name:
+            raise _Mismatch(f"name {spec['name']!r} differs from its key; give the name once", label)
+        values: dict[str, Any] = {"name": name or Path(str(spec.get("file", ""))).stem} | {
+            k: v for k, v in spec.items() if k != "name" or name is None
+        }
+        fields = {f.name: str(f.type) for f in dataclasses.fields(DatasetSpec)}
+        for key, given in values.items():
+            try:
+                values[key] = parse_value(given, hints[key], fields[key], key, "")
+            except ConfigError:
+                raise _Mismatch(f"{key} = {given!r} is not a valid {fields[key]}", label) from None
+        made = DatasetSpec(**values)
+        if any(spec.name == made.name for spec in specs):
+            raise _Mismatch("the name is given twice; each dataset needs its own name", repr(made.name))
+        problems = made.problems()
+        if problems:
+            raise _Mismatch(problems[0], label if name is None else repr(made.name))
+        specs.append(made)
+    return specs
 
 
 # A recipe is a few dozen values; aliases expanding past this are nested aliases (a

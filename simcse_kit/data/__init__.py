@@ -1,2 +1,3 @@
 """Training data: the readers of text, CSV and JSONL files and the collator (``readers``),
-and the loader settings for the device (``pipeline``)."""
+several datasets in one run, each batch from one (``mixture``), and the loader settings for
+the device (``pipeline``)."""

@@ -173,13 +173,17 @@ def model_card(source: ExportSource, result: ExportResult, dim: int) -> str:
     base = source.base_model or "unknown"
     mode = str(data_cfg.get("mode", meta.get("mode", "unknown")))
     train_file = str(data_cfg.get("train_file", meta.get("train_file", "unknown")))
+    limit = data_cfg.get("max_train_samples")
+    training_data = f"`{train_file}`" + (f" (first {limit} examples)" if limit else "")
+    if data_cfg.get("datasets"):  # several datasets (data.datasets): theirs, not the unused train_file's
+        mode = " + ".join(dict.fromkeys(str(d["mode"]) for d in data_cfg["datasets"]))
+        training_data = ", ".join(f"{d['name']} (`{d['file']}`, {d['mode']})" for d in data_cfg["datasets"])
     hub = hub_id(base)
     reason = result.normalize_reason
     if result.normalize:
         similarity = f"cosine; embeddings are L2-normalised (`Normalize`: {reason}), so dot product = cosine"
     else:
         similarity = f"cosine (embeddings are not normalised: {reason})"
-    limit = data_cfg.get("max_train_samples")
     sts = metrics.get("sts")
     card = fill(
         "card",
@@ -196,7 +200,7 @@ def model_card(source: ExportSource, result: ExportResult, dim: int) -> str:
         max_seq_len=meta["max_seq_len"],
         similarity=similarity,
         backends=", ".join(["torch", *result.onnx_files]),
-        training_data=f"`{train_file}`" + (f" (first {limit} examples)" if limit else ""),
+        training_data=training_data,
         training_rows=training_rows(source) or None,
         recipe=fill("recipe", config=yaml.safe_dump(cfg, sort_keys=False).rstrip()) if cfg else None,
         evaluation=fill("sts_table", table=format_table(sts)) if sts else fill("no_sts_table"),

@@ -41,32 +41,52 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
     ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
     memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`)."""
     data = cfg.data
-    sentences = None
-    if data.train_format != "auto" and data.mode == "scored":
-        pairs = PAIR_READERS[data.train_format](data.train_file, bounds=data.score_range)
-        dataset = scored_dataset(pairs.sentences1, pairs.sentences2, pairs.scores.tolist(), data.score_range)
-        if data.max_train_samples is not None:
-            dataset = dataset.select(range(min(data.max_train_samples, len(dataset))))
-        logger.info("loaded %d scored pairs (%s) from %s", len(dataset), data.train_format, data.train_file)
-    else:
-        if data.train_format != "auto":
-            pairs = PAIR_READERS[data.train_format](data.train_file)
-            sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
-        dataset = load_train_dataset(
-            data.train_file,
-            data.mode,
-            data.max_train_samples,
-            sentences=sentences,
-            bad_rows=data.bad_rows,
-            cache_dir=data.cache_dir,
-            score_range=data.score_range,
-        )
+    dataset = read_training_file(cfg, data.train_file, data.train_format, data.mode, data.max_train_samples)
     if data.mix_file is not None and data.mix_ratio > 0:
         general = load_train_dataset(
             data.mix_file, data.mode, bad_rows=data.bad_rows, cache_dir=data.cache_dir, score_range=data.score_range
         )
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset
+
+
+def load_training_sets(cfg: RunConfig) -> dict[str, datasets.Dataset]:
+    """``data.datasets``, each read as a single-file run reads its ``train_file``
+    (:func:`read_training_file` with the entry's file, format, mode and sample limit), by name."""
+    if cfg.data.datasets is None:
+        raise ValueError("load_training_sets: the config has no data.datasets (load_training_data reads train_file)")
+    sets = {}
+    for spec in cfg.data.datasets:
+        sets[spec.name] = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples)
+        logger.info("dataset %r: %d examples (%s) from %s", spec.name, len(sets[spec.name]), spec.mode, spec.file)
+    return sets
+
+
+def read_training_file(cfg: RunConfig, path: str, fmt: str, mode: str, max_samples: int | None) -> datasets.Dataset:
+    """One training file in ``mode``: with ``fmt`` stsb/sick a scored pair file (its pairs
+    and scores in ``scored``, else its distinct sentences), otherwise by suffix
+    (:func:`~simcse_kit.data.readers.load_train_dataset`)."""
+    data = cfg.data
+    sentences = None
+    if fmt != "auto" and mode == "scored":
+        pairs = PAIR_READERS[fmt](path, bounds=data.score_range)
+        dataset = scored_dataset(pairs.sentences1, pairs.sentences2, pairs.scores.tolist(), data.score_range)
+        if max_samples is not None:
+            dataset = dataset.select(range(min(max_samples, len(dataset))))
+        logger.info("loaded %d scored pairs (%s) from %s", len(dataset), fmt, path)
+        return dataset
+    if fmt != "auto":
+        pairs = PAIR_READERS[fmt](path)
+        sentences = list(dict.fromkeys(s for pair in zip(pairs.sentences1, pairs.sentences2, strict=True) for s in pair))
+    return load_train_dataset(
+        path,
+        mode,
+        max_samples,
+        sentences=sentences,
+        bad_rows=data.bad_rows,
+        cache_dir=data.cache_dir,
+        score_range=data.score_range,
+    )
 
 
 def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTargets, TeacherTable] | None:

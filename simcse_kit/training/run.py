@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from simcse_kit.config.run import RunConfig
 from simcse_kit.core.batch import view_prompts
+from simcse_kit.data.mixture import Mixture, MixtureBatches, MixtureCollator
 from simcse_kit.data.pipeline import ShuffledIndices, loader_options
 from simcse_kit.data.readers import ContrastiveCollator, negatives_of, skipped_rows
 from simcse_kit.errors import ConfigError
@@ -53,8 +54,9 @@ from simcse_kit.training.folder import (
     with_device_defaults,
 )
 from simcse_kit.training.guards import AfterTrainingSignals, StopSignals
-from simcse_kit.training.inputs import load_checked_tokenizer, load_guide, load_teacher, load_training_data
+from simcse_kit.training.inputs import load_checked_tokenizer, load_guide, load_teacher, load_training_data, load_training_sets
 from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare
+from simcse_kit.training.mixture import MixtureObjective
 from simcse_kit.training.momentum_queue import MomentumQueue
 from simcse_kit.training.objectives import SimCSEObjective
 from simcse_kit.training.selection import LEGACY_DEV_LABEL, LEGACY_DEV_METRIC, metric_label
@@ -101,7 +103,7 @@ class Run(Prepared):
     precision: PrecisionChoice | None
     heap: HeapChoice
     tokenizer: Any
-    objective: SimCSEObjective
+    objective: SimCSEObjective | MixtureObjective
     step: Step
     evaluator: ModelEvaluator | None
     final_sts: STSEvaluator | None
@@ -162,10 +164,19 @@ def build_run(
             each batch.
     """
     from_files = dataset is None
-    dataset = load_training_data(cfg) if dataset is None else dataset
+    sets = load_training_sets(cfg) if from_files and cfg.data.datasets is not None else None
+    dataset = (load_training_data(cfg) if sets is None else None) if dataset is None else dataset
     # Legal, but every step would be the whole set: surely a typo. (A dataset given in code,
-    # a benchmark's few sentences repeated in one batch, is the caller's choice.)
-    if from_files and cfg.train.batch_size > len(dataset):
+    # a benchmark's few sentences repeated in one batch, is the caller's choice.) Of a mixture,
+    # every dataset must fill a batch: each batch is one dataset's.
+    sizes = {name: len(part) for name, part in sets.items()} if sets is not None else {}
+    for name, size in sizes.items():
+        if cfg.train.batch_size > size:
+            raise ConfigError(
+                f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than data.datasets entry {name!r} "
+                f"({size} example(s)); each batch is drawn from one dataset: use a batch of at most {min(sizes.values())}"
+            )
+    if dataset is not None and from_files and cfg.train.batch_size > len(dataset):
         raise ConfigError(
             f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than the training set "
             f"({len(dataset)} example(s) in {cfg.data.train_file}); use a batch of at most {len(dataset)}"
@@ -189,8 +200,8 @@ def build_run(
     cfg = replace(cfg, train=train_cfg)
     # The teacher's vectors too (encoded once, or read from the cache): a teacher that
     # does not load, or cannot match the student, fails before the run folder exists.
-    teacher = load_teacher(cfg, dataset)
-    guide = load_guide(cfg, dataset, teacher[1] if teacher else None)  # the same, for the guide that vets negatives
+    teacher = load_teacher(cfg, dataset) if dataset is not None else None  # RunConfig.validate: none with data.datasets
+    guide = load_guide(cfg, dataset, teacher[1] if teacher else None) if dataset is not None else None  # vets negatives
     out = Path(cfg.train.output_dir)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
@@ -210,23 +221,41 @@ def build_run(
         },
     )
     model = build_model(cfg)
-    negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
-    objective = SimCSEObjective(
-        cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None, negatives=negatives, guide=guide[0] if guide else None
-    )
-    loader = make_loader(
-        cfg,
-        dataset,
-        tokenizer,
-        accelerator.num_processes,
-        accelerator.device,
-        teacher[1].index if teacher else None,
-        guide[1].index if guide else None,
-    )
+    objective: SimCSEObjective | MixtureObjective
+    if dataset is not None:
+        negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
+        objective = SimCSEObjective(
+            cfg.data.mode,
+            cfg.loss,
+            teacher=teacher[0] if teacher else None,
+            negatives=negatives,
+            guide=guide[0] if guide else None,
+        )
+        loader = make_loader(
+            cfg,
+            dataset,
+            tokenizer,
+            accelerator.num_processes,
+            accelerator.device,
+            teacher[1].index if teacher else None,
+            guide[1].index if guide else None,
+        )
+        extra: dict[str, Any] = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
+    else:
+        assert sets is not None and cfg.data.datasets is not None
+        modes_of = {spec.name: spec.mode for spec in cfg.data.datasets}
+        per_dataset = {
+            name: SimCSEObjective(modes_of[name], cfg.loss, negatives=negatives_of(part.column_names))
+            for name, part in sets.items()
+        }
+        objective = MixtureObjective(per_dataset, accelerator.num_processes)
+        accelerator.register_for_checkpointing(objective.tally)  # --resume reports what an uninterrupted run does
+        loader = make_mixture_loader(cfg, sets, tokenizer, accelerator.num_processes, accelerator.device)
+        files = {spec.name: spec.file for spec in cfg.data.datasets}
+        extra = {"base_model": cfg.model.name_or_path, "mode": "mixture", "datasets": modes_of, "train_file": files}
     if wrap_collate is not None:
         loader.collate_fn = wrap_collate(loader.collate_fn)
     step = make_step(cfg, model, objective, accelerator)
-    extra: dict[str, Any] = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
         extra["prompts"] = cfg.data.prompts
     # The best model records what selected it (no evaluator, evaluate=False: never saved).
@@ -244,7 +273,8 @@ def build_run(
         **vars(prepare(model, loader, cfg.train, accelerator)),
         cfg=cfg, recorded=recorded, precision=precision, heap=heap, tokenizer=tokenizer, objective=objective, step=step,
         evaluator=evaluator, final_sts=final_sts, checkpoints=checkpoints, teacher=teacher[1] if teacher else None, tf32=tf32,
-        skipped_rows=skipped_rows(dataset), guide=guide[1] if guide else None,
+        skipped_rows=sum(skipped_rows(part) for part in (sets or {}).values()) if dataset is None else skipped_rows(dataset),
+        guide=guide[1] if guide else None,
     )
 
 
@@ -253,7 +283,15 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
     cfg, accelerator, evaluator = run.cfg, run.accelerator, run.evaluator
     if evaluator is None:
         raise ValueError("finish: the run was built without its dev evaluator (build_run(evaluate=False))")
-    metrics = run_metrics(state, run.objective.views_per_example(), run.objective.masked_negatives, evaluator)
+    objective = run.objective
+    if isinstance(objective, MixtureObjective):
+        examples = objective.examples_seen()  # the views per example differ between the datasets
+    else:
+        examples = state.rows_seen // objective.views_per_example()
+    metrics = run_metrics(state, examples, objective.masked_negatives, evaluator)
+    if isinstance(objective, MixtureObjective):
+        metrics["datasets"] = objective.tally.report()  # per dataset: batches, examples, mean loss
+        metrics["sampling"] = cfg.data.sampling
     metrics["precision"] = (
         asdict(run.precision)
         if run.precision is not None
@@ -277,7 +315,7 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             "cache_hit": table.cache_hit,
             "seconds": table.seconds,
         }
-    if run.guide is not None:
+    if run.guide is not None and isinstance(run.objective, SimCSEObjective):  # RunConfig.validate: no guide with data.datasets
         loss = cfg.loss
         metrics["guide"] = {
             "model": loss.guide,
@@ -294,20 +332,21 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
     metrics["speed"] = speed | {"packing": cfg.model.packing}
     if run.objective.masking:
         logger.info("false-negative masking removed %d (anchor, candidate) entries", run.objective.masked_negatives)
+    trained = cfg.data.mode if cfg.data.datasets is None else " + ".join(dict.fromkeys(d.mode for d in cfg.data.datasets))
     have_best = (out / BEST_MODEL).is_dir()
     if accelerator.is_main_process:
         if not have_best:  # every evaluation non-finite or collapsed (warned at each)
             logger.warning(
                 "no best model was saved: no evaluation gave a usable %s; no final STS table", evaluator.primary_metric
             )
-        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"{evaluator.dev_name}, {cfg.data.mode}")
+        plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"{evaluator.dev_name}, {trained}")
         plot_training_curves(
             state.losses,
             state.evals,
             out / "training_curves.png",
             evaluator.primary_metric,
             state.best_step,
-            f"{out.name}: {cfg.data.mode}, {Path(cfg.model.name_or_path).name}",
+            f"{out.name}: {trained}, {Path(cfg.model.name_or_path).name}",
             label=evaluator.metric_label,
         )
         # The training's results first: the final table takes minutes on a CPU, and a stop
@@ -414,19 +453,8 @@ def make_loader(
         "on" if options.pin_memory else "off (not CUDA)",
     )
     per_process = cfg.train.batch_size // num_processes
-    negatives = negatives_of(dataset.column_names)
-    collator = ContrastiveCollator(
-        tokenizer,
-        cfg.data.mode,
-        cfg.model.max_seq_len,
-        with_text_ids=cfg.loss.mask_false_negatives,
-        prompts=view_prompts(cfg.data.prompts, cfg.data.mode, negatives),
-        negatives=negatives,
-        word_repetition=cfg.data.word_repetition,
-        seed=cfg.train.seed,
-        teacher_index=teacher_index,
-        guide_index=guide_index,
-        packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
+    collator = make_collator(
+        cfg, tokenizer, cfg.data.mode, cfg.data.prompts, negatives_of(dataset.column_names), teacher_index, guide_index
     )
     generator = torch.Generator().manual_seed(cfg.train.seed)
     return DataLoader(
@@ -441,13 +469,76 @@ def make_loader(
     )
 
 
-def make_step(cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective, accelerator: Accelerator) -> Step:
+def make_collator(
+    cfg: RunConfig,
+    tokenizer: Any,
+    mode: str,
+    prompts: Mapping[str, str] | None,
+    negatives: int,
+    teacher_index: Mapping[str, int] | None = None,
+    guide_index: Mapping[str, int] | None = None,
+) -> ContrastiveCollator:
+    """The collator of a dataset in ``mode`` with ``negatives`` hard negatives per example and
+    these ``prompts``; the rest (lengths, text ids, the packing plan) from ``cfg``."""
+    return ContrastiveCollator(
+        tokenizer,
+        mode,
+        cfg.model.max_seq_len,
+        with_text_ids=cfg.loss.mask_false_negatives,
+        prompts=view_prompts(prompts, mode, negatives),
+        negatives=negatives,
+        word_repetition=cfg.data.word_repetition,
+        seed=cfg.train.seed,
+        teacher_index=teacher_index,
+        guide_index=guide_index,
+        packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
+    )
+
+
+def make_mixture_loader(
+    cfg: RunConfig, sets: Mapping[str, datasets.Dataset], tokenizer: Any, num_processes: int, device: torch.device | str = "cpu"
+) -> DataLoader:
+    """:func:`make_loader` for ``data.datasets``: each global batch from one dataset, drawn by
+    ``data.sampling`` (:class:`~simcse_kit.data.mixture.MixtureBatches`, from the loader's
+    seeded generator, which the loop checkpoints) and collated in that dataset's mode with its
+    prompts (``data.prompts`` where it has none)."""
+    assert cfg.data.datasets is not None
+    specs = {spec.name: spec for spec in cfg.data.datasets}
+    options = loader_options(device)
+    collators = {
+        name: make_collator(
+            cfg, tokenizer, specs[name].mode, specs[name].prompts or cfg.data.prompts, negatives_of(part.column_names)
+        )
+        for name, part in sets.items()
+    }
+    mixture = Mixture(sets)
+    generator = torch.Generator().manual_seed(cfg.train.seed)
+    weights = [specs[name].weight or 1.0 for name in sets] if cfg.data.sampling == "weighted" else None
+    batches = MixtureBatches(mixture.sizes, cfg.train.batch_size, num_processes, cfg.data.sampling, generator, weights)
+    counts = ", ".join(f"{name} {n}" for name, n in zip(sets, batches.counts, strict=True))
+    logger.info("datasets, %s: batches an epoch: %s", cfg.data.sampling, counts)
+    return DataLoader(
+        mixture,
+        batch_sampler=batches,
+        collate_fn=MixtureCollator(collators),
+        generator=generator,
+        num_workers=cfg.data.num_workers or 0,
+        pin_memory=options.pin_memory,
+    )
+
+
+def make_step(
+    cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective | MixtureObjective, accelerator: Accelerator
+) -> Step:
     """The loop's step: the objective itself, or GradCache or the momentum queue around it.
 
     The queue's momentum encoder is copied from the model *before* ``accelerator.prepare``
     (a copy of a prepared model would carry its autocast wrapper) and registered for
-    checkpointing, so ``--resume`` restores the queue with the rest.
+    checkpointing, so ``--resume`` restores the queue with the rest. A mixture's objective is
+    its own step (RunConfig.validate refuses GradCache and the queue with data.datasets).
     """
+    if isinstance(objective, MixtureObjective):
+        return objective
     if cfg.train.grad_cache_chunk > 0:  # big batches: chunk-wise encoder backward, same gradients
         return GradCacheStep(objective, cfg.train.grad_cache_chunk, accelerator)
     if cfg.loss.queue_size > 0:  # MoCo-style negatives (simcse_kit.training.momentum_queue)
@@ -503,7 +594,7 @@ class ModelEvaluator:
         return self.evaluator(prompted(encoder.encode, self.prompt))
 
 
-def run_metrics(state: LoopState, views: int, masked_negatives: int, evaluator: Any) -> dict[str, Any]:
+def run_metrics(state: LoopState, examples: int, masked_negatives: int, evaluator: Any) -> dict[str, Any]:
     """metrics.json's training part: the dev metric (its key in ``evals`` and what it
     measures), best dev score and step, time, throughput, curves."""
     seconds = max(state.train_seconds, 1e-9)
@@ -514,7 +605,7 @@ def run_metrics(state: LoopState, views: int, masked_negatives: int, evaluator: 
         "best_dev_score": state.best_score,
         "steps": state.global_step,
         "train_seconds": state.train_seconds,
-        "examples_per_second": state.rows_seen / views / seconds,
+        "examples_per_second": examples / seconds,
         "sentences_per_second": state.rows_seen / seconds,
         "losses": state.losses,
         "evals": state.evals,

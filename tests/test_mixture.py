@@ -1,0 +1,277 @@
+"""Several datasets in one run (``data.datasets``): the batch sampler's tables, one dataset per
+batch, coverage over processes, each batch in its dataset's mode, the single-file order kept,
+the recipe's errors, and ``--resume`` mid-epoch ending as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate.data_loader import BatchSamplerShard
+from conftest import TinyRun, toy_sentences
+from safetensors.torch import load_file
+from test_resume import ENV, kill_when, newest_step, run_metrics, train_cmd
+
+from simcse_kit.config.run import load_config
+from simcse_kit.data.mixture import DATASET_KEY, Mixture, MixtureBatches, MixtureCollator, batches_per_dataset
+from simcse_kit.errors import ConfigError
+
+SIZES = [40, 24, 17]  # full batches of 8: 5, 3, 2 (0, 0 and 1 example left over)
+
+# Hand-computed: batches per dataset an epoch at batch size 8.
+#   proportional: every full batch, n // 8.
+#   round_robin:  min(5, 3, 2) = 2 from each.
+#   weighted 1:1:2 of the 10 proportional batches: quotas 2.5, 2.5, 5 -> 2, 2, 5 and the one
+#   left to the largest remainder, the tie (0.5, 0.5) to the earlier dataset: 3, 2, 5.
+TABLE = {"proportional": [5, 3, 2], "round_robin": [2, 2, 2], "weighted": [3, 2, 5]}
+WEIGHTS = [1.0, 1.0, 2.0]
+
+
+def dataset_of(index: int) -> int:
+    return sum(index >= offset for offset in (40, 64))
+
+
+@pytest.mark.parametrize("sampling", list(TABLE))
+def test_batches_per_dataset_match_the_hand_computed_table(sampling: str) -> None:
+    weights = WEIGHTS if sampling == "weighted" else None
+    assert batches_per_dataset(SIZES, 8, sampling, weights) == TABLE[sampling]
+
+
+@pytest.mark.parametrize("sampling", list(TABLE))
+def test_every_batch_is_from_one_dataset_and_each_epoch_counts_as_the_table(sampling: str) -> None:
+    weights = WEIGHTS if sampling == "weighted" else None
+    sampler = MixtureBatches(SIZES, 8, 1, sampling, torch.Generator().manual_seed(3), weights)
+    assert len(sampler) == sum(TABLE[sampling])
+    epochs = [list(sampler) for _ in range(2)]
+    assert epochs[0] != epochs[1]  # a fresh order each epoch
+    for batches in epochs:
+        owners = [{dataset_of(i) for i in batch} for batch in batches]
+        assert all(len(o) == 1 and len(b) == 8 for o, b in zip(owners, batches, strict=True))
+        assert all(len(set(batch)) == 8 for batch in batches)  # no example twice in a batch
+        counts = Counter(next(iter(o)) for o in owners)
+        assert [counts[d] for d in range(3)] == TABLE[sampling]
+        seen = Counter(i for batch in batches for i in batch)
+        if sampling != "weighted":  # each example at most once an epoch
+            assert max(seen.values()) == 1
+        else:  # dataset 2 (17 examples, 2 full batches) is asked for 5: gone through 3 times
+            assert max(seen[i] for i in range(64, 81)) == 3
+    if sampling == "round_robin":
+        assert [dataset_of(b[0]) for b in epochs[0]] == [0, 1, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize("sampling", ["proportional", "round_robin"])
+def test_two_processes_share_each_batch_and_see_each_example_once(sampling: str) -> None:
+    """Accelerate's own batch sharding over two processes (two samplers seeded alike, as
+    every process is): at each step both train one dataset, their halves make up the one
+    process run's global batch, and an epoch covers each example at most once: exactly
+    the first ``batches x 8`` of each dataset's permutation."""
+    one = list(MixtureBatches(SIZES, 8, 1, sampling, torch.Generator().manual_seed(5)))
+    ranks = [
+        list(BatchSamplerShard(MixtureBatches(SIZES, 8, 2, sampling, torch.Generator().manual_seed(5)), 2, rank))
+        for rank in range(2)
+    ]
+    assert len(ranks[0]) == len(ranks[1]) == len(one)
+    seen: Counter[int] = Counter()
+    for batch, first, second in zip(one, *ranks, strict=True):
+        assert len(first) == len(second) == 4
+        assert {dataset_of(i) for i in first + second} == {dataset_of(batch[0])}
+        assert first + second == batch
+        seen.update(first + second)
+    assert max(seen.values()) == 1
+    per_dataset = Counter(dataset_of(i) for i in seen)
+    assert [per_dataset[d] for d in range(3)] == [8 * b for b in TABLE[sampling]]
+
+
+def test_a_mixture_indexes_its_datasets_as_one_and_refuses_a_mixed_batch() -> None:
+    import datasets
+
+    parts = {
+        "wiki": datasets.Dataset.from_dict({"sent0": ["a", "b", "c"]}),
+        "nli": datasets.Dataset.from_dict({"sent0": ["p", "q"], "sent1": ["e", "f"], "hard_neg": ["x", "y"]}),
+    }
+    mixture = Mixture(parts)
+    assert len(mixture) == 5 and mixture.locate(3) == (1, 0)
+    assert mixture.__getitems__([4, 3]) == [
+        {"sent0": "q", "sent1": "f", "hard_neg": "y", DATASET_KEY: "nli"},
+        {"sent0": "p", "sent1": "e", "hard_neg": "x", DATASET_KEY: "nli"},
+    ]
+    with pytest.raises(ValueError, match="mixes datasets"):
+        mixture.__getitems__([2, 3])
+    collate = MixtureCollator({"wiki": lambda ex: {"n": torch.tensor(len(ex))}, "nli": lambda ex: {"n": torch.tensor(-1)}})
+    assert collate(mixture.__getitems__([0, 1])) == {"n": torch.tensor(2), DATASET_KEY: "wiki"}
+    with pytest.raises(ValueError, match="one dataset"):
+        collate([mixture[0], mixture[3]])
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_a_single_file_run_keeps_its_batch_order(tiny_run: TinyRun) -> None:
+    """A recipe without data.datasets draws exactly the order it always drew: per epoch the
+    DataLoader iterator's base seed, one ``randperm`` cut into batches (the last short one
+    dropped), then RandomSampler's discarded second draw, all from the seeded generator."""
+    from simcse_kit.training.inputs import load_training_data
+    from simcse_kit.training.run import make_loader
+
+    cfg = tiny_run.config("order", batch_size=6)
+    dataset = load_training_data(cfg)
+    texts = list(dataset["sent0"])
+    loader = make_loader(cfg, dataset, None, 1)
+    loader.collate_fn = lambda examples: [texts.index(e["sent0"]) for e in examples]
+    got = [batch for _ in range(2) for batch in loader]
+    generator, n, want = torch.Generator().manual_seed(cfg.train.seed), len(texts), []
+    for _ in range(2):
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        order = torch.randperm(n, generator=generator).tolist()
+        want += [order[i : i + 6] for i in range(0, n - n % 6, 6)]
+        torch.randperm(n, generator=generator)
+    assert len(set(texts)) == n and got == want
+
+
+def mixture_recipe(tiny_run: TinyRun, name: str, datasets: object, **train: object) -> Path:
+    """The tiny recipe with ``data.datasets``: ``train.txt`` (64 sentences, unsup) and
+    ``nli.csv`` (32 triplets, hardneg) beside it."""
+    recipe = tiny_run.recipe(name, **train)
+    sents = toy_sentences(100)
+    nli = tiny_run.folder / "nli.csv"
+    nli.write_text("sent0,sent1,hard_neg\n" + "".join(f"{sents[i]},{sents[i]} .,{sents[i + 50]}\n" for i in range(32)))
+    raw = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+    raw["data"]["datasets"] = datasets
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return recipe
+
+
+TWO = {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "hardneg"}}
+
+
+def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_dir: Path) -> None:
+    """Through the run's loader: an unsup batch has 2 rows an example, a hardneg batch 3 and
+    one with 2 mined negatives 4, and the mixture's loss of each is that mode's objective's
+    (not the other reading of the rows)."""
+    from transformers import AutoTokenizer
+
+    from simcse_kit.training.inputs import load_training_sets
+    from simcse_kit.training.mixture import MixtureObjective
+    from simcse_kit.training.objectives import SimCSEObjective
+    from simcse_kit.training.run import make_mixture_loader
+
+    sents = toy_sentences(60)
+    rows = "".join(f"{sents[i]},{sents[i]} .,{sents[i + 20]},{sents[i + 40]}\n" for i in range(16))
+    (tiny_run.folder / "mined.csv").write_text("sent0,sent1,hard_neg_1,hard_neg_2\n" + rows, encoding="utf-8")
+    three = TWO | {"mined": {"file": "mined.csv", "mode": "hardneg"}}
+    cfg = load_config(mixture_recipe(tiny_run, "modes", three))
+    sets = load_training_sets(cfg)
+    loader = make_mixture_loader(cfg, sets, AutoTokenizer.from_pretrained(tiny_model_dir), 1)
+    own = {
+        "wiki": SimCSEObjective("unsup", cfg.loss),
+        "nli": SimCSEObjective("hardneg", cfg.loss),
+        "mined": SimCSEObjective("hardneg", cfg.loss, negatives=2),
+    }
+    objective = MixtureObjective(own)
+    views = {"wiki": 2, "nli": 3, "mined": 4}
+    seen: Counter[str] = Counter()
+    torch.manual_seed(0)
+    for batch in loader:
+        name = batch[DATASET_KEY]
+        assert batch["input_ids"].shape[0] == 8 * views[name]
+        embeddings = torch.randn(8 * views[name], 8)
+        want = own[name].loss(embeddings, batch)
+        other = SimCSEObjective("sup", cfg.loss).loss(embeddings[: 16 if name == "wiki" else 24], batch)  # read as pairs
+        assert torch.equal(objective.loss(embeddings, batch), want) and not torch.isclose(want, other)
+        objective.tally.add(name, 8, want)
+        seen[name] += 1
+    assert seen == {"wiki": 8, "nli": 4, "mined": 2}
+    report = objective.tally.report()
+    assert report["wiki"]["examples"] == 64 and report["nli"]["examples"] == 32 and report["mined"]["batches"] == 2
+    assert objective.metrics()["nli/examples"] == 32.0
+
+
+def test_a_bad_dataset_entry_names_the_recipe_and_the_entry(tiny_run: TinyRun) -> None:
+    from simcse_kit.training.run import build_run
+
+    bad = mixture_recipe(tiny_run, "bad", {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "scored"}})
+    with pytest.raises(ConfigError, match=rf"{bad}: config key 'data.datasets' entry 'nli': mode 'scored': must be one of"):
+        load_config(bad)
+    typo = mixture_recipe(tiny_run, "typo", [{"file": "train.txt"}, {"file": "nli.csv", "mdoe": "hardneg"}])
+    unknown = r"entry 2 of the list: unknown key\(s\) \['mdoe'\]"
+    with pytest.raises(ConfigError, match=rf"{typo}: config key 'data.datasets' {unknown}"):
+        load_config(typo)
+    weight = mixture_recipe(tiny_run, "weight", TWO | {"nli": TWO["nli"] | {"weight": 2}})
+    with pytest.raises(ConfigError, match=rf"{weight}: config key 'data.datasets' entry 'nli': weight 2.0: only used with"):
+        load_config(weight)
+    missing = mixture_recipe(tiny_run, "missing", TWO | {"nli": {"file": "nope.csv", "mode": "hardneg"}})
+    with pytest.raises(ConfigError, match=r"entry 'nli': .*nope.csv: file not found"):
+        load_config(missing).check_data()
+    big = mixture_recipe(tiny_run, "big", TWO, batch_size=40)  # nli has 32 triplets
+    with pytest.raises(ConfigError, match=r"'train.batch_size' = 40: larger than data.datasets entry 'nli' \(32 example"):
+        build_run(load_config(big))
+
+
+@pytest.mark.slow
+def test_a_mixture_killed_mid_epoch_and_resumed_ends_as_an_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
+    """``simcse-kit train`` on two datasets, SIGKILLed after a checkpoint inside the first
+    epoch and resumed: the same per-dataset counts and losses, evaluations and weights."""
+    tracked = {"report_to": ["tensorboard"]}
+    ref_recipe, cut_recipe = mixture_recipe(tiny_run, "ref", TWO, **tracked), mixture_recipe(tiny_run, "cut", TWO, **tracked)
+    ref_out, cut_out = tiny_run.folder / "ref", tiny_run.folder / "cut"
+    ref = subprocess.run(train_cmd(ref_recipe), env=ENV, capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    with (tmp_path / "killed.log").open("w") as log:
+        proc = subprocess.Popen(train_cmd(cut_recipe), env=ENV, stdout=subprocess.DEVNULL, stderr=log)
+        kill_when(proc, lambda: newest_step(cut_out) >= 4)
+    assert newest_step(cut_out) < 12  # inside the first epoch (8 + 4 batches)
+    done = subprocess.run(train_cmd(cut_recipe, "--resume"), env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resumed from" in done.stderr
+    want = run_metrics(ref_out)
+    # 3 epochs of 8 wiki and 4 nli batches of 8 examples.
+    assert {name: (d["batches"], d["examples"]) for name, d in want["datasets"].items()} == {"wiki": (24, 192), "nli": (12, 96)}
+    assert run_metrics(cut_out) == want
+    # The trackers get the same counts, step by step (the last log step: the run's end).
+    events = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    logs = events.EventAccumulator(str(ref_out / "logs" / "simcse-kit"))
+    logs.Reload()
+    assert logs.Scalars("train/nli/examples")[-1].value == 96
+    assert logs.Scalars("train/wiki/mean_loss")[-1].value == pytest.approx(want["datasets"]["wiki"]["mean_loss"], rel=1e-6)
+    # Its export's card names the datasets and their modes, not the unused data.train_file.
+    from simcse_kit.export import export_model
+
+    export_model(ref_out, tmp_path / "st")
+    card = (tmp_path / "st" / "README.md").read_text(encoding="utf-8")
+    assert f"wiki (`{tiny_run.folder / 'train.txt'}`, unsup), nli (`{tiny_run.folder / 'nli.csv'}`, hardneg)" in card
+    assert "SimCSE (unsup + hardneg)" in card
+    weights = load_file(str(ref_out / "best_model" / "model.safetensors"))
+    got = load_file(str(cut_out / "best_model" / "model.safetensors"))
+    assert all(torch.equal(weights[k], got[k]) for k in weights)
+
+
+@pytest.mark.slow
+def test_two_processes_train_a_mixture_as_one(tiny_run: TinyRun) -> None:
+    """``torchrun`` on 2 processes against one, dropout 0, global batch 8: the same loss at
+    every step, the same weights and per-dataset counts and mean losses: each step's
+    dataset is the same on both processes and the gather combines rows of it."""
+    from test_multiprocess import TOL, assert_same_training, cli_args, launch, torchrun
+
+    options = {
+        "dropout": 0.0, "pooler": "avg", "batch_size": 8, "learning_rate": 1e-3, "max_steps": 6, "eval_steps": 0,
+        "eval_at_start": "false", "save_steps": 0, "final_eval": "false", "log_steps": 1, "report_to": "tensorboard",
+        "mask_false_negatives": "true",
+    }  # fmt: skip
+    one, two = tiny_run.folder / "one", tiny_run.folder / "two"
+    recipe = mixture_recipe(tiny_run, "procs", TWO)
+    single = [sys.executable, "-m", "simcse_kit.cli", "train", str(recipe), *cli_args(options | {"output_dir": one})]
+    launch([single], 1)
+    launch(torchrun(1, 2, recipe, options | {"output_dir": two}), 2)
+    assert_same_training(two, one, 6, tiny_run.model_dir)
+    want, got = (json.loads((out / "metrics.json").read_text())["datasets"] for out in (one, two))
+    counts = [{n: (d["batches"], d["examples"]) for n, d in run.items()} for run in (got, want)]
+    assert counts[0] == counts[1]
+    assert sum(d["batches"] for d in want.values()) == 6 and all(d["batches"] for d in want.values())
+    for name, row in want.items():
+        assert got[name]["mean_loss"] == pytest.approx(row["mean_loss"], rel=TOL)
