@@ -596,6 +596,8 @@ class ContrastiveCollator:
         packing_plan: also add the batch's packing plan (:func:`simcse_kit.model.packing.plan_batch`:
             ``pack_*`` int64 tensors), planned here in the DataLoader worker so a packing
             model's forward needs no device-to-host synchronisation.
+        pack_left_padded: the plan packs left-padded rows too (a decoder's, whose positions
+            count real tokens; an encoder's left-padded rows run padded).
         negatives: ``k``, hard negatives per example (``hardneg``; :func:`negatives_of`
             the dataset's columns): ``2 + k`` rows per example.
     """
@@ -609,6 +611,7 @@ class ContrastiveCollator:
     prompts: tuple[str, ...] = ()
     teacher_index: Mapping[str, int] | None = None
     packing_plan: bool = False
+    pack_left_padded: bool = False
     negatives: int = 1
 
     def __post_init__(self) -> None:
@@ -635,7 +638,7 @@ class ContrastiveCollator:
         if self.teacher_index is not None:  # the teacher encoded the texts without prompts
             out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in raw], dtype=torch.long)
         if self.packing_plan:
-            out.update(plan_batch(out["attention_mask"]))
+            out.update(plan_batch(out["attention_mask"], left_padding=self.pack_left_padded))
         return out
 
     def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:

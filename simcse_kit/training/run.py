@@ -209,7 +209,13 @@ def build_run(
     negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
     objective = SimCSEObjective(cfg.data.mode, cfg.loss, teacher=teacher[0] if teacher else None, negatives=negatives)
     loader = make_loader(
-        cfg, dataset, tokenizer, accelerator.num_processes, accelerator.device, teacher[1].index if teacher else None
+        cfg,
+        dataset,
+        tokenizer,
+        accelerator.num_processes,
+        accelerator.device,
+        teacher[1].index if teacher else None,
+        decoder=model.is_decoder,
     )
     if wrap_collate is not None:
         loader.collate_fn = wrap_collate(loader.collate_fn)
@@ -374,12 +380,14 @@ def make_loader(
     num_processes: int,
     device: torch.device | str = "cpu",
     teacher_index: Mapping[str, int] | None = None,
+    decoder: bool = False,
 ) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
     generator of its own, which the loop checkpoints so a resume redraws the order.
     Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); the packing plan
     made in the collator, so in the workers with ``data.num_workers > 0``.
-    ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``."""
+    ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``.
+    ``decoder``: the model is a decoder, whose left-padded batches pack too."""
     options = loader_options(device)
     logger.info(
         "input pipeline: %s worker process(es); pinned memory and asynchronous copies %s",
@@ -399,6 +407,7 @@ def make_loader(
         seed=cfg.train.seed,
         teacher_index=teacher_index,
         packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
+        pack_left_padded=decoder,
     )
     generator = torch.Generator().manual_seed(cfg.train.seed)
     return DataLoader(
