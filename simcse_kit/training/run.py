@@ -195,7 +195,12 @@ def build_run(
     recorded = cfg  # config.yaml: the device's auto settings stay auto (each machine decides them)
     cfg = with_device_defaults(cfg, accelerator.device, accelerator.num_processes)
     tf32 = set_tf32(accelerator.device)
-    check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
+    check_cuda_flags(
+        accelerator.device,
+        fast_dropout=cfg.train.fast_dropout is True,
+        bf16_weights=cfg.train.bf16_weights is True,
+        adapter=cfg.model.lora_r > 0,
+    )
     check_engine(
         engine_of(accelerator),
         {
