@@ -187,14 +187,10 @@ def js_env() -> Path:
     return env_dir
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "q8"])
-def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path, torch.Tensor], dtype: str) -> None:
-    """Transformers.js' documented local setup (env.localModelPath, no remote models) and
-    feature-extraction with mean pooling + normalisation: simcse-kit's vectors; dtype q8
-    finds the int8 graph (onnx/model_quantized.onnx) and matches the kit's OnnxEncoder on it."""
-    out, kit = avg_export
+def js_feature_extraction(js_env: Path, out: Path, dtype: str, texts: list[str], pooling: str) -> np.ndarray:
+    """:data:`JS_SCRIPT`'s normalised vectors of ``texts`` from the export ``out``."""
     proc = subprocess.run(
-        ["node", "-e", JS_SCRIPT, str(out.parent), out.name, dtype, json.dumps(SENTENCES), "mean"],
+        ["node", "-e", JS_SCRIPT, str(out.parent), out.name, dtype, json.dumps(texts), pooling],
         env={**os.environ, "NODE_PATH": str(js_env / "node_modules")},
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -202,7 +198,16 @@ def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = np.asarray(json.loads(proc.stdout), dtype=np.float64)
+    return np.asarray(json.loads(proc.stdout), dtype=np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8"])
+def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path, torch.Tensor], dtype: str) -> None:
+    """Transformers.js' documented local setup (env.localModelPath, no remote models) and
+    feature-extraction with mean pooling + normalisation: simcse-kit's vectors; dtype q8
+    finds the int8 graph (onnx/model_quantized.onnx) and matches the kit's OnnxEncoder on it."""
+    out, kit = avg_export
+    got = js_feature_extraction(js_env, out, dtype, SENTENCES, "mean")
     if dtype == "fp32":
         assert_same(got, kit, 0.9999, "Transformers.js fp32 vs simcse-kit")
     else:
@@ -273,15 +278,6 @@ def test_transformers_js_last_token_pooling(js_env: Path, decoder_export: tuple[
     4.3.1 truncates after adding special tokens; tokenizers, hence the kit, sentence-transformers
     and fastembed, before), so its vector differs: the limit docs/export.md states."""
     out, kit = decoder_export
-    proc = subprocess.run(
-        ["node", "-e", JS_SCRIPT, str(out.parent), out.name, "fp32", json.dumps(DECODER_TEXTS), "last_token"],
-        env={**os.environ, "NODE_PATH": str(js_env / "node_modules")},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = np.asarray(json.loads(proc.stdout), dtype=np.float64)
+    got = js_feature_extraction(js_env, out, "fp32", DECODER_TEXTS, "last_token")
     assert_same(got[:-1], kit[:-1], 0.9999, "Transformers.js last_token vs simcse-kit")
     assert torch.nn.functional.cosine_similarity(torch.from_numpy(got[-1]), kit[-1].double(), dim=0) < 0.99
