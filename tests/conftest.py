@@ -80,6 +80,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def decoder_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Saved tiny random decoders (Qwen3, Llama, Gemma3 text) with their tokenizers, by
+    ``model_type`` (:func:`tiny_encoders.build_tiny_decoder`)."""
+    from tiny_encoders import DECODERS, build_tiny_decoder
+
+    root = tmp_path_factory.mktemp("decoders")
+    return {arch: build_tiny_decoder(arch, root / arch) for arch in DECODERS}
+
+
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA.is_dir():
         pytest.fail(f"shared data not found at {DATA}; the repo expects ../shared/data beside it")

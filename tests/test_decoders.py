@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import toy_sentences, write_tiny_senteval, write_train_data
 from safetensors.torch import load_file
-from tiny_encoders import DECODERS, build_tiny_decoder
+from tiny_encoders import DECODERS
 from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.config.run import DataConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
@@ -27,12 +28,6 @@ from simcse_kit.model.modeling import ADAPTER_CONFIG, SimCSEModel, base_encoder
 from simcse_kit.training.objectives import SimCSEObjective
 
 TEXTS = ["the cat sat on the mat .", "a dog", "the bird sings a song today , and the cat sleeps"]
-
-
-@pytest.fixture(scope="module")
-def decoder_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("decoders")
-    return {arch: build_tiny_decoder(arch, root / arch) for arch in DECODERS}
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +57,35 @@ def test_the_tokenizer_appends_eos_keeps_bos_and_pads(decoder_dirs: dict[str, Pa
 @pytest.mark.parametrize("lora", [0, 4])
 @pytest.mark.parametrize("arch", DECODERS)
 def test_last_token_vector_ignores_the_padding_side(arch: str, lora: int, decoder_dirs: dict[str, Path]) -> None:
-    """Left-padded, right-padded and unpadded (one sentence at a time) give one vector."""
+    """Left-padded, right-padded, packed (from either) and unpadded (one sentence at a time)
+    give one vector."""
+    from simcse_kit.model.packing import pack
+
     cfg = ModelConfig(name_or_path=str(decoder_dirs[arch]), pooler="last", dropout=0.0, lora_r=lora)
-    model = SimCSEModel.from_config(cfg).eval()
-    assert model.is_decoder and not model.packing  # a causal model is never packed with a bidirectional block mask
+    torch.manual_seed(0)  # the same adapter init in both models
+    padded = SimCSEModel.from_config(replace(cfg, packing=False)).eval()
+    torch.manual_seed(0)
+    packing = SimCSEModel.from_config(replace(cfg, packing=True)).eval()
+    assert padded.is_decoder and not padded.packing and packing.packing
     tokenizer = load_checked_tokenizer(decoder_dirs[arch])
     vectors = {}
     with torch.no_grad():
         for side in ("left", "right"):
             tokenizer.padding_side = side
-            vectors[side] = model(**tokenizer(TEXTS, padding=True, return_tensors="pt"))
-        alone = torch.cat([model(**tokenizer([t], return_tensors="pt")) for t in TEXTS])
-    assert torch.allclose(vectors["left"], alone, atol=1e-5) and torch.allclose(vectors["right"], alone, atol=1e-5)
+            batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+            packed = pack(batch["input_ids"], batch["attention_mask"], left_padding=True)
+            assert packed is not None and packed.rows == 2  # 3 sentences in 2 rows: it really packs
+            vectors[side] = padded(**batch)
+            vectors[f"packed from {side}"] = packing(**batch)
+        alone = torch.cat([padded(**tokenizer([t], return_tensors="pt")) for t in TEXTS])
+    for name, got in vectors.items():
+        torch.testing.assert_close(got, alone, atol=1e-5, rtol=0, msg=name)
     # The pooler reads the last real token, not the last column: a right-padded batch's last
     # column is a pad for the shorter sentences.
     assert not torch.allclose(
         alone[1],
         vectors["right"][1].new_zeros(())
-        + model.encoder(**tokenizer(TEXTS, padding=True, return_tensors="pt")).last_hidden_state[1, -1],
+        + padded.encoder(**tokenizer(TEXTS, padding=True, return_tensors="pt")).last_hidden_state[1, -1],
         atol=1e-3,
     )
 
@@ -197,15 +203,17 @@ def test_lora_trains_the_adapter_and_leaves_the_base(decoder_dirs: dict[str, Pat
         assert torch.allclose(merged[key], base[key] + (b @ a) * (16 / 4), atol=1e-6), key
 
 
-@pytest.mark.parametrize("lora", [0, 4])
+@pytest.mark.parametrize(("lora", "bf16"), [(0, False), (4, False), (4, True)])
 def test_resume_mid_run_ends_as_the_uninterrupted_run(
-    lora: int, decoder_dirs: dict[str, Path], senteval: Path, tmp_path: Path
+    lora: int, bf16: bool, decoder_dirs: dict[str, Path], senteval: Path, tmp_path: Path
 ) -> None:
     """Cut a finished run back to its step-4 checkpoint and resume: the last checkpoint's
-    weights and the metrics equal the uninterrupted run's, bit for bit."""
+    weights and the metrics equal the uninterrupted run's, bit for bit (packed, the CPU's
+    default; also LoRA with bf16 weights, whose saved adapter is the fp32 masters')."""
     from simcse_kit.training.run import train
 
-    cfg = run_config(decoder_dirs["qwen3"], tmp_path / "full" / "run", senteval, "unsup", lora, data=tmp_path)
+    precision = {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": False} if bf16 else {}
+    cfg = run_config(decoder_dirs["qwen3"], tmp_path / "full" / "run", senteval, "unsup", lora, data=tmp_path, **precision)
     full = train(cfg)
     cut = tmp_path / "cut" / "run"
     shutil.copytree(tmp_path / "full" / "run", cut)
@@ -213,7 +221,7 @@ def test_resume_mid_run_ends_as_the_uninterrupted_run(
         if int(later.name.split("-")[1]) > 4:
             shutil.rmtree(later)
     (cut / "metrics.json").unlink()
-    cfg_cut = run_config(decoder_dirs["qwen3"], cut, senteval, "unsup", lora, data=tmp_path)
+    cfg_cut = run_config(decoder_dirs["qwen3"], cut, senteval, "unsup", lora, data=tmp_path, **precision)
     resumed = train(cfg_cut, resume=True)
     timing = ("train_seconds", "examples_per_second", "sentences_per_second")
     assert {k: v for k, v in resumed.items() if k not in timing} == {k: v for k, v in full.items() if k not in timing}
@@ -221,6 +229,10 @@ def test_resume_mid_run_ends_as_the_uninterrupted_run(
     a = load_file(str(tmp_path / "full" / "run" / "checkpoints" / last / "model.safetensors"))
     b = load_file(str(cut / "checkpoints" / last / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if bf16:  # the model ran in bf16; the adapter saved for use is fp32
+        assert {v.dtype for k, v in a.items() if "lora_" in k} == {torch.bfloat16}
+        saved = load_file(str(cut / "best_model" / "adapter_model.safetensors"))
+        assert saved and {v.dtype for v in saved.values()} == {torch.float32}
 
 
 @pytest.mark.parametrize("packing", [False, True])
@@ -266,3 +278,102 @@ def test_gradient_checkpointing_refused_where_the_model_has_none(tmp_path: Path)
     )
     with pytest.raises(ConfigError, match=r"'train.gradient_checkpointing' = True: MPNetModel does not support it"):
         build_model(cfg)
+
+
+def test_cli_trains_a_packed_decoder_and_resumes(decoder_dirs: dict[str, Path], senteval: Path, tmp_path: Path) -> None:
+    """``simcse-kit train`` with ``model.packing: true`` on Qwen3 (left-padding tokenizer):
+    the collator plans packed rows and the model packs them; without dropout the run ends with
+    the padded run's weights and dev scores, and a resume from step 4 ends bit-identical to the uninterrupted run."""
+    import yaml
+
+    from simcse_kit.cli import main
+    from simcse_kit.training.run import build_model, load_training_data, make_loader
+
+    cfg = run_config(decoder_dirs["qwen3"], tmp_path / "packed", senteval, "unsup", 0, packing_data := tmp_path)
+    recipe = {
+        # No dropout: its random draws depend on the batch's shape, packed or padded.
+        "model": {k: getattr(cfg.model, k) for k in ("name_or_path", "pooler", "max_seq_len", "eval_max_seq_len")}
+        | {"dropout": 0.0},
+        "data": {"mode": "unsup", "train_file": cfg.data.train_file, "eval_data_dir": str(senteval)},
+        "loss": {"temperature": 0.05},
+        "train": {k: getattr(cfg.train, k) for k in ("batch_size", "learning_rate", "eval_steps", "save_steps", "seed")}
+        | {"max_steps": 8, "progress_bar": False, "mixed_precision": "no"},
+    }
+    path = packing_data / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    packed_cfg = replace(cfg, model=replace(cfg.model, packing=True))
+    assert build_model(packed_cfg).packing
+    tokenizer = load_checked_tokenizer(decoder_dirs["qwen3"])
+    batch = next(iter(make_loader(packed_cfg, load_training_data(packed_cfg), tokenizer, 1, decoder=True)))
+    assert tokenizer.padding_side == "left" and 0 < batch["pack_position_ids"].shape[0] < batch["input_ids"].shape[0]
+
+    for name, packing in (("packed", "true"), ("padded", "false")):
+        assert main(["train", str(path), "--output-dir", str(tmp_path / name), "--model.packing", packing]) == 0
+    evals = [json.loads((tmp_path / name / "metrics.json").read_text())["evals"] for name in ("packed", "padded")]
+    assert [e["step"] for e in evals[0]] == [e["step"] for e in evals[1]] and len(evals[0]) >= 2
+    for packed_eval, padded_eval in zip(*evals, strict=True):
+        assert packed_eval["stsb_dev"] == pytest.approx(padded_eval["stsb_dev"], abs=1e-4)
+    last = sorted((tmp_path / "packed" / "checkpoints").glob("step-*"))[-1].name
+    weights = [load_file(str(tmp_path / name / "checkpoints" / last / "model.safetensors")) for name in ("packed", "padded")]
+    for key, value in weights[0].items():
+        torch.testing.assert_close(value, weights[1][key], atol=1e-4, rtol=1e-3, msg=key)
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "packed", cut)
+    for later in (cut / "checkpoints").glob("step-*"):
+        if int(later.name.split("-")[1]) > 4:
+            shutil.rmtree(later)
+    (cut / "metrics.json").unlink()
+    assert main(["train", str(path), "--output-dir", str(cut), "--model.packing", "true", "--resume"]) == 0
+    a = load_file(str(tmp_path / "packed" / "checkpoints" / last / "model.safetensors"))
+    b = load_file(str(cut / "checkpoints" / last / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lora_with_bf16_weights_trains_fp32_masters(decoder_dirs: dict[str, Path]) -> None:
+    """LoRA with bf16 weights: the whole frozen base (its embedding table too) is stored in
+    bf16, half its fp32 bytes; the adapter's step is fp32 AdamW's on fp32 masters, computed
+    here by hand from the bf16 model's gradient, and the bf16 adapter the forward reads is
+    the masters rounded. The step (lr 1e-5) is below bf16's resolution for most weights: a
+    bf16 adapter updated in place would have kept them."""
+    from simcse_kit.model.fastpath.bf16 import bf16_training
+    from simcse_kit.training.loop import param_groups
+
+    path = decoder_dirs["qwen3"]
+    tokenizer = load_checked_tokenizer(path)
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(path), pooler="last", dropout=0.0, lora_r=4)).train()
+    adapter = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert adapter and all("lora_" in n for n in adapter)
+    with torch.no_grad():  # peft starts B at zero (no gradient for A): a random B exercises both
+        for name, p in adapter.items():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    start = {n: p.detach().clone() for n, p in adapter.items()}
+    frozen_fp32_bytes = sum(p.numel() * 4 for p in model.parameters() if not p.requires_grad)
+    lr, wd, (beta1, beta2), eps = 1e-5, 0.01, (0.9, 0.999), 1e-8
+    opt = bf16_training(model, param_groups(model, wd), lr=lr)
+
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    assert all(p.dtype == torch.bfloat16 for p in frozen) and sum(p.numel() * 2 for p in frozen) * 2 == frozen_fp32_bytes
+    assert all(p.dtype == torch.bfloat16 for p in adapter.values())
+    masters = dict(zip(adapter, opt.masters, strict=True))  # param_groups keeps the model's order within a group
+    assert all(torch.equal(masters[n], start[n]) and masters[n].dtype == torch.float32 for n in adapter)
+
+    out = model(**batch)
+    (out.float() * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    grads = {n: p.grad.float() for n, p in adapter.items()}
+    assert all(g.abs().sum() > 0 for g in grads.values())
+    opt.step()
+    decays = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    for name, g in grads.items():
+        # AdamW's first step, by hand: m = (1 - b1) g, v = (1 - b2) g^2, bias-corrected.
+        decay = wd if id(masters[name]) in decays else 0.0
+        m_hat = (1 - beta1) * g / (1 - beta1)
+        v_hat = (1 - beta2) * g * g / (1 - beta2)
+        want = start[name] * (1 - lr * decay) - lr * m_hat / (v_hat.sqrt() + eps)
+        torch.testing.assert_close(masters[name], want, atol=1e-9, rtol=1e-6, msg=name)
+        assert torch.equal(adapter[name].detach(), masters[name].to(torch.bfloat16)), name
+    moved = torch.cat([(masters[n] != start[n]).flatten() for n in adapter]).float().mean()
+    rounded_moved = torch.cat([(adapter[n].detach() != start[n].to(torch.bfloat16)).flatten() for n in adapter])
+    assert moved > 0.99 and rounded_moved.float().mean() < 0.5  # the masters hold what bf16 loses

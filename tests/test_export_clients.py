@@ -32,6 +32,7 @@ from transformers import AutoTokenizer
 from simcse_kit.config.run import ModelConfig
 from simcse_kit.export import export_model
 from simcse_kit.export.onnx_encoder import OnnxEncoder
+from simcse_kit.model.checks import load_checked_tokenizer
 from simcse_kit.model.inference import load_encoder
 from simcse_kit.model.modeling import SimCSEModel
 
@@ -150,12 +151,12 @@ def test_fastembed_cls_pooler(tmp_path: Path) -> None:
 
 JS_SCRIPT = """
 const { pipeline, env } = require("@huggingface/transformers");
-const [root, name, dtype, texts] = process.argv.slice(1);
+const [root, name, dtype, texts, pooling] = process.argv.slice(1);
 env.allowRemoteModels = false;
 env.localModelPath = root;
 (async () => {
   const extractor = await pipeline("feature-extraction", name, { dtype, device: "cpu" });
-  const out = await extractor(JSON.parse(texts), { pooling: "mean", normalize: true });
+  const out = await extractor(JSON.parse(texts), { pooling, normalize: true });
   process.stdout.write(JSON.stringify(out.tolist()));
 })().catch((err) => { console.error(String(err && err.stack || err)); process.exit(1); });
 """
@@ -186,14 +187,10 @@ def js_env() -> Path:
     return env_dir
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "q8"])
-def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path, torch.Tensor], dtype: str) -> None:
-    """Transformers.js' documented local setup (env.localModelPath, no remote models) and
-    feature-extraction with mean pooling + normalisation: simcse-kit's vectors; dtype q8
-    finds the int8 graph (onnx/model_quantized.onnx) and matches the kit's OnnxEncoder on it."""
-    out, kit = avg_export
+def js_feature_extraction(js_env: Path, out: Path, dtype: str, texts: list[str], pooling: str) -> np.ndarray:
+    """:data:`JS_SCRIPT`'s normalised vectors of ``texts`` from the export ``out``."""
     proc = subprocess.run(
-        ["node", "-e", JS_SCRIPT, str(out.parent), out.name, dtype, json.dumps(SENTENCES)],
+        ["node", "-e", JS_SCRIPT, str(out.parent), out.name, dtype, json.dumps(texts), pooling],
         env={**os.environ, "NODE_PATH": str(js_env / "node_modules")},
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -201,9 +198,86 @@ def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = np.asarray(json.loads(proc.stdout), dtype=np.float64)
+    return np.asarray(json.loads(proc.stdout), dtype=np.float64)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "q8"])
+def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path, torch.Tensor], dtype: str) -> None:
+    """Transformers.js' documented local setup (env.localModelPath, no remote models) and
+    feature-extraction with mean pooling + normalisation: simcse-kit's vectors; dtype q8
+    finds the int8 graph (onnx/model_quantized.onnx) and matches the kit's OnnxEncoder on it."""
+    out, kit = avg_export
+    got = js_feature_extraction(js_env, out, dtype, SENTENCES, "mean")
     if dtype == "fp32":
         assert_same(got, kit, 0.9999, "Transformers.js fp32 vs simcse-kit")
     else:
         assert_same(got, torch.from_numpy(OnnxEncoder(out, INT8).encode(SENTENCES)), 0.9999, "Transformers.js q8 vs OnnxEncoder")
         assert_same(got, kit, 0.99, "Transformers.js q8 vs simcse-kit")
+
+
+# ---- a decoder with last-token pooling ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decoder_export(tmp_path_factory: pytest.TempPathFactory, decoder_dirs: dict[str, Path]) -> tuple[Path, torch.Tensor]:
+    """``--onnx`` export of a tiny Qwen3 with last-token pooling, normalised, with a query
+    prompt, and simcse-kit's own vectors (its texts fit the tiny model's 64 positions). The
+    folder with its ``onnx/`` is still the sentence-transformers folder: lasttoken Pooling,
+    Normalize, the prompt in config_sentence_transformers.json, the kit's vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    root = tmp_path_factory.mktemp("clients-decoder")
+    base = decoder_dirs["qwen3"]
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(base), pooler="last", eval_max_seq_len=32))
+    tokenizer = load_checked_tokenizer(base)
+    tokenizer.padding_side = "right"  # the export's tokenizer pads left whatever the model's did
+    prompts = {"query": "the dog , "}
+    model.save(root / "model", tokenizer, {"base_model": str(base), "mode": "unsup", "prompts": prompts})
+    out = root / "export"
+    result = export_model(root / "model", out, onnx=True, normalize=True)
+    assert result.onnx is not None and result.onnx.token_pooling == "last_token"
+    assert result.parity["onnx"].min_cosine >= 0.9999
+    assert json.loads((out / "tokenizer_config.json").read_text())["padding_side"] == "left"
+    assert json.loads((out / "config_sentence_transformers.json").read_text())["prompts"] == prompts
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+    assert json.loads((out / modules[1]["path"] / "config.json").read_text())["pooling_mode_lasttoken"]
+    encoder = load_encoder(root / "model")
+    kit = torch.nn.functional.normalize(encoder.encode(DECODER_TEXTS), dim=-1)
+    st = SentenceTransformer(str(out), device="cpu")
+    assert_same(st.encode(DECODER_TEXTS, convert_to_tensor=True), kit, 0.9999, "sentence-transformers vs simcse-kit")
+    want = torch.nn.functional.normalize(encoder.encode([prompts["query"] + t for t in DECODER_TEXTS]), dim=-1)
+    assert_same(st.encode(DECODER_TEXTS, prompt_name="query", convert_to_tensor=True), want, 0.9999, "with the query prompt")
+    assert (want - kit).abs().max() > 1e-3  # the prompt changes the vectors
+    return out, kit
+
+
+DECODER_TEXTS = toy_sentences(10) + ["hello", LONG * 4]  # the last cut at 32 tokens
+
+
+def test_fastembed_last_token_pooling(decoder_export: tuple[Path, torch.Tensor]) -> None:
+    """fastembed's PoolingType.LAST_TOKEN (the mask's last real token) on output 0
+    (last_hidden_state) gives simcse-kit's vectors, in batches of mixed lengths."""
+    from fastembed import TextEmbedding
+    from fastembed.common.model_description import ModelSource, PoolingType
+
+    out, kit = decoder_export
+    name = f"simcse-kit-test/{out.parent.name}-last"
+    TextEmbedding.add_custom_model(
+        name, pooling=PoolingType.LAST_TOKEN, normalization=True, sources=ModelSource(hf=name), dim=kit.shape[1]
+    )
+    got = np.stack(list(TextEmbedding(name, specific_model_path=str(out), threads=1).embed(DECODER_TEXTS, batch_size=4)))
+    assert_same(got, kit, 0.9999, "fastembed last_token vs simcse-kit")
+
+
+def test_transformers_js_last_token_pooling(js_env: Path, decoder_export: tuple[Path, torch.Tensor]) -> None:
+    """Transformers.js' last_token pooling reads the last column: the export's tokenizer pads
+    on the left, so that column is every row's last real token and the vectors are the kit's,
+    for texts within the max length. A longer text loses its appended EOS (Transformers.js
+    4.3.1 truncates after adding special tokens; tokenizers, hence the kit, sentence-transformers
+    and fastembed, before), so its vector differs: the limit docs/export.md states."""
+    out, kit = decoder_export
+    got = js_feature_extraction(js_env, out, "fp32", DECODER_TEXTS, "last_token")
+    assert_same(got[:-1], kit[:-1], 0.9999, "Transformers.js last_token vs simcse-kit")
+    assert torch.nn.functional.cosine_similarity(torch.from_numpy(got[-1]), kit[-1].double(), dim=0) < 0.99

@@ -44,6 +44,8 @@ def test_cpu_tricks_warned_about_on_cuda_only(caplog: pytest.LogCaptureFixture) 
         warned = check_cuda_flags("cuda:0", fast_dropout=True, bf16_weights=True)
     assert len(warned) == 2 and "SDPA" in warned[0] and "bf16_weights" in warned[1]
     assert [r.getMessage() for r in caplog.records] == warned
+    # With a LoRA adapter bf16 weights are the memory option (a frozen bf16 base): no warning.
+    assert check_cuda_flags("cuda", fast_dropout=False, bf16_weights=True, adapter=True) == []
 
 
 def test_compile_is_in_place_dynamic_and_refused_with_fast_dropout(tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch) -> None:

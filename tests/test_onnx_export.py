@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, toy_sentences
-from tiny_encoders import ARCHITECTURES, build_tiny
+from tiny_encoders import ARCHITECTURES, DECODERS, build_tiny
 from transformers import AutoTokenizer
 
 from simcse_kit.config.run import ModelConfig
@@ -215,3 +215,44 @@ def test_installing_the_onnx_extra_changes_nothing_here() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert [item["metadata"]["name"] for item in report["install"]] == ["simcse-kit"]
+
+
+DECODER_MAX_LEN = 32
+
+
+@pytest.mark.parametrize("arch", DECODERS)
+def test_decoders_export_with_last_token_pooling(arch: str, decoder_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A decoder with last-token pooling exports as one graph (position ids counted over
+    real tokens inside it): its vectors equal simcse-kit's from right- and left-padded
+    batches alike, and output 0 is last_hidden_state, whose last real token (found from the
+    mask, as fastembed's LAST_TOKEN does) gives them too."""
+    import onnxruntime as ort
+
+    from simcse_kit.model.checks import load_checked_tokenizer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(name_or_path=str(decoder_dirs[arch]), pooler="last", eval_max_seq_len=DECODER_MAX_LEN, packing=False)
+    model = SimCSEModel.from_config(cfg).eval()
+    tokenizer = load_checked_tokenizer(decoder_dirs[arch])
+    tokenizer.save_pretrained(tmp_path)
+    done = write_onnx(model, tokenizer, tmp_path, normalize=True)
+
+    assert done.tried == {"dynamo": "ok"} and done.token_pooling == "last_token"
+    assert done.outputs == ["last_hidden_state", "sentence_embedding"] and done.inputs == ["input_ids", "attention_mask"]
+    shapes = {f"{b}x{n}" for b in (1, 7, 64) for n in (3, DECODER_MAX_LEN)}
+    assert set(done.shape_parity) == shapes | {f"{s} left" for s in shapes}
+    assert min(done.shape_parity.values()) >= 0.9999, done.shape_parity
+
+    reference = torch.nn.functional.normalize(Encoder(model, tokenizer, DECODER_MAX_LEN).encode(SENTENCES), dim=-1)
+    served = torch.from_numpy(OnnxEncoder(tmp_path, FP32_FILE).encode(SENTENCES))  # tokenizers, right padding
+    torch.testing.assert_close(served, reference, atol=1e-5, rtol=0)
+    session = ort.InferenceSession(str(tmp_path / FP32_FILE), providers=["CPUExecutionProvider"])
+    for side in ("left", "right"):
+        tokenizer.padding_side = side
+        feeds = dict(tokenizer(SENTENCES, padding=True, truncation=True, max_length=DECODER_MAX_LEN, return_tensors="np"))
+        states, vectors = (torch.from_numpy(a) for a in session.run(None, feeds))
+        torch.testing.assert_close(vectors, reference, atol=1e-5, rtol=0, msg=side)
+        mask = feeds["attention_mask"]
+        last = mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)  # fastembed's last_token_pooling
+        pooled = torch.nn.functional.normalize(states[torch.arange(len(SENTENCES)), torch.from_numpy(last)], dim=-1)
+        torch.testing.assert_close(pooled, reference, atol=1e-5, rtol=0, msg=side)

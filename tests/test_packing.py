@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import toy_sentences
+from tiny_encoders import DECODERS
 from torch import nn
-from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+from transformers import AutoConfig, AutoTokenizer, RobertaConfig, RobertaModel
 
 from simcse_kit.config.run import ModelConfig
+from simcse_kit.model.checks import load_checked_tokenizer
 from simcse_kit.model.fastpath import enable_fast_dropout
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.model.packing import first_fit_decreasing, pack, packing_matches
@@ -173,3 +175,78 @@ def test_packing_in_a_bf16_model_with_fp32_tables(tiny_model_dir: Path, attn: st
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
     got.float().sum().backward()  # and the backward pass runs in mixed dtypes
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("pooler", ["last", "avg"])
+@pytest.mark.parametrize("arch", DECODERS)
+def test_packed_decoder_equals_padded_decoder(arch: str, pooler: str, attn: str, decoder_dirs: dict[str, Path]) -> None:
+    """A decoder packs with a causal mask per sentence (position ids that restart, no mask:
+    transformers' mask builder splits the rows): vectors and every gradient equal the padded
+    forward's, from left- and right-padded batches, fp32. Gemma3's sliding-window layers
+    (window 8) see packed sentences longer than the window, beside another sentence."""
+    path = decoder_dirs[arch]
+    tokenizer = load_checked_tokenizer(path)
+    window = AutoConfig.from_pretrained(path).sliding_window if arch == "gemma3_text" else None
+
+    def run(packing: bool, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg = ModelConfig(name_or_path=str(path), pooler=pooler, dropout=0.0, packing=packing, attn_implementation=attn)
+        model = SimCSEModel.from_config(cfg).train()
+        assert model.packing == packing
+        out = model(**batch)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return out.detach(), {k: p.grad for k, p in model.named_parameters() if p.grad is not None}
+
+    for side in ("left", "right"):
+        tokenizer.padding_side = side
+        batch = batch_of(tokenizer, mixed_sentences(24))
+        packed = pack(batch["input_ids"], batch["attention_mask"], left_padding=True)
+        assert packed is not None and packed.rows < 24  # the comparison below really packs
+        if window is not None:  # a row holds a sentence longer than the window and another one
+            rows = [[int((seg == i).sum()) for i in seg.unique() if i >= 0] for seg in packed.segment]
+            assert any(len(row) > 1 and max(row) > window for row in rows), rows
+        want, want_grads = run(False, batch)
+        got, got_grads = run(True, batch)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=side)
+        assert got_grads.keys() == want_grads.keys()
+        for name, g in want_grads.items():
+            scale = max(1.0, g.abs().max().item())
+            torch.testing.assert_close(got_grads[name], g, atol=1e-5 * scale, rtol=0, msg=f"{side} {name}")
+
+
+def decoder_config(kind: str) -> object:
+    """A tiny random decoder config per row of docs/architectures.md's decoder packing table
+    (windows of 4: shorter than the probe's sentences)."""
+    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = {
+        "vocab_size": 60, "hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, "pad_token_id": 0,
+    }  # fmt: skip
+    return {
+        "qwen2-sliding": lambda: Qwen2Config(
+            use_sliding_window=True, sliding_window=4, layer_types=["full_attention", "sliding_attention"], **common
+        ),
+        "mistral-window": lambda: MistralConfig(sliding_window=4, **common),
+        "gemma3-bidirectional": lambda: Gemma3TextConfig(
+            head_dim=8, sliding_window=4, use_bidirectional_attention=True, **common
+        ),
+        "qwen3-not-causal": lambda: Qwen3Config(head_dim=8, is_causal=False, **common),
+    }[kind]()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", ["qwen2-sliding", "mistral-window", "gemma3-bidirectional", "qwen3-not-causal"])
+def test_decoder_packing_probe_per_family(kind: str, attn: str) -> None:
+    """The probe's verdict per family: the mask per sentence from restarting position ids
+    holds with sliding windows (Qwen2, Mistral) and Gemma3's bidirectional option, and the
+    encoders' block mask does not; an ``is_causal: false`` config's mask ignores position
+    ids, and takes the encoders' block mask instead, which SimCSEModel gives it."""
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    encoder = AutoModel.from_config(decoder_config(kind), attn_implementation=attn)
+    causal = kind != "qwen3-not-causal"
+    assert packing_matches(encoder, causal=True, attn_implementation=attn) is causal
+    assert packing_matches(encoder, causal=False, attn_implementation=attn) is not causal
+    assert SimCSEModel(encoder, "last", packing=True, attn_implementation=attn).packing

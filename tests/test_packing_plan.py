@@ -89,6 +89,20 @@ def test_plan_known_answer_and_declines() -> None:
     assert set(declined) == set(PLAN_INPUTS) and declined["pack_position_ids"].shape == (0, 3)
 
 
+def test_plan_of_a_left_padded_batch_known_answer() -> None:
+    """A decoder's left-padded rows (lengths 2, 3, 1 ending at column 4) pack as right-padded
+    rows would: FFD puts 3 (i=1) and 1 (i=2) in row 0, 2 (i=0) in row 1; each token is read
+    from its own column, and unpacked back to it."""
+    left = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]])
+    got = plan_batch(left, min_saving=0.0, left_padding=True)
+    assert got["pack_source"].tolist() == [5, 6, 7, 11, 2, 3, 12, 12]
+    assert got["pack_segment"].tolist() == [[1, 1, 1, 2], [0, 0, -1, -1]]
+    assert got["pack_position_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 0, 0]]
+    assert got["pack_index"].tolist() == [[8, 8, 4, 5], [8, 0, 1, 2], [8, 8, 8, 3]]
+    holes = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]])
+    assert plan_batch(holes, min_saving=0.0, left_padding=True)["pack_position_ids"].shape == (0, 4)  # not one run: padded
+
+
 def test_collator_plan_is_dropped_when_a_batch_is_cut_by_rows(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = ContrastiveCollator(tokenizer, "unsup", 16, packing_plan=True)(mixed_examples(8))

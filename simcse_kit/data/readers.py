@@ -598,6 +598,8 @@ class ContrastiveCollator:
         packing_plan: also add the batch's packing plan (:func:`simcse_kit.model.packing.plan_batch`:
             ``pack_*`` int64 tensors), planned here in the DataLoader worker so a packing
             model's forward needs no device-to-host synchronisation.
+        pack_left_padded: the plan packs left-padded rows too (a decoder's, whose positions
+            count real tokens; an encoder's left-padded rows run padded).
         negatives: ``k``, hard negatives per example (``hardneg``; :func:`negatives_of`
             the dataset's columns): ``2 + k`` rows per example.
     """
@@ -612,6 +614,7 @@ class ContrastiveCollator:
     teacher_index: Mapping[str, int] | None = None
     packing_plan: bool = False
     guide_index: Mapping[str, int] | None = None
+    pack_left_padded: bool = False
     negatives: int = 1
 
     def __post_init__(self) -> None:
@@ -640,7 +643,7 @@ class ContrastiveCollator:
         if self.guide_index is not None:  # so did the guide
             out["guide_rows"] = torch.tensor([self.guide_index[t] for t in raw], dtype=torch.long)
         if self.packing_plan:
-            out.update(plan_batch(out["attention_mask"]))
+            out.update(plan_batch(out["attention_mask"], left_padding=self.pack_left_padded))
         return out
 
     def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:

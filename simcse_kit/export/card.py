@@ -115,6 +115,13 @@ def onnx_usage(result: ExportResult, dim: int) -> str | None:
     )
 
 
+LAST_TOKEN_JS = (
+    "Its `last_token` pooling reads the last column, which this folder's tokenizer (padding on the left) makes every "
+    "text's last real token. A text longer than the max length loses its appended EOS there (Transformers.js truncates "
+    "after adding special tokens), so its vector differs from this model's."
+)
+
+
 def client_usage(result: ExportResult, fp32: str, dim: int) -> str | None:
     """fastembed's and Transformers.js' setup for this graph (``docs/export.md``, "Other clients")."""
     if result.onnx is None:
@@ -136,6 +143,7 @@ def client_usage(result: ExportResult, fp32: str, dim: int) -> str | None:
         fp32_file=fp32,
         js_pooling=pooling,
         js_normalize=str(result.normalize).lower(),
+        js_last_token=LAST_TOKEN_JS if pooling == "last_token" else None,
     )
 
 

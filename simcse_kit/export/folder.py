@@ -292,6 +292,11 @@ def write_folder(
         config["output_hidden_states"] = True
         write_json(folder / "config.json", config)
     tokenizer.model_max_length = model.max_seq_len
+    if model.pooler.mode == "last":
+        # Transformers.js' last_token pooling reads the last column, the last real token only
+        # under left padding (sentence-transformers, fastembed and simcse-kit find it by the
+        # mask, either side); Qwen3-Embedding's tokenizer pads left too.
+        tokenizer.padding_side = "left"
     tokenizer.save_pretrained(folder)
     align_truncation(folder, model.max_seq_len)
     write_json(folder / "sentence_bert_config.json", {"max_seq_length": model.max_seq_len, "do_lower_case": False})

@@ -51,6 +51,7 @@ from torch import nn
 from simcse_kit.export.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO, OUTPUT
 from simcse_kit.export.source import ExportError
 from simcse_kit.model.modeling import SimCSEModel
+from simcse_kit.model.packing import padded_decoder_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,11 @@ MIN_COSINE = 0.9999
 """fp32 graph vs torch: every row at every checked shape must reach this."""
 EXPORTERS = ("dynamo", "torchscript")
 TOKEN_STATES = "last_hidden_state"
-TOKEN_POOLING = {"avg": "mean", "cls": "cls", "cls_before_pooler": "cls"}
+TOKEN_POOLING = {"avg": "mean", "cls": "cls", "cls_before_pooler": "cls", "last": "last_token"}
 """simcse-kit pooler -> the pooling of ``last_hidden_state`` that gives its vector when no MLP
-runs at inference (what fastembed's ``PoolingType`` and Transformers.js' ``pooling`` name)."""
+runs at inference (what fastembed's ``PoolingType`` and Transformers.js' ``pooling`` name:
+fastembed's ``LAST_TOKEN`` finds the last real token from the mask; Transformers.js'
+``last_token`` reads the last column, so the export's tokenizer pads on the left)."""
 CHECK_BATCHES = (1, 7, 64)
 CHECK_LENGTHS = (3, 32)  # and the model's maximum
 INT8_OPS = ("MatMul",)
@@ -112,6 +115,7 @@ class SentenceEmbeddingGraph(nn.Module):
         self.mlp = model.mlp if model.mlp is not None and model.mlp_mode == "always" else None
         self.normalize = normalize
         self.takes_token_type_ids = model.takes_token_type_ids
+        self.is_decoder = model.is_decoder
         self.token_states = not model.pooler.needs_hidden_states
         # The pooling a client applies to last_hidden_state for our vector; None: none can.
         self.token_pooling = TOKEN_POOLING.get(model.pooler.mode) if self.mlp is None else None
@@ -124,13 +128,13 @@ class SentenceEmbeddingGraph(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """Args: ``[B, L]`` int64 each. Returns the ``[B, D]`` vectors and, unless the pooler
         averages layers, the ``[B, L, H]`` token states, in :attr:`output_names` order."""
-        kwargs = {"token_type_ids": token_type_ids} if self.takes_token_type_ids and token_type_ids is not None else {}
+        kwargs: dict[str, Any] = {"attention_mask": attention_mask}
+        if self.takes_token_type_ids and token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        if self.is_decoder:  # position ids over real tokens, so left padding reads as right padding
+            kwargs |= padded_decoder_inputs(attention_mask)
         out = self.encoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            output_hidden_states=self.pooler.needs_hidden_states,
-            return_dict=True,
-            **kwargs,
+            input_ids=input_ids, output_hidden_states=self.pooler.needs_hidden_states, return_dict=True, **kwargs
         )
         pooled = self.pooler(attention_mask, out.last_hidden_state, out.hidden_states)
         if self.mlp is not None:
@@ -153,16 +157,20 @@ def graph_inputs(model: SimCSEModel, tokenizer: Any) -> list[str]:
     return names
 
 
-def random_batch(names: Sequence[str], vocab: int, batch: int, length: int, pad_id: int, seed: int) -> dict[str, torch.Tensor]:
-    """A right-padded ``[batch, length]`` batch of random ids (any but ``pad_id``): row 0
-    fills ``length``, the others random lengths (1..length), so padding and its mask are
-    exercised."""
+def random_batch(
+    names: Sequence[str], vocab: int, batch: int, length: int, pad_id: int, seed: int, left: bool = False
+) -> dict[str, torch.Tensor]:
+    """A right-padded (``left``: left-padded) ``[batch, length]`` batch of random ids (any
+    but ``pad_id``): row 0 fills ``length``, the others random lengths (1..length), so
+    padding and its mask are exercised."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab - 1, (batch, length), generator=gen)
     ids += (ids >= pad_id).long()  # never the pad id: its embedding may be zero (a zero vector has no cosine)
     lengths = torch.randint(1, length + 1, (batch,), generator=gen)
     lengths[0] = length
     mask = (torch.arange(length)[None] < lengths[:, None]).long()
+    if left:
+        mask = mask.flip(1)
     feeds = {"input_ids": ids.masked_fill(mask == 0, pad_id), "attention_mask": mask}
     if "token_type_ids" in names:
         feeds["token_type_ids"] = torch.zeros_like(ids)
@@ -193,21 +201,24 @@ def _export(graph: SentenceEmbeddingGraph, names: list[str], path: Path, opset: 
 def shape_parity(
     graph: SentenceEmbeddingGraph, path: Path, names: list[str], vocab: int, pad_id: int, max_len: int
 ) -> dict[str, float]:
-    """Lowest cosine, graph vs torch, per ``BxL`` shape (batches 1, 7, 64 x lengths 3, 32, max)."""
+    """Lowest cosine, graph vs torch, per ``BxL`` shape (batches 1, 7, 64 x lengths 3, 32, max);
+    a decoder's also left-padded (``BxL left``: its tokenizer may pad either side)."""
     import onnxruntime as ort  # the optional [onnx] extra: imported only when a graph is checked
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     taken = {i.name for i in session.get_inputs()}
     result: dict[str, float] = {}
     lengths = sorted({min(n, max_len) for n in (*CHECK_LENGTHS, max_len)})
+    sides = (False, True) if graph.is_decoder else (False,)
     for batch in CHECK_BATCHES:
         for length in lengths:
-            feeds = random_batch(names, vocab, batch, length, pad_id, seed=batch * 1000 + length)
-            with torch.inference_mode():
-                ref = graph.embed(**feeds)
-            got = session.run([OUTPUT], {k: v.numpy() for k, v in feeds.items() if k in taken})[0]
-            cos = nn.functional.cosine_similarity(ref.double(), torch.from_numpy(got).double(), dim=-1)
-            result[f"{batch}x{length}"] = float(cos.min())
+            for left in sides:
+                feeds = random_batch(names, vocab, batch, length, pad_id, seed=batch * 1000 + length, left=left)
+                with torch.inference_mode():
+                    ref = graph.embed(**feeds)
+                got = session.run([OUTPUT], {k: v.numpy() for k, v in feeds.items() if k in taken})[0]
+                cos = nn.functional.cosine_similarity(ref.double(), torch.from_numpy(got).double(), dim=-1)
+                result[f"{batch}x{length}" + (" left" if left else "")] = float(cos.min())
     return result
 
 

@@ -23,7 +23,14 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.files import atomic_dir
 from simcse_kit.model import families
 from simcse_kit.model.checks import check_weights
-from simcse_kit.model.packing import PackedBatch, attention_mask_for, pack, packing_matches
+from simcse_kit.model.packing import (
+    PackedBatch,
+    attention_mask_for,
+    pack,
+    packed_inputs,
+    packing_matches,
+    padded_decoder_inputs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -211,15 +218,18 @@ class SimCSEModel(nn.Module):
         self.takes_token_type_ids = families.takes_token_type_ids(base)
         self.position_offset = families.position_offset(base)
         # A decoder attends causally: its padded forward gets position ids that count real
-        # tokens, never the bidirectional 4-D mask, and it does not pack (the packed rows'
-        # block mask is bidirectional within a sentence).
+        # tokens, never the bidirectional 4-D mask; packed, it gets restarting position ids
+        # and no mask, and transformers masks causally per sentence (model.packing). One
+        # configured bidirectional (is_causal false, which transformers' mask builder reads)
+        # takes the encoders' block mask.
         self.is_decoder = families.is_decoder(base.config)
-        self.packing = (
-            packing
-            and not self.is_decoder
-            and packing_matches(
-                base, attn_implementation=attn_implementation, dtype=compute_dtype(base), position_offset=self.position_offset
-            )
+        self.causal = self.is_decoder and getattr(base.config, "is_causal", True) is not False
+        self.packing = packing and packing_matches(
+            base,
+            attn_implementation=attn_implementation,
+            dtype=compute_dtype(base),
+            position_offset=self.position_offset,
+            causal=self.causal,
         )
 
     @property
@@ -275,28 +285,28 @@ class SimCSEModel(nn.Module):
                     pad_token_id=pad,
                 )
         elif self.packing:
-            packed = pack(input_ids, attention_mask, token_type_ids, pad)
+            packed = pack(input_ids, attention_mask, token_type_ids, pad, left_padding=self.is_decoder)
         if packed is None:
-            kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
-            mask = attention_mask
+            kwargs: dict[str, object] = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
             if self.is_decoder:
-                kwargs["position_ids"] = families.decoder_position_ids(attention_mask)
+                kwargs |= padded_decoder_inputs(attention_mask)
             elif input_ids.is_cuda and self.attn_implementation != "flash_attention_2":
-                mask = padded_attention_mask(attention_mask, self.attn_implementation, compute_dtype(self.encoder))
-            out = self.encoder(
-                input_ids=input_ids, attention_mask=mask, output_hidden_states=want_all, return_dict=True, **kwargs
-            )
+                dtype = compute_dtype(self.encoder)
+                kwargs["attention_mask"] = padded_attention_mask(attention_mask, self.attn_implementation, dtype)
+            else:
+                kwargs["attention_mask"] = attention_mask
+            out = self.encoder(input_ids=input_ids, output_hidden_states=want_all, return_dict=True, **kwargs)
             last, hidden = out.last_hidden_state, out.hidden_states
         else:
             kwargs = {"token_type_ids": packed.token_type_ids} if packed.token_type_ids is not None else {}
-            out = self.encoder(
-                input_ids=packed.input_ids,
-                position_ids=packed.position_ids + self.position_offset,
-                attention_mask=attention_mask_for(packed.attention_mask, self.attn_implementation, compute_dtype(self.encoder)),
-                output_hidden_states=want_all,
-                return_dict=True,
-                **kwargs,
+            kwargs |= packed_inputs(
+                packed,
+                causal=self.causal,
+                attn_implementation=self.attn_implementation,
+                dtype=compute_dtype(self.encoder),
+                position_offset=self.position_offset,
             )
+            out = self.encoder(input_ids=packed.input_ids, output_hidden_states=want_all, return_dict=True, **kwargs)
             last = packed.unpack(out.last_hidden_state)
             hidden = [packed.unpack(h) for h in out.hidden_states] if want_all else None
         pooled = self.pooler(attention_mask, last, hidden)

@@ -16,6 +16,15 @@ number positions from ``padding_idx + 1``; the caller adds that offset
 (DeBERTa-v2 builds its own mask, ModernBERT's sliding window) are detected by
 :func:`packing_matches`, which compares a packed and a padded forward pass, and then
 run padded.
+
+**Decoders** (:func:`simcse_kit.model.families.is_decoder`) get no 4-D mask: their forward
+is given ``position_ids`` that restart at 0 for each sentence and no attention mask, and
+transformers' mask builder (``masking_utils.find_packed_sequence_indices``, called by
+``create_causal_mask`` and ``create_sliding_window_causal_mask`` when the 2-D mask is None
+and there is no cache) reads the sentences off those restarts and masks causally within each,
+sliding windows included. Their padded forward counts positions over real tokens
+(:func:`~simcse_kit.model.families.decoder_position_ids`), so a left-padded row packs as well
+as a right-padded one. The probe (:func:`packing_matches`) checks that too.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from simcse_kit.model.families import probe_batch
+from simcse_kit.model.families import decoder_position_ids, probe_batch
 from simcse_kit.model.fastpath.dropout import ATTENTION_NAME
 
 logger = logging.getLogger(__name__)
@@ -72,9 +81,8 @@ class PackedBatch:
         input_ids: ``[R, T]``.
         position_ids: ``[R, T]``, counting from 0 within each sentence.
         token_type_ids: ``[R, T]`` or None.
-        attention_mask: ``[R, 1, T, T]`` bool, True where query ``i`` may attend key
-            ``j``: the same sentence; a pad position attends only itself (a row with
-            nothing to attend would give a NaN softmax).
+        segment: ``[R, T]`` int64, the padded-batch row of each packed position, -1
+            where unused.
         index: ``[B, T]`` int64, for each padded-batch position its flat position in
             ``[R * T]``, or ``R * T`` for a pad position (a zero row in :meth:`unpack`).
     """
@@ -82,7 +90,7 @@ class PackedBatch:
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     token_type_ids: torch.Tensor | None
-    attention_mask: torch.Tensor
+    segment: torch.Tensor
     index: torch.Tensor
 
     @classmethod
@@ -108,20 +116,27 @@ class PackedBatch:
             flat = torch.cat([values.reshape(-1), values.new_full((1,), fill)])
             return flat.index_select(0, pack_source).view(r, t)
 
-        seg = pack_segment
-        same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
-        same |= torch.eye(t, dtype=torch.bool, device=seg.device)
         return cls(
             input_ids=gather(input_ids, pad_token_id),
             position_ids=pack_position_ids,
             token_type_ids=None if token_type_ids is None else gather(token_type_ids, 0),
-            attention_mask=same[:, None],
+            segment=pack_segment,
             index=pack_index,
         )
 
     @property
     def rows(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """``[R, 1, T, T]`` bool, True where query ``i`` may attend key ``j``: the same
+        sentence; a pad position attends only itself (a row with nothing to attend would
+        give a NaN softmax). An encoder's mask; a decoder is given none (module docstring)."""
+        seg, t = self.segment, self.segment.shape[1]
+        same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)
+        same |= torch.eye(t, dtype=torch.bool, device=seg.device)
+        return same[:, None]
 
     def unpack(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[R, T, H]`` packed states -> ``[B, T, H]`` in the padded layout (zeros at pads)."""
@@ -131,18 +146,31 @@ class PackedBatch:
         return flat.index_select(0, self.index.reshape(-1)).view(b, t, -1)
 
 
-def lengths_if_right_padded(attention_mask: torch.Tensor) -> list[int] | None:
-    """Each row's token count when every row is ones then zeros, else None (left
-    padding or holes: the positions would not be ``0..n-1``, so do not pack)."""
+def token_spans(attention_mask: torch.Tensor, left_padding: bool = False) -> tuple[list[int], list[int]] | None:
+    """Each row's first token and token count, when every row's tokens are one run that
+    starts the row (right padding) or, with ``left_padding``, ends it (left padding);
+    else None (holes, or left padding where it is not allowed: an encoder numbers a
+    left-padded sentence's positions from the number of pads, not from 0, so its packed
+    rows would not match).
+
+    Returns:
+        ``(starts, lengths)``, ``B`` ints each.
+    """
+    t = attention_mask.shape[1]
     lengths = attention_mask.sum(dim=1)
-    prefix = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None, :] < lengths[:, None]
-    if not torch.equal(prefix, attention_mask.bool()):
-        return None
-    return lengths.tolist()
+    steps = torch.arange(t, device=attention_mask.device)[None, :]
+    keep = attention_mask.bool()
+    if torch.equal(steps < lengths[:, None], keep):
+        return [0] * len(lengths), lengths.tolist()
+    if left_padding and torch.equal(steps >= t - lengths[:, None], keep):
+        return (t - lengths).tolist(), lengths.tolist()
+    return None
 
 
-def plan(lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING) -> dict[str, torch.Tensor] | None:
-    """The packing of a right-padded ``[B, t]`` batch with these row lengths, as CPU tensors.
+def plan(
+    lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING, starts: Sequence[int] | None = None
+) -> dict[str, torch.Tensor] | None:
+    """The packing of a padded ``[B, t]`` batch with these row lengths, as CPU tensors.
 
     Pure host work (first-fit decreasing in Python): the collator runs it in the
     DataLoader workers, so the training process gets the plan as tensors and a packed
@@ -152,6 +180,7 @@ def plan(lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING) -> dict
         lengths: ``B`` token counts, each ``<= t``.
         t: the padded batch's length.
         min_saving: the share of the ``B * t`` positions packing must remove.
+        starts: ``B`` column of each row's first token (None: all 0, right padding).
 
     Returns:
         None when packing saves too little; else (``R`` packed rows):
@@ -178,10 +207,11 @@ def plan(lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING) -> dict
         offset = row * t
         for i in members:
             n = lengths[i]  # an empty row takes one slot (max(n, 1)) but places no token
-            source[offset : offset + n] = i * t + steps[:n]
+            first = starts[i] if starts is not None else 0
+            source[offset : offset + n] = i * t + first + steps[:n]
             segment[offset : offset + n] = i
             positions[offset : offset + n] = steps[:n]
-            index[i, :n] = offset + steps[:n]
+            index[i, first : first + n] = offset + steps[:n]
             offset += max(n, 1)
     return {
         "pack_source": source,
@@ -191,16 +221,19 @@ def plan(lengths: Sequence[int], t: int, min_saving: float = MIN_SAVING) -> dict
     }
 
 
-def plan_batch(attention_mask: torch.Tensor, min_saving: float = MIN_SAVING) -> dict[str, torch.Tensor]:
+def plan_batch(
+    attention_mask: torch.Tensor, min_saving: float = MIN_SAVING, left_padding: bool = False
+) -> dict[str, torch.Tensor]:
     """The collator's plan keys (:data:`~simcse_kit.core.batch.PLAN_INPUTS`) for a CPU ``[B, T]`` attention mask.
 
-    A batch that should run padded (too little to save, or not right-padded) gets
-    the keys with zero packed rows, so the model knows from a shape, not from a value
-    on the device, that the plan says "do not pack".
+    A batch that should run padded (too little to save, or padded in a way that does not
+    pack: :func:`token_spans`) gets the keys with zero packed rows, so the model knows from
+    a shape, not from a value on the device, that the plan says "do not pack".
+    ``left_padding``: left-padded rows pack too (a decoder's).
     """
-    lengths = lengths_if_right_padded(attention_mask)
+    spans = token_spans(attention_mask, left_padding)
     b, t = attention_mask.shape
-    planned = None if lengths is None else plan(lengths, t, min_saving)
+    planned = None if spans is None else plan(spans[1], t, min_saving, starts=spans[0])
     if planned is not None:
         return planned
     empty = torch.zeros(0, dtype=torch.int64)
@@ -213,9 +246,10 @@ def pack(
     token_type_ids: torch.Tensor | None = None,
     pad_token_id: int = 0,
     min_saving: float = MIN_SAVING,
+    left_padding: bool = False,
 ) -> PackedBatch | None:
-    """Pack a right-padded batch; None when packing would save less than ``min_saving``
-    of the positions (or the batch is not right-padded).
+    """Pack a padded batch; None when packing would save less than ``min_saving`` of the
+    positions (or the batch is padded in a way that does not pack: :func:`token_spans`).
 
     This plans on the spot (reading the lengths back from the device); training batches
     come with the plan precomputed by the collator (:func:`plan_batch`).
@@ -226,11 +260,13 @@ def pack(
         token_type_ids: optional ``[B, T]``.
         pad_token_id: the id put in packed rows' unused positions.
         min_saving: the share of the ``B * T`` positions packing must remove.
+        left_padding: left-padded rows pack too (a decoder, whose padded positions count
+            real tokens).
     """
-    lengths = lengths_if_right_padded(attention_mask)
-    if lengths is None:
+    spans = token_spans(attention_mask, left_padding)
+    if spans is None:
         return None
-    planned = plan(lengths, input_ids.shape[1], min_saving)
+    planned = plan(spans[1], input_ids.shape[1], min_saving, starts=spans[0])
     if planned is None:
         return None
     planned = {k: v.to(input_ids.device) for k, v in planned.items()}
@@ -261,6 +297,35 @@ def attention_mask_for(mask: torch.Tensor, attn_implementation: str, dtype: torc
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def packed_inputs(
+    packed: PackedBatch, *, causal: bool, attn_implementation: str, dtype: torch.dtype, position_offset: int = 0
+) -> dict[str, torch.Tensor | bool | None]:
+    """The encoder's keyword arguments (besides ``input_ids``) for packed rows.
+
+    Args:
+        packed: the rows.
+        causal: a decoder: position ids alone, restarting per sentence, and no mask, so
+            transformers builds the causal mask per sentence (module docstring); no cache.
+        attn_implementation: an encoder's attention, which decides the mask form
+            (:func:`attention_mask_for`).
+        dtype: the encoder's compute dtype (for an additive mask).
+        position_offset: added to the position ids (RoBERTa-style embeddings).
+    """
+    if causal:
+        return {"position_ids": packed.position_ids, "attention_mask": None, "use_cache": False}
+    return {
+        "position_ids": packed.position_ids + position_offset,
+        "attention_mask": attention_mask_for(packed.attention_mask, attn_implementation, dtype),
+    }
+
+
+def padded_decoder_inputs(attention_mask: torch.Tensor) -> dict[str, torch.Tensor | bool]:
+    """A decoder's keyword arguments (besides ``input_ids``) for a padded batch: the 2-D
+    mask, position ids counted over real tokens (either padding side), and no cache (an
+    embedding forward never generates; transformers' default builds one every call)."""
+    return {"attention_mask": attention_mask, "position_ids": decoder_position_ids(attention_mask), "use_cache": False}
+
+
 def packing_matches(
     encoder: nn.Module,
     vocab_size: int | None = None,
@@ -269,6 +334,7 @@ def packing_matches(
     attn_implementation: str = "sdpa",
     dtype: torch.dtype = torch.float32,
     position_offset: int = 0,
+    causal: bool = False,
 ) -> bool:
     """Whether ``encoder`` gives the same token states packed as padded.
 
@@ -277,7 +343,8 @@ def packing_matches(
     :func:`simcse_kit.model.families.probe_batch`) both ways in eval mode, without
     gradient, and compares the tokens' last hidden states. A model that builds its own
     mask (DeBERTa-v2) or keeps a sliding window a 4-D mask overrides (ModernBERT) fails
-    and is run padded.
+    and is run padded; so does a decoder whose mask builder does not read the sentences
+    off the restarting position ids (:func:`packed_inputs`).
 
     Args:
         encoder: a Hugging Face encoder taking ``position_ids`` and a 4-D mask.
@@ -289,23 +356,23 @@ def packing_matches(
         position_offset: added to the packed position ids (RoBERTa-style embeddings
             number positions from ``padding_idx + 1``:
             :func:`simcse_kit.model.families.position_offset`).
+        causal: ``encoder`` is a decoder (:func:`packed_inputs`).
     """
     pad = getattr(encoder.config, "pad_token_id", None) or 0
     ids, mask = probe_batch(encoder, vocab_size=vocab_size)
     packed = pack(ids, mask, pad_token_id=pad, min_saving=0.0)
     if packed is None or packed.rows != 2:
         return False
+    padded_kwargs = padded_decoder_inputs(mask) if causal else {"attention_mask": mask}
+    packed_kwargs = packed_inputs(
+        packed, causal=causal, attn_implementation=attn_implementation, dtype=dtype, position_offset=position_offset
+    )
     was_training = encoder.training
     encoder.eval()
     try:
         with torch.no_grad():
-            padded = encoder(input_ids=ids, attention_mask=mask, return_dict=True).last_hidden_state
-            out = encoder(
-                input_ids=packed.input_ids,
-                position_ids=packed.position_ids + position_offset,
-                attention_mask=attention_mask_for(packed.attention_mask, attn_implementation, dtype),
-                return_dict=True,
-            ).last_hidden_state
+            padded = encoder(input_ids=ids, return_dict=True, **padded_kwargs).last_hidden_state
+            out = encoder(input_ids=packed.input_ids, return_dict=True, **packed_kwargs).last_hidden_state
     except Exception as exc:  # any failure means "run padded"
         logger.info("sequence packing off: the encoder rejects a packed batch (%s)", exc)
         return False

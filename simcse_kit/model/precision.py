@@ -360,7 +360,9 @@ def set_tf32(device: torch.device | str, capability: tuple[int, int] | None = No
     return on
 
 
-def check_cuda_flags(device: torch.device | str, *, fast_dropout: bool, bf16_weights: bool) -> list[str]:
+def check_cuda_flags(
+    device: torch.device | str, *, fast_dropout: bool, bf16_weights: bool, adapter: bool = False
+) -> list[str]:
     """Warn about the CPU speed tricks set on for a CUDA device, where they do not pay.
 
     ``fast_dropout`` replaces SDPA's fused attention with an explicit softmax attention
@@ -368,6 +370,9 @@ def check_cuda_flags(device: torch.device | str, *, fast_dropout: bool, bf16_wei
     ``bf16_weights`` stands in for autocast on CPUs (:mod:`simcse_kit.model.fastpath.bf16`);
     CUDA's autocast is fast already. Both still run as asked (a recipe shared between a
     CPU and a GPU machine keeps working); ``auto`` never turns them on for CUDA.
+    With an ``adapter`` (LoRA) ``bf16_weights`` is no speed trick but the memory option
+    (the frozen base stored in bf16, the adapter trained through fp32 masters): not warned
+    about, only logged as not verified on CUDA by the test suite.
 
     Returns:
         The warnings logged (empty off CUDA or with both off).
@@ -380,7 +385,12 @@ def check_cuda_flags(device: torch.device | str, *, fast_dropout: bool, bf16_wei
             "train.fast_dropout is on for a CUDA device: it replaces SDPA's fused attention with an explicit "
             "softmax attention, which is slower there; set it to auto or false"
         )
-    if bf16_weights:
+    if bf16_weights and adapter:
+        logger.info(
+            "train.bf16_weights with a LoRA adapter on CUDA: the frozen base in bf16, the adapter through fp32 "
+            "masters (verified on CPU; not on CUDA by the test suite)"
+        )
+    elif bf16_weights:
         warnings.append(
             "train.bf16_weights is on for a CUDA device: it is a CPU speed trick (CUDA's bf16 autocast is fast); "
             "set it to auto or false"

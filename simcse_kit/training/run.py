@@ -210,7 +210,12 @@ def build_run(
     recorded = cfg  # config.yaml: the device's auto settings stay auto (each machine decides them)
     cfg = with_device_defaults(cfg, accelerator.device, accelerator.num_processes)
     tf32 = set_tf32(accelerator.device)
-    check_cuda_flags(accelerator.device, fast_dropout=cfg.train.fast_dropout is True, bf16_weights=cfg.train.bf16_weights is True)
+    check_cuda_flags(
+        accelerator.device,
+        fast_dropout=cfg.train.fast_dropout is True,
+        bf16_weights=cfg.train.bf16_weights is True,
+        adapter=cfg.model.lora_r > 0,
+    )
     check_engine(
         engine_of(accelerator),
         {
@@ -239,6 +244,7 @@ def build_run(
             accelerator.device,
             teacher[1].index if teacher else None,
             guide[1].index if guide else None,
+            decoder=model.is_decoder,
         )
         extra: dict[str, Any] = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
     else:
@@ -250,7 +256,7 @@ def build_run(
         }
         objective = MixtureObjective(per_dataset, accelerator.num_processes)
         accelerator.register_for_checkpointing(objective.tally)  # --resume reports what an uninterrupted run does
-        loader = make_mixture_loader(cfg, sets, tokenizer, accelerator.num_processes, accelerator.device)
+        loader = make_mixture_loader(cfg, sets, tokenizer, accelerator.num_processes, accelerator.device, model.is_decoder)
         files = {spec.name: spec.file for spec in cfg.data.datasets}
         extra = {"base_model": cfg.model.name_or_path, "mode": "mixture", "datasets": modes_of, "train_file": files}
     if wrap_collate is not None:
@@ -439,13 +445,15 @@ def make_loader(
     device: torch.device | str = "cpu",
     teacher_index: Mapping[str, int] | None = None,
     guide_index: Mapping[str, int] | None = None,
+    decoder: bool = False,
 ) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
     generator of its own, which the loop checkpoints so a resume redraws the order.
     Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); the packing plan
     made in the collator, so in the workers with ``data.num_workers > 0``.
     ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``;
-    ``guide_index``: with a guide, their ``guide_rows``."""
+    ``guide_index``: with a guide, their ``guide_rows``.
+    ``decoder``: the model is a decoder, whose left-padded batches pack too."""
     options = loader_options(device)
     logger.info(
         "input pipeline: %s worker process(es); pinned memory and asynchronous copies %s",
@@ -454,7 +462,14 @@ def make_loader(
     )
     per_process = cfg.train.batch_size // num_processes
     collator = make_collator(
-        cfg, tokenizer, cfg.data.mode, cfg.data.prompts, negatives_of(dataset.column_names), teacher_index, guide_index
+        cfg,
+        tokenizer,
+        cfg.data.mode,
+        cfg.data.prompts,
+        negatives_of(dataset.column_names),
+        teacher_index,
+        guide_index,
+        decoder=decoder,
     )
     generator = torch.Generator().manual_seed(cfg.train.seed)
     return DataLoader(
@@ -477,6 +492,7 @@ def make_collator(
     negatives: int,
     teacher_index: Mapping[str, int] | None = None,
     guide_index: Mapping[str, int] | None = None,
+    decoder: bool = False,
 ) -> ContrastiveCollator:
     """The collator of a dataset in ``mode`` with ``negatives`` hard negatives per example and
     these ``prompts``; the rest (lengths, text ids, the packing plan) from ``cfg``."""
@@ -492,11 +508,17 @@ def make_collator(
         teacher_index=teacher_index,
         guide_index=guide_index,
         packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
+        pack_left_padded=decoder,  # a decoder's left-padded rows pack too
     )
 
 
 def make_mixture_loader(
-    cfg: RunConfig, sets: Mapping[str, datasets.Dataset], tokenizer: Any, num_processes: int, device: torch.device | str = "cpu"
+    cfg: RunConfig,
+    sets: Mapping[str, datasets.Dataset],
+    tokenizer: Any,
+    num_processes: int,
+    device: torch.device | str = "cpu",
+    decoder: bool = False,
 ) -> DataLoader:
     """:func:`make_loader` for ``data.datasets``: each global batch from one dataset, drawn by
     ``data.sampling`` (:class:`~simcse_kit.data.mixture.MixtureBatches`, from the loader's
@@ -507,7 +529,12 @@ def make_mixture_loader(
     options = loader_options(device)
     collators = {
         name: make_collator(
-            cfg, tokenizer, specs[name].mode, specs[name].prompts or cfg.data.prompts, negatives_of(part.column_names)
+            cfg,
+            tokenizer,
+            specs[name].mode,
+            specs[name].prompts or cfg.data.prompts,
+            negatives_of(part.column_names),
+            decoder=decoder,
         )
         for name, part in sets.items()
     }

@@ -7,10 +7,17 @@ casts. The catch is the update: a step of lr 3e-5 is below bf16's resolution for
 weights and would be rounded away, so AdamW updates an fp32 master copy and the bf16
 weights are re-rounded from it after every step (as in Megatron / DeepSpeed bf16).
 
-Embedding tables stay fp32 (:func:`bf16_training`): a lookup gains nothing from bf16,
-and the word embedding's dense gradient is half the model's parameters, so converting
+Trainable embedding tables stay fp32 (:func:`bf16_training`): a lookup gains nothing from
+bf16, and the word embedding's dense gradient is half the model's parameters, so converting
 it to fp32 for the update and the table back to bf16 after it cost more a step than the
-lookups themselves.
+lookups themselves. A frozen table (the base under a LoRA adapter) has no gradient to
+convert: it is cast to bf16 with the rest of the frozen base, which halves the memory the
+base takes (a decoder's vocabulary table is a quarter of Qwen3-0.6B).
+
+**Adapters.** With LoRA only the adapter (and the MLP head) trains: the optimizer keeps its
+fp32 masters and the bf16 copies the forward reads are re-rounded from them after every
+step, so the adapter's updates are fp32 AdamW's; :meth:`MasterWeightAdamW.fp32_model` hands
+the saving code the fp32 adapter.
 
 Gradients that stay put. A dense embedding backward allocates a zeroed table-sized
 gradient every time (47 MB on the default model): on CPU a block that large is a fresh
@@ -170,10 +177,10 @@ class MasterWeightAdamW(torch.optim.AdamW):
 def bf16_training(model: nn.Module, groups: list[dict[str, Any]], sparse_tables: bool = False, **adamw: Any) -> MasterWeightAdamW:
     """Cast ``model`` to bf16 for training and return AdamW with fp32 master weights.
 
-    Embedding tables stay fp32 and their outputs are cast to the dtype of the layers
-    after them, so the rest of the model runs in bf16 (see the module docstring).
-    Frozen parameters and floating buffers are cast too; the optimizer owns the
-    trainable ones.
+    Trainable embedding tables stay fp32 and every table's output is cast to the dtype of
+    the layers after it, so the rest of the model runs in bf16 (see the module docstring).
+    Frozen parameters (frozen tables included) and floating buffers are cast too; the
+    optimizer owns the trainable ones.
 
     Args:
         model: an fp32 model, not yet cast.
@@ -185,8 +192,8 @@ def bf16_training(model: nn.Module, groups: list[dict[str, Any]], sparse_tables:
         adamw: keyword arguments of ``torch.optim.AdamW`` (lr, fused, ...).
     """
     tables = [m for m in model.modules() if isinstance(m, nn.Embedding)]
-    kept = [m.weight for m in tables]
     trainable = {id(p) for g in groups for p in g["params"]}
+    kept = [m.weight for m in tables if id(m.weight) in trainable]  # frozen tables go bf16
     sparse = [m for m in tables if sparse_tables and id(m.weight) in trainable]
     for table in sparse:
         table.sparse = True
