@@ -39,9 +39,11 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
     that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
     unlabelled text; in ``scored`` its pairs and scores, checked against
     ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
-    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`)."""
+    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`). With
+    ``loss.distill`` the rows' teacher scores are read too (and required)."""
     data = cfg.data
     sentences = None
+    scored = cfg.loss.distill is not None  # the rows' teacher scores are read (and required) only for it
     if data.train_format != "auto" and data.mode == "scored":
         pairs = PAIR_READERS[data.train_format](data.train_file, bounds=data.score_range)
         dataset = scored_dataset(pairs.sentences1, pairs.sentences2, pairs.scores.tolist(), data.score_range)
@@ -60,10 +62,16 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
             bad_rows=data.bad_rows,
             cache_dir=data.cache_dir,
             score_range=data.score_range,
+            teacher_scores=scored,
         )
     if data.mix_file is not None and data.mix_ratio > 0:
         general = load_train_dataset(
-            data.mix_file, data.mode, bad_rows=data.bad_rows, cache_dir=data.cache_dir, score_range=data.score_range
+            data.mix_file,
+            data.mode,
+            bad_rows=data.bad_rows,
+            cache_dir=data.cache_dir,
+            score_range=data.score_range,
+            teacher_scores=scored,
         )
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset

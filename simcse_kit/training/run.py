@@ -395,6 +395,7 @@ def make_loader(
         with_text_ids=cfg.loss.mask_false_negatives,
         prompts=view_prompts(cfg.data.prompts, cfg.data.mode, negatives),
         negatives=negatives,
+        teacher_scores=cfg.loss.distill is not None,
         word_repetition=cfg.data.word_repetition,
         seed=cfg.train.seed,
         teacher_index=teacher_index,
