@@ -1,4 +1,4 @@
-"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation), each a spec in :data:`TABLES`.
+"""The quality tables (BENCHMARKS.md: quality, domain, mining, teacher scores, distillation), each a spec in :data:`TABLES`.
 
 Each row (a recipe, or its sentence-transformers peer: ``st_peers.py``) runs every learning rate for one
 seed, dev only; the best dev rate (never test) then runs ``--seeds``. Finished runs are reused.
@@ -51,7 +51,8 @@ class Row:
 @dataclasses.dataclass(frozen=True)
 class Table:
     """A quality table: its rows (``default`` run unless ``--rows``), the learning rates swept on
-    dev, the domains (``""``: one table scored on STS-B) and the untouched models scored beside."""
+    dev, the domains (``""``: one table scored on STS-B) and the untouched models scored beside;
+    its ``mined`` rows train on SNLI's pairs with ``negatives`` mined each, ``scored`` by ``--teacher``."""
 
     rows: Mapping[str, Row]
     default: Sequence[str]
@@ -59,6 +60,8 @@ class Table:
     domains: Sequence[str] = ("",)
     untouched: Sequence[str] = ("base",)
     trains_on: Sequence[str] = ()
+    negatives: int = 1
+    scored: bool = False
 
 
 _QUEUE = {"queue_size": "160", "momentum": "0.995"}
@@ -85,11 +88,18 @@ _TEACHER_ROWS = {
     "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
 }
 _MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=True), "sup+mined": Row("hardneg", mined=True)}
+# The same mined rows (3 negatives each, scored by --teacher) without and with their scores.
+_SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=True)} | {
+    f"{loss}{suffix}": Row("hardneg", {"distill": loss, "distill_weight": weight}, mined=True)
+    for loss in ("kl", "margin_mse")
+    for suffix, weight in (("", "1"), ("+infonce", "0.5"))
+}
 TABLES = {
     "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
     "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
     "teacher": Table(_TEACHER_ROWS, list(_TEACHER_ROWS), "1e-5,3e-5,1e-4", ("sick", "stsb"), ("base", "teacher")),
     "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
+    "scores": Table(_SCORES_ROWS, list(_SCORES_ROWS), untouched=("base", "teacher"), trains_on=(SNLI,), negatives=3, scored=True),
 }
 
 
@@ -389,21 +399,28 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
     )
 
 
-def mined_file(out: Path, triplets: Path) -> Path:
-    """``triplets`` without its contradictions, re-mined by ``simcse-kit mine`` (cached in ``out``)."""
+def mined_file(out: Path, triplets: Path, negatives: int = 1, teacher: str | None = None) -> Path:
+    """``triplets`` without its contradictions, re-mined by ``simcse-kit mine`` with ``negatives``
+    per row, then (``teacher``) scored by ``simcse-kit score --model teacher`` (cached in ``out``)."""
     from simcse_kit.data.readers import read_rows
     from simcse_kit.files import write_text_atomic
     from simcse_kit.training.mining import mine_file
+    from simcse_kit.training.scoring import score_file
 
-    target = out / "snli_pairs_mined.csv"
+    target = out / f"snli_pairs_mined{negatives if negatives > 1 else ''}.csv"
     if not target.is_file():
         text = io.StringIO()
         writer = csv.DictWriter(text, fieldnames=("sent0", "sent1"), lineterminator="\n")
         writer.writeheader()
         writer.writerows(read_rows(triplets, ("sent0", "sent1")))
         write_text_atomic(out / "snli_pairs.csv", text.getvalue())
-        mine_file(out / "snli_pairs.csv", target)
-    return target
+        mine_file(out / "snli_pairs.csv", target, num_negatives=negatives)
+    if teacher is None:
+        return target
+    scored = target.with_name(f"{target.stem}_scored.csv")
+    if not scored.is_file():
+        score_file(target, scored, model=teacher)
+    return scored
 
 
 def training_rows(job: Job) -> int:
@@ -442,7 +459,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     lrs = parse_values("learning rate", args.learning_rates or spec.learning_rates)
     if any(spec.rows[r].mined for r in args.rows):
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        args.mined = mined_file(args.output_dir, args.data_root / SNLI)
+        args.mined = mined_file(args.output_dir, args.data_root / SNLI, spec.negatives, args.teacher if spec.scored else None)
     if any(spec.rows[r].teacher for r in args.rows):
         for domain in spec.domains:
             encode_teacher(domain, args)
@@ -463,7 +480,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
             if d == domain and label in made.rows:
                 kind = "st" if spec.rows[r].peer else "kit"
                 results[label] = stats(label, d, kind, made.rows[label], made.chosen[label])
-                if table == "mining":
+                if table in ("mining", "scores"):
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
@@ -509,7 +526,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
     p.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder of the final table (smoke tests)")
     p.add_argument("--st-precision", choices=("fp32", "bf16", "auto"), default="auto", help="auto: bf16 on a GPU, else fp32")
-    p.add_argument("--teacher", default=None, help="the teacher (table teacher): a sentence-transformers folder")
+    p.add_argument("--teacher", default=None, help="the teacher (tables teacher, scores): a sentence-transformers folder")
     p.add_argument("--teacher-cache-dir", type=Path, default=None, help="where its vectors are cached (default: the kit's)")
     p.add_argument("--data-root", type=Path, default=None, help="default: $SIMCSE_KIT_DATA, else ../shared/data")
     p.add_argument("--retrieval-tasks", nargs="+", default=None, help="built-in retrieval tasks (default: all; none: skip)")
@@ -532,15 +549,15 @@ def main() -> None:
     spec = TABLES[args.table]
     args.rows = args.rows or list(spec.default)
     unknown = [r for r in args.rows if r not in spec.rows]
-    if unknown or (args.table == "teacher" and not args.teacher):
-        raise SystemExit(f"--rows {unknown} not in {list(spec.rows)}" if unknown else "the teacher table needs --teacher")
+    if unknown or ((args.table == "teacher" or spec.scored) and not args.teacher):
+        raise SystemExit(f"--rows {unknown} not in {list(spec.rows)}" if unknown else f"the {args.table} table needs --teacher")
     args.output_dir = args.output_dir or REPO / "runs" / "benchmarks" / args.table
     prepare(args, spec)
     start = time.perf_counter()
     record = build(args.table, args)
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    spec_view = {"sts": report.QUALITY, "mining": report.MINING}.get(args.table, report.DOMAIN)
+    spec_view = {"sts": report.QUALITY, "mining": report.MINING, "scores": report.SCORES}.get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 
