@@ -8,13 +8,14 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TinyRun, toy_sentences, write_vocab
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+from conftest import TinyRun, toy_sentences
+from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassification
 
 from simcse_kit.cli import main
 from simcse_kit.config.run import LossConfig, ModelConfig
@@ -273,29 +274,19 @@ def test_score_writes_the_bi_encoders_cosines(tmp_path: Path, tiny_model_dir: Pa
     assert len({s for r in written for s in r["scores"]}) > 1 + k  # not one constant
 
 
-def save_tiny_cross_encoder(folder: Path) -> Path:
-    folder.mkdir()
-    write_vocab(folder)
-    config = BertConfig(
-        vocab_size=len((folder / "vocab.txt").read_text(encoding="utf-8").split()),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-        num_labels=1,
-        initializer_range=0.5,  # logits spread well apart, so equal scores are no accident
-    )
+def save_tiny_cross_encoder(model_dir: Path, folder: Path) -> Path:
+    """The tiny BERT's tokenizer and shape with a one-label classification head: a CrossEncoder folder."""
+    shutil.copytree(model_dir, folder)
+    config = AutoConfig.from_pretrained(model_dir, num_labels=1, initializer_range=0.5)  # logits spread well apart
     torch.manual_seed(3)
     BertForSequenceClassification(config).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(folder).save_pretrained(folder)
     return folder
 
 
-def test_score_with_a_cross_encoder_equals_its_predict(tmp_path: Path) -> None:
+def test_score_with_a_cross_encoder_equals_its_predict(tmp_path: Path, tiny_model_dir: Path) -> None:
     from sentence_transformers import CrossEncoder
 
-    folder = save_tiny_cross_encoder(tmp_path / "ce")
+    folder = save_tiny_cross_encoder(tiny_model_dir, tmp_path / "ce")
     rows = write_triplets(tmp_path / "triplets.csv", 6, 2)
     out = tmp_path / "scored.jsonl"
     assert main(["score", str(tmp_path / "triplets.csv"), str(out), "--cross-encoder", str(folder), "--device", "cpu"]) == 0

@@ -188,6 +188,21 @@ def mine_negatives(
     return [None if m is None else m[0] for m in mined]
 
 
+def check_output_file(pairs_path: str | Path, out_path: str | Path, what: str) -> None:
+    """The output of a command that rewrites PAIRS (``mine``, ``score``), checked before any
+    model is loaded and the file encoded: not PAIRS itself (it would be replaced by its own
+    copy), not a folder (found only at the rename, after the work, otherwise), writable.
+
+    Raises:
+        ConfigError: the input or a folder, naming ``what`` is written; StorageError: not writable.
+    """
+    if Path(out_path).resolve() == Path(pairs_path).resolve():
+        raise ConfigError(f"{out_path}: the output is the input file {pairs_path}; write the {what} to another file")
+    if Path(out_path).is_dir():
+        raise ConfigError(f"{out_path}: is a folder; give the path of a file to write the {what} to")
+    check_writable(out_path, "--out")
+
+
 def mine_file(
     pairs_path: str | Path,
     out_path: str | Path,
@@ -226,11 +241,7 @@ def mine_file(
             import faiss  # noqa: F401
         except ImportError:
             raise ConfigError("--index faiss needs faiss: pip install 'simcse-kit[faiss]' (faiss-cpu)") from None
-    if Path(out_path).resolve() == Path(pairs_path).resolve():  # the pairs would be replaced by their mined copy
-        raise ConfigError(f"{out_path}: the output is the input file {pairs_path}; write the mined pairs to another file")
-    if Path(out_path).is_dir():  # found only at the rename, after the work, otherwise
-        raise ConfigError(f"{out_path}: is a folder; give the path of a file to write the mined pairs to")
-    check_writable(out_path, "--out")  # before the model is loaded and the file encoded
+    check_output_file(pairs_path, out_path, "mined pairs")
     rows = read_rows(pairs_path, ("sent0", "sent1"))
     encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
     pairs = [(r["sent0"], r["sent1"]) for r in rows]

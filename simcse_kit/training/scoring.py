@@ -33,10 +33,10 @@ from simcse_kit.core import modes
 from simcse_kit.core.score_losses import candidate_cosines
 from simcse_kit.data.readers import negatives_of, read_rows
 from simcse_kit.errors import ConfigError
-from simcse_kit.files import check_writable, write_text_atomic
+from simcse_kit.files import write_text_atomic
 from simcse_kit.model.devices import resolve_device
 from simcse_kit.model.inference import Encoder, SentenceTransformerEncoder, load_encoder
-from simcse_kit.training.mining import format_rows
+from simcse_kit.training.mining import check_output_file, format_rows
 
 logger = logging.getLogger(__name__)
 
@@ -118,11 +118,7 @@ def score_file(
     """
     if model is not None and cross_encoder is not None:
         raise ConfigError("--model and --cross-encoder: give one teacher")
-    if Path(out_path).resolve() == Path(pairs_path).resolve():
-        raise ConfigError(f"{out_path}: the output is the input file {pairs_path}; write the scored rows to another file")
-    if Path(out_path).is_dir():  # found only at the rename, after the work, otherwise
-        raise ConfigError(f"{out_path}: is a folder; give the path of a file to write the scored rows to")
-    check_writable(out_path, "OUT")  # before any model is loaded and the file encoded
+    check_output_file(pairs_path, out_path, "scored rows")
     rows = read_rows(pairs_path, ("sent0", "sent1"), hard_negatives=True)
     k = negatives_of(list(rows[0]))
     negative_columns = modes.hard_negative_columns(k)
