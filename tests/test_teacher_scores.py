@@ -184,6 +184,16 @@ def test_distill_student_temperature_is_its_own_knob() -> None:
     torch.testing.assert_close(got, naive_distill(embeddings, teacher, 1, "kl", tau_s=0.2, tau_t=0.1), atol=1e-12, rtol=0)
 
 
+def test_distill_with_matryoshka_sums_the_prefixes() -> None:
+    torch.manual_seed(1)
+    embeddings = torch.randn(3 * 5, 8, dtype=torch.float64)
+    teacher = torch.rand(3, 4, dtype=torch.float64)
+    cfg = LossConfig(distill="margin_mse", matryoshka_dims=[8, 3], matryoshka_weights=[1.0, 0.5])
+    got = SimCSEObjective("hardneg", cfg, negatives=3).loss(embeddings, {"teacher_scores": teacher})
+    want = sum(w * naive_distill(embeddings[:, :d], teacher, 3, "margin_mse", 1, 1) for d, w in ((8, 1.0), (3, 0.5)))
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+
+
 def test_distill_refuses_what_it_cannot_use() -> None:
     with pytest.raises(ValueError, match="mode hardneg"):
         SimCSEObjective("sup", LossConfig(distill="kl"))
