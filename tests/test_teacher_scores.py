@@ -336,3 +336,20 @@ def test_scored_file_trains_with_distill_and_matches_its_teacher_at_the_start(ti
     assert alone["losses"][0][1] < 1e-5
     mixed = tiny_run.train("mixed", **common, distill_weight="0.5")
     assert mixed["losses"][0][1] > 0.1  # InfoNCE's half: 24 candidates per anchor
+
+
+def test_a_hub_dataset_carries_its_scores_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    rows = {
+        "sent0": ["a", "b"],
+        "sent1": ["p", "q"],
+        "hard_neg": [["x", "y"], ["z", "w"]],
+        "scores": [[0.9, 0.2, 0.1], [0.8, 0.3, 0.4]],
+    }
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **kw: datasets.Dataset.from_dict(rows))
+    ds = load_train_dataset("hub:org/scored", "hardneg", teacher_scores=True)
+    assert ds["scores"] == rows["scores"] and ds["hard_neg_2"] == ["y", "w"]
+    rows["scores"] = [[0.9, 0.2, 0.1], [0.8, 0.3]]
+    with pytest.raises(DataError, match=r"hub:org/scored, line 2: 2 teacher score\(s\) for a positive and 2 hard negative"):
+        load_train_dataset("hub:org/scored", "hardneg", teacher_scores=True)
