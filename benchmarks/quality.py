@@ -1,4 +1,5 @@
-"""The quality tables (BENCHMARKS.md: quality, domain, mining, distillation, guide, multi), each a spec in :data:`TABLES`.
+"""The quality tables (BENCHMARKS.md: quality, domain, mining, negatives, guide, multi, teacher scores,
+distillation), each a spec in :data:`TABLES`.
 
 Each row (a recipe, or its sentence-transformers peer: ``st_peers.py``) runs every learning rate for one
 seed, dev only; the best dev rate (never test) then runs ``--seeds``. Finished runs are reused.
@@ -55,7 +56,8 @@ class Row:
 @dataclasses.dataclass(frozen=True)
 class Table:
     """A quality table: its rows (``default`` run unless ``--rows``), the learning rates swept on
-    dev, the domains (``""``: one table scored on STS-B) and the untouched models scored beside."""
+    dev, the domains (``""``: one table scored on STS-B) and the untouched models scored beside;
+    ``scored``: its ``mined`` rows' negatives are scored by ``--teacher``."""
 
     rows: Mapping[str, Row]
     default: Sequence[str]
@@ -63,6 +65,7 @@ class Table:
     domains: Sequence[str] = ("",)
     untouched: Sequence[str] = ("base",)
     trains_on: Sequence[str] = ()
+    scored: bool = False
 
 
 _QUEUE = {"queue_size": "160", "momentum": "0.995"}
@@ -97,6 +100,12 @@ _MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=1), "sup+mined":
 # k = 1 and k = 3 on the same rows: those with three qualifying candidates, the k = 1 run on each one's first
 _NEGATIVE_ROWS = {"hardneg-k1": Row("hardneg", mined=3, first=True), "hardneg-k3": Row("hardneg", mined=3)}
 _MULTI_ROWS = {"kit-unsup": Row("unsup"), "kit-hardneg": Row("hardneg"), "kit-multi": Row("multi")}  # one dataset, four
+# The same mined rows (3 negatives each, scored by --teacher) without and with their scores.
+_SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=3)} | {
+    f"{loss}{suffix}": Row("hardneg", {"distill": loss, "distill_weight": weight}, mined=3)
+    for loss in ("kl", "margin_mse")
+    for suffix, weight in (("", "1"), ("+infonce", "0.5"))
+}
 TABLES = {
     "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
     "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
@@ -105,6 +114,7 @@ TABLES = {
     "negatives": Table(_NEGATIVE_ROWS, list(_NEGATIVE_ROWS), trains_on=(SNLI,)),
     "guide": Table(_GUIDE_ROWS, list(_GUIDE_ROWS), trains_on=(SNLI,)),
     "multi": Table(_MULTI_ROWS, list(_MULTI_ROWS), trains_on=(SNLI,)),
+    "scores": Table(_SCORES_ROWS, list(_SCORES_ROWS), untouched=("base", "teacher"), trains_on=(SNLI,), scored=True),
 }
 
 
@@ -408,12 +418,14 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
     )
 
 
-def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False) -> Path:
+def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False, teacher: str | None = None) -> Path:
     """``triplets`` without its contradictions, re-mined by ``simcse-kit mine`` with ``k`` negatives
-    (cached in ``out``); ``first``: those rows with only their first negative."""
+    (cached in ``out``); ``first``: those rows with only their first negative; ``teacher``: the rows
+    scored by ``simcse-kit score --model teacher``."""
     from simcse_kit.data.readers import read_rows
     from simcse_kit.files import write_text_atomic
     from simcse_kit.training.mining import mine_file
+    from simcse_kit.training.scoring import score_file
 
     target = out / f"snli_pairs_mined{k if k > 1 else ''}.csv"
     if first:
@@ -432,7 +444,12 @@ def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False) -> Pa
         writer.writerows(read_rows(triplets, ("sent0", "sent1")))
         write_text_atomic(out / "snli_pairs.csv", text.getvalue())
         mine_file(out / "snli_pairs.csv", target, num_negatives=k)
-    return target
+    if teacher is None:
+        return target
+    scored = target.with_name(f"{target.stem}_scored.csv")
+    if not scored.is_file():
+        score_file(target, scored, model=teacher)
+    return scored
 
 
 def training_rows(job: Job) -> int:
@@ -474,7 +491,9 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     args.mined = {}
     for row in (spec.rows[r] for r in args.rows if spec.rows[r].mined):
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        args.mined[row.mined, row.first] = mined_file(args.output_dir, args.data_root / SNLI, row.mined, row.first)
+        args.mined[row.mined, row.first] = mined_file(
+            args.output_dir, args.data_root / SNLI, row.mined, row.first, args.teacher if spec.scored else None
+        )
     vectors = [r for r in args.rows if (spec.rows[r].teacher or spec.rows[r].guide) and not spec.rows[r].peer]
     for domain in spec.domains if vectors else ():
         encode_vectors(table, domain, vectors[0], args)
@@ -495,7 +514,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
             if d == domain and label in made.rows:
                 kind = "st" if spec.rows[r].peer else "kit"
                 results[label] = stats(label, d, kind, made.rows[label], made.chosen[label])
-                if table in ("mining", "negatives"):
+                if table in ("mining", "negatives", "scores"):
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
@@ -541,7 +560,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
     p.add_argument("--eval-data-dir", type=Path, default=None, help="STS folder of the final table (smoke tests)")
     p.add_argument("--st-precision", choices=("fp32", "bf16", "auto"), default="auto", help="auto: bf16 on a GPU, else fp32")
-    p.add_argument("--teacher", default=None, help="the teacher (table teacher): a sentence-transformers folder")
+    p.add_argument("--teacher", default=None, help="the teacher (tables teacher, scores): a sentence-transformers folder")
     p.add_argument("--guide", default=None, help="the guide (table guide): a sentence-transformers folder")
     p.add_argument("--teacher-cache-dir", type=Path, default=None, help="where their vectors are cached (default: the kit's)")
     p.add_argument("--data-root", type=Path, default=None, help="default: $SIMCSE_KIT_DATA, else ../shared/data")
@@ -565,9 +584,9 @@ def main() -> None:
     spec = TABLES[args.table]
     args.rows = args.rows or list(spec.default)
     unknown = [r for r in args.rows if r not in spec.rows]
-    needs = {"teacher": args.teacher, "guide": args.guide}
-    if unknown or not needs.get(args.table, True):
-        what = f"--rows {unknown} not in {list(spec.rows)}" if unknown else f"the {args.table} table needs --{args.table}"
+    needs = {"teacher": ("--teacher", args.teacher), "guide": ("--guide", args.guide), "scores": ("--teacher", args.teacher)}
+    if unknown or not needs.get(args.table, ("", True))[1]:
+        what = f"--rows {unknown} not in {list(spec.rows)}" if unknown else f"the {args.table} table needs {needs[args.table][0]}"
         raise SystemExit(what)
     args.output_dir = args.output_dir or REPO / "runs" / "benchmarks" / args.table
     prepare(args, spec)
@@ -576,7 +595,7 @@ def main() -> None:
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
-    spec_view = (views | {"multi": report.MULTI}).get(args.table, report.DOMAIN)
+    spec_view = (views | {"multi": report.MULTI, "scores": report.SCORES}).get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 

@@ -132,6 +132,7 @@ class Spec:
     after: Callable[[list[Record]], list[str]] | None = None
     machines: bool = True
     home: Path = BENCH
+    command: str = ""  # what makes a record, where it is not `python -m benchmarks.<script>`
 
 
 def md_table(head: str | Sequence[str], rows: Iterable[Row]) -> list[str]:
@@ -143,8 +144,9 @@ def render_spec(spec: Spec) -> str:
     kept = records(spec.script)
     if not kept:
         return (
-            f"Not measured under the harness yet: no `benchmarks/results/{spec.script}-*.json`. `python -m "
-            f"benchmarks.{spec.script}` on a quiet machine keeps one; `python -m benchmarks.report` then fills this block."
+            f"Not measured under the harness yet: no `benchmarks/results/{spec.script}-*.json`. "
+            f"`{spec.command or f'python -m benchmarks.{spec.script}'}` on a quiet machine keeps one; "
+            "`python -m benchmarks.report` then fills this block."
         )
     intro = spec.intro(kept) if callable(spec.intro) else spec.intro
     out = ([intro, ""] if intro else []) + md_table(spec.head, (row for rec in kept for row in spec.rows(rec)))
@@ -433,6 +435,10 @@ MULTI = Spec(
     "One dataset a run against all four in one run (`train/multi.yaml`); Spearman x 100 and nDCG@10 x 100 of the "
     "built-in retrieval tasks, mean ± sample std over the seeds.",
 )  # fmt: skip
+SCORES = Spec(
+    "scores", "scores", MINING.head, _mining_rows,
+    command="python -m benchmarks.quality scores --teacher /path/to/all-mpnet-base-v2 --data-root DATA --parallel 10 --threads 1",
+)  # fmt: skip
 RETRIEVAL = Spec(
     "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",
     lambda rec: ([t, *_fixed(rec["results"]["sick-base"]["mean"][f"retrieval:{t}/{k}"]
@@ -493,8 +499,8 @@ def gpu_headline() -> str:
     )  # fmt: skip
 
 
-SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE, MEMORY)
-SPECS += (MULTI, CORPUS, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
+SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, TEACHER, TEACHER_GENERAL, THROUGHPUT, ENCODE)
+SPECS += (MEMORY, MULTI, CORPUS, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

@@ -5,8 +5,10 @@ computations see the same network), gathers the other process's candidates with
 gradient, computes the loss on its local anchors, then averages loss and parameter
 gradients over processes (what DDP does). That must equal the mean loss of a single
 process on the concatenated batch and its gradient, in fp32 to 1e-5, for the 2N-view,
-pair (``sup``, SimCSE's ``z1 . z2^T``), triplet (hard negatives) and SupCon forms, and for the
-score-ranking loss of ``scored`` pairs (every process ranks all processes' pairs).
+pair (``sup``, SimCSE's ``z1 . z2^T``), triplet (hard negatives) and SupCon forms, for the
+score-ranking loss of ``scored`` pairs (every process ranks all processes' pairs) and for the
+teacher-score terms (``loss.distill``: each process's own anchors and candidates, their scores
+travelling with their rows).
 """
 
 from __future__ import annotations
@@ -39,13 +41,19 @@ CASES = [
     # Score ranking over the pairs of both processes, alone and beside InfoNCE.
     ("scored", "scored", {}),
     ("scored-angle-mix", "scored", {"score_loss": "angle", "score_weight": 0.5}),
+    # A teacher's scores of each anchor's own candidates: local terms, beside the gathered InfoNCE.
+    ("distill-kl-mix", "hardneg", {"distill": "kl", "distill_weight": 0.5}),
+    ("distill-margin_mse", "hardneg", {"distill": "margin_mse"}),
 ]
 
 
 def examples(n: int) -> list[dict[str, str]]:
     s = toy_sentences(3 * n)
     # Graded scores (with ties) that interleave across the two processes' halves.
-    return [{"sent0": s[i], "sent1": s[n + i], "hard_neg": s[2 * n + i], "score": float(i * 7 % 5)} for i in range(n)]
+    return [
+        {"sent0": s[i], "sent1": s[n + i], "hard_neg": s[2 * n + i], "score": float(i * 7 % 5), "scores": [0.8, 0.1 * (i % 4)]}
+        for i in range(n)
+    ]
 
 
 # SupCon labels over the global batch: classes shared across the two processes, so a
@@ -68,7 +76,8 @@ def run_case(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     objective = SimCSEObjective(mode, LossConfig(temperature=0.05, gather=True, **options))
     model.zero_grad()
-    loss = objective.step(model, ContrastiveCollator(tokenizer, mode, 16)(exs))  # backward=None: loss.backward()
+    collator = ContrastiveCollator(tokenizer, mode, 16, teacher_scores="distill" in options)
+    loss = objective.step(model, collator(exs))  # backward=None: loss.backward()
     return loss.item(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

@@ -312,7 +312,8 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
         csv.writer(fh).writerows([("sent0", "sent1", "hard_neg"), *rows])
     kept = [(p, e, f"entailment {(i + 1) % 9}") for i, (p, e, _) in enumerate(rows) if i % 3]  # rows 0, 3, 6 got none
 
-    def mine(pairs: Path, out: Path) -> dict[str, int]:
+    def mine(pairs: Path, out: Path, num_negatives: int = 1) -> dict[str, int]:
+        assert num_negatives == 1
         with Path(pairs).open(encoding="utf-8") as fh:
             assert list(csv.reader(fh)) == [["sent0", "sent1"], *([p, e] for p, e, _ in rows)]  # contradictions dropped
         with Path(out).open("w", newline="", encoding="utf-8") as fh:
@@ -344,6 +345,52 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
         report._mining_verdict([record])[0]
         == "- `sup+mined` − `sup-4509` (the same rows): +0.50 on the 7-task average, -1.00 nDCG@10"
     )
+
+
+def test_the_scores_table_trains_every_row_on_the_same_scored_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scores table: SNLI's pairs mined with 3 negatives, scored by --teacher; every row reads
+    those rows, the distill rows with their scores, ``hardneg-k3`` without."""
+    from simcse_kit.training import mining as kit_mining
+    from simcse_kit.training import scoring as kit_scoring
+
+    quality = bench("quality")
+    triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
+    triplets.parent.mkdir(parents=True)
+    with triplets.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([("sent0", "sent1", "hard_neg"), *((f"p {i}", f"e {i}", f"c {i}") for i in range(6))])
+    calls: list[tuple[str, object]] = []
+
+    def mine(pairs: Path, out: Path, num_negatives: int = 1) -> dict[str, int]:
+        calls.append(("mine", num_negatives))
+        rows = [(f"p {i}", f"e {i}", *(f"e {(i + j) % 6}" for j in (1, 2, 3))) for i in range(6)]
+        with Path(out).open("w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows([("sent0", "sent1", "hard_neg_1", "hard_neg_2", "hard_neg_3"), *rows])
+        return {"rows": 6, "skipped": 0}
+
+    def score(pairs: Path, out: Path, model: str) -> dict[str, int]:
+        calls.append(("score", model))
+        with Path(pairs).open(encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+        extra = ["score_pos", "score_neg_1", "score_neg_2", "score_neg_3"]
+        with Path(out).open("w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows([rows[0] + extra, *(r + ["0.9", "0.5", "0.4", "0.3"] for r in rows[1:])])
+        return {"rows": 6, "negatives": 3}
+
+    monkeypatch.setattr(kit_mining, "mine_file", mine)
+    monkeypatch.setattr(kit_scoring, "score_file", score)
+    spec = quality.TABLES["scores"]
+    mined = quality.mined_file(tmp_path / "out", triplets, spec.negatives, "/teacher")
+    assert calls == [("mine", 3), ("score", "/teacher")] and mined.name == "snli_pairs_mined3_scored.csv"
+    args = domain_args(tmp_path, steps=None, mined=mined, teacher="/teacher", teacher_cache_dir=None)
+    for name in spec.rows:
+        job = quality.row_job("scores", "", name, 3e-5, 1, False, args)
+        cfg = load_config(job.recipe, job.overrides).validate()
+        data = load_training_data(cfg)
+        assert data["hard_neg_3"] == [f"e {(i + 3) % 6}" for i in range(6)]
+        assert (cfg.loss.distill is None) == ("scores" not in data.column_names), name
+        assert cfg.loss.distill is None or data["scores"][0] == [0.9, 0.5, 0.4, 0.3]
+    assert {quality.kit_config(quality.row_job("scores", "", n, 3e-5, 1, False, args)).loss.distill for n in spec.rows} == {
+        None, "kl", "margin_mse"}  # fmt: skip
 
 
 def test_a_failed_run_stops_the_table_or_with_keep_going_is_left_out(tmp_path: Path) -> None:

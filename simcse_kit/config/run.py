@@ -22,6 +22,7 @@ from simcse_kit.config.sections import (
     AUTO,
     DEFAULT_MODEL,
     DEV_FORMATS,
+    DISTILL_LOSSES,
     GUIDE_IS_TEACHER,
     GUIDE_MARGIN_STRATEGIES,
     HUB_PREFIX,
@@ -53,6 +54,7 @@ __all__ = [
     "AUTO",
     "DEFAULT_MODEL",
     "DEV_FORMATS",
+    "DISTILL_LOSSES",
     "GUIDE_IS_TEACHER",
     "GUIDE_MARGIN_STRATEGIES",
     "HUB_PREFIX",
@@ -123,6 +125,7 @@ class RunConfig:
                 ("queue_size", self.loss.queue_size == 0, "0 with data.datasets"),
                 ("teacher", self.loss.teacher is None, "null with data.datasets"),
                 ("guide", self.loss.guide is None, "null with data.datasets"),
+                ("distill", self.loss.distill is None, "null with data.datasets"),
             ]
             raise_first("loss", self.loss, unsupported)
         if self.data.mode == "scored" and self.loss.score_weight == 1:
@@ -133,6 +136,14 @@ class RunConfig:
                 ("guide", self.loss.guide is None, "null with loss.score_weight 1 (it vets InfoNCE's negatives)"),
             ]
             raise_first("loss", self.loss, unused)
+        if self.loss.distill is not None:  # the scores are of each row's positive and hard negatives
+            raise_first("data", self.data, [("mode", self.data.mode == "hardneg", "'hardneg' with loss.distill")])
+            if self.loss.distill_weight == 1:  # the distill term alone: what only feeds InfoNCE would be unused
+                unused = [
+                    ("queue_size", self.loss.queue_size == 0, "0 with loss.distill_weight 1 (the queue feeds InfoNCE)"),
+                    ("teacher", self.loss.teacher is None, "null with loss.distill_weight 1 (it joins InfoNCE)"),
+                ]
+                raise_first("loss", self.loss, unused)
         return self
 
     def check_data(self) -> RunConfig:

@@ -38,6 +38,9 @@ SAMPLINGS = ("proportional", "round_robin", "weighted")
 DEV_FORMATS = (*PAIR_FORMATS, "beir")
 TEACHER_LOSSES = ("similarity", "embedding")  # simcse_kit.training.objectives.TeacherTargets.kind
 SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
+# loss.distill: a teacher's scores of each anchor's candidates (simcse_kit.core.score_losses'
+# kl_distillation_loss and margin_mse_loss; simcse_kit.training.objectives.SimCSEObjective.distill_loss)
+DISTILL_LOSSES = ("kl", "margin_mse")
 TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
 GUIDE_MARGIN_STRATEGIES = ("absolute", "relative")  # simcse_kit.core.masks.MARGIN_STRATEGIES (config imports no torch)
 GUIDE_IS_TEACHER = "teacher"  # loss.guide: reuse loss.teacher's cached vectors
@@ -386,6 +389,24 @@ class LossConfig:
         "mode scored: loss = (1 - w) * InfoNCE over the pairs (sent1 the positive of sent0) + w * score loss; 1: the "
         "score loss alone (the default: a low-scored pair is no positive)",
     )
+    distill: str | None = option(
+        None,
+        f"mode hardneg with a teacher's scores of each row's positive and negatives (data column scores, or CSV score_pos, "
+        f"score_neg_1 ..; written by simcse-kit score): {one_of(DISTILL_LOSSES)}: the student's cosines with the "
+        "anchor's own candidates learn the teacher's softmax over them (KL) or its margins positive - negative "
+        "(MarginMSE); docs/losses.md. null: off (scores in the file are ignored).",
+    )
+    distill_weight: float = option(
+        1.0, "loss = (1 - w) * InfoNCE + w * distill term; 1: the distill term alone (no in-batch contrast)"
+    )
+    distill_teacher_temperature: float = option(
+        0.05,
+        "distill kl: the teacher's scores are divided by this before their softmax (0.05 for a bi-encoder's cosines, "
+        "about 1 for a cross-encoder's logits)",
+    )
+    distill_student_temperature: float | None = option(
+        None, "distill kl: the student's cosines are divided by this (None: loss.temperature)"
+    )
 
     def check(self) -> None:
         """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
@@ -414,6 +435,14 @@ class LossConfig:
             ("score_scale", 0 < self.score_scale < math.inf, "> 0 and finite"),
             ("score_weight", 0 <= self.score_weight <= 1, "in [0, 1]"),
         ]
+        if self.distill is not None:
+            student_tau = self.distill_student_temperature
+            rules += [
+                ("distill", self.distill in DISTILL_LOSSES, f"{one_of(DISTILL_LOSSES)} (or null)"),
+                ("distill_weight", 0 <= self.distill_weight <= 1, "in [0, 1]"),
+                ("distill_teacher_temperature", usable_temperature(self.distill_teacher_temperature), in_range),
+                ("distill_student_temperature", student_tau is None or usable_temperature(student_tau), f"null or {in_range}"),
+            ]
         if self.teacher is not None:
             rules += [
                 ("teacher_loss", self.teacher_loss in TEACHER_LOSSES, one_of(TEACHER_LOSSES)),

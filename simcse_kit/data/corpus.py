@@ -227,8 +227,7 @@ def _build(
         for batch in rows(bad):
             if writer is None:
                 columns = list(batch)
-                # Text columns as strings; a scored mode's score (floats) as float64.
-                kinds = [pa.float64() if isinstance(batch[name][0], float) else pa.string() for name in columns]
+                kinds = [_arrow_type(batch[name][0]) for name in columns]
                 schema = pa.schema(list(zip(columns, kinds, strict=True)))
                 writer = pa.ipc.new_stream(sink, schema)
             writer.write_batch(
@@ -246,6 +245,16 @@ def _build(
         every.sort()
         duplicates = int(np.count_nonzero(every[1:] == every[:-1]))
     return Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start)
+
+
+def _arrow_type(value: object) -> pa.DataType:
+    """A column's Arrow type from its first value: text as strings, a scored mode's score
+    (a float) as float64, a row's teacher scores (a list of floats) as a list of float64."""
+    if isinstance(value, float):
+        return pa.float64()
+    if isinstance(value, list):
+        return pa.list_(pa.float64())
+    return pa.string()
 
 
 def batched(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, list[Any]]]:

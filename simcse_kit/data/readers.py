@@ -13,6 +13,11 @@ memory. Formats, by training mode:
     number (a fixed ``V = 2 + k`` views per example keeps the batch layout one reshape);
     the dataset's columns are :func:`simcse_kit.core.modes.hard_negative_columns` of ``k``
     (``hard_neg`` for one, as before) and :func:`negatives_of` reads ``k`` back.
+    With a teacher's scores of each row's candidates (``loss.distill``), ``1 + k`` numbers,
+    the positive's first: JSONL ``"scores": [s_pos, s_neg_1, .., s_neg_k]``; CSV columns
+    ``score_pos`` and, per negative column, its name with ``hard_`` made ``score_``
+    (``score_neg`` beside ``hard_neg``, ``score_neg_1 .. score_neg_k`` beside
+    ``hard_neg_1 .. hard_neg_k``). The dataset's column :data:`TEACHER_SCORES` holds the list.
   * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
 """
 
@@ -236,6 +241,37 @@ def _json_negatives(path: Path, number: int, obj: dict[str, object]) -> list[obj
     return [value]
 
 
+TEACHER_SCORES = "scores"
+"""The column of a row's teacher scores ``[s_pos, s_neg_1, .., s_neg_k]`` (JSONL, the
+dataset); a CSV file spreads them over :func:`score_columns`."""
+
+
+def score_columns(negative_columns: Sequence[str]) -> list[str]:
+    """A CSV file's teacher-score columns for these negative columns: ``score_pos``, then
+    each negative's name with ``hard_`` made ``score_`` (``hard_neg_2`` -> ``score_neg_2``)."""
+    return ["score_pos", *(f"score_{name.removeprefix('hard_')}" for name in negative_columns)]
+
+
+def check_teacher_scores(value: object, path: object, number: int | None, k: int) -> list[float]:
+    """One row's teacher scores: a list of ``1 + k`` finite numbers (the positive's first).
+
+    Raises:
+        DataError: naming the file and line: not a list, the wrong length, or an entry
+            that is not a finite number.
+    """
+    if value is None:
+        raise DataError(f"{where(path, number)}: missing value for column {TEACHER_SCORES!r} (a list [s_pos, s_neg_1, ..])")
+    if not isinstance(value, list):
+        got = type(value).__name__
+        raise DataError(f"{where(path, number)}: column {TEACHER_SCORES!r} must be a list [s_pos, s_neg_1, ..], got {got}")
+    if len(value) != 1 + k:
+        raise DataError(
+            f"{where(path, number)}: {len(value)} teacher score(s) for a positive and {k} hard negative(s); "
+            f"give {1 + k}, the positive's first"
+        )
+    return [check_score(v, path, number, f"{TEACHER_SCORES}[{i}]", None) for i, v in enumerate(value)]
+
+
 def _with_negatives(path: Path, number: int, row: dict[str, str], values: list[object], k: int) -> dict[str, str]:
     """``row`` plus its ``k`` hard negatives under :func:`modes.hard_negative_columns`, checked."""
     if len(values) != k:
@@ -254,6 +290,7 @@ def read_rows(
     hard_negatives: bool = False,
     score_column: str | None = None,
     score_range: Sequence[float] | None = None,
+    teacher_scores: bool = False,
 ) -> list[dict[str, Any]]:
     """Read CSV (header row) or JSONL (one object a line) and check the columns.
 
@@ -267,12 +304,14 @@ def read_rows(
         score_column: also a numeric column, the pair's graded label
             (:func:`check_score`), returned as a float; None: text columns only.
         score_range: the scores' declared ``[low, high]``, mapped onto [0, 1]; None: as read.
+        teacher_scores: with ``hard_negatives``, each row also gets its teacher scores
+            (:data:`TEACHER_SCORES`, ``1 + k`` floats; :func:`check_teacher_scores`).
 
     A list, for small files; training reads the same rows into the Arrow cache
     (:func:`read_train_file`).
     """
     path = Path(path)
-    rows = list(table_rows(path, columns, hard_negatives, BadRows(), score_column, score_range))
+    rows = list(table_rows(path, columns, hard_negatives, BadRows(), score_column, score_range, teacher_scores))
     _enough_rows(path, len(rows))
     return rows
 
@@ -284,14 +323,17 @@ def table_rows(
     bad: BadRows,
     score_column: str | None = None,
     score_range: Sequence[float] | None = None,
+    teacher_scores: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """The checked rows of a CSV or JSONL file (:func:`read_rows`), streamed; a bad row
     goes to ``bad``, a problem of the whole file (no header, a header without the
     columns) raises."""
+    if teacher_scores and not hard_negatives:
+        raise ValueError("teacher scores are of a row's positive and hard negatives: read them with hard_negatives")
     score = (score_column, score_range)
     if path.suffix.lower() in (".jsonl", ".json"):
-        return _jsonl_rows(path, columns, hard_negatives, bad, *score)
-    return _csv_rows(path, columns, hard_negatives, bad, *score)
+        return _jsonl_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores)
+    return _csv_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores)
 
 
 def _scored(
@@ -305,10 +347,11 @@ def _scored(
 
 
 def _jsonl_rows(
-    path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any
+    path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any, teacher_scores: bool = False
 ) -> Iterator[dict[str, Any]]:
     required = [*columns, score[0]] if score and score[0] else list(columns)
-    keys = f" with keys {[*required, NEGATIVE] if hard_negatives else required}"
+    required += [NEGATIVE] if hard_negatives else []
+    keys = f" with keys {[*required, TEACHER_SCORES] if teacher_scores else required}"
     lines = LineStream(path, keep_bad=bad.policy == "skip")
     k = 0
     for number, text in lines:
@@ -324,14 +367,18 @@ def _jsonl_rows(
             if hard_negatives:
                 values = _json_negatives(path, number, obj)
                 k = k or len(values)
-                row = _with_negatives(path, number, row, values, k)
+                row = dict(_with_negatives(path, number, row, values, k))
+                if teacher_scores:
+                    row[TEACHER_SCORES] = check_teacher_scores(obj.get(TEACHER_SCORES), path, number, k)
         except DataError as exc:
             bad(exc)
             continue
         yield row
 
 
-def _csv_rows(path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any) -> Iterator[dict[str, Any]]:
+def _csv_rows(
+    path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any, teacher_scores: bool = False
+) -> Iterator[dict[str, Any]]:
     required = (*columns, score[0]) if score and score[0] else columns
     lines = LineStream(path, keep_bad=bad.policy == "skip")
     reader = csv.reader(text + "\n" for _, text in lines)
@@ -351,6 +398,8 @@ def _csv_rows(path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: B
         negative_names = _numbered_negatives(path, 1, header) or ([NEGATIVE] if NEGATIVE in header else [])
         if not negative_names:
             missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
+    teacher_columns = score_columns(negative_names) if teacher_scores and negative_names else []
+    missing += [c for c in teacher_columns if c not in header]
     if missing:
         raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
     while True:
@@ -376,6 +425,8 @@ def _csv_rows(path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: B
             row = _scored(path, number, dict(_check_row(path, number, fields, columns)), fields, score)
             if hard_negatives:
                 row = _with_negatives(path, number, row, [fields[name] for name in negative_names], len(negative_names))
+            if teacher_columns:
+                row[TEACHER_SCORES] = [check_score(fields[c], path, number, c, None) for c in teacher_columns]
         except DataError as exc:
             bad(exc)
             continue
@@ -388,6 +439,7 @@ def read_train_file(
     bad_rows: str = "error",
     cache_dir: str | Path | None = None,
     score_range: Sequence[float] | None = None,
+    teacher_scores: bool = False,
 ) -> Corpus:
     """A local training file for ``mode``, checked, as a memory-mapped dataset (the Arrow
     cache of :mod:`simcse_kit.data.corpus`: built on the first read, reused while the
@@ -400,6 +452,7 @@ def read_train_file(
             the problem; ``skip``: bad rows are left out, counted and the first few logged.
         cache_dir: where the cache goes (default: the `datasets` cache, ``$HF_DATASETS_CACHE``).
         score_range: a scored mode's declared score range (:func:`check_score`).
+        teacher_scores: ``hardneg`` rows also carry their teacher scores (:data:`TEACHER_SCORES`).
 
     Raises:
         DataError: a bad row (``error``), a bad file, or fewer than two rows.
@@ -420,10 +473,12 @@ def read_train_file(
     base = tuple(c for c in columns if c != NEGATIVE) if negatives else columns
     score = modes.mode(mode).score_column
     ranged = list(score_range) if score_range is not None else None
+    what: dict[str, object] = {"rows": "table", "columns": list(base), "hard_negatives": negatives, "score": score}
+    what |= {"score_range": ranged} | ({TEACHER_SCORES: True} if teacher_scores else {})  # the old key without scores
     return cached_corpus(
         path,
-        lambda bad: batched(table_rows(path, base, negatives, bad, score, score_range)),
-        {"rows": "table", "columns": list(base), "hard_negatives": negatives, "score": score, "score_range": ranged},
+        lambda bad: batched(table_rows(path, base, negatives, bad, score, score_range, teacher_scores)),
+        what,
         bad_rows,
         cache_dir,
         check=lambda report: _enough_rows(Path(source), report.rows),
@@ -461,10 +516,12 @@ def load_train_dataset(
     bad_rows: str = "error",
     cache_dir: str | Path | None = None,
     score_range: Sequence[float] | None = None,
+    teacher_scores: bool = False,
 ) -> datasets.Dataset:
     """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``
     (a ``hardneg`` file's ``k`` negatives as :func:`simcse_kit.core.modes.hard_negative_columns`;
-    a scored mode's score column, a float: :func:`check_score` under ``score_range``).
+    a scored mode's score column, a float: :func:`check_score` under ``score_range``; with
+    ``teacher_scores`` (``hardneg`` only) the rows' :data:`TEACHER_SCORES`, ``1 + k`` floats).
 
     A local file is memory-mapped from its Arrow cache (:func:`read_train_file`, with
     ``bad_rows`` and ``cache_dir``); a hub dataset is `datasets`' own cache.
@@ -474,6 +531,8 @@ def load_train_dataset(
     columns = COLUMNS[mode]
     negatives = mode == modes.NEGATIVES_MODE  # k hard negatives, k read off the data
     score_column = modes.mode(mode).score_column
+    if teacher_scores and not negatives:
+        raise ValueError(f"teacher scores are of each row's positive and hard negatives (mode hardneg); mode is {mode!r}")
     if sentences is not None:
         if mode != "unsup":
             raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
@@ -488,6 +547,7 @@ def load_train_dataset(
             ds = _numbered_columns(ds, source)
             columns = modes.hardneg(negatives_of(ds.column_names)).columns
         wanted = columns if score_column is None else (*columns, score_column)
+        wanted = (*wanted, TEACHER_SCORES) if teacher_scores else wanted
         missing = [c for c in wanted if c not in ds.column_names]
         if missing:
             raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
@@ -495,8 +555,12 @@ def load_train_dataset(
         if score_column is not None:  # checked and scaled as a file's, rows counted from 1
             checked = [check_score(v, source, i, score_column, score_range) for i, v in enumerate(ds[score_column], 1)]
             ds = ds.remove_columns(score_column).add_column(score_column, checked)
+        if teacher_scores:  # checked as a file's, rows counted from 1
+            per_row = negatives_of(ds.column_names)
+            checked_lists = [check_teacher_scores(v, source, i, per_row) for i, v in enumerate(ds[TEACHER_SCORES], 1)]
+            ds = ds.remove_columns(TEACHER_SCORES).add_column(TEACHER_SCORES, checked_lists)
     else:
-        corpus = read_train_file(source, mode, bad_rows, cache_dir, score_range)
+        corpus = read_train_file(source, mode, bad_rows, cache_dir, score_range, teacher_scores)
         ds = corpus.dataset
         if corpus.report.duplicates:
             # Kept (a corpus is what it is), but two copies in one batch are each
@@ -602,6 +666,8 @@ class ContrastiveCollator:
             count real tokens; an encoder's left-padded rows run padded).
         negatives: ``k``, hard negatives per example (``hardneg``; :func:`negatives_of`
             the dataset's columns): ``2 + k`` rows per example.
+        teacher_scores: also add ``teacher_scores`` ``[N, 1 + k]`` float32, each example's
+            :data:`TEACHER_SCORES` (its positive's, then its negatives'), in batch order.
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -616,6 +682,7 @@ class ContrastiveCollator:
     guide_index: Mapping[str, int] | None = None
     pack_left_padded: bool = False
     negatives: int = 1
+    teacher_scores: bool = False
 
     def __post_init__(self) -> None:
         n_views = views_per_example(self.mode, self.negatives)  # an unknown mode fails here, not at the first batch
@@ -638,6 +705,8 @@ class ContrastiveCollator:
         score_column = modes.mode(self.mode).score_column
         if score_column is not None:  # one graded label per example (not per row): the score loss's
             out["scores"] = torch.tensor([float(ex[score_column]) for ex in examples], dtype=torch.float32)
+        if self.teacher_scores:  # per example too: its own candidates' scores, travelling with its rows
+            out["teacher_scores"] = torch.tensor([ex[TEACHER_SCORES] for ex in examples], dtype=torch.float32)
         if self.teacher_index is not None:  # the teacher encoded the texts without prompts
             out["teacher_rows"] = torch.tensor([self.teacher_index[t] for t in raw], dtype=torch.long)
         if self.guide_index is not None:  # so did the guide

@@ -39,12 +39,19 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
     that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
     unlabelled text; in ``scored`` its pairs and scores, checked against
     ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
-    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`)."""
+    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`). With
+    ``loss.distill`` the rows' teacher scores are read too (and required)."""
     data = cfg.data
+    scored = cfg.loss.distill is not None  # the rows' teacher scores are read (and required) only for it
     dataset = read_training_file(cfg, data.train_file, data.train_format, data.mode, data.max_train_samples)
     if data.mix_file is not None and data.mix_ratio > 0:
         general = load_train_dataset(
-            data.mix_file, data.mode, bad_rows=data.bad_rows, cache_dir=data.cache_dir, score_range=data.score_range
+            data.mix_file,
+            data.mode,
+            bad_rows=data.bad_rows,
+            cache_dir=data.cache_dir,
+            score_range=data.score_range,
+            teacher_scores=scored,
         )
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset
@@ -86,6 +93,7 @@ def read_training_file(cfg: RunConfig, path: str, fmt: str, mode: str, max_sampl
         bad_rows=data.bad_rows,
         cache_dir=data.cache_dir,
         score_range=data.score_range,
+        teacher_scores=cfg.loss.distill is not None,  # the rows' teacher scores are read (and required) only for it
     )
 
 

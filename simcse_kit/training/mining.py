@@ -50,7 +50,7 @@ import torch
 from simcse_kit.config.run import DEFAULT_MODEL, GUIDE_MARGIN_STRATEGIES
 from simcse_kit.core.masks import guide_threshold
 from simcse_kit.core.modes import hard_negative_columns
-from simcse_kit.data.readers import read_rows
+from simcse_kit.data.readers import TEACHER_SCORES, read_rows, score_columns
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation.search import SEARCHES
 from simcse_kit.files import check_writable, write_text_atomic
@@ -254,6 +254,21 @@ def mine_negatives(
     return [None if m is None else m[0] for m in mined]
 
 
+def check_output_file(pairs_path: str | Path, out_path: str | Path, what: str) -> None:
+    """The output of a command that rewrites PAIRS (``mine``, ``score``), checked before any
+    model is loaded and the file encoded: not PAIRS itself (it would be replaced by its own
+    copy), not a folder (found only at the rename, after the work, otherwise), writable.
+
+    Raises:
+        ConfigError: the input or a folder, naming ``what`` is written; StorageError: not writable.
+    """
+    if Path(out_path).resolve() == Path(pairs_path).resolve():
+        raise ConfigError(f"{out_path}: the output is the input file {pairs_path}; write the {what} to another file")
+    if Path(out_path).is_dir():
+        raise ConfigError(f"{out_path}: is a folder; give the path of a file to write the {what} to")
+    check_writable(out_path, "--out")
+
+
 def mine_file(
     pairs_path: str | Path,
     out_path: str | Path,
@@ -298,11 +313,7 @@ def mine_file(
             import faiss  # noqa: F401
         except ImportError:
             raise ConfigError("--index faiss needs faiss: pip install 'simcse-kit[faiss]' (faiss-cpu)") from None
-    if Path(out_path).resolve() == Path(pairs_path).resolve():  # the pairs would be replaced by their mined copy
-        raise ConfigError(f"{out_path}: the output is the input file {pairs_path}; write the mined pairs to another file")
-    if Path(out_path).is_dir():  # found only at the rename, after the work, otherwise
-        raise ConfigError(f"{out_path}: is a folder; give the path of a file to write the mined pairs to")
-    check_writable(out_path, "--out")  # before the model is loaded and the file encoded
+    check_output_file(pairs_path, out_path, "mined pairs")
     rows = read_rows(pairs_path, ("sent0", "sent1"))
     encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
     vetting = None
@@ -350,16 +361,31 @@ def mine_file(
     return {"rows": len(kept), "skipped": skipped}
 
 
-def format_rows(rows: Sequence[tuple[str, str, tuple[str, ...]]], num_negatives: int, out_path: Path) -> str:
-    """The mined file's text: JSONL for a ``.jsonl``/``.json`` path, else CSV (module docstring)."""
+def format_rows(
+    rows: Sequence[tuple[str, str, tuple[str, ...]]],
+    num_negatives: int,
+    out_path: Path,
+    scores: Sequence[Sequence[float]] | None = None,
+) -> str:
+    """The mined file's text: JSONL for a ``.jsonl``/``.json`` path, else CSV (module docstring).
+
+    ``scores``: each row's teacher scores ``[s_pos, s_neg_1, ..]`` (:mod:`simcse_kit.training.scoring`),
+    written as the training reader reads them: JSONL ``"scores"``, CSV
+    :func:`simcse_kit.data.readers.score_columns`."""
+    per_row: Sequence[Sequence[float] | None] = [None] * len(rows) if scores is None else scores
     if out_path.suffix.lower() in (".jsonl", ".json"):
         lines = []
-        for anchor, positive, negatives in rows:
+        for (anchor, positive, negatives), row_scores in zip(rows, per_row, strict=True):
             value: str | list[str] = negatives[0] if num_negatives == 1 else list(negatives)
-            lines.append(json.dumps({"sent0": anchor, "sent1": positive, "hard_neg": value}, ensure_ascii=False) + "\n")
+            obj: dict[str, object] = {"sent0": anchor, "sent1": positive, "hard_neg": value}
+            if row_scores is not None:
+                obj[TEACHER_SCORES] = list(row_scores)
+            lines.append(json.dumps(obj, ensure_ascii=False) + "\n")
         return "".join(lines)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(("sent0", "sent1", *hard_negative_columns(num_negatives)))
-    writer.writerows((anchor, positive, *negatives) for anchor, positive, negatives in rows)
+    negative_columns = hard_negative_columns(num_negatives)
+    writer.writerow(("sent0", "sent1", *negative_columns, *(score_columns(negative_columns) if scores is not None else ())))
+    for (anchor, positive, negatives), row_scores in zip(rows, per_row, strict=True):
+        writer.writerow((anchor, positive, *negatives, *(row_scores or ())))
     return buffer.getvalue()

@@ -14,7 +14,7 @@ it and has no per-mode branch. The objective is also the plain *step* of the ste
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -183,6 +183,10 @@ class SimCSEObjective:
     With ``loss.matryoshka_dims`` the loss is the weighted sum of the same problem on each
     prefix of the rows (:func:`losses.matryoshka_loss`); a function of the full
     embeddings still, so GradCache and the queue take it as they take the plain loss.
+
+    With ``loss.distill`` (``hardneg`` rows carrying a teacher's scores of their positive
+    and negatives) the loss is ``(1 - w) * contrastive + w * D``, ``D`` each anchor's
+    cosines with its own candidates against the teacher's scores (:meth:`distill_loss`).
     """
 
     mode: str
@@ -199,6 +203,8 @@ class SimCSEObjective:
 
     def __post_init__(self) -> None:
         views_per_example(self.mode, self.negatives)  # an unknown mode (or k for one without negatives) fails here
+        if self.loss_cfg.distill is not None and self.mode != modes.NEGATIVES_MODE:
+            raise ValueError(f"loss.distill needs each row's hard negatives (mode hardneg); mode is {self.mode!r}")
 
     def views_per_example(self) -> int:
         """``V``: rows per example in this mode's batches."""
@@ -240,36 +246,97 @@ class SimCSEObjective:
         """Encode every row of a tokenised batch: ``[B, H]``; non-model keys are ignored."""
         return model(**model_inputs(batch))
 
-    @property
-    def score_weight(self) -> float:
-        """``w`` of the score term (``loss.score_weight``) in a mode with graded labels
-        (:attr:`simcse_kit.core.modes.Mode.score_column`); 0 in the others."""
-        return self.loss_cfg.score_weight if modes.mode(self.mode).score_column is not None else 0.0
+    def side_term(self) -> tuple[str, float, Callable[[torch.Tensor, Batch | None], torch.Tensor]] | None:
+        """The term beside the contrastive one, as ``(metric name, weight w, term)``: in a
+        mode with graded labels (:attr:`simcse_kit.core.modes.Mode.score_column`)
+        :meth:`score_loss` at ``loss.score_weight``; with ``loss.distill``
+        :meth:`distill_loss` at ``loss.distill_weight``; None in the others."""
+        if modes.mode(self.mode).score_column is not None:
+            return "score_loss", self.loss_cfg.score_weight, self.score_loss
+        if self.loss_cfg.distill is not None:
+            return "distill_loss", self.loss_cfg.distill_weight, self.distill_loss
+        return None
 
     def loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
         """The loss of a batch's embeddings ``[B, H]`` (rows in batch order): the contrastive
-        loss (:meth:`contrastive_loss`), and in a scored mode ``(1 - w) * contrastive + w *``
-        :meth:`score_loss` with ``w`` = :attr:`score_weight` (the score loss alone at 1).
+        loss (:meth:`contrastive_loss`), and with a :meth:`side_term` (a scored mode's
+        score loss, ``loss.distill``'s term) ``(1 - w) * contrastive + w * term`` (the term
+        alone at ``w = 1``).
 
         A function of the full batch's embeddings, so GradCache (which calls it on the
         cached ``[B, H]``) and several processes (which gather inside it) take either term.
 
         Args:
             embeddings: ``[N*V, H]``, example-major.
-            batch: the collated batch (``text_ids``, ``teacher_rows``, ``scores`` where needed).
+            batch: the collated batch (``text_ids``, ``teacher_rows``, ``scores``,
+                ``teacher_scores`` where needed).
             queue: optional extra negatives of the contrastive term, ``([Q, H], [Q] text ids)``.
         """
-        w = self.score_weight
-        if not w:
+        side = self.side_term()
+        if side is None or not side[1]:
             return self.contrastive_loss(embeddings, batch, queue)
-        score = self.score_loss(embeddings, batch)
-        if w == 1:  # the score loss alone: no InfoNCE graph is built
-            self.last_terms = {"score_loss": score.detach()}
-            return score
+        name, w, term = side
+        value = term(embeddings, batch)
+        if w == 1:  # the side term alone: no InfoNCE graph is built
+            self.last_terms = {name: value.detach()}
+            return value
         self.last_terms = {}
         contrastive = self.contrastive_loss(embeddings, batch, queue)
-        self.last_terms = self.last_terms | {"infonce_loss": contrastive.detach(), "score_loss": score.detach()}
-        return (1 - w) * contrastive + w * score
+        self.last_terms = self.last_terms | {"infonce_loss": contrastive.detach(), name: value.detach()}
+        return (1 - w) * contrastive + w * value
+
+    def distill_loss(self, embeddings: torch.Tensor, batch: Batch | None) -> torch.Tensor:
+        """The teacher-score term (``loss.distill``): each anchor's cosines with its *own*
+        candidates (its positive, then its ``k`` hard negatives) against the teacher's
+        scores of them, the batch's ``teacher_scores`` ``[N, 1 + k]``.
+
+        ``kl``: :func:`score_losses.kl_distillation_loss` of the student's softmax at
+        ``loss.distill_student_temperature`` (default ``loss.temperature``) against the
+        teacher's at ``loss.distill_teacher_temperature``; ``margin_mse``:
+        :func:`score_losses.margin_mse_loss` of the margins ``positive - negative``. A mean
+        over anchors (pairs), as each function's.
+
+        Local on purpose: an anchor's candidates are its own example's rows, which live on
+        its process with their scores, so nothing is gathered; DDP's mean of the processes'
+        equal-sized means is the global mean. With ``loss.matryoshka_dims``, the weighted
+        sum over the prefixes, as the contrastive term.
+
+        Args:
+            embeddings: ``[N*V, H]``, example-major (``V = 2 + k``).
+            batch: holds ``teacher_scores`` ``[N, 1 + k]`` (the collator's, one row per example).
+        """
+        if batch is None or "teacher_scores" not in batch:
+            raise ValueError("loss.distill needs the batch's teacher_scores (ContrastiveCollator(teacher_scores=True))")
+        anchors, *others = split_views(embeddings, self.views_per_example())
+        candidates = torch.stack(others, dim=1)  # [N, 1 + k, H]: the positive, then the k negatives
+        teacher = batch["teacher_scores"].to(embeddings.device)
+        if teacher.shape != candidates.shape[:2]:
+            raise ValueError(f"teacher_scores has shape {tuple(teacher.shape)}; the batch needs {tuple(candidates.shape[:2])}")
+        cfg = self.loss_cfg
+        tau = cfg.temperature if cfg.distill_student_temperature is None else cfg.distill_student_temperature
+
+        def term(a: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+            student = score_losses.candidate_cosines(a, c)
+            if cfg.distill == "margin_mse":
+                return score_losses.margin_mse_loss(student, teacher)
+            return score_losses.kl_distillation_loss(
+                student, teacher, student_temperature=tau, teacher_temperature=cfg.distill_teacher_temperature
+            )
+
+        return self.over_prefixes(term, anchors, candidates)
+
+    def over_prefixes(
+        self, term: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], first: torch.Tensor, second: torch.Tensor
+    ) -> torch.Tensor:
+        """``term(first, second)``, or with ``loss.matryoshka_dims`` the weighted sum of it
+        on each prefix of the embeddings' last axis (each re-normalised by the term's cosines)."""
+        dims, weights = self.loss_cfg.matryoshka_dims, self.loss_cfg.matryoshka_weights
+        if dims is None:
+            return term(first, second)
+        weights = [1.0] * len(dims) if weights is None else weights
+        if any(not 1 <= d <= first.shape[-1] for d in dims):
+            raise ValueError(f"Matryoshka dims {list(dims)} must lie in 1..{first.shape[-1]} (the embedding size)")
+        return torch.stack([w * term(first[..., :d], second[..., :d]) for d, w in zip(dims, weights, strict=True)]).sum()
 
     def score_loss(self, embeddings: torch.Tensor, batch: Batch | None) -> torch.Tensor:
         """The score-ranking loss (``loss.score_loss`` of :data:`simcse_kit.core.score_losses.SCORE_LOSSES`,
@@ -293,17 +360,7 @@ class SimCSEObjective:
             raise ValueError(f"scores has shape {tuple(scores.shape)}; the batch has {views[0].shape[0]} pairs")
         first, second, scores = self.gather(views[0])[0], self.gather(views[1])[0], self.gather(scores)[0]
         rank = score_losses.SCORE_LOSSES[self.loss_cfg.score_loss]
-        dims, weights = self.loss_cfg.matryoshka_dims, self.loss_cfg.matryoshka_weights
-        if dims is None:
-            return rank(first, second, scores, scale=self.loss_cfg.score_scale)
-        weights = [1.0] * len(dims) if weights is None else weights
-        if any(not 1 <= d <= first.shape[1] for d in dims):
-            raise ValueError(f"Matryoshka dims {list(dims)} must lie in 1..{first.shape[1]} (the embedding size)")
-        terms = [
-            w * rank(first[:, :d], second[:, :d], scores, scale=self.loss_cfg.score_scale)
-            for d, w in zip(dims, weights, strict=True)
-        ]
-        return torch.stack(terms).sum()
+        return self.over_prefixes(lambda a, b: rank(a, b, scores, scale=self.loss_cfg.score_scale), first, second)
 
     def contrastive_loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
         """The contrastive loss of a batch's embeddings ``[B, H]`` (rows in batch order).

@@ -507,6 +507,7 @@ def make_collator(
         seed=cfg.train.seed,
         teacher_index=teacher_index,
         guide_index=guide_index,
+        teacher_scores=cfg.loss.distill is not None,
         packing_plan=cfg.model.packing is not False,  # auto (None) means on, as in SimCSEModel.from_config
         pack_left_padded=decoder,  # a decoder's left-padded rows pack too
     )
