@@ -322,7 +322,7 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
 
     monkeypatch.setattr(kit_mining, "mine_file", mine)
     mined = quality.mined_file(tmp_path / "out", triplets)
-    args = domain_args(tmp_path, steps=None, mined=mined)
+    args = domain_args(tmp_path, steps=None, mined={(1, False): mined})
 
     def columns(name: str) -> list[tuple[str, ...]]:
         job = quality.row_job("mining", "", name, 3e-5, 1, False, args)
@@ -379,9 +379,10 @@ def test_the_scores_table_trains_every_row_on_the_same_scored_rows(tmp_path: Pat
     monkeypatch.setattr(kit_mining, "mine_file", mine)
     monkeypatch.setattr(kit_scoring, "score_file", score)
     spec = quality.TABLES["scores"]
-    mined = quality.mined_file(tmp_path / "out", triplets, spec.negatives, "/teacher")
+    assert {row.mined for row in spec.rows.values()} == {3}
+    mined = quality.mined_file(tmp_path / "out", triplets, 3, teacher="/teacher")
     assert calls == [("mine", 3), ("score", "/teacher")] and mined.name == "snli_pairs_mined3_scored.csv"
-    args = domain_args(tmp_path, steps=None, mined=mined, teacher="/teacher", teacher_cache_dir=None)
+    args = domain_args(tmp_path, steps=None, mined={(3, False): mined}, teacher="/teacher", teacher_cache_dir=None)
     for name in spec.rows:
         job = quality.row_job("scores", "", name, 3e-5, 1, False, args)
         cfg = load_config(job.recipe, job.overrides).validate()
@@ -391,6 +392,38 @@ def test_the_scores_table_trains_every_row_on_the_same_scored_rows(tmp_path: Pat
         assert cfg.loss.distill is None or data["scores"][0] == [0.9, 0.5, 0.4, 0.3]
     assert {quality.kit_config(quality.row_job("scores", "", n, 3e-5, 1, False, args)).loss.distill for n in spec.rows} == {
         None, "kl", "margin_mse"}  # fmt: skip
+
+
+def test_the_negatives_table_trains_k1_and_k3_on_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negatives table: SNLI's pairs mined once with 3 negatives; ``hardneg-k3`` reads all
+    three, ``hardneg-k1`` the same rows with each one's first, and the miner runs once."""
+    from simcse_kit.training import mining as kit_mining
+
+    quality = bench("quality")
+    triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
+    triplets.parent.mkdir(parents=True)
+    with triplets.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([("sent0", "sent1", "hard_neg"), *((f"p {i}", f"e {i}", f"c {i}") for i in range(7))])
+    calls: list[int] = []
+
+    def mine(pairs: Path, out: Path, num_negatives: int = 1) -> dict[str, int]:
+        calls.append(num_negatives)
+        rows = [(f"p {i}", f"e {i}", *(f"e {(i + j) % 7}" for j in (1, 2, 3))) for i in range(7) if i != 4]  # row 4: none
+        with Path(out).open("w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows([("sent0", "sent1", "hard_neg_1", "hard_neg_2", "hard_neg_3"), *rows])
+        return {"rows": 6, "skipped": 1}
+
+    monkeypatch.setattr(kit_mining, "mine_file", mine)
+    spec = quality.TABLES["negatives"]
+    files = {(r.mined, r.first): quality.mined_file(tmp_path / "out", triplets, r.mined, r.first) for r in spec.rows.values()}
+    assert calls == [3]  # the k = 1 file is cut from the k = 3 one
+    args = domain_args(tmp_path, steps=None, mined=files)
+    kept = [i for i in range(7) if i != 4]
+    jobs = {name: quality.row_job("negatives", "", name, 3e-5, 1, False, args) for name in ("hardneg-k1", "hardneg-k3")}
+    k1, k3 = (load_training_data(load_config(job.recipe, job.overrides)) for job in jobs.values())
+    assert k3["sent0"] == k1["sent0"] == [f"p {i}" for i in kept]
+    assert k1["hard_neg"] == k3["hard_neg_1"] == [f"e {(i + 1) % 7}" for i in kept]
+    assert k3["hard_neg_3"] == [f"e {(i + 3) % 7}" for i in kept] and "hard_neg_2" not in k1.column_names
 
 
 def test_a_failed_run_stops_the_table_or_with_keep_going_is_left_out(tmp_path: Path) -> None:
