@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import DATA, REPO, WIKI, CpuActivity, emit, module_command, setup_threads
-from benchmarks._harness import add_options, keep, start
+from benchmarks._common import DATA, REPO, WIKI, CpuActivity, cpu_class, cpu_flags, emit, module_command, setup_threads
+from benchmarks._harness import RESULTS, add_options, keep, start
 
 VARIANTS = ("kit", "st", "lists")
 LISTS_MAX = 1_000_000  # the old lists need ~2.5 GB a million lines
@@ -226,6 +226,7 @@ def main() -> None:
     parser.add_argument("--lines", type=int, action="append", help="corpus length(s) (default 100000)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--checks", action="store_true", help="bad rows and two processes on the largest corpus")
+    parser.add_argument("--checks-only", action="store_true", help="--checks alone, added to the kept record's runs")
     parser.add_argument("--work", type=Path, default=Path("/tmp/simcse-kit-corpus"), help="corpora and caches (GBs)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--file", help=argparse.SUPPRESS)
@@ -238,6 +239,10 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     sizes = sorted(args.lines or [100_000])
+    if args.checks_only:  # the size runs of the kept record (its machine and command kept beside them)
+        kept = json.loads((args.json or RESULTS / f"corpus_scale-{cpu_class(cpu_flags()[1])}.json").read_text())
+        runs, args.checks, sizes = kept["runs"], True, []
+        earlier = {"runs_machine": kept["machine"], "runs_command": kept["command"]}
     for lines in sizes:
         corpus = write_corpus(lines, args.work)
         for variant in args.variants.split(","):
@@ -253,9 +258,9 @@ def main() -> None:
                         result = st_run(variant, corpus, cache, args.threads, env)
                 runs.append({"lines": lines, "variant": variant, "cache": state} | result | {"activity": activity.record})
                 print(json.dumps(runs[-1]), flush=True)
-    record: dict[str, Any] = {"runs": runs}
+    record: dict[str, Any] = {"runs": runs} | (earlier if args.checks_only else {})
     if args.checks:
-        lines = sizes[-1]
+        lines = max(r["lines"] for r in runs)
         corpus, cache = write_corpus(lines, args.work), args.work / f"cache-kit-{lines}"  # warm from the runs above
         processes = []
         for n in (1, 2):
