@@ -212,6 +212,10 @@ def _corpus_checks(kept: list[Record]) -> list[str]:
     """The claims: memory and warm start at the largest size, two processes, a bad row."""
     out = []
     for rec in kept:
+        if "runs_machine" in rec:  # --checks-only: the table came from an earlier command
+            m = rec["runs_machine"]
+            table = f"{m['date_utc']}, commit {m['commit']}, `{rec['runs_command']}`"
+            out.append(f"- The table: {table}; the lines below: the last line's.")
         warm = {r["lines"]: r for r in rec["runs"] if r["variant"] == "kit" and r["cache"] == "warm"}
         if len(warm) > 1:
             small, big = warm[min(warm)], warm[max(warm)]
@@ -219,7 +223,9 @@ def _corpus_checks(kept: list[Record]) -> list[str]:
                 f"- `kit`, warm, {big['lines']:,} lines against {small['lines']:,}: peak RSS "
                 f"{big['peak_rss_mib'] - small['peak_rss_mib']:+.0f} MiB; first optimiser step {big['first_step_s']:.1f} s "
                 f"after the process started ({big['started_s']:.1f} s of it imports, {big['data_s'] - big['started_s']:.2f} s "
-                f"the data, {big['ready_s'] - big['data_s']:.1f} s the model and optimiser; 1-min load average "
+                f"the data, {big['ready_s'] - big['data_s']:.1f} s the model and optimiser, "
+                f"{big['first_step_s'] - big['ready_s']:.1f} s "
+                "the run folder (its data fingerprint hashes the whole file), the trackers and the step; 1-min load average "
                 f"{big['activity']['load_avg_before']:.0f} on {rec['machine']['cores']} cores)."
             )
         procs = {r["processes"]: r for r in rec.get("processes", [])}
