@@ -297,11 +297,12 @@ def emit(result: dict[str, Any]) -> None:
 
 
 def st_pair_trainer(
-    model: Any, sents: list[str], batch_size: int, max_steps: int, loss: Any, *, bf16: bool, cpu: bool,
+    model: Any, sents: list[str] | Any, batch_size: int, max_steps: int, loss: Any, *, bf16: bool, cpu: bool,
     workers: int = 0, callbacks: Sequence[Any] = (),
 ) -> Any:
     """sentence-transformers' trainer on ``(s, s)`` pairs (its documented unsupervised SimCSE)
-    with its own defaults otherwise (fused AdamW, clipping at 1.0); nothing saved or logged."""
+    with its own defaults otherwise (fused AdamW, clipping at 1.0); nothing saved or logged.
+    ``sents``: the sentences, or a ``datasets.Dataset`` of the pairs already."""
     import datasets
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
@@ -310,10 +311,8 @@ def st_pair_trainer(
         bf16=bf16, use_cpu=cpu, dataloader_num_workers=workers, save_strategy="no", report_to="none", logging_steps=10**9,
         disable_tqdm=True, dataloader_drop_last=True, seed=42,
     )
-    return SentenceTransformerTrainer(
-        model=model, args=train_args, train_dataset=datasets.Dataset.from_dict({"anchor": sents, "positive": sents}),
-        loss=loss, callbacks=list(callbacks),
-    )
+    pairs = datasets.Dataset.from_dict({"anchor": sents, "positive": sents}) if isinstance(sents, list) else sents
+    return SentenceTransformerTrainer(model=model, args=train_args, train_dataset=pairs, loss=loss, callbacks=list(callbacks))
 
 
 def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], Any]) -> dict[str, float]:

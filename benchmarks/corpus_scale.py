@@ -1,85 +1,233 @@
-"""Corpora of any size: start-up time and memory against the corpus's length, on a deterministic
-synthetic corpus (``wiki1m_head.txt``'s lines re-combined in pairs and numbered), each variant in a
-fresh interpreter, cold (empty cache) and warm: ``kit`` (the unsup recipe, 2 steps: seconds to the end
-of the first step, peak RSS, cache build rate), ``kit-load`` (the reader alone), ``st``
-(``datasets.load_dataset("text")``, sentence-transformers' path) and ``lists`` (the old whole-file lists).
+"""Corpora of any size: memory and time to the first step against the corpus's length.
 
-    python -m benchmarks.corpus_scale --lines 100000 [--lines 1000000]
+A deterministic synthetic corpus (``wiki1m_head.txt``'s lines re-combined in pairs and
+numbered) of each ``--lines``; each run a fresh process, cold (empty cache) then warm:
+
+- ``kit``: ``simcse-kit train unsup`` itself (the main job's model, 2 steps, a 100-pair dev
+  split so the run ends soon): peak RSS (``wait4``), the seconds from the start of the process
+  to its first log line, the data loaded, the training ready and the first optimiser step (its
+  TensorBoard event), and the cache build's rows per second (the cache's sidecar);
+- ``st``: sentence-transformers' path: ``datasets.load_dataset("text")``, the ``(text, text)``
+  pairs as two columns of it, ``SentenceTransformerTrainer`` with MNRL, 2 steps;
+- ``lists`` (up to 1M lines): the old whole-file Python lists, load only.
+
+With ``--checks`` on the largest corpus: a bad row (invalid UTF-8) on its last line but one
+under ``data.bad_rows: error`` (into a new folder, then over a finished run with ``--overwrite``)
+and ``skip``; and the warm run on 1 and on 2 processes (``torchrun``, 1 thread each), the
+per-process peak RSS polled from ``/proc/<pid>/status`` (``VmHWM``).
+
+    python -m benchmarks.corpus_scale --lines 100000 --lines 1000000 --lines 10000000 --checks --work /tmp/corpus
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
-import tempfile
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import WIKI, emit, peak_rss_mib, run_worker, setup_threads
-from benchmarks._harness import add_options, keep, start
+from benchmarks._common import DATA, REPO, WIKI, CpuActivity, cpu_class, cpu_flags, emit, module_command, setup_threads
+from benchmarks._harness import RESULTS, add_options, keep, start
 
-VARIANTS = ("kit", "kit-load", "st", "lists")
+VARIANTS = ("kit", "st", "lists")
+LISTS_MAX = 1_000_000  # the old lists need ~2.5 GB a million lines
+DEV_PAIRS = 100
+# The kit's log lines that end each phase (simcse_kit.data.readers, simcse_kit.training.loop).
+PHASES = {"started_s": " INFO ", "data_s": "loaded ", "ready_s": "optimiser steps on"}
 
 
-def write_corpus(lines: int, folder: Path) -> Path:
-    """``lines`` numbered lines, each two Wikipedia lines joined (a fixed pairing)."""
+def write_corpus(lines: int, folder: Path, bad_line: int | None = None) -> Path:
+    """``lines`` numbered lines, each two Wikipedia lines joined (a fixed pairing); line
+    ``bad_line`` (1-based) gets a byte that is not UTF-8."""
     wiki = [s.strip() for s in WIKI.read_text(encoding="utf-8").split("\n") if s.strip()]
-    path = folder / f"corpus-{lines}.txt"
-    with path.open("w", encoding="utf-8") as fh:
+    path = folder / (f"corpus-{lines}.txt" if bad_line is None else f"corpus-{lines}-bad-{bad_line}.txt")
+    if path.exists():
+        return path
+    with path.open("w", encoding="utf-8", errors="surrogateescape") as fh:
         for i in range(lines):
-            fh.write(f"{i}. {wiki[i % len(wiki)]} {wiki[(i * 7919 + 1) % len(wiki)]}\n")
+            bad = "\udcff" if i + 1 == bad_line else ""
+            fh.write(f"{i}. {wiki[i % len(wiki)]}{bad} {wiki[(i * 7919 + 1) % len(wiki)]}\n")
     return path
 
 
+def peak_mib(pid: int) -> float | None:
+    """A live process's peak RSS so far (``VmHWM``), MiB."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return int(found.group(1)) / 1024 if found else None
+
+
+def tracked(command: list[str], threads: int, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``command`` from the repo; its status, output, peak RSS (``wait4``: the largest of
+    its process tree), each descendant's polled peak, and when each line came (from the spawn)."""
+    import psutil
+
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | env
+    spawn = time.time()
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children: dict[int, float] = {}
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(0.1):
+            try:
+                pids = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.Error:
+                return
+            for pid in pids:
+                children[pid] = max(children.get(pid, 0.0), peak_mib(pid) or 0.0)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    assert proc.stdout is not None
+    lines = [(time.time() - spawn, line.rstrip()) for line in proc.stdout]  # \r too: each bar update is a line
+    _, status, usage = os.wait4(proc.pid, 0)
+    done.set()
+    poller.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"rc": proc.returncode, "lines": lines, "peak_rss_mib": usage.ru_maxrss / 1024, "spawn": spawn,
+            "children_peak_mib": sorted(children.values())}  # fmt: skip
+
+
+def kit_command(corpus: Path, cache: Path, out: Path, work: Path, processes: int = 1, **options: str) -> list[str]:
+    """``simcse-kit train unsup`` on ``corpus``, 2 steps (under ``torchrun`` for several processes)."""
+    dev = work / "sts-dev-head.csv"
+    if not dev.exists():
+        head = (DATA / "stsbenchmark" / "sts-dev.csv").read_text(encoding="utf-8").splitlines()[:DEV_PAIRS]
+        dev.write_text("\n".join(head) + "\n", encoding="utf-8")
+    keys = {"train_file": corpus, "cache_dir": cache, "output_dir": out, "dev_file": dev, "max_steps": 2, "eval_steps": 0}
+    keys |= {"eval_at_start": "false", "final_eval": "false", "log_steps": 1, "report_to": "tensorboard"} | options
+    cli = ["-m", "simcse_kit.cli", "train", "unsup", "--overwrite", *(x for k, v in keys.items() for x in (f"--{k}", str(v)))]
+    if processes == 1:
+        return [sys.executable, *cli]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *cli]
+
+
+def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, str], processes: int = 1) -> dict[str, Any]:
+    """One ``kit`` run: the phases' seconds, peak RSS, the cache's build rate."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = work / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    res = tracked(kit_command(corpus, cache, out, work, processes), threads, env)
+    if res["rc"] != 0:
+        raise RuntimeError("\n".join(line for _, line in res["lines"][-30:]))
+    result = {name: next(t for t, line in res["lines"] if marker in line) for name, marker in PHASES.items()}
+    events = EventAccumulator(str(out / "logs" / "simcse-kit"))
+    events.Reload()
+    result["first_step_s"] = events.Scalars("train/loss")[0].wall_time - res["spawn"]
+    sidecar = json.loads(next((cache / "simcse_kit_train").glob(f"{corpus.stem}-*.json")).read_text())
+    result |= {"rows": sidecar["rows"], "cache_build_rows_per_s": sidecar["rows"] / sidecar["seconds"]}
+    return result | {k: res[k] for k in ("peak_rss_mib", "children_peak_mib")}
+
+
 def worker(args: argparse.Namespace) -> None:
+    """``st`` (load and train 2 steps) or ``lists`` (load) in this fresh process; absolute stamps."""
     setup_threads(args.threads)
-    if args.worker == "kit":
-        from simcse_kit.config.recipes import find_recipe
-        from simcse_kit.config.run import load_config
-        from simcse_kit.data.corpus import Report
-        from simcse_kit.training.loop import fit
-        from simcse_kit.training.run import build_run, load_training_data
+    import datasets
 
-        opts = {"train_file": args.file, "cache_dir": args.cache_dir, "max_steps": 2, "eval_steps": 0, "eval_at_start": "false"}
-        opts |= {"log_steps": 10**9, "progress_bar": "false", "report_to": "none", "output_dir": tempfile.mkdtemp()}
-        cfg = load_config(find_recipe("unsup"), {k: str(v) for k, v in opts.items()})
+    if args.worker == "lists":
+        stamps = {"started": time.time()}
+        text = Path(args.file).read_text(encoding="utf-8")
+        dataset = datasets.Dataset.from_dict({"sent0": [s.strip() for s in text.split("\n") if s.strip()]})
+        return emit(stamps | {"data": time.time(), "rows": len(dataset)})
+    from sentence_transformers import SentenceTransformer, losses
+    from transformers import TrainerCallback
+
+    from benchmarks._common import st_pair_trainer
+    from simcse_kit.model.modeling import resolve_model_path
+
+    stamps = {"started": time.time()}
+    text = datasets.load_dataset("text", data_files=args.file, cache_dir=args.cache_dir, split="train")
+    # Its documented unsupervised SimCSE: each sentence is its own positive, as a second column
+    # of the same memory-mapped table (no copy).
+    pairs = datasets.concatenate_datasets([text, text.rename_column("text", "positive")], axis=1)
+    stamps["data"] = time.time()
+
+    class FirstStep(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            stamps.setdefault("first_step", time.time())
+
+    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
+    model.max_seq_length = 32  # the unsup recipe's
+    loss = losses.MultipleNegativesRankingLoss(model)
+    trainer = st_pair_trainer(model, pairs, 64, 2, loss, bf16=False, cpu=True, callbacks=[FirstStep()])
+    stamps["ready"] = time.time()
+    trainer.train()
+    emit(stamps | {"rows": len(pairs), "memory_mapped": bool(pairs.cache_files)})
+
+
+def st_run(variant: str, corpus: Path, cache: Path, threads: int, env: dict[str, str]) -> dict[str, Any]:
+    command = [*module_command(__file__), f"--worker={variant}", f"--file={corpus}", f"--cache-dir={cache}"]
+    res = tracked([*command, f"--threads={threads}"], threads, env)
+    if res["rc"] != 0:
+        raise RuntimeError("\n".join(line for _, line in res["lines"][-30:]))
+    stamps = json.loads([line for _, line in res["lines"] if line.startswith("RESULT ")][-1][len("RESULT ") :])
+    names = {"started": "started_s", "data": "data_s", "ready": "ready_s", "first_step": "first_step_s"}
+    result = {names[k]: v - res["spawn"] for k, v in stamps.items() if k in names}
+    return result | {"rows": stamps["rows"], "peak_rss_mib": res["peak_rss_mib"]}
+
+
+def best_model_digest(out: Path) -> str | None:
+    """A hash of every file of ``out/best_model`` and of ``out/metrics.json`` (None: no best model)."""
+    best = out / "best_model"
+    if not best.is_dir():
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    for path in sorted([*best.rglob("*"), out / "metrics.json"]):
+        if path.is_file():
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def bad_row_checks(lines: int, work: Path, threads: int, env: dict[str, str]) -> dict[str, Any]:
+    """A bad row on line ``lines - 1``: ``error`` into a new folder, ``skip``, then ``error`` over the finished run."""
+    bad_line = lines - 1
+    corpus = write_corpus(lines, work, bad_line=bad_line)
+    cache, out = work / "cache-bad", work / "bad-run"
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    checks: dict[str, Any] = {"lines": lines, "bad_line": bad_line}
+
+    def run(policy: str) -> dict[str, Any]:
         t = time.perf_counter()
-        dataset = load_training_data(cfg)
-        load_s, load_rss = time.perf_counter() - t, peak_rss_mib()
-        stamps: list[float] = []
+        res = tracked(kit_command(corpus, cache, out, work, bad_rows=policy), threads, env)
+        said = [line for _, line in res["lines"] if "error:" in line or "skipped" in line]
+        return {"rc": res["rc"], "said": said[-3:], "seconds": time.perf_counter() - t, "peak_rss_mib": res["peak_rss_mib"]}
 
-        def stamped(collate: Any) -> Any:
-            return lambda batch: (stamps.append(time.time()), collate(batch))[1]
-
-        run = build_run(cfg, dataset=dataset, evaluate=False, cpu=True, wrap_collate=stamped)
-        fit(run, run.step, run.cfg.train)
-        sidecar = Path(dataset.cache_files[0]["filename"]).with_suffix(".json")
-        report = Report(**json.loads(sidecar.read_text(encoding="utf-8")))
-        # Batch 2 is collated when step 1 is done: its stamp (absolute) ends the first step.
-        result = {"first_step_at": stamps[1], "load_s": load_s, "rss_after_load_mib": load_rss}
-        result |= {"rows": len(dataset), "cache_build_rows_per_s": report.rows / report.seconds}
-    else:
-        import datasets
-
-        from simcse_kit.data.readers import load_train_dataset  # imported by all three: the same baseline
-
-        t = time.perf_counter()
-        if args.worker == "kit-load":
-            dataset = load_train_dataset(args.file, "unsup", cache_dir=args.cache_dir)
-        elif args.worker == "st":
-            dataset = datasets.load_dataset("text", data_files=args.file, cache_dir=args.cache_dir, split="train")
-        else:
-            text = Path(args.file).read_text(encoding="utf-8")
-            dataset = datasets.Dataset.from_dict({"sent0": [s.strip() for s in text.split("\n") if s.strip()]})
-        result = {"load_s": time.perf_counter() - t, "rows": len(dataset)}
-    emit(result | {"peak_rss_mib": peak_rss_mib(), "memory_mapped": bool(dataset.cache_files)})
+    checks["error_new_folder"] = run("error") | {"folder_written": out.exists()}
+    checks["error_new_folder"]["names_file_and_line"] = any(
+        f"{corpus}, line {bad_line}:" in line for line in checks["error_new_folder"]["said"]
+    )
+    checks["skip"] = run("skip")
+    metrics = json.loads((out / "metrics.json").read_text())
+    checks["skip"] |= {"skipped_rows": metrics["skipped_rows"], "steps": metrics["steps"]}
+    before = best_model_digest(out)
+    checks["error_over_run"] = run("error")
+    checks["error_over_run"]["best_model_and_metrics_untouched"] = before is not None and best_model_digest(out) == before
+    shutil.rmtree(cache, ignore_errors=True)
+    corpus.unlink()
+    return checks
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, action="append", help="corpus length(s) (default 100000)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--checks", action="store_true", help="bad rows and two processes on the largest corpus")
+    parser.add_argument("--checks-only", action="store_true", help="--checks alone, added to the kept record's runs")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/simcse-kit-corpus"), help="corpora and caches (GBs)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
@@ -88,23 +236,42 @@ def main() -> None:
     if args.worker:
         return worker(args)
     env = start(args)
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="simcse-kit-corpus-") as tmp:
-        for lines in args.lines or [100_000]:
-            path = write_corpus(lines, Path(tmp))
-            for variant in args.variants.split(","):
-                cache = Path(tmp) / f"cache-{variant}-{lines}"
-                for cache_state in ("cold", "warm"):
-                    if variant == "lists" and cache_state == "warm":
-                        continue  # no cache to be warm
-                    common = [f"--file={path}", f"--cache-dir={cache}", f"--threads={args.threads}"]
-                    spawn = time.time()
-                    result = run_worker(Path(__file__), [f"--worker={variant}", *common], args.threads, env)
-                    if "first_step_at" in result:  # from the interpreter's spawn: imports and model load included
-                        result["first_step_s"] = result.pop("first_step_at") - spawn
-                    runs.append({"lines": lines, "variant": variant, "cache": cache_state} | result)
-                    print(json.dumps(runs[-1]))
-    keep("corpus_scale", args, {"runs": runs})
+    args.work.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    sizes = sorted(args.lines or [100_000])
+    if args.checks_only:  # the size runs of the kept record (its machine and command kept beside them)
+        kept = json.loads((args.json or RESULTS / f"corpus_scale-{cpu_class(cpu_flags()[1])}.json").read_text())
+        runs, args.checks, sizes = kept["runs"], True, []
+        earlier = {"runs_machine": kept["machine"], "runs_command": kept["command"]}
+    for lines in sizes:
+        corpus = write_corpus(lines, args.work)
+        for variant in args.variants.split(","):
+            if variant == "lists" and lines > LISTS_MAX:
+                continue
+            cache = args.work / f"cache-{variant}-{lines}"
+            shutil.rmtree(cache, ignore_errors=True)
+            for state in ("cold",) if variant == "lists" else ("cold", "warm"):
+                with CpuActivity() as activity:
+                    if variant == "kit":
+                        result = kit_run(corpus, cache, args.work, args.threads, env)
+                    else:
+                        result = st_run(variant, corpus, cache, args.threads, env)
+                runs.append({"lines": lines, "variant": variant, "cache": state} | result | {"activity": activity.record})
+                print(json.dumps(runs[-1]), flush=True)
+    record: dict[str, Any] = {"runs": runs} | (earlier if args.checks_only else {})
+    if args.checks:
+        lines = max(r["lines"] for r in runs)
+        corpus, cache = write_corpus(lines, args.work), args.work / f"cache-kit-{lines}"  # warm from the runs above
+        processes = []
+        for n in (1, 2):
+            with CpuActivity() as activity:
+                result = kit_run(corpus, cache, args.work, 1, env, processes=n)
+            processes.append({"processes": n, "threads_each": 1} | result | {"activity": activity.record})
+            print(json.dumps(processes[-1]), flush=True)
+        record["processes"] = processes
+        record["bad_rows"] = bad_row_checks(lines, args.work, args.threads, env)
+        print(json.dumps(record["bad_rows"]), flush=True)
+    keep("corpus_scale", args, record)
 
 
 if __name__ == "__main__":

@@ -202,19 +202,67 @@ MEMORY = Spec(
 
 def _corpus_rows(rec: Record) -> Iterable[Row]:
     for r in rec["runs"]:
-        cold = r.get("cache") == "cold" and "cache_build_rows_per_s" in r
+        cold = r["cache"] == "cold" and "cache_build_rows_per_s" in r
         build = f"{r['cache_build_rows_per_s'] / 1000:.0f}k" if cold else "–"
-        step = f"{r['first_step_s']:.1f}" if "first_step_s" in r else "–"
-        cells = [f"{r['load_s']:.2f}", f"{r['peak_rss_mib']:.0f}", step, build]
-        yield [f"{r['lines']:,}", r["variant"], r.get("cache", "–"), *cells]
+        phases = [r["started_s"], r["data_s"] - r["started_s"], r["ready_s"] - r["data_s"] if "ready_s" in r else None]
+        cells = ["–" if x is None else f"{x:.1f}" for x in [*phases, r.get("first_step_s")]]
+        load = f"{r['activity']['load_avg_before']:.0f}"
+        yield [f"{r['lines']:,}", r["variant"], r["cache"], *cells, f"{r['peak_rss_mib']:.0f}", build, load]
+
+
+def _corpus_checks(kept: list[Record]) -> list[str]:
+    """The claims: memory and warm start at the largest size, two processes, a bad row."""
+    out = []
+    for rec in kept:
+        if "runs_machine" in rec:  # --checks-only: the table came from an earlier command
+            m = rec["runs_machine"]
+            table = f"{m['date_utc']}, commit {m['commit']}, `{rec['runs_command']}`"
+            out.append(f"- The table: {table}; the lines below: the last line's.")
+        warm = {r["lines"]: r for r in rec["runs"] if r["variant"] == "kit" and r["cache"] == "warm"}
+        if len(warm) > 1:
+            small, big = warm[min(warm)], warm[max(warm)]
+            out.append(
+                f"- `kit`, warm, {big['lines']:,} lines against {small['lines']:,}: peak RSS "
+                f"{big['peak_rss_mib'] - small['peak_rss_mib']:+.0f} MiB; first optimiser step {big['first_step_s']:.1f} s "
+                f"after the process started ({big['started_s']:.1f} s of it imports, {big['data_s'] - big['started_s']:.2f} s "
+                f"the data, {big['ready_s'] - big['data_s']:.1f} s the model and optimiser, "
+                f"{big['first_step_s'] - big['ready_s']:.1f} s "
+                "the run folder (its data fingerprint hashes the whole file), the trackers and the step; 1-min load average "
+                f"{big['activity']['load_avg_before']:.0f} on {rec['machine']['cores']} cores)."
+            )
+        procs = {r["processes"]: r for r in rec.get("processes", [])}
+        if {1, 2} <= procs.keys():
+            one, each = procs[1]["peak_rss_mib"], procs[2]["children_peak_mib"]
+            out.append(
+                f"- Two processes (`torchrun`, 1 thread each, warm cache) on {procs[2]['rows']:,} rows: peak RSS "
+                f"{' and '.join(f'{x:.0f}' for x in each)} MiB per process, one process alone {one:.0f} MiB "
+                f"({100 * (max(each) / one - 1):+.0f}%)."
+            )
+        bad = rec.get("bad_rows")
+        if bad:
+            new, skip, over = bad["error_new_folder"], bad["skip"], bad["error_over_run"]
+            said = new["said"][-1].split(": error: ", 1)[-1] if new["said"] else "–"
+            out.append(
+                f"- A bad row (invalid UTF-8) at line {bad['bad_line']:,} of {bad['lines']:,}: `data.bad_rows: error` exits "
+                f"{new['rc']} after {new['seconds']:.0f} s with `{said}`; no run folder written"
+                f"{'' if not new['folder_written'] else ' (one was written)'}, and over a finished run (`--overwrite`) "
+                f"exit {over['rc']}, its best model and metrics.json "
+                f"{'unchanged' if over['best_model_and_metrics_untouched'] else 'CHANGED'}. `skip`: exit {skip['rc']}, "
+                f"{skip['steps']} steps trained, metrics.json `skipped_rows: {skip['skipped_rows']}`."
+            )
+    return out
 
 
 CORPUS = Spec(
-    "corpus-scale", "corpus_scale", "lines|variant|cache|load s|peak RSS MiB|first step s|cache build rows/s",
+    "corpus-scale", "corpus_scale",
+    "lines|variant|cache|imports s|data s|model s|first step at s|peak RSS MiB|cache build rows/s|load avg",
     _corpus_rows,
-    "One fresh process each, one round: `kit` trains the main job's model 2 steps on the corpus (first step: from the "
-    "start of the process); `kit-load` only loads it; `st` loads it as sentence-transformers does "
-    "(`datasets.load_dataset('text')`); `lists`: the old whole-file Python lists.",
+    "One fresh process each, one round, in order: `kit` is `simcse-kit train unsup` (the main job's model, batch 64, "
+    "2 steps); `st` is sentence-transformers' path (`datasets.load_dataset('text')`, the `(text, text)` pairs, "
+    "`SentenceTransformerTrainer` with MNRL, batch 64, 2 steps); `lists`: the old whole-file Python lists (load only). "
+    "Seconds from the start of the process: imports, then reading (cold: building the cache), then model and optimiser; "
+    "`first step at`: the end of the first optimiser step. The load average is the machine's before the run.",
+    after=_corpus_checks,
 )  # fmt: skip
 
 

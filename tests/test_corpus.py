@@ -6,12 +6,15 @@ import json
 import logging
 import multiprocessing
 import os
+import socket
 import tracemalloc
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from conftest import write_recipe
 from torch.utils.data import RandomSampler
 
@@ -181,3 +184,53 @@ def test_a_cache_folder_that_cannot_be_written_is_named_before_the_run(
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and f"data.cache_dir {blocker}" in errors[0] and "cannot write" in errors[0], errors
     assert not (tmp_path / "run").exists()
+
+
+SHARE_SENTENCES = 48  # 6 global batches of 8 an epoch: 3 per process
+SHARE_EPOCHS = 2
+
+
+def _train_and_record(rank: int, model_dir: str, folder: str, port: int) -> None:
+    """One process of a 2-process CPU run (Accelerate reads the launcher's variables): ``fit``
+    on the kit's own run, every batch's sentences recorded as its collator gets them."""
+    os.environ |= {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    torch.set_num_threads(1)
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.loop import fit
+    from simcse_kit.training.run import build_run
+
+    seen: list[list[str]] = []
+
+    def record(collate: Callable[[list[dict[str, str]]], object]) -> Callable[[list[dict[str, str]]], object]:
+        return lambda features: (seen.append([f["sent0"] for f in features]), collate(features))[1]
+
+    recipe = write_recipe(Path(folder), Path(model_dir), Path(folder) / "run", num_epochs=SHARE_EPOCHS, eval_steps=0)
+    cfg = load_config(recipe, {"train_file": f"{folder}/corpus.txt", "cache_dir": f"{folder}/cache", "save_steps": "0"})
+    run = build_run(cfg, evaluate=False, cpu=True, wrap_collate=record)
+    assert run.accelerator.num_processes == 2
+    fit(run, run.step, run.cfg.train)
+    (Path(folder) / f"seen-{rank}.json").write_text(json.dumps(seen), encoding="utf-8")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_processes_see_every_example_once_an_epoch(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # The loader each process builds (the same seeded order, Accelerate's share of each batch)
+    # over the memory-mapped corpus: the two shares of an epoch are the corpus, once, and
+    # the next epoch is another order of it.
+    sentences = [f"sentence number {i} of the corpus" for i in range(SHARE_SENTENCES)]
+    (tmp_path / "corpus.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_train_and_record, args=(str(tiny_model_dir), str(tmp_path), port), nprocs=2, join=True)
+    seen = [json.loads((tmp_path / f"seen-{rank}.json").read_text(encoding="utf-8")) for rank in (0, 1)]
+    per_epoch = SHARE_SENTENCES // 8
+    assert [len(batches) for batches in seen] == [per_epoch * SHARE_EPOCHS] * 2
+    assert all(len(batch) == 4 for batches in seen for batch in batches)  # the global batch of 8, halved
+    orders = []
+    for epoch in range(SHARE_EPOCHS):
+        shares = [[s for batch in batches[epoch * per_epoch : (epoch + 1) * per_epoch] for s in batch] for batches in seen]
+        assert sorted(shares[0] + shares[1]) == sorted(sentences), f"epoch {epoch}: not every example exactly once"
+        orders.append(shares)
+    assert orders[0] != orders[1]  # reshuffled each epoch

@@ -288,6 +288,22 @@ def test_overwrite_replaces_only_an_earlier_export_or_run(
     assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == ["main.py"]
 
 
+def test_overwrite_into_a_new_folder_on_a_process_that_holds_no_lock(tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchrun's other ranks take no run lock (the main one does, making the folder): one that gets
+    # here first finds no folder yet, and --overwrite must not list one (it raised FileNotFoundError).
+    from contextlib import ExitStack
+
+    from simcse_kit.training.folder import prepare_run_dir
+
+    monkeypatch.setenv("RANK", "1")
+    cfg = tiny_run.config("fresh")
+    out = Path(cfg.train.output_dir)
+    assert not out.exists()
+    with ExitStack() as held:
+        assert prepare_run_dir(cfg, overwrite=True, held=held) == out
+    assert (out / "config.yaml").is_file()
+
+
 # --------------------------------------------------------------------------- 5. every setting does what it says or is refused
 
 

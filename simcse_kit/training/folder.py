@@ -200,7 +200,8 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
             f"{out} holds an unfinished run ({latest_checkpoint(out / CHECKPOINTS)}); "
             "pass --resume to continue it or --overwrite to start over"
         )
-    if overwrite and not (out / "config.yaml").is_file() and folder_contents(out, ignore=(LOCK_FILE,)):
+    # The other processes of a run hold no lock, so the folder may not exist yet when they get here.
+    if overwrite and out.is_dir() and not (out / "config.yaml").is_file() and folder_contents(out, ignore=(LOCK_FILE,)):
         # --overwrite starts over in a run folder; a folder that is not one (no config.yaml) is left alone.
         raise ConfigError(
             f"{out}: --overwrite replaces only a simcse-kit run folder (with config.yaml) or an empty one; "
