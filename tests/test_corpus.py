@@ -234,3 +234,25 @@ def test_two_processes_see_every_example_once_an_epoch(tmp_path: Path, tiny_mode
         assert sorted(shares[0] + shares[1]) == sorted(sentences), f"epoch {epoch}: not every example exactly once"
         orders.append(shares)
     assert orders[0] != orders[1]  # reshuffled each epoch
+
+
+def test_a_training_files_digest_is_remembered_by_path_size_and_modification_time(tmp_path: Path) -> None:
+    """--resume's data check hashes the whole file once; a later start reads the digest back,
+    and an edit (a new size or modification time) is hashed again."""
+    import hashlib
+
+    from simcse_kit.training.folder import file_sha256
+
+    data, memo = tmp_path / "train.txt", tmp_path / "memo"
+    data.write_bytes(b"a man\nb\n")
+    assert file_sha256(data, memo) == hashlib.sha256(b"a man\nb\n").hexdigest()
+    (remembered,) = memo.iterdir()
+    remembered.write_text("planted\n")  # read back, not hashed again
+    assert file_sha256(data, memo) == "planted"
+    before = data.stat().st_mtime_ns
+    data.write_bytes(b"a dog\nb\n")  # same size
+    os.utime(data, ns=(before + 10**9, before + 10**9))
+    assert file_sha256(data, memo) == hashlib.sha256(b"a dog\nb\n").hexdigest()
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    assert file_sha256(data, blocked) == hashlib.sha256(b"a dog\nb\n").hexdigest()  # nowhere to remember: hashed

@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from simcse_kit.config.run import AUTO, HUB_PREFIX, RunConfig, TrainConfig, load_config, save_config
+from simcse_kit.data.corpus import default_cache_dir
 from simcse_kit.errors import ConfigError
-from simcse_kit.files import folder_contents, remove_dir, write_json_atomic
+from simcse_kit.files import folder_contents, remove_dir, write_json_atomic, write_text_atomic
 from simcse_kit.model.precision import PrecisionChoice, resolve_precision
 from simcse_kit.training.checkpoints import latest_checkpoint
 from simcse_kit.training.guards import LOCK_FILE, RunLock
@@ -47,6 +48,7 @@ CHECKPOINTS = "checkpoints"
 # paths, and a file edited in place between a kill and --resume would continue the
 # checkpoint's data position in other data.
 DATA_FINGERPRINTS = "data_fingerprints.json"
+SHA256_MEMO = "simcse_kit_sha256"  # under data.cache_dir: the training files' digests by path, size and mtime
 LOGS = "logs"  # the experiment trackers' folder in the run folder
 BEST_MODEL = "best_model"
 
@@ -119,15 +121,35 @@ def data_fingerprints(cfg: RunConfig) -> dict[str, dict[str, object]]:
     (``data.train_file``, ``data.mix_file``; a ``hub:`` dataset has no file). The whole
     file is hashed: an edit keeping the size and the ends (a fixed typo) still differs."""
     out: dict[str, dict[str, object]] = {}
+    memo = Path(cfg.data.cache_dir) if cfg.data.cache_dir else default_cache_dir()
     for value in (cfg.data.train_file, cfg.data.mix_file):
         if value is None or value.startswith(HUB_PREFIX) or not Path(value).is_file():
             continue
-        digest = hashlib.sha256()
-        with open(value, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        out[value] = {"bytes": Path(value).stat().st_size, "sha256": digest.hexdigest()}
+        out[value] = {"bytes": Path(value).stat().st_size, "sha256": file_sha256(Path(value), memo / SHA256_MEMO)}
     return out
+
+
+def file_sha256(path: Path, memo: Path) -> str:
+    """The SHA-256 of ``path``, remembered in ``memo`` under its absolute path, size and
+    modification time: hashing a 2 GB corpus takes ~10 s, on every start of every process,
+    while the corpus cache (:mod:`simcse_kit.data.corpus`) already trusts the same stat to
+    tell an unchanged file. An unwritable ``memo`` only costs the hash again."""
+    stat = path.stat()
+    key = json.dumps([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+    remembered = memo / f"{hashlib.blake2b(key.encode(), digest_size=16).hexdigest()}.txt"
+    try:
+        return remembered.read_text(encoding="utf-8").strip()
+    except OSError:
+        pass
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    try:
+        write_text_atomic(remembered, digest.hexdigest() + "\n")
+    except OSError as exc:
+        logger.debug("the SHA-256 of %s is not remembered: %s", path, exc)
+    return digest.hexdigest()
 
 
 def check_data_unchanged(out: Path, cfg: RunConfig) -> None:
