@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoTokenizer
 from simcse_kit.config.run import RunConfig
 from simcse_kit.core.batch import view_columns
 from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of, scored_dataset
+from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
 from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
@@ -34,17 +35,21 @@ from simcse_kit.training.teacher import TeacherTable, aligned_projection, load_t
 logger = logging.getLogger(__name__)
 
 
-def load_training_data(cfg: RunConfig) -> datasets.Dataset:
+def load_training_data(cfg: RunConfig, tokenizer: Any = None) -> datasets.Dataset:
     """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
     that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
     unlabelled text; in ``scored`` its pairs and scores, checked against
     ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
-    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`)."""
+    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`).
+    With ``tokenizer``, each file's token table beside it (:mod:`simcse_kit.data.tokens`)."""
     data = cfg.data
+    tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, data.prompts)
     sentences = None
     if data.train_format != "auto" and data.mode == "scored":
         pairs = PAIR_READERS[data.train_format](data.train_file, bounds=data.score_range)
         dataset = scored_dataset(pairs.sentences1, pairs.sentences2, pairs.scores.tolist(), data.score_range)
+        if tokens is not None:
+            dataset = with_tokens(dataset, tokens, data.mode)
         if data.max_train_samples is not None:
             dataset = dataset.select(range(min(data.max_train_samples, len(dataset))))
         logger.info("loaded %d scored pairs (%s) from %s", len(dataset), data.train_format, data.train_file)
@@ -60,10 +65,16 @@ def load_training_data(cfg: RunConfig) -> datasets.Dataset:
             bad_rows=data.bad_rows,
             cache_dir=data.cache_dir,
             score_range=data.score_range,
+            tokens=tokens,
         )
     if data.mix_file is not None and data.mix_ratio > 0:
         general = load_train_dataset(
-            data.mix_file, data.mode, bad_rows=data.bad_rows, cache_dir=data.cache_dir, score_range=data.score_range
+            data.mix_file,
+            data.mode,
+            bad_rows=data.bad_rows,
+            cache_dir=data.cache_dir,
+            score_range=data.score_range,
+            tokens=tokens,
         )
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset
