@@ -173,20 +173,29 @@ def with_tokens(
         table = cached_table(dataset, text_cache, tokenization, sources)
     else:
         files = [entry["filename"] for entry in dataset.cache_files]
-        processes = map_processes(len(dataset))
-        table = dataset.map(
-            _encode,
-            batched=True,
-            batch_size=MAP_BATCH,
-            fn_kwargs={"tokenization": tokenization, "sources": sources},
-            remove_columns=dataset.column_names,
-            features=_features(sources),
-            num_proc=processes if processes > 1 else None,
-            keep_in_memory=not files,
-            new_fingerprint=table_key(json.dumps([files, len(dataset), dataset.column_names]), tokenization, sources),
-            desc="tokenising",
-        )
+        key = table_key(json.dumps([files, len(dataset), dataset.column_names]), tokenization, sources)
+        table = _tokenised(dataset, tokenization, sources, key, keep_in_memory=not files)
     return datasets.concatenate_datasets([dataset, table], axis=1)
+
+
+def _tokenised(
+    dataset: datasets.Dataset, tokenization: Tokenization, sources: Sequence[tuple[str, str]], key: str, **where: Any
+) -> datasets.Dataset:
+    """The token columns of ``dataset`` by ``datasets.map`` (:func:`map_processes` processes),
+    fingerprinted ``key``; ``where``: where ``map`` keeps them."""
+    processes = map_processes(len(dataset))
+    return dataset.map(
+        _encode,
+        batched=True,
+        batch_size=MAP_BATCH,
+        fn_kwargs={"tokenization": tokenization, "sources": sources},
+        remove_columns=dataset.column_names,
+        features=_features(sources),
+        num_proc=processes if processes > 1 else None,
+        new_fingerprint=key,
+        desc="tokenising",
+        **where,
+    )
 
 
 def cached_table(
@@ -223,19 +232,7 @@ def _build(
     start, cpu = time.perf_counter(), _cpu_seconds()
     processes = map_processes(len(dataset))
     try:
-        dataset.map(
-            _encode,
-            batched=True,
-            batch_size=MAP_BATCH,
-            fn_kwargs={"tokenization": tokenization, "sources": sources},
-            remove_columns=dataset.column_names,
-            features=_features(sources),
-            num_proc=processes if processes > 1 else None,
-            cache_file_name=str(tmp / "tokens.arrow"),
-            load_from_cache_file=False,
-            new_fingerprint=key,
-            desc="tokenising",
-        )
+        _tokenised(dataset, tokenization, sources, key, cache_file_name=str(tmp / "tokens.arrow"), load_from_cache_file=False)
         seconds = time.perf_counter() - start
         record = {
             "rows": len(dataset),
