@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,15 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import DATA, REPO, CpuActivity, emit, paired_ratios, run_worker, spread
-from benchmarks._harness import add_options, keep, start
+# Only the standard library up here: a worker imports simcse_kit from the checkout it measures
+# (PYTHONPATH, with PYTHONSAFEPATH keeping this file's own checkout off the path).
 
 MODES = ("unsup", "sup", "hardneg")
 VARIANTS = ("old", "new")
 
 
 def worker(args: argparse.Namespace) -> None:
-    sys.path.insert(0, args.code)  # the checkout under test, before this one and the installed package
     import inspect
 
     import torch
@@ -63,25 +63,33 @@ def worker(args: argparse.Namespace) -> None:
     seconds = time.process_time() - cpu
     tables = [Path(f["filename"]).parent / "table.json" for f in dataset.cache_files]
     built = [json.loads(t.read_text()) for t in dict.fromkeys(tables) if t.is_file()]
-    emit({
+    print("RESULT " + json.dumps({
         "code": str(Path(simcse_kit.__file__).parent.parent), "examples": examples, "cpu_s": seconds,
         "examples_per_cpu_s": examples / seconds, "load_cpu_s": load_cpu_s, "rows": len(dataset), "table": built,
-    })  # fmt: skip
+    }), flush=True)  # fmt: skip
+
+
+def run_checkout(code: Path, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """One worker in a fresh interpreter that imports simcse_kit from ``code``."""
+    env = os.environ | env | {"PYTHONPATH": str(code), "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, cwd=code)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
+        raise RuntimeError(f"worker {args} failed with status {proc.returncode}")
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1][len("RESULT ") :])
 
 
 def main() -> None:
+    from benchmarks._common import DATA, REPO, CpuActivity, paired_ratios, spread
+    from benchmarks._harness import add_options, keep, start
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", default="44fd089", help="the commit to compare against")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--seconds", type=float, default=3.0, help="CPU seconds of batches per worker")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--mode", help=argparse.SUPPRESS)
-    parser.add_argument("--code", help=argparse.SUPPRESS)
-    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     add_options(parser, "pipeline")
     args = parser.parse_args()
-    if args.worker:
-        return worker(args)
     env = start(args) | {"SIMCSE_KIT_DATA": str(DATA)}  # the same files for both (the worktree has no ../shared)
     modes = [m for m in args.modes.split(",") if m]
     runs: list[dict[str, Any]] = []
@@ -93,9 +101,9 @@ def main() -> None:
             for r in range(args.rounds):
                 for mode in modes:
                     for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
-                        common = [f"--mode={mode}", f"--code={code[variant]}", f"--cache-dir={Path(tmp) / variant}"]
+                        common = [f"--mode={mode}", f"--cache-dir={Path(tmp) / variant}", f"--seconds={args.seconds}"]
                         with CpuActivity() as activity:
-                            res = run_worker(Path(__file__), [*common, f"--seconds={args.seconds}", "--worker=x"], 1, env)
+                            res = run_checkout(code[variant], [*common, "--worker=x"], env)
                         assert res.pop("code") == str(code[variant]), "the worker ran other code than asked"
                         runs.append(res | {"round": r, "mode": mode, "variant": variant, "activity": activity.record})
                         print(f"round {r} {mode:8s} {variant}: {res['examples_per_cpu_s']:9.0f} examples/CPU-s", flush=True)
@@ -111,4 +119,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--worker=x" in sys.argv:  # run by run_checkout, with the measured checkout's simcse_kit
+        cli = argparse.ArgumentParser()
+        for name in ("--mode", "--cache-dir", "--worker"):
+            cli.add_argument(name)
+        cli.add_argument("--seconds", type=float)
+        worker(cli.parse_args())
+    else:
+        main()
