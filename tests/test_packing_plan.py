@@ -3,6 +3,7 @@ in the model, and a packed training step that reads nothing back from the device
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,6 +102,43 @@ def test_plan_of_a_left_padded_batch_known_answer() -> None:
     assert got["pack_index"].tolist() == [[8, 8, 4, 5], [8, 0, 1, 2], [8, 8, 8, 3]]
     holes = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]])
     assert plan_batch(holes, min_saving=0.0, left_padding=True)["pack_position_ids"].shape == (0, 4)  # not one run: padded
+
+
+def loop_plan(lengths: list[int], t: int, min_saving: float) -> dict[str, torch.Tensor] | None:
+    """The plan as commit 44fd089 laid it out: one slice assignment per sentence."""
+    from simcse_kit.model.packing import first_fit_decreasing
+
+    b = len(lengths)
+    bins = first_fit_decreasing([max(n, 1) for n in lengths], t)
+    r = len(bins)
+    if not b or r * t > (1.0 - min_saving) * b * t:
+        return None
+    source, segment = torch.full((r * t,), b * t), torch.full((r * t,), -1)
+    positions, index = torch.zeros(r * t, dtype=torch.int64), torch.full((b, t), r * t)
+    for row, members in enumerate(bins):
+        offset = row * t
+        for i in members:
+            n = lengths[i]
+            source[offset : offset + n] = i * t + torch.arange(n)
+            segment[offset : offset + n] = i
+            positions[offset : offset + n] = torch.arange(n)
+            index[i, :n] = offset + torch.arange(n)
+            offset += max(n, 1)
+    planned = {"pack_source": source, "pack_index": index}
+    return planned | {"pack_position_ids": positions.view(r, t), "pack_segment": segment.view(r, t)}
+
+
+def test_plan_equals_the_per_sentence_loop() -> None:
+    rng = random.Random(0)
+    for _ in range(500):
+        t = rng.randint(1, 40)
+        lengths = [rng.randint(0, t) for _ in range(rng.randint(0, 70))]
+        saving = rng.choice([0.0, 0.1, 0.5])
+        want, got = loop_plan(lengths, t, saving), plan(lengths, t, saving)
+        assert (want is None) == (got is None), lengths
+        if want is not None and got is not None:
+            for key, value in want.items():
+                assert got[key].dtype == value.dtype and torch.equal(got[key], value), (key, lengths, t)
 
 
 def test_collator_plan_is_dropped_when_a_batch_is_cut_by_rows(tiny_model_dir: Path) -> None:

@@ -39,8 +39,9 @@ import datasets
 import torch
 
 from simcse_kit.core import modes
-from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_rows, views_per_example
+from simcse_kit.core.batch import VIEW_COLUMNS, batch_texts, text_ids, view_columns, view_rows, views_per_example
 from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus
+from simcse_kit.data.tokens import TEXT_ID, Padding, Tokenization, id_columns, with_tokens
 from simcse_kit.errors import DataError, where
 from simcse_kit.files import BOM, LineStream, check_readable, json_object, nul_error
 from simcse_kit.model.packing import plan_batch
@@ -517,6 +518,7 @@ def load_train_dataset(
     cache_dir: str | Path | None = None,
     score_range: Sequence[float] | None = None,
     teacher_scores: bool = False,
+    tokens: Tokenization | None = None,
 ) -> datasets.Dataset:
     """The training set for ``mode`` as a `datasets.Dataset` with columns ``COLUMNS[mode]``
     (a ``hardneg`` file's ``k`` negatives as :func:`simcse_kit.core.modes.hard_negative_columns`;
@@ -526,13 +528,15 @@ def load_train_dataset(
     A local file is memory-mapped from its Arrow cache (:func:`read_train_file`, with
     ``bad_rows`` and ``cache_dir``); a hub dataset is `datasets`' own cache.
     ``sentences``: an ``unsup`` corpus already read (the distinct sentences of a scored
-    pair file, say); ``source`` then only names it.
+    pair file, say); ``source`` then only names it. ``tokens``: also the token table's
+    columns (:func:`simcse_kit.data.tokens.with_tokens`: a local file's beside its cache).
     """
     columns = COLUMNS[mode]
     negatives = mode == modes.NEGATIVES_MODE  # k hard negatives, k read off the data
     score_column = modes.mode(mode).score_column
     if teacher_scores and not negatives:
         raise ValueError(f"teacher scores are of each row's positive and hard negatives (mode hardneg); mode is {mode!r}")
+    text_cache = None
     if sentences is not None:
         if mode != "unsup":
             raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
@@ -561,7 +565,7 @@ def load_train_dataset(
             ds = ds.remove_columns(TEACHER_SCORES).add_column(TEACHER_SCORES, checked_lists)
     else:
         corpus = read_train_file(source, mode, bad_rows, cache_dir, score_range, teacher_scores)
-        ds = corpus.dataset
+        ds, text_cache = corpus.dataset, corpus.cache_file
         if corpus.report.duplicates:
             # Kept (a corpus is what it is), but two copies in one batch are each
             # other's negatives: say so, and how to mask them.
@@ -570,6 +574,8 @@ def load_train_dataset(
                 source,
                 corpus.report.duplicates,
             )
+    if tokens is not None:  # of all the rows, before a selection: one table per file
+        ds = with_tokens(ds, tokens, mode, text_cache)
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
     k = f", {negatives_of(ds.column_names)} hard negatives each" if negatives else ""
@@ -690,18 +696,27 @@ class ContrastiveCollator:
             raise ValueError(f"{len(self.prompts)} prompts for the {n_views} views of mode {self.mode!r}")
         if self.word_repetition and self.mode != "unsup":
             raise ValueError(f"word_repetition is an unsup augmentation; mode is {self.mode!r}")
+        columns = view_columns(self.mode, self.negatives)
+        self._sources = list(zip(columns, self.prompts or ("",) * n_views, strict=True))
+        self._id_columns = id_columns(self._sources)  # per view, its token table column
+        self._text_columns = list(dict.fromkeys(columns))
+        self._pad = Padding.of(self.tokenizer)
 
-    def __call__(self, examples: list[dict[str, str]]) -> dict[str, torch.Tensor]:
-        texts = raw = batch_texts(examples, self.mode, self.negatives)
-        if self.prompts:
-            texts = [self.prompts[i % len(self.prompts)] + text for i, text in enumerate(raw)]
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        from_table = all(name in examples[0] for name in self._id_columns)
+        rows = self._table_rows(examples) if from_table else self._tokenised_rows(examples)
+        raw: list[str] = []
+        if self.word_repetition or self.teacher_index is not None or (self.with_text_ids and not from_table):
+            raw = batch_texts(examples, self.mode, self.negatives)
         if self.word_repetition:
-            batch = self._with_repetition(texts)
-        else:
-            batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_len, return_tensors="pt")
-        out = dict(batch)
+            rows = self._with_repetition(rows, raw)
+        out = self._pad(rows)
         if self.with_text_ids:
-            out["text_ids"] = text_ids(raw)
+            if from_table:
+                hashes = [ex[TEXT_ID + column] for ex in examples for column, _ in self._sources]
+                out["text_ids"] = torch.tensor(hashes, dtype=torch.int64)
+            else:
+                out["text_ids"] = text_ids(raw)
         score_column = modes.mode(self.mode).score_column
         if score_column is not None:  # one graded label per example (not per row): the score loss's
             out["scores"] = torch.tensor([float(ex[score_column]) for ex in examples], dtype=torch.float32)
@@ -715,34 +730,38 @@ class ContrastiveCollator:
             out.update(plan_batch(out["attention_mask"], left_padding=self.pack_left_padded))
         return out
 
-    def _with_repetition(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        """Tokenise, repeat a few tokens of view 1 of each example (ESimCSE), pad.
+    def _table_rows(self, examples: list[dict[str, Any]]) -> list[list[int]]:
+        """The rows' token ids, example-major, from the token table's columns (:mod:`simcse_kit.data.tokens`)."""
+        return [ex[name] for ex in examples for name in self._id_columns]
 
-        The random draws are seeded from ``seed`` and the batch's own texts, not from a
-        counter: a counter would live in each DataLoader worker's copy of the collator and
-        be lost on ``--resume``, while the batches themselves are what the checkpointed
-        loader generator reproduces; the same batch always gets the same repetitions.
+    def _tokenised_rows(self, examples: list[dict[str, Any]]) -> list[list[int]]:
+        """The rows' token ids, example-major, tokenising each distinct (column, prompt) once:
+        an ``unsup`` sentence's two rows are one tokenisation, its ids twice."""
+        encoded: dict[str, list[list[int]]] = {}
+        for name, (column, prompt) in zip(self._id_columns, self._sources, strict=True):
+            if name not in encoded:
+                texts = [prompt + ex[column] for ex in examples]
+                encoded[name] = self.tokenizer(texts, truncation=True, max_length=self.max_seq_len)["input_ids"]
+        return [encoded[name][i] for i in range(len(examples)) for name in self._id_columns]
+
+    def _with_repetition(self, rows: list[list[int]], raw: list[str]) -> list[list[int]]:
+        """Repeat a few tokens of view 1 of each example (ESimCSE); view 0 as it is.
+
+        The random draws are seeded from ``seed`` and the batch's own texts (with their
+        prompts), not from a counter: a counter would live in each DataLoader worker's copy
+        of the collator and be lost on ``--resume``, while the batches themselves are what
+        the checkpointed loader generator reproduces; the same batch always gets the same
+        repetitions.
         """
-        features = self.tokenizer(texts, truncation=True, max_length=self.max_seq_len)
+        texts = [self.prompts[i % len(self.prompts)] + text for i, text in enumerate(raw)] if self.prompts else raw
         digest = hashlib.blake2b(f"{self.seed}\0".encode() + "\0".join(texts).encode("utf-8"), digest_size=8).digest()
         rng = random.Random(int.from_bytes(digest, "little"))
-        n_rows = len(texts)
-        second_views = set(range(n_rows)[view_rows(n_rows, views_per_example(self.mode, self.negatives), 1)])
-        rows = []
-        for i, ids in enumerate(features["input_ids"]):
-            if i in second_views:
-                ids = repeat_tokens(
-                    ids,
-                    self.tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True),
-                    self.word_repetition,
-                    self.max_seq_len,
-                    rng,
-                )
-            row = {"input_ids": ids, "attention_mask": [1] * len(ids)}
-            if "token_type_ids" in features:
-                row["token_type_ids"] = [0] * len(ids)
-            rows.append(row)
-        return dict(self.tokenizer.pad(rows, return_tensors="pt"))
+        second = view_rows(len(rows), views_per_example(self.mode, self.negatives), 1)
+        out = list(rows)
+        for i in range(len(rows))[second]:
+            special = self.tokenizer.get_special_tokens_mask(rows[i], already_has_special_tokens=True)
+            out[i] = repeat_tokens(rows[i], special, self.word_repetition, self.max_seq_len, rng)
+        return out
 
 
 def repeat_tokens(ids: list[int], special: list[int], rate: float, max_len: int, rng: random.Random) -> list[int]:

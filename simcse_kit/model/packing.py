@@ -33,6 +33,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -172,7 +173,7 @@ def plan(
 ) -> dict[str, torch.Tensor] | None:
     """The packing of a padded ``[B, t]`` batch with these row lengths, as CPU tensors.
 
-    Pure host work (first-fit decreasing in Python): the collator runs it in the
+    Pure host work (first-fit decreasing in Python, the layout in numpy): the collator runs it in the
     DataLoader workers, so the training process gets the plan as tensors and a packed
     forward (:meth:`PackedBatch.from_plan`) needs no device-to-host synchronisation.
 
@@ -198,26 +199,35 @@ def plan(
     r = len(bins)
     if r * t > (1.0 - min_saving) * b * t:
         return None
-    source = torch.full((r * t,), b * t, dtype=torch.int64)
-    segment = torch.full((r * t,), -1, dtype=torch.int64)
-    positions = torch.zeros(r * t, dtype=torch.int64)
-    index = torch.full((b, t), r * t, dtype=torch.int64)
-    steps = torch.arange(t, dtype=torch.int64)
-    for row, members in enumerate(bins):
-        offset = row * t
-        for i in members:
-            n = lengths[i]  # an empty row takes one slot (max(n, 1)) but places no token
-            first = starts[i] if starts is not None else 0
-            source[offset : offset + n] = i * t + first + steps[:n]
-            segment[offset : offset + n] = i
-            positions[offset : offset + n] = steps[:n]
-            index[i, first : first + n] = offset + steps[:n]
-            offset += max(n, 1)
+    # Each sentence's packed start, then all token positions at once (numpy, not a Python
+    # step per token or per sentence: this runs for every training batch).
+    order = np.fromiter((i for members in bins for i in members), dtype=np.int64, count=b)
+    sizes = np.fromiter((len(members) for members in bins), dtype=np.int64, count=r)
+    row_of = np.repeat(np.arange(r, dtype=np.int64), sizes)
+    slots = np.maximum(np.asarray(lengths, dtype=np.int64), 1)[order]
+    begins = np.cumsum(slots) - slots  # offsets in the rows' members laid end to end ...
+    heads = begins[np.cumsum(sizes) - sizes]  # ... and where each row's first member is
+    start = np.empty(b, dtype=np.int64)
+    start[order] = row_of * t + begins - heads[row_of]
+    n = np.asarray(lengths, dtype=np.int64)  # an empty row takes one slot but places no token
+    item = np.repeat(np.arange(b, dtype=np.int64), n)
+    step = np.arange(item.size, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    packed = start[item] + step
+    first = np.zeros(b, dtype=np.int64) if starts is None else np.asarray(starts, dtype=np.int64)
+    column = first[item] + step  # each token's column in the padded batch (left padding: after the pads)
+    source = np.full(r * t, b * t, dtype=np.int64)
+    segment = np.full(r * t, -1, dtype=np.int64)
+    positions = np.zeros(r * t, dtype=np.int64)
+    index = np.full((b, t), r * t, dtype=np.int64)
+    source[packed] = item * t + column
+    segment[packed] = item
+    positions[packed] = step
+    index[item, column] = packed
     return {
-        "pack_source": source,
-        "pack_index": index,
-        "pack_position_ids": positions.view(r, t),
-        "pack_segment": segment.view(r, t),
+        "pack_source": torch.from_numpy(source),
+        "pack_index": torch.from_numpy(index),
+        "pack_position_ids": torch.from_numpy(positions).view(r, t),
+        "pack_segment": torch.from_numpy(segment).view(r, t),
     }
 
 

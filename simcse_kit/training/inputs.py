@@ -22,6 +22,7 @@ from transformers import AutoConfig, AutoTokenizer
 from simcse_kit.config.run import GUIDE_IS_TEACHER, RunConfig
 from simcse_kit.core.batch import view_columns
 from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of, scored_dataset
+from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
 from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
@@ -34,50 +35,50 @@ from simcse_kit.training.teacher import TeacherTable, aligned_projection, load_t
 logger = logging.getLogger(__name__)
 
 
-def load_training_data(cfg: RunConfig) -> datasets.Dataset:
+def load_training_data(cfg: RunConfig, tokenizer: Any = None) -> datasets.Dataset:
     """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
     that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
     unlabelled text; in ``scored`` its pairs and scores, checked against
     ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
     memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`). With
-    ``loss.distill`` the rows' teacher scores are read too (and required)."""
+    ``loss.distill`` the rows' teacher scores are read too (and required); with ``tokenizer``,
+    each file's token table beside it (:mod:`simcse_kit.data.tokens`)."""
     data = cfg.data
-    scored = cfg.loss.distill is not None  # the rows' teacher scores are read (and required) only for it
-    dataset = read_training_file(cfg, data.train_file, data.train_format, data.mode, data.max_train_samples)
+    tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, data.prompts)
+    dataset = read_training_file(cfg, data.train_file, data.train_format, data.mode, data.max_train_samples, tokens)
     if data.mix_file is not None and data.mix_ratio > 0:
-        general = load_train_dataset(
-            data.mix_file,
-            data.mode,
-            bad_rows=data.bad_rows,
-            cache_dir=data.cache_dir,
-            score_range=data.score_range,
-            teacher_scores=scored,
-        )
+        general = read_training_file(cfg, data.mix_file, "auto", data.mode, None, tokens)
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     return dataset
 
 
-def load_training_sets(cfg: RunConfig) -> dict[str, datasets.Dataset]:
+def load_training_sets(cfg: RunConfig, tokenizer: Any = None) -> dict[str, datasets.Dataset]:
     """``data.datasets``, each read as a single-file run reads its ``train_file``
-    (:func:`read_training_file` with the entry's file, format, mode and sample limit), by name."""
+    (:func:`read_training_file` with the entry's file, format, mode, sample limit and prompts), by name."""
     if cfg.data.datasets is None:
         raise ValueError("load_training_sets: the config has no data.datasets (load_training_data reads train_file)")
     sets = {}
     for spec in cfg.data.datasets:
-        sets[spec.name] = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples)
+        prompts = spec.prompts or cfg.data.prompts  # as the mixture's collators prompt it
+        tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, prompts)
+        sets[spec.name] = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples, tokens)
         logger.info("dataset %r: %d examples (%s) from %s", spec.name, len(sets[spec.name]), spec.mode, spec.file)
     return sets
 
 
-def read_training_file(cfg: RunConfig, path: str, fmt: str, mode: str, max_samples: int | None) -> datasets.Dataset:
+def read_training_file(
+    cfg: RunConfig, path: str, fmt: str, mode: str, max_samples: int | None, tokens: Tokenization | None = None
+) -> datasets.Dataset:
     """One training file in ``mode``: with ``fmt`` stsb/sick a scored pair file (its pairs
     and scores in ``scored``, else its distinct sentences), otherwise by suffix
-    (:func:`~simcse_kit.data.readers.load_train_dataset`)."""
+    (:func:`~simcse_kit.data.readers.load_train_dataset`); with ``tokens``, its token table."""
     data = cfg.data
     sentences = None
     if fmt != "auto" and mode == "scored":
         pairs = PAIR_READERS[fmt](path, bounds=data.score_range)
         dataset = scored_dataset(pairs.sentences1, pairs.sentences2, pairs.scores.tolist(), data.score_range)
+        if tokens is not None:
+            dataset = with_tokens(dataset, tokens, mode)
         if max_samples is not None:
             dataset = dataset.select(range(min(max_samples, len(dataset))))
         logger.info("loaded %d scored pairs (%s) from %s", len(dataset), fmt, path)
@@ -94,6 +95,7 @@ def read_training_file(cfg: RunConfig, path: str, fmt: str, mode: str, max_sampl
         cache_dir=data.cache_dir,
         score_range=data.score_range,
         teacher_scores=cfg.loss.distill is not None,  # the rows' teacher scores are read (and required) only for it
+        tokens=tokens,
     )
 
 

@@ -33,6 +33,7 @@ from simcse_kit.core.batch import view_prompts
 from simcse_kit.data.mixture import Mixture, MixtureBatches, MixtureCollator
 from simcse_kit.data.pipeline import ShuffledIndices, loader_options
 from simcse_kit.data.readers import ContrastiveCollator, negatives_of, skipped_rows
+from simcse_kit.data.tokens import Tokenization, id_columns, with_tokens
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
 from simcse_kit.evaluation.encoding import Encode, prompted
@@ -164,8 +165,10 @@ def build_run(
             each batch.
     """
     from_files = dataset is None
-    sets = load_training_sets(cfg) if from_files and cfg.data.datasets is not None else None
-    dataset = (load_training_data(cfg) if sets is None else None) if dataset is None else dataset
+    tokenizer = load_checked_tokenizer(cfg)
+    # With each file's token table: tokenised once, ahead of the loader (simcse_kit.data.tokens).
+    sets = load_training_sets(cfg, tokenizer) if from_files and cfg.data.datasets is not None else None
+    dataset = (load_training_data(cfg, tokenizer) if sets is None else None) if dataset is None else dataset
     # Legal, but every step would be the whole set: surely a typo. (A dataset given in code,
     # a benchmark's few sentences repeated in one batch, is the caller's choice.) Of a mixture,
     # every dataset must fill a batch: each batch is one dataset's.
@@ -191,7 +194,6 @@ def build_run(
             data = cfg.data
             dev = DevEvaluator(data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=data.dev_file, fmt=data.dev_format)
         final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
-    tokenizer = load_checked_tokenizer(cfg)
     tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
     # "auto" precision becomes what this machine computes fastest, before the run folder
     # records the config: config.yaml says what ran, and a resume on another machine that
@@ -449,14 +451,22 @@ def make_loader(
 ) -> DataLoader:
     """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
     generator of its own, which the loop checkpoints so a resume redraws the order.
-    Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); the packing plan
-    made in the collator, so in the workers with ``data.num_workers > 0``.
+    Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); batches collated
+    from the token table's ids (:mod:`simcse_kit.data.tokens`; a dataset given in memory is
+    tokenised here) and the packing plan made in the collator, so in the workers with
+    ``data.num_workers > 0``.
     ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``;
     ``guide_index``: with a guide, their ``guide_rows``.
     ``decoder``: the model is a decoder, whose left-padded batches pack too."""
     options = loader_options(device)
+    negatives = negatives_of(dataset.column_names)
+    tokenization = Tokenization(tokenizer, cfg.model.max_seq_len, cfg.data.prompts)
+    if not dataset.cache_files:  # a training set given in memory (in code, a scored pair file): tokenised here
+        dataset = with_tokens(dataset, tokenization, cfg.data.mode)
+    from_table = all(name in dataset.column_names for name in id_columns(tokenization.sources(cfg.data.mode, negatives)))
     logger.info(
-        "input pipeline: %s worker process(es); pinned memory and asynchronous copies %s",
+        "input pipeline: %s; %s worker process(es); pinned memory and asynchronous copies %s",
+        "token ids from the token table" if from_table else "texts tokenised in the collator",
         cfg.data.num_workers,
         "on" if options.pin_memory else "off (not CUDA)",
     )
