@@ -266,3 +266,28 @@ def test_gradient_checkpointing_refused_where_the_model_has_none(tmp_path: Path)
     )
     with pytest.raises(ConfigError, match=r"'train.gradient_checkpointing' = True: MPNetModel does not support it"):
         build_model(cfg)
+
+
+@pytest.mark.parametrize("arch", ["bert", "mpnet"])  # mpnet: targets from the kit's table (peft has none of its own)
+def test_the_sentence_transformers_peer_trains_the_same_adapter(arch: str, tmp_path: Path) -> None:
+    """benchmarks/st_peers.py's ``add_adapter`` gets the kit's own ``LoraConfig``: the same modules train,
+    as many parameters: query and value of 2 layers, each r x 32 + 32 x r = 256 at r 4, 1,024 in all."""
+    from sentence_transformers import SentenceTransformer
+    from tiny_encoders import build_tiny
+
+    from benchmarks.st_peers import add_lora
+
+    path = build_tiny(arch, tmp_path / arch)
+    cfg = ModelConfig(name_or_path=str(path), pooler="avg", lora_r=4, lora_alpha=8, lora_dropout=0.2)
+    kit = SimCSEModel.from_config(cfg)
+    peer = SentenceTransformer(str(path), device="cpu")
+    add_lora(peer, cfg)
+
+    def trainable(model: torch.nn.Module) -> dict[str, int]:  # from "layer.<i>." on: the prefixes differ
+        return {n[n.index("layer.") :]: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+
+    assert trainable(kit) == trainable(peer)
+    assert sum(trainable(peer).values()) == 1024 and len(trainable(peer)) == 8
+    # dropout and alpha / r reach the peer's adapter too
+    adapted = [m for m in peer.modules() if hasattr(m, "lora_A")]
+    assert {(m.lora_dropout["default"].p, m.scaling["default"]) for m in adapted} == {(0.2, 2.0)} and len(adapted) == 4
