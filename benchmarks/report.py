@@ -405,7 +405,9 @@ LORA_STEPS = Spec(
     lambda kept: f"Batch {_a(kept, 'batch_size')}, max length {_a(kept, 'max_seq_len')}, fp32, clipping at 1.0; LoRA r "
     f"{_a(kept, 'lora_r')} (alpha 16, dropout 0.1, query and value), the peer with the same `LoraConfig`; each variant "
     f"in a fresh process, {_a(kept, 'steps')} timed steps after {_a(kept, 'warmup')}, {_a(kept, 'rounds')} rounds "
-    "alternated: median (range); the ratio is paired within each round. Peak RSS: the whole process (model, data, optimizer).",
+    "alternated: median (range); the ratio is paired within each round. Padded batches on both sides (no packing). Peak "
+    "RSS: the whole process (model, data, optimizer); simcse-kit's full count leaves out BERT's pooler layer (mean pooling "
+    "never uses it).",
 )  # fmt: skip
 LORA = Spec(
     "lora", "lora", f"model|config|lr|seeds|{STS_HEAD}|STS-B dev (selection)", _lora_rows,

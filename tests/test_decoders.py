@@ -291,3 +291,14 @@ def test_the_sentence_transformers_peer_trains_the_same_adapter(arch: str, tmp_p
     # dropout and alpha / r reach the peer's adapter too
     adapted = [m for m in peer.modules() if hasattr(m, "lora_A")]
     assert {(m.lora_dropout["default"].p, m.scaling["default"]) for m in adapted} == {(0.2, 2.0)} and len(adapted) == 4
+    # st_peers keeps the best dev checkpoint as a state dict and scores it on a fresh model given the
+    # same adapter: it loads strictly and encodes as the trained one (not as the base)
+    with torch.no_grad():
+        for m in adapted:
+            m.lora_B["default"].weight.normal_()
+    best = SentenceTransformer(str(path), device="cpu")
+    add_lora(best, cfg)
+    best.load_state_dict(peer.state_dict())
+    trained, restored = (model.encode(TEXTS, convert_to_tensor=True) for model in (peer, best))
+    base = SentenceTransformer(str(path), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    assert torch.equal(trained, restored) and not torch.allclose(trained, base, atol=1e-3)
