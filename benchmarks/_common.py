@@ -272,8 +272,11 @@ def save_results(path: Path, record: dict[str, Any]) -> None:
     print(f"wrote {path}")
 
 
-def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str], timer: TimedCollator | None = None) -> Any:
-    """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` with
+def kit_recipe_run(
+    recipe: str, overrides: dict[str, Any], sentences: list[str] | dict[str, list[str]], timer: TimedCollator | None = None
+) -> Any:
+    """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` (or the columns
+    its mode reads: ``sent0``, ``sent1``, ``hard_neg``) with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
     line), on the CPU, built as a text run is (``simcse_kit.training.run.build_run``: "auto"
     precision decided, ``mmap_threshold_mib`` applied) without dev selection or run folder;
@@ -287,7 +290,7 @@ def kit_recipe_run(recipe: str, overrides: dict[str, Any], sentences: list[str],
     opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides
     cfg = load_config(find_recipe(recipe), {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in opts.items()})
-    dataset = datasets.Dataset.from_dict({"sent0": sentences})
+    dataset = datasets.Dataset.from_dict(sentences if isinstance(sentences, dict) else {"sent0": sentences})
     return build_run(cfg, dataset=dataset, evaluate=False, cpu=True, wrap_collate=timer.around if timer else None)
 
 
@@ -300,9 +303,9 @@ def st_pair_trainer(
     model: Any, sents: list[str] | Any, batch_size: int, max_steps: int, loss: Any, *, bf16: bool, cpu: bool,
     workers: int = 0, callbacks: Sequence[Any] = (),
 ) -> Any:
-    """sentence-transformers' trainer on ``(s, s)`` pairs (its documented unsupervised SimCSE)
-    with its own defaults otherwise (fused AdamW, clipping at 1.0); nothing saved or logged.
-    ``sents``: the sentences, or a ``datasets.Dataset`` of the pairs already."""
+    """sentence-transformers' trainer on ``(s, s)`` pairs (its documented unsupervised SimCSE), or on
+    ``sents`` as given where a ``datasets.Dataset``, with its own defaults otherwise (fused AdamW, clipping
+    at 1.0); nothing saved or logged."""
     import datasets
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
@@ -311,27 +314,33 @@ def st_pair_trainer(
         bf16=bf16, use_cpu=cpu, dataloader_num_workers=workers, save_strategy="no", report_to="none", logging_steps=10**9,
         disable_tqdm=True, dataloader_drop_last=True, seed=42,
     )
-    pairs = datasets.Dataset.from_dict({"anchor": sents, "positive": sents}) if isinstance(sents, list) else sents
+    pairs = sents if isinstance(sents, datasets.Dataset) else datasets.Dataset.from_dict({"anchor": sents, "positive": sents})
     return SentenceTransformerTrainer(model=model, args=train_args, train_dataset=pairs, loss=loss, callbacks=list(callbacks))
 
 
-def st_pair_throughput(args: Any, sents: list[str], make_loss: Callable[[Any], Any]) -> dict[str, float]:
-    """Train sentence-transformers on ``(s, s)`` pairs with ``make_loss(model)`` and time it."""
+def st_pair_throughput(
+    args: Any, sents: list[str] | Any, make_loss: Callable[[Any], Any], path: str = "all-MiniLM-L6-v2",
+    adapt: Callable[[Any], None] | None = None,
+) -> dict[str, float]:
+    """Train sentence-transformers' ``path`` (``adapt(model)`` first: an adapter) on ``(s, s)`` pairs, or
+    on a ``datasets.Dataset``'s columns, with ``make_loss(model)`` and time it; ``trainable``: its trained weights."""
     from sentence_transformers import SentenceTransformer
 
     from simcse_kit.model.modeling import resolve_model_path
 
-    model = SentenceTransformer(resolve_model_path("all-MiniLM-L6-v2"), device="cpu")
+    model = SentenceTransformer(resolve_model_path(path), device="cpu")
     model.max_seq_length = args.max_seq_len
+    if adapt is not None:
+        adapt(model)
     max_steps = args.warmup + args.steps + 2
     trainer = st_pair_trainer(model, sents, args.batch_size, max_steps, make_loss(model), bf16=args.precision == "bf16", cpu=True)
     collator = TimedCollator(
         trainer.data_collator,
-        lambda b: (
-            b["anchor_input_ids"].shape[0] + b["positive_input_ids"].shape[0],
-            b["anchor_input_ids"].numel() + b["positive_input_ids"].numel(),
+        lambda b: (  # every column's rows: anchor, positive (and negative)
+            sum(v.shape[0] for k, v in b.items() if k.endswith("_input_ids")),
+            sum(v.numel() for k, v in b.items() if k.endswith("_input_ids")),
         ),
     )
     trainer.data_collator = collator
     trainer.train()
-    return collator.rate(args.warmup, args.steps)
+    return collator.rate(args.warmup, args.steps) | {"trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}

@@ -50,19 +50,21 @@ def start(args: argparse.Namespace) -> dict[str, str]:
     return dict(ISA_LIMITS) if args.isa == "avx2" else {}
 
 
-def keep(name: str, args: argparse.Namespace, record: dict[str, Any]) -> Path:
-    """Write ``record`` with the machine and the arguments to ``--json`` or ``benchmarks/results/<name>-<cpu class>.json``."""
+def keep(name: str, args: argparse.Namespace, record: dict[str, Any], stem: str = "") -> Path:
+    """Write ``record`` with the machine and the arguments to ``--json`` or ``benchmarks/results/<stem>-<cpu class>.json``
+    (``stem``: the kept results' name where a script keeps two kinds; default ``name``)."""
     _, flags = cpu_flags()
     klass = "avx2-limited" if args.isa == "avx2" else cpu_class(flags)
     info = machine() | ({"cpu_class": klass, "kernel_limits": ISA_LIMITS} if args.isa == "avx2" else {})
     info["torch_threads"] = args.threads  # the workers' (this process never set its own)
-    out = args.json or RESULTS / f"{name}-{klass}.json"
+    stem = stem or name
+    out = args.json or RESULTS / f"{stem}-{klass}.json"
     command = " ".join(["python -m benchmarks." + name, shlex.join(sys.argv[1:])]).strip()
     full = {"machine": info, "args": vars(args), "command": command, **record}
     save_results(out, full)
     from benchmarks import report  # the summary is the table BENCHMARKS.md will show
 
-    for spec in (s for s in report.SPECS if s.script == name):
+    for spec in (s for s in report.SPECS if s.script == stem):
         print("\n".join(report.md_table(spec.head, spec.rows(full))))
     return out
 

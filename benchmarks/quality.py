@@ -42,7 +42,7 @@ class Row:
     """A table row: ``train/<recipe>.yaml`` (``{d}``: the domain) with ``overrides``, or a
     sentence-transformers ``peer`` of it; ``teacher``/``guide``: learns from ``--teacher`` / with ``--guide``
     vetting its negatives; ``mined``: trains on the SNLI pairs re-mined with that many negatives each
-    (``first``: only each row's first of them)."""
+    (``first``: only each row's first of them); ``learning_rates``: its own sweep ("": the table's)."""
 
     recipe: str
     overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -51,6 +51,7 @@ class Row:
     mined: int = 0
     first: bool = False
     guide: bool = False
+    learning_rates: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,13 @@ _SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=3)} | {
     for loss in ("kl", "margin_mse")
     for suffix, weight in (("", "1"), ("+infonce", "0.5"))
 }
+# LoRA (r 8, alpha 16, dropout 0.1: the kit's defaults; the peer gets the same LoraConfig) beside full
+# fine-tuning at the recipes' rate; an adapter of 0.3% of the weights wants a larger rate: swept on dev.
+_LORA_ROWS: dict[str, Row] = {}
+for _mode in ("unsup", "hardneg"):
+    for _lora, _extra, _rates in (("", {}, ""), ("lora-", {"lora_r": "8"}, "1e-4,3e-4,1e-3")):
+        _LORA_ROWS[f"kit-{_lora}{_mode}"] = Row(_mode, _extra, learning_rates=_rates)
+        _LORA_ROWS[f"st-{_lora}{_mode}"] = Row(_mode, _extra, peer="mnrl", learning_rates=_rates)
 TABLES = {
     "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
     "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
@@ -115,6 +123,7 @@ TABLES = {
     "guide": Table(_GUIDE_ROWS, list(_GUIDE_ROWS), trains_on=(SNLI,)),
     "multi": Table(_MULTI_ROWS, list(_MULTI_ROWS), trains_on=(SNLI,)),
     "scores": Table(_SCORES_ROWS, list(_SCORES_ROWS), untouched=("base", "teacher"), trains_on=(SNLI,), scored=True),
+    "lora": Table(_LORA_ROWS, list(_LORA_ROWS), trains_on=(SNLI,)),
 }
 
 
@@ -344,23 +353,25 @@ class TableResults:
 
 def sweep_and_run(
     rows: Mapping[str, Callable[[float, int, bool], Job]],
-    lrs: Sequence[float],
+    lrs: Mapping[str, Sequence[float]],
     args: argparse.Namespace,
     extra: Sequence[Job] = (),
 ) -> TableResults:
-    """Each row (``job(lr, seed, sweep)``) at each of ``lrs`` for ``args.sweep_seed``, dev only."""
+    """Each row (``job(lr, seed, sweep)``) at each of its ``lrs`` for ``args.sweep_seed``, dev only
+    (a row with one rate is not swept), then every seed at the rate chosen on dev."""
     logs = args.output_dir / "logs"
     sweep: dict[str, dict[float, dict[str, float]]] = {name: {} for name in rows}
-    lost: list[str] = []
-    if len(lrs) > 1:
-        jobs = {(name, lr): job(lr, args.sweep_seed, True) for name, job in rows.items() for lr in lrs}
-        tables = execute(list(jobs.values()), args.parallel, args.threads, logs, args.keep_going)
-        for (name, lr), run in jobs.items():
-            if run.name in tables:
-                sweep[name][lr] = tables[run.name]
-        lost += [f"sweep of {name}" for name, by_lr in sweep.items() if not by_lr]
-    kept = {name: job for name, job in rows.items() if sweep[name] or len(lrs) == 1}
-    chosen = {name: choose_learning_rate({lr: [t] for lr, t in sweep[name].items()}) if sweep[name] else lrs[0] for name in kept}
+    swept = [name for name in rows if len(lrs[name]) > 1]
+    jobs = {(name, lr): rows[name](lr, args.sweep_seed, True) for name in swept for lr in lrs[name]}
+    tables = execute(list(jobs.values()), args.parallel, args.threads, logs, args.keep_going) if jobs else {}
+    for (name, lr), run in jobs.items():
+        if run.name in tables:
+            sweep[name][lr] = tables[run.name]
+    lost = [f"sweep of {name}" for name in swept if not sweep[name]]
+    kept = {name: job for name, job in rows.items() if sweep[name] or name not in swept}
+    chosen = {
+        name: choose_learning_rate({lr: [t] for lr, t in sweep[name].items()}) if sweep[name] else lrs[name][0] for name in kept
+    }
     jobs = {(name, seed): job(chosen[name], seed, False) for seed in args.seeds for name, job in kept.items()}
     tables = execute([*extra, *jobs.values()], args.parallel, args.threads, logs, args.keep_going)
     done = {name: {s: tables[jobs[name, s].name] for s in args.seeds if jobs[name, s].name in tables} for name in kept}
@@ -380,6 +391,8 @@ def sweep_and_run(
 def row_overrides(overrides: Mapping[str, str], args: argparse.Namespace) -> dict[str, str]:
     """``overrides`` with this command's budget, data root and STS folder."""
     opts = dict(overrides) | {"eval_steps": str(args.eval_steps), "progress_bar": "false", "data_root": str(args.data_root)}
+    if args.model is not None:  # only when set: finished runs' configs stay equal
+        opts["name_or_path"] = args.model
     if args.steps is not None:
         opts["max_steps"] = str(args.steps)
     if args.eval_data_dir is not None:  # only when set: finished runs' configs stay equal
@@ -487,7 +500,8 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     from simcse_kit.training.experiments import parse_values
 
     spec = TABLES[table]
-    lrs = parse_values("learning rate", args.learning_rates or spec.learning_rates)
+    rates = {r: parse_values("learning rate", args.learning_rates or spec.rows[r].learning_rates or spec.learning_rates)
+             for r in args.rows}  # fmt: skip
     args.mined = {}
     for row in (spec.rows[r] for r in args.rows if spec.rows[r].mined):
         args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -498,12 +512,13 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     for domain in spec.domains if vectors else ():
         encode_vectors(table, domain, vectors[0], args)
     senteval = str(args.eval_data_dir or args.data_root / "senteval")
-    models = {"base": DEFAULT_MODEL, "teacher": str(getattr(args, "teacher", None))}
+    models = {"base": args.model or DEFAULT_MODEL, "teacher": str(getattr(args, "teacher", None))}
     tasks = tuple(args.tasks)
     untouched = [Job(u, "base", out=str(args.output_dir / u), model=models[u], retrieval=tasks, eval_data_dir=senteval)
                  for u in spec.untouched]  # fmt: skip
     rows = {(d, r): (lambda lr, s, sw, d=d, r=r: row_job(table, d, r, lr, s, sw, args)) for d in spec.domains for r in args.rows}
-    made = sweep_and_run({f"{d}-{r}" if d else r: job for (d, r), job in rows.items()}, lrs, args, untouched)
+    labels = {(d, r): f"{d}-{r}" if d else r for d, r in rows}
+    made = sweep_and_run({labels[k]: job for k, job in rows.items()}, {labels[d, r]: rates[r] for d, r in rows}, args, untouched)
     results: dict[str, Any] = {}
     for domain in spec.domains:
         for u in untouched:
@@ -518,12 +533,13 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
+        "model": args.model or DEFAULT_MODEL,
         "data_root": str(args.data_root),
         "seeds": args.seeds,
         "steps": args.steps,
         "retrieval_tasks": args.task_names,
         "st_precision": resolve_precision(args.st_precision),
-        "learning_rates": lrs,
+        "learning_rates": {r: rates[r] for r in args.rows},
         "chosen_learning_rates": made.chosen,
         "sweep": sweep,
         "lost": made.lost,
@@ -554,7 +570,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("table", choices=[*TABLES, "worker"], help="the table to build (worker: run one --job FILE)")
     p.add_argument("--rows", "--configs", nargs="+", default=None, help="the rows to run (default: the table's)")
     p.add_argument("--seeds", default="1,2,3", help="comma-separated")
-    p.add_argument("--learning-rates", default=None, help="comma-separated, swept on dev (default: the table's)")
+    p.add_argument("--learning-rates", default=None, help="comma-separated, swept on dev (default: each row's, else the table's)")
+    p.add_argument("--model", default=None, help="the backbone of every row and of the base row (default: the recipes')")
     p.add_argument("--sweep-seed", type=int, default=1, help="the seed of the dev-only learning-rate sweep")
     p.add_argument("--steps", "--max-steps", type=int, default=None, help="max optimiser steps per run (default: one epoch)")
     p.add_argument("--eval-steps", type=int, default=25, help="dev every N steps (and at the end)")
@@ -595,7 +612,7 @@ def main() -> None:
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
-    spec_view = (views | {"multi": report.MULTI, "scores": report.SCORES}).get(args.table, report.DOMAIN)
+    spec_view = (views | {"multi": report.MULTI, "scores": report.SCORES, "lora": report.LORA}).get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 

@@ -479,7 +479,54 @@ QUALITY = Spec(
     "Spearman x 100 by cosine, mean ± sample std over the seeds.",
     after=_quality_verdict,
 )  # fmt: skip
+
+
+def _lora_rows(rec: Record) -> Iterable[Row]:
+    for name, r in rec["results"].items():
+        lr = "–" if r.get("learning_rate") is None else f"{r['learning_rate']:g}"
+        cells = (_ms(r["mean"], r["std"], k, r["n"]) for k in (*STS, "best_stsb_dev"))
+        yield [Path(rec["model"]).name, name, lr, str(r["n"]), *cells]
+
+
+def _lora_verdict(kept: list[Record]) -> list[str]:
+    """Per backbone and recipe, LoRA's 7-task average against full fine-tuning and against the peer's LoRA."""
+    lines = []
+    for rec in kept:
+        avg = {n: r["mean"]["avg"] for n, r in rec["results"].items()}
+        for mode in ("unsup", "hardneg"):
+            ours = f"kit-lora-{mode}"
+            if ours in avg:
+                versus = [f"{avg[ours] - avg[o]:+.2f} against `{o}`" for o in (f"kit-{mode}", f"st-lora-{mode}") if o in avg]
+                lines.append(f"- {Path(rec['model']).name}, {mode}: `{ours}` averages {avg[ours]:.2f} ({', '.join(versus)}).")
+    return lines
+
+
 MAIN_JOB = Spec("main-job", "sts", f"model|{STS_HEAD}", _main_job_rows, machines=False, home=README)
+def _lora_step_rows(rec: Record) -> Iterable[Row]:
+    from benchmarks._common import paired_ratios
+
+    for v, s in rec["summary"].items():
+        backbone, mode, side = v.split(":")
+        ratio = paired_ratios(rec["runs"], v, f"{backbone}:{mode}:kit-full", metric="s_per_step")
+        cells = [f"{s['trainable']['median']:,.0f}", _range(s["peak_rss_mib"], 0), _range(s["s_per_step"], 2), _ratio(ratio)]
+        yield [Path(backbone).name, mode, side, *cells]
+
+
+LORA_STEPS = Spec(
+    "lora-steps", "train_lora", "backbone|recipe|variant|trained parameters|peak RSS MiB|s/step|s/step vs kit-full",
+    _lora_step_rows,
+    lambda kept: f"Batch {_a(kept, 'batch_size')}, max length {_a(kept, 'max_seq_len')}, fp32, clipping at 1.0; LoRA r "
+    f"{_a(kept, 'lora_r')} (alpha 16, dropout 0.1, query and value), the peer with the same `LoraConfig`; each variant "
+    f"in a fresh process, {_a(kept, 'steps')} timed steps after {_a(kept, 'warmup')}, {_a(kept, 'rounds')} rounds "
+    "alternated: median (range); the ratio is paired within each round. Padded batches on both sides (no packing). Peak "
+    "RSS: the whole process (model, data, optimizer); simcse-kit's full count leaves out BERT's pooler layer (mean pooling "
+    "never uses it).",
+)  # fmt: skip
+LORA = Spec(
+    "lora", "lora", f"model|config|lr|seeds|{STS_HEAD}|STS-B dev (selection)", _lora_rows,
+    "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one seed, dev only).",
+    after=_lora_verdict,
+)  # fmt: skip
 DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selection)|best step|nDCG@10 avg"
 DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
 TEACHER = Spec("teacher", "teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
@@ -571,8 +618,8 @@ def gpu_headline() -> str:
     )  # fmt: skip
 
 
-SPECS = (QUALITY, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, TEACHER, TEACHER_GENERAL, THROUGHPUT, PIPELINE)
-SPECS += (ENCODE, MEMORY, MULTI, CORPUS, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE)
+SPECS = (QUALITY, LORA, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, TEACHER, TEACHER_GENERAL, THROUGHPUT)
+SPECS += (PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE, LORA_STEPS)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

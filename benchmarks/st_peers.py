@@ -1,7 +1,8 @@
 """Sentence-transformers peers of a recipe (``quality.py``'s ``st-*`` rows): its data, budget, dev selection
 (step 0 included) and final evaluator, with ``MultipleNegativesRankingLoss``, ``DenoisingAutoEncoderLoss``
 (TSDAE; words split on whitespace), ``ContrastiveTensionLossInBatchNegatives``, ``MSELoss`` from a teacher or
-``GISTEmbedLoss`` with the recipe's ``loss.guide`` (its defaults otherwise: anchor-anchor and positive-positive terms on).
+``GISTEmbedLoss`` with the recipe's ``loss.guide`` (its defaults otherwise: anchor-anchor and positive-positive terms on);
+with ``model.lora_r`` > 0 the LoRA adapter the kit trains (:func:`add_lora`, the kit's own ``LoraConfig``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,27 @@ def peer_loss(loss: str, model: Any, loss_cfg: Any) -> nn.Module:
     raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
 
 
+def add_lora(model: Any, cfg: Any) -> None:
+    """``model.add_adapter`` (sentence-transformers) with the ``LoraConfig`` the kit builds from
+    ``cfg`` (a ``ModelConfig``) for this family: the same rank, alpha, dropout and target modules.
+
+    transformers 5.24's ``add_adapter`` refuses a peft older than 0.22, and 0.21.2 is peft's latest
+    release: there the adapter is injected by peft's ``inject_adapter_in_model``, the call
+    ``add_adapter`` makes (the same layers, the base frozen; tests/test_decoders.py)."""
+    from peft import inject_adapter_in_model
+
+    from simcse_kit.model.modeling import lora_config
+
+    config = lora_config(model.transformers_model, cfg)
+    try:
+        model.add_adapter(config)
+    except ValueError as exc:
+        if "version of PEFT" not in str(exc):
+            raise
+        logger.warning("add_adapter: %s; injecting the adapter with peft's inject_adapter_in_model", exc)
+        inject_adapter_in_model(config, model.transformers_model)
+
+
 class DevSelection(TrainerCallback):
     """Dev score at step 0 (optional), every ``eval_steps`` and at the end."""
 
@@ -191,6 +213,8 @@ def st_train(
     model = SentenceTransformer(path, device=device)
     train_len, eval_len = cfg.model.max_seq_len, cfg.model.eval_max_seq_len
     model.max_seq_length = train_len
+    if cfg.model.lora_r > 0:
+        add_lora(model, cfg.model)
     criterion = peer_loss(loss, model, cfg.loss)
 
     encode = encoder(model, eval_len, train_len)
@@ -235,6 +259,8 @@ def st_train(
         scored = base_retrieval(str(path), tuple(retrieval), eval_len, device)
     else:
         best = SentenceTransformer(path, device=device)
+        if cfg.model.lora_r > 0:
+            add_lora(best, cfg.model)
         best.load_state_dict(selection.state)
         sts = final_sts(encoder(best, eval_len, eval_len))
         scored = score_tasks(best, retrieval, eval_len, device)
@@ -277,6 +303,8 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
     """What a peer run depends on."""
     data, train = cfg.data, cfg.train
     extra = {"retrieval": [Path(t).name for t in retrieval]} if retrieval else {}
+    if cfg.model.lora_r > 0:  # only then: the settings of the full fine-tuning runs kept before stay equal
+        extra |= {k: getattr(cfg.model, k) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")}
     return {
         **extra, **({"dev_only": True} if dev_only else {}), "loss": loss, "precision": resolve_precision(precision),
         "model": cfg.model.name_or_path, "max_seq_len": cfg.model.max_seq_len, "eval_max_seq_len": cfg.model.eval_max_seq_len,

@@ -20,7 +20,7 @@ from benchmarks._harness import difference, summary_of
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 # The scripts whose JSON report.py turns into tables (the harness scripts).
-HARNESS = ("train_throughput", "encode_throughput", "memory")
+HARNESS = ("train_throughput", "encode_throughput", "memory", "train_lora")
 MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
 MACHINE |= {"versions": {"torch": "2.13.0"}}
 
@@ -190,3 +190,23 @@ def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> 
         | {"half_range_pct": 100 * (max(speeds) - min(speeds)) / 2 / statistics.median(speeds)}
     )
     assert "| CPU class | variant | sentences/s |" in done.stdout and "| kit-fp32 |" in done.stdout
+
+
+def test_lora_tables_known_answer() -> None:
+    """The LoRA step table: trained parameters, peak RSS, s/step and the ratio to kit-full paired within each
+    round (0.5, 0.25, 1.0: median 0.5); the quality verdict: LoRA against full and against the peer's LoRA."""
+    steps = {"m:unsup:kit-full": (2.0, 4.0, 1.0), "m:unsup:kit-lora": (1.0, 1.0, 1.0)}
+    runs = [
+        {"round": r, "variant": v, "s_per_step": t[r], "peak_rss_mib": 1000.0 + r, "trainable": 10 if "lora" in v else 1000}
+        for r in range(3) for v, t in steps.items()
+    ]  # fmt: skip
+    record = {"runs": runs, "summary": summary_of(runs, list(steps), ("s_per_step", "peak_rss_mib", "trainable"))}
+    assert list(report.LORA_STEPS.rows(record)) == [
+        ["m", "unsup", "kit-full", "1,000", "1001 (1000–1002)", "2.00 (1.00–4.00)", "**1.00x** (1.00–1.00)"],
+        ["m", "unsup", "kit-lora", "10", "1001 (1000–1002)", "1.00 (1.00–1.00)", "**0.50x** (0.25–1.00)"],
+    ]
+    averages = {"kit-unsup": 80.0, "kit-lora-unsup": 79.5, "st-lora-unsup": 79.0}
+    results = {name: {"mean": {"avg": avg}} for name, avg in averages.items()}
+    assert report._lora_verdict([{"model": "/models/all-MiniLM-L6-v2", "results": results}]) == [
+        "- all-MiniLM-L6-v2, unsup: `kit-lora-unsup` averages 79.50 (-0.50 against `kit-unsup`, +0.50 against `st-lora-unsup`)."
+    ]

@@ -377,3 +377,39 @@ def test_lora_with_bf16_weights_trains_fp32_masters(decoder_dirs: dict[str, Path
     moved = torch.cat([(masters[n] != start[n]).flatten() for n in adapter]).float().mean()
     rounded_moved = torch.cat([(adapter[n].detach() != start[n].to(torch.bfloat16)).flatten() for n in adapter])
     assert moved > 0.99 and rounded_moved.float().mean() < 0.5  # the masters hold what bf16 loses
+
+
+@pytest.mark.parametrize("arch", ["bert", "mpnet"])  # mpnet: targets from the kit's table (peft has none of its own)
+def test_the_sentence_transformers_peer_trains_the_same_adapter(arch: str, tmp_path: Path) -> None:
+    """benchmarks/st_peers.py's ``add_adapter`` gets the kit's own ``LoraConfig``: the same modules train,
+    as many parameters: query and value of 2 layers, each r x 32 + 32 x r = 256 at r 4, 1,024 in all."""
+    from sentence_transformers import SentenceTransformer
+    from tiny_encoders import build_tiny
+
+    from benchmarks.st_peers import add_lora
+
+    path = build_tiny(arch, tmp_path / arch)
+    cfg = ModelConfig(name_or_path=str(path), pooler="avg", lora_r=4, lora_alpha=8, lora_dropout=0.2)
+    kit = SimCSEModel.from_config(cfg)
+    peer = SentenceTransformer(str(path), device="cpu")
+    add_lora(peer, cfg)
+
+    def trainable(model: torch.nn.Module) -> dict[str, int]:  # from "layer.<i>." on: the prefixes differ
+        return {n[n.index("layer.") :]: p.numel() for n, p in model.named_parameters() if p.requires_grad}
+
+    assert trainable(kit) == trainable(peer)
+    assert sum(trainable(peer).values()) == 1024 and len(trainable(peer)) == 8
+    # dropout and alpha / r reach the peer's adapter too
+    adapted = [m for m in peer.modules() if hasattr(m, "lora_A")]
+    assert {(m.lora_dropout["default"].p, m.scaling["default"]) for m in adapted} == {(0.2, 2.0)} and len(adapted) == 4
+    # st_peers keeps the best dev checkpoint as a state dict and scores it on a fresh model given the
+    # same adapter: it loads strictly and encodes as the trained one (not as the base)
+    with torch.no_grad():
+        for m in adapted:
+            m.lora_B["default"].weight.normal_()
+    best = SentenceTransformer(str(path), device="cpu")
+    add_lora(best, cfg)
+    best.load_state_dict(peer.state_dict())
+    trained, restored = (model.encode(TEXTS, convert_to_tensor=True) for model in (peer, best))
+    base = SentenceTransformer(str(path), device="cpu").encode(TEXTS, convert_to_tensor=True)
+    assert torch.equal(trained, restored) and not torch.allclose(trained, base, atol=1e-3)

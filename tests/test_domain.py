@@ -229,6 +229,7 @@ def test_the_learning_rate_is_chosen_on_the_mean_dev_score_never_on_test() -> No
 
 def domain_args(tmp_path: Path, **changes: object) -> argparse.Namespace:
     values = {"eval_steps": 25, "data_root": tmp_path / "data", "steps": 2, "eval_data_dir": None, "output_dir": tmp_path / "out"}
+    values["model"] = None
     return argparse.Namespace(**values | {"st_precision": "auto", "tasks": ["/rt/mrpc-paraphrase", "/rt/sick-related"]} | changes)
 
 
@@ -443,8 +444,8 @@ def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_ra
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``sweep_and_run``: the rate is chosen on the sweep's dev score alone (its test column
-    says otherwise), the seeds run seed by seed across rows, and a row whose every sweep run
-    failed is left out and named."""
+    says otherwise), the seeds run seed by seed across rows, a row whose every sweep run
+    failed is left out and named, and a row with a rate of its own runs at it unswept."""
     quality = bench("quality")
     dev = {1e-5: 80.0, 3e-5: 82.0, 1e-4: 81.0}
     batches: list[list[str]] = []
@@ -478,11 +479,14 @@ def test_the_shared_protocol_sweeps_on_dev_then_runs_every_seed_at_the_chosen_ra
 
     args = argparse.Namespace(seeds=[1, 2, 3], sweep_seed=7, parallel=2, threads=1, keep_going=True, output_dir=tmp_path)
     base = quality.Job(name="base", kind="base")
-    made = quality.sweep_and_run({"a": row("a"), "b": row("b"), "bad": row("bad")}, list(dev), args, [base])
-    assert made.chosen == {"a": 3e-5, "b": 3e-5}
+    rows = {"a": row("a"), "fixed": row("fixed"), "b": row("b"), "bad": row("bad")}
+    made = quality.sweep_and_run(rows, {name: [5e-4] if name == "fixed" else list(dev) for name in rows}, args, [base])
+    assert made.chosen == {"a": 3e-5, "fixed": 5e-4, "b": 3e-5}
     assert [n for n in batches[0] if n.startswith("sweep/a/")] == [f"sweep/a/lr{lr:.0e}/seed-7" for lr in dev]
-    assert batches[1] == ["base"] + [f"{r}/lr3e-05/seed-{s}" for s in (1, 2, 3) for r in ("a", "b")]
-    assert sorted(made.rows) == ["a", "b"] and list(made.rows["a"]) == [1, 2, 3]
+    assert not [n for n in batches[0] if "fixed" in n] and len(batches[0]) == 9
+    chosen = (("a", "3e-05"), ("fixed", "5e-04"), ("b", "3e-05"))
+    assert batches[1] == ["base"] + [f"{r}/lr{lr}/seed-{s}" for s in (1, 2, 3) for r, lr in chosen]
+    assert sorted(made.rows) == ["a", "b", "fixed"] and list(made.rows["a"]) == [1, 2, 3]
     assert made.rows["b"][2]["seed"] == 2.0 and made.extra == {"base": {"best_stsb_dev": 0.0, "test": 70.0, "seed": 0.0}}
     assert made.lost == ["sweep of bad"] and set(made.sweep["a"]) == set(dev)
 

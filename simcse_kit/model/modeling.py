@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,6 +32,9 @@ from simcse_kit.model.packing import (
     packing_matches,
     padded_decoder_inputs,
 )
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -68,25 +72,37 @@ def base_encoder(encoder: nn.Module) -> PreTrainedModel:
     return get_base() if callable(get_base) and hasattr(encoder, "peft_config") else encoder  # type: ignore[return-value]
 
 
-def apply_lora(encoder: PreTrainedModel, cfg: ModelConfig) -> nn.Module:
-    """Wrap ``encoder`` in a LoRA adapter (peft): only the adapter's weights train.
+def lora_config(encoder: PreTrainedModel, cfg: ModelConfig) -> LoraConfig:
+    """The peft ``LoraConfig`` that ``model.lora_*`` describe for ``encoder``'s family (its
+    target modules: :func:`families.lora_targets`); what :func:`apply_lora` wraps the encoder
+    with, and what a sentence-transformers peer passes to ``add_adapter`` to train the same adapter.
 
     Raises:
-        ConfigError: peft is not installed, or no target modules are known for the family.
+        ConfigError: peft is not installed.
     """
     try:
-        from peft import LoraConfig, TaskType, get_peft_model
+        from peft import LoraConfig, TaskType  # noqa: F811 - the real import (the one above is for the type checker)
     except ImportError:
         raise ConfigError("config key 'model.lora_r' > 0 needs peft: pip install 'simcse-kit[lora]'") from None
-    model_type = getattr(encoder.config, "model_type", "")
-    targets = families.lora_targets(model_type, cfg.lora_target_modules)
-    lora = LoraConfig(
+    return LoraConfig(
         task_type=TaskType.FEATURE_EXTRACTION,
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
         lora_dropout=cfg.lora_dropout,
-        target_modules=targets,
+        target_modules=families.lora_targets(getattr(encoder.config, "model_type", ""), cfg.lora_target_modules),
     )
+
+
+def apply_lora(encoder: PreTrainedModel, cfg: ModelConfig) -> nn.Module:
+    """Wrap ``encoder`` in a LoRA adapter (peft, :func:`lora_config`): only the adapter's weights train.
+
+    Raises:
+        ConfigError: peft is not installed, or no target modules are known for the family.
+    """
+    from peft import get_peft_model
+
+    lora = lora_config(encoder, cfg)
+    model_type, targets = getattr(encoder.config, "model_type", ""), lora.target_modules
     try:
         wrapped = get_peft_model(encoder, lora)
     except ValueError as exc:
