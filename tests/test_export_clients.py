@@ -108,6 +108,7 @@ def test_one_truncation_length_in_the_folder(avg_export: tuple[Path, torch.Tenso
     assert token_count(out, SENTENCES[-2]) > BASE_LENGTH and token_count(out, SENTENCES[-1]) > MAX_LEN
 
 
+@pytest.mark.slow  # fastembed's ONNX pipeline, as a user runs it
 @pytest.mark.parametrize("file_name", [FP32, INT8])
 def test_fastembed_custom_model(avg_export: tuple[Path, torch.Tensor], file_name: str) -> None:
     """fastembed's documented custom-model setup (mean pooling, normalisation, output 0)
@@ -129,6 +130,7 @@ def test_fastembed_custom_model(avg_export: tuple[Path, torch.Tensor], file_name
         assert_same(got, kit, 0.99, "fastembed int8 vs simcse-kit")
 
 
+@pytest.mark.slow  # fastembed's ONNX pipeline, as a user runs it
 def test_fastembed_cls_pooler(tmp_path: Path) -> None:
     """A CLS-pooled export: output 0 is last_hidden_state, so PoolingType.CLS (what
     simcse_onnx.json's token_pooling names) gives simcse-kit's vectors."""
@@ -186,6 +188,7 @@ def js_env() -> Path:
     return env_dir
 
 
+@pytest.mark.slow  # node and Transformers.js in a subprocess
 @pytest.mark.parametrize("dtype", ["fp32", "q8"])
 def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path, torch.Tensor], dtype: str) -> None:
     """Transformers.js' documented local setup (env.localModelPath, no remote models) and
