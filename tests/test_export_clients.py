@@ -35,6 +35,10 @@ from simcse_kit.export.onnx_encoder import OnnxEncoder
 from simcse_kit.model.inference import load_encoder
 from simcse_kit.model.modeling import SimCSEModel
 
+# Every test reads the ONNX export of a fixture (a torch.export trace, ~6 s CPU) and most run a
+# client's pipeline (fastembed, node and Transformers.js).
+pytestmark = pytest.mark.slow
+
 MAX_LEN = 256
 BASE_LENGTH = 128  # what the base model's tokenizer.json truncates at (all-MiniLM-L6-v2's)
 LONG = "a man plays the guitar in the park with two children "  # 11 tokens
@@ -108,7 +112,6 @@ def test_one_truncation_length_in_the_folder(avg_export: tuple[Path, torch.Tenso
     assert token_count(out, SENTENCES[-2]) > BASE_LENGTH and token_count(out, SENTENCES[-1]) > MAX_LEN
 
 
-@pytest.mark.slow  # fastembed's ONNX pipeline, as a user runs it
 @pytest.mark.parametrize("file_name", [FP32, INT8])
 def test_fastembed_custom_model(avg_export: tuple[Path, torch.Tensor], file_name: str) -> None:
     """fastembed's documented custom-model setup (mean pooling, normalisation, output 0)
@@ -130,7 +133,6 @@ def test_fastembed_custom_model(avg_export: tuple[Path, torch.Tensor], file_name
         assert_same(got, kit, 0.99, "fastembed int8 vs simcse-kit")
 
 
-@pytest.mark.slow  # fastembed's ONNX pipeline, as a user runs it
 def test_fastembed_cls_pooler(tmp_path: Path) -> None:
     """A CLS-pooled export: output 0 is last_hidden_state, so PoolingType.CLS (what
     simcse_onnx.json's token_pooling names) gives simcse-kit's vectors."""
@@ -188,7 +190,6 @@ def js_env() -> Path:
     return env_dir
 
 
-@pytest.mark.slow  # node and Transformers.js in a subprocess
 @pytest.mark.parametrize("dtype", ["fp32", "q8"])
 def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path, torch.Tensor], dtype: str) -> None:
     """Transformers.js' documented local setup (env.localModelPath, no remote models) and
