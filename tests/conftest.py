@@ -13,6 +13,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread for the BLAS and OpenMP pools too (numpy's OpenBLAS under scikit-learn's
+# transfer probes, faiss), set before torch loads numpy; the run's subprocesses inherit it.
+# Left to size themselves, their idle threads spin against the test's: the transfer tests
+# took 10-20x the CPU time on a busy 2-core machine.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 # The training files' Arrow caches (simcse_kit.data.corpus) go to a folder of the test
 # session's own, removed at exit, not into the user's datasets cache; the run's processes
 # (2-process tests) inherit it.

@@ -168,6 +168,7 @@ def test_memory_points_and_their_names() -> None:
     assert memory.parse_variant("b1024-gc128") == (1024, 128) and memory.parse_variant("b64") == (64, 0)
 
 
+@pytest.mark.slow  # three fresh interpreters encoding with the real all-MiniLM-L6-v2 (~15 s CPU)
 def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> None:
     """encode_throughput.py end to end on 64 sentences (fresh interpreters, seconds): each round
     kept with its CPU activity, the machine and the command, the summary their median, and the

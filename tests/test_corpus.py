@@ -162,6 +162,7 @@ def test_shuffled_indices_are_random_samplers_order_without_its_list(monkeypatch
     assert peaks[0] < 8 * 2**20 < peaks[1], peaks  # RandomSampler holds n Python ints (~36 MB here)
 
 
+@pytest.mark.slow  # two spawned processes (~12 s CPU)
 def test_processes_reading_at_once_build_one_cache(tmp_path: Path) -> None:
     # The processes of a run start together: one builds, the others wait for it and map its file.
     path = tmp_path / "corpus.txt"

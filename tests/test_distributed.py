@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -138,6 +139,7 @@ def worker(rank: int, model_dir: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned processes (~14 s CPU)
 def test_two_processes_equal_one_process_on_concatenated_batch(tmp_path: Path, tiny_model_dir: Path) -> None:
     mp.spawn(worker, args=(str(tiny_model_dir), str(tmp_path)), nprocs=WORLD, join=True)
     got = torch.load(tmp_path / "rank0.pt")

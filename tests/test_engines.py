@@ -287,6 +287,7 @@ def fsdp_worker(rank: int, model_dir: str, out_dir: str, chunk: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned processes, each importing the stack and training (~14 s CPU each)
 @pytest.mark.parametrize("chunk", [0, 2], ids=["plain", "gradcache"])
 def test_fsdp2_on_two_cpu_processes_trains_as_one(tmp_path: Path, tiny_model_dir: Path, chunk: int) -> None:
     """FSDP2 itself runs on CPU processes (gloo), though Accelerate only sets it up on GPUs:

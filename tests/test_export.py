@@ -287,6 +287,7 @@ def test_missing_normalize_is_caught(tmp_path: Path, bert3_dir: Path, monkeypatc
     assert not (tmp_path / "st").exists()
 
 
+@pytest.mark.slow  # a fresh interpreter importing sentence-transformers (~9 s CPU)
 def test_fresh_process_load_is_silent(tmp_path: Path, bert3_dir: Path) -> None:
     """What a user sees: a new Python process, all warnings on, nothing on stderr."""
     folders = []
@@ -415,6 +416,7 @@ class PairsSTS:
         return {"avg": 100 * float(self.spearmanr(self.cosines(encode), self.gold).statistic)}
 
 
+@pytest.mark.slow  # ONNX export, int8 quantisation, four encoders (~13 s CPU)
 def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real thing on this stack (torch.onnx + onnxruntime, no optimum): the fp32 graph
     matches a naive reference through onnxruntime + tokenizers, int8 within 0.5 STS of fp32
@@ -455,6 +457,7 @@ def test_onnx_int8_export_and_gate(tmp_path: Path, bert3_dir: Path, monkeypatch:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "ok"]
 
 
+@pytest.mark.slow  # ONNX export and int8 quantisation, STS-B dev on both (~6 s CPU)
 def test_int8_gate_reads_the_data_root(tmp_path: Path, bert3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With no evaluator and no --data-dir, the int8 gate reads STS-B dev in senteval/ under
     the data root (data_root=, else SIMCSE_KIT_DATA: the resolution every command uses),
@@ -483,6 +486,7 @@ def test_int8_gate_reads_the_data_root(tmp_path: Path, bert3_dir: Path, monkeypa
     assert result.sts["simcse-kit fp32"] == pytest.approx(fp32, abs=1e-9)
 
 
+@pytest.mark.slow  # ONNX export and int8 quantisation, STS-B dev on both (~10 s CPU)
 def test_int8_gate_takes_fp32_from_the_run(tiny_run: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run folder: the fp32 side of the int8 gate is the kept model's recorded STS-B dev
     score (the same file, no prompt), so the gate encodes STS-B dev once (int8 only), not

@@ -36,6 +36,10 @@ from simcse_kit.model.checks import load_checked_tokenizer
 from simcse_kit.model.inference import load_encoder
 from simcse_kit.model.modeling import SimCSEModel
 
+# Every test reads the ONNX export of a fixture (a torch.export trace, ~6 s CPU) and most run a
+# client's pipeline (fastembed, node and Transformers.js).
+pytestmark = pytest.mark.slow
+
 MAX_LEN = 256
 BASE_LENGTH = 128  # what the base model's tokenizer.json truncates at (all-MiniLM-L6-v2's)
 LONG = "a man plays the guitar in the park with two children "  # 11 tokens

@@ -30,6 +30,8 @@ from simcse_kit.config.run import ModelConfig
 from simcse_kit.export import COMPAT_TESTED, export_model
 from simcse_kit.model.modeling import SimCSEModel
 
+pytestmark = pytest.mark.slow  # each test loads exports in the older stacks' fresh interpreters
+
 MAX_LEN = 24
 SENTENCES = toy_sentences(12) + ["a man plays the guitar in the park with two children " * 6]
 # (pooler, mlp, normalize): every module kind (Pooling cls/mean, WeightedLayerPooling both

@@ -197,6 +197,7 @@ def test_a_collapsed_model_is_warned_about_and_never_selected(caplog: pytest.Log
 # --------------------------------------------------------------------------- 9. preemption and Ctrl-C
 
 
+@pytest.mark.slow  # four training subprocesses: the reference, SIGTERMed, SIGINTed, the resume to the end
 def test_sigterm_and_ctrl_c_checkpoint_and_resume_equals_an_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
     import signal
     import subprocess

@@ -38,6 +38,8 @@ from safetensors.torch import load_file
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
+pytestmark = pytest.mark.slow  # every test launches torchrun: 3 to 5 fresh interpreters each
+
 ENV_EXTRA = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
 TOL = 1e-5  # fp32: the same sums, only grouped differently across processes
 

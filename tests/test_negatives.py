@@ -510,6 +510,7 @@ def _masked_worker(rank: int, model_dir: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two spawned processes
 def test_masking_across_two_processes_equals_one_process(tmp_path: Path, tiny_model_dir: Path) -> None:
     import torch.multiprocessing as mp
 

@@ -183,6 +183,7 @@ print(json.dumps({"package": simcse_kit.__file__, "rc": rc, "listing": out.getva
 """
 
 
+@pytest.mark.slow  # pip builds a wheel and installs it, two interpreters (~8 s CPU)
 def test_wheel_ships_the_recipes(tmp_path: Path) -> None:
     """A wheel built from the repo holds every module and recipe; installed on its own (pip
     --target, outside the checkout) it lists the recipes and resolves one by name."""

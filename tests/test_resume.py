@@ -78,6 +78,7 @@ def newest_step(out: Path) -> int:
 # --------------------------------------------------------------------------- the real kill
 
 
+@pytest.mark.slow  # four training subprocesses: the reference, two SIGKILLed, the resume to the end (~30 s CPU)
 def test_sigkill_and_resume_equals_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
     ref_out, cut_out = tmp_path / "ref", tmp_path / "cut"
     ref_recipe, cut_recipe = tiny_run.recipe("ref"), tiny_run.recipe("cut")
