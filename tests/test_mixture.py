@@ -116,13 +116,13 @@ def test_a_single_file_run_keeps_its_batch_order(tiny_run: TinyRun) -> None:
     """A recipe without data.datasets draws exactly the order it always drew: per epoch the
     DataLoader iterator's base seed, one ``randperm`` cut into batches (the last short one
     dropped), then RandomSampler's discarded second draw, all from the seeded generator."""
-    from simcse_kit.training.inputs import load_training_data
+    from simcse_kit.training.inputs import load_checked_tokenizer, load_training_data
     from simcse_kit.training.run import make_loader
 
     cfg = tiny_run.config("order", batch_size=6)
     dataset = load_training_data(cfg)
     texts = list(dataset["sent0"])
-    loader = make_loader(cfg, dataset, None, 1)
+    loader = make_loader(cfg, dataset, load_checked_tokenizer(cfg), 1)
     loader.collate_fn = lambda examples: [texts.index(e["sent0"]) for e in examples]
     got = [batch for _ in range(2) for batch in loader]
     generator, n, want = torch.Generator().manual_seed(cfg.train.seed), len(texts), []

@@ -204,9 +204,10 @@ def test_processes_reading_at_once_build_one_table(tmp_path: Path, tokenizers: d
     path = tmp_path / "corpus.txt"
     path.write_text("".join(f"{s} {i}\n" for i, s in enumerate(toy_sentences(100) * 100)), encoding="utf-8")
     tokenization = Tokenization(tokenizers["bert"], 16)
-    args = (str(path), "unsup", None, None, "error", tmp_path / "cache", None, tokenization)
+    args = (str(path), "unsup", None, None, "error", tmp_path / "cache", None)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = [future.result() for future in [pool.submit(load_train_dataset, *args) for _ in range(2)]]
+        futures = [pool.submit(load_train_dataset, *args, tokens=tokenization) for _ in range(2)]
+        results = [future.result() for future in futures]
     tables = [p for p in (tmp_path / "cache" / SUBFOLDER).glob("*.tokens-*") if p.is_dir()]
     assert len(tables) == 1 and all(len(r) == 10_000 for r in results)
     assert results[0]["input_ids.sent0"][-5:] == results[1]["input_ids.sent0"][-5:]

@@ -706,7 +706,8 @@ class ContrastiveCollator:
         from_table = all(name in examples[0] for name in self._id_columns)
         rows = self._table_rows(examples) if from_table else self._tokenised_rows(examples)
         raw: list[str] = []
-        if self.word_repetition or self.teacher_index is not None or (self.with_text_ids and not from_table):
+        looked_up = self.teacher_index is not None or self.guide_index is not None  # their tables are by text
+        if self.word_repetition or looked_up or (self.with_text_ids and not from_table):
             raw = batch_texts(examples, self.mode, self.negatives)
         if self.word_repetition:
             rows = self._with_repetition(rows, raw)
