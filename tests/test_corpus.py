@@ -212,7 +212,10 @@ def _train_and_record(rank: int, model_dir: str, folder: str, port: int) -> None
     assert run.accelerator.num_processes == 2
     fit(run, run.step, run.cfg.train)
     (Path(folder) / f"seen-{rank}.json").write_text(json.dumps(seen), encoding="utf-8")
-    torch.distributed.destroy_process_group()
+    # Out without tearing down: the DDP reducer's gloo group joins a worker thread in its
+    # destructor, which can wait forever on the peer that has already left (seen in CI).
+    # What the test reads is on disk; mp.spawn sees exit status 0.
+    os._exit(0)
 
 
 def test_two_processes_see_every_example_once_an_epoch(tmp_path: Path, tiny_model_dir: Path) -> None:
