@@ -166,8 +166,8 @@ def test_the_steps_expose_their_counters() -> None:
     the same through GradCache, plus the queue's fill with the momentum queue."""
     assert SimCSEObjective("unsup", LossConfig()).metrics() == {}
     objective = SimCSEObjective("unsup", LossConfig(mask_false_negatives=True))
-    objective.count_masked(torch.tensor(5))  # counts stay tensors until read
-    objective.count_masked(torch.tensor(2))
+    objective.masked.add(torch.tensor(5))  # counts stay tensors until read
+    objective.masked.add(torch.tensor(2))
     counters = {"masked_negatives": 2.0, "masked_negatives_total": 7.0}
     assert objective.metrics() == GradCacheStep(objective, 4).metrics() == counters
     queue = MomentumQueue(torch.nn.Linear(3, 3), size=4, momentum=0.9, dim=3)
