@@ -444,7 +444,8 @@ def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False, teach
     if first:
         firsts = target.with_name(f"{target.stem}_first.csv")
         if not firsts.is_file():
-            rows = list(csv.DictReader(mined_file(out, triplets, k).open(encoding="utf-8", newline="")))
+            with mined_file(out, triplets, k).open(encoding="utf-8", newline="") as fh:
+                rows = list(csv.DictReader(fh))
             text = io.StringIO()
             writer = csv.writer(text, lineterminator="\n")
             writer.writerows([("sent0", "sent1", "hard_neg"), *((r["sent0"], r["sent1"], r["hard_neg_1"]) for r in rows)])

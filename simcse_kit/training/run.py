@@ -476,7 +476,7 @@ def make_loader(
         tokenizer,
         cfg.data.mode,
         cfg.data.prompts,
-        negatives_of(dataset.column_names),
+        negatives,
         teacher_index,
         guide_index,
         decoder=decoder,
