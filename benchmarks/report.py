@@ -143,10 +143,12 @@ def md_table(head: str | Sequence[str], rows: Iterable[Row]) -> list[str]:
 def render_spec(spec: Spec) -> str:
     kept = records(spec.script)
     if not kept:
+        command = spec.command or f"python -m benchmarks.{spec.script}"
+        # a quality table is written beside its runs (--output-dir), not into results/
+        copy = f" (copy its `{spec.script}.json` to `benchmarks/results/{spec.script}-cpu.json`)" if "quality" in command else ""
         return (
             f"Not measured under the harness yet: no `benchmarks/results/{spec.script}-*.json`. "
-            f"`{spec.command or f'python -m benchmarks.{spec.script}'}` on a quiet machine keeps one; "
-            "`python -m benchmarks.report` then fills this block."
+            f"`{command}` on a quiet machine keeps one{copy}; `python -m benchmarks.report` then fills this block."
         )
     intro = spec.intro(kept) if callable(spec.intro) else spec.intro
     out = ([intro, ""] if intro else []) + md_table(spec.head, (row for rec in kept for row in spec.rows(rec)))
@@ -502,6 +504,8 @@ def _lora_verdict(kept: list[Record]) -> list[str]:
 
 
 MAIN_JOB = Spec("main-job", "sts", f"model|{STS_HEAD}", _main_job_rows, machines=False, home=README)
+
+
 def _lora_step_rows(rec: Record) -> Iterable[Row]:
     from benchmarks._common import paired_ratios
 
@@ -525,7 +529,7 @@ LORA_STEPS = Spec(
 LORA = Spec(
     "lora", "lora", f"model|config|lr|seeds|{STS_HEAD}|STS-B dev (selection)", _lora_rows,
     "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one seed, dev only).",
-    after=_lora_verdict,
+    after=_lora_verdict, command="python -m benchmarks.quality lora --retrieval-tasks none --parallel 2 --threads 1",
 )  # fmt: skip
 DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selection)|best step|nDCG@10 avg"
 DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
@@ -544,6 +548,7 @@ GUIDE = Spec(
     "row|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|" + "|".join(f"nDCG@10 {t}" for t in GUIDE_TASKS)
     + "|nDCG@10 avg|entries masked by the guide",
     _guide_rows, after=_guide_verdict,
+    command="python -m benchmarks.quality guide --guide /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
 NEGATIVES = Spec(
     "negatives", "negatives", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
@@ -553,10 +558,11 @@ MULTI = Spec(
     "multi", "multi", f"config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step", _multi_rows,
     "One dataset a run against all four in one run (`train/multi.yaml`); Spearman x 100 and nDCG@10 x 100 of the "
     "built-in retrieval tasks, mean ± sample std over the seeds.",
+    command="python -m benchmarks.quality multi --parallel 2 --threads 1",
 )  # fmt: skip
 SCORES = Spec(
     "scores", "scores", MINING.head, _mining_rows,
-    command="python -m benchmarks.quality scores --teacher /path/to/all-mpnet-base-v2 --data-root DATA --parallel 10 --threads 1",
+    command="python -m benchmarks.quality scores --teacher /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
 RETRIEVAL = Spec(
     "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",
