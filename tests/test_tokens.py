@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 import pytest
 import torch
 from conftest import save_tiny_bert, toy_sentences
@@ -196,6 +197,26 @@ def test_a_file_s_table_is_built_once_beside_its_cache_and_rebuilt_when_its_key_
     path.write_text(path.read_text(encoding="utf-8") + "two people,a dog\n", encoding="utf-8")  # an edit: a new text cache
     assert len(load()) == 41 and len(built) == 5
     assert not [p for p in (cache / SUBFOLDER).glob(".*.tokens-*") if p.is_dir()]  # no half-built table left behind
+
+
+def test_a_table_is_written_in_record_batches_of_map_batch_rows(
+    tmp_path: Path, tokenizers: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening a memory-mapped table touches every record batch's header (and the kernel maps
+    # the pages around each): small batches made a 10M-row table resident on open. The table
+    # keeps the map batch as its record batch (datasets' writer would cut 1,000-row ones).
+    monkeypatch.setattr(tokens, "MAP_BATCH", 1500)
+    monkeypatch.setattr(tokens, "TOKENIZER_BATCH", 400)  # several tokenizer calls per map batch
+    path = tmp_path / "corpus.txt"
+    sentences = [f"{s} {i}" for i, s in enumerate(toy_sentences(100) * 40)]
+    path.write_text("".join(f"{s}\n" for s in sentences), encoding="utf-8")
+    bert = Tokenization(tokenizers["bert"], 16)
+    ds = load_train_dataset(str(path), "unsup", None, cache_dir=tmp_path / "cache", tokens=bert)
+    column = ds.data.table.column("input_ids.sent0")
+    assert [len(chunk) for chunk in column.chunks] == [1500, 1500, 1000]
+    assert column.type == pa.list_(pa.int32())
+    for i in (0, 399, 400, 1499, 1500, 3999):  # either side of each tokenizer call and map batch
+        assert ds[i]["input_ids.sent0"] == tokenizers["bert"](sentences[i], truncation=True, max_length=16)["input_ids"]
 
 
 def test_processes_reading_at_once_build_one_table(tmp_path: Path, tokenizers: dict[str, Any]) -> None:
