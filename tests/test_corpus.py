@@ -44,6 +44,9 @@ def test_a_corpus_is_memory_mapped_not_held_in_python(tmp_path: Path) -> None:
     assert len(dataset) == N_LINES - N_LINES // 1000  # blank lines skipped
     assert dataset[0]["sent0"] == "sentence number 1 of a synthetic corpus, with a few more words"
     assert dataset[-1]["sent0"] == f"sentence number {N_LINES - 1} of a synthetic corpus, with a few more words"
+    # Few, large record batches: opening the file touches each one's header (and the pages around it).
+    chunks = [len(chunk) for chunk in dataset.data.table.column("sent0").chunks]
+    assert len(chunks) <= -(-len(dataset) // corpus.RECORD_ROWS) and min(chunks[:-1]) >= corpus.RECORD_ROWS, chunks
 
 
 def test_a_second_read_is_the_cache_and_an_edit_is_read_again(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Training files of any size: validated once into a memory-mapped Arrow cache.
 
 A training file is read as a stream of checked rows (:mod:`simcse_kit.data.readers`)
-and written, a batch of :data:`BATCH_ROWS` rows at a time, into an Arrow file that
+and written, in record batches of :data:`RECORD_ROWS` rows, into an Arrow file that
 `datasets.Dataset.from_file` memory-maps. Python holds one batch, never the corpus: the
 rows live in the operating system's page cache, shared by every process of a run that
 maps the same file, and a process touches only the pages of the examples it reads.
@@ -39,8 +39,11 @@ from simcse_kit.files import storage_error, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when the rows a file gives change (a reader fix): older caches are not reused
+FORMAT = 2  # bump when the rows a file gives or the cache's layout change: older caches are not reused
 BATCH_ROWS = 10_000  # rows held in Python while building: about 1-2 MB of short sentences
+# Rows per record batch of the cache: opening it reads every batch's header, and each such
+# page fault maps the pages around it, so small batches would page in much of a large corpus.
+RECORD_ROWS = 50_000
 SHOWN_BAD_ROWS = 5  # bad rows named in the log (and the sidecar) when they are skipped
 EDGE_BYTES = 2**20  # the head and tail hashed into the cache key
 SUBFOLDER = "simcse_kit_train"
@@ -221,6 +224,7 @@ def _build(
     start = time.perf_counter()
     writer: pa.ipc.RecordBatchStreamWriter | None = None
     hashes: list[np.ndarray] = []  # 8 bytes a row: the one per-row cost, for the duplicate count
+    pending: list[pa.RecordBatch] = []  # Arrow batches not yet written, fewer than RECORD_ROWS rows
     n = 0
     columns: list[str] = []
     with pa.OSFile(str(tmp), "wb") as sink:
@@ -230,13 +234,14 @@ def _build(
                 kinds = [_arrow_type(batch[name][0]) for name in columns]
                 schema = pa.schema(list(zip(columns, kinds, strict=True)))
                 writer = pa.ipc.new_stream(sink, schema)
-            writer.write_batch(
-                pa.record_batch([pa.array(batch[c], k) for c, k in zip(columns, kinds, strict=True)], names=columns)
-            )
+            pending.append(pa.record_batch([pa.array(batch[c], k) for c, k in zip(columns, kinds, strict=True)], names=columns))
+            if sum(len(b) for b in pending) >= RECORD_ROWS:
+                _write_together(writer, pending)
             if count_duplicates is not None:
                 hashes.append(np.fromiter(map(hash, batch[count_duplicates]), dtype=np.int64))
             n += len(batch[columns[0]])
         if writer is not None:
+            _write_together(writer, pending)
             writer.close()
     duplicates = 0
     if hashes:
@@ -245,6 +250,13 @@ def _build(
         every.sort()
         duplicates = int(np.count_nonzero(every[1:] == every[:-1]))
     return Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start)
+
+
+def _write_together(writer: pa.ipc.RecordBatchStreamWriter, pending: list[pa.RecordBatch]) -> None:
+    """Write ``pending`` as one record batch, and empty it."""
+    if pending:
+        writer.write_batch(pa.Table.from_batches(pending).combine_chunks().to_batches()[0])
+        pending.clear()
 
 
 def _arrow_type(value: object) -> pa.DataType:
