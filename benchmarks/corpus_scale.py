@@ -6,7 +6,8 @@ numbered) of each ``--lines``; each run a fresh process, cold (empty cache) then
 - ``kit``: ``simcse-kit train unsup`` itself (the main job's model, 2 steps, a 100-pair dev
   split so the run ends soon): peak RSS (``wait4``), the seconds from the start of the process
   to its first log line, the data loaded, the training ready and the first optimiser step (its
-  TensorBoard event), and the cache build's rows per second (the cache's sidecar);
+  TensorBoard event), and the builds' rows per second (the text cache's sidecar, the token
+  table's ``table.json``);
 - ``st``: sentence-transformers' path: ``datasets.load_dataset("text")``, the ``(text, text)``
   pairs as two columns of it, ``SentenceTransformerTrainer`` with MNRL, 2 steps;
 - ``lists`` (up to 1M lines): the old whole-file Python lists, load only.
@@ -129,6 +130,10 @@ def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, 
     result["first_step_s"] = events.Scalars("train/loss")[0].wall_time - res["spawn"]
     sidecar = json.loads(next((cache / "simcse_kit_train").glob(f"{corpus.stem}-*.json")).read_text())
     result |= {"rows": sidecar["rows"], "cache_build_rows_per_s": sidecar["rows"] / sidecar["seconds"]}
+    table = next((cache / "simcse_kit_train").glob(f"{corpus.stem}-*.tokens-*/table.json"), None)
+    if table is not None:  # the token table (simcse_kit.data.tokens): built by the cold run
+        built = json.loads(table.read_text())
+        result |= {"token_table_rows_per_s": built["rows"] / built["seconds"], "token_table_processes": built["processes"]}
     return result | {k: res[k] for k in ("peak_rss_mib", "children_peak_mib")}
 
 

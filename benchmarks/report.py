@@ -206,10 +206,11 @@ def _corpus_rows(rec: Record) -> Iterable[Row]:
     for r in rec["runs"]:
         cold = r["cache"] == "cold" and "cache_build_rows_per_s" in r
         build = f"{r['cache_build_rows_per_s'] / 1000:.0f}k" if cold else "–"
+        tokens = f"{r['token_table_rows_per_s'] / 1000:.1f}k" if cold and "token_table_rows_per_s" in r else "–"
         phases = [r["started_s"], r["data_s"] - r["started_s"], r["ready_s"] - r["data_s"] if "ready_s" in r else None]
         cells = ["–" if x is None else f"{x:.1f}" for x in [*phases, r.get("first_step_s")]]
         load = f"{r['activity']['load_avg_before']:.0f}"
-        yield [f"{r['lines']:,}", r["variant"], r["cache"], *cells, f"{r['peak_rss_mib']:.0f}", build, load]
+        yield [f"{r['lines']:,}", r["variant"], r["cache"], *cells, f"{r['peak_rss_mib']:.0f}", build, tokens, load]
 
 
 def _corpus_checks(kept: list[Record]) -> list[str]:
@@ -229,7 +230,7 @@ def _corpus_checks(kept: list[Record]) -> list[str]:
                 f"after the process started ({big['started_s']:.1f} s of it imports, {big['data_s'] - big['started_s']:.2f} s "
                 f"the data, {big['ready_s'] - big['data_s']:.1f} s the model and optimiser, "
                 f"{big['first_step_s'] - big['ready_s']:.1f} s "
-                "the run folder (its data fingerprint hashes the whole file), the trackers and the step; 1-min load average "
+                "the run folder, the trackers and the step; 1-min load average "
                 f"{big['activity']['load_avg_before']:.0f} on {rec['machine']['cores']} cores)."
             )
         procs = {r["processes"]: r for r in rec.get("processes", [])}
@@ -257,12 +258,13 @@ def _corpus_checks(kept: list[Record]) -> list[str]:
 
 CORPUS = Spec(
     "corpus-scale", "corpus_scale",
-    "lines|variant|cache|imports s|data s|model s|first step at s|peak RSS MiB|cache build rows/s|load avg",
+    "lines|variant|cache|imports s|data s|model s|first step at s|peak RSS MiB|cache build rows/s|token table rows/s|load avg",
     _corpus_rows,
     "One fresh process each, one round, in order: `kit` is `simcse-kit train unsup` (the main job's model, batch 64, "
     "2 steps); `st` is sentence-transformers' path (`datasets.load_dataset('text')`, the `(text, text)` pairs, "
     "`SentenceTransformerTrainer` with MNRL, batch 64, 2 steps); `lists`: the old whole-file Python lists (load only). "
-    "Seconds from the start of the process: imports, then reading (cold: building the cache), then model and optimiser; "
+    "Seconds from the start of the process: imports, then reading (cold: building the text cache, then the token table "
+    "with its processes), then model and optimiser; "
     "`first step at`: the end of the first optimiser step. The load average is the machine's before the run.",
     after=_corpus_checks,
 )  # fmt: skip
