@@ -18,6 +18,10 @@ and ``skip``; and the warm run on 1 and on 2 processes (``torchrun``, 1 thread e
 per-process peak RSS polled from ``/proc/<pid>/status`` (``VmHWM``).
 
     python -m benchmarks.corpus_scale --lines 100000 --lines 1000000 --lines 10000000 --checks --work /tmp/corpus
+
+``--warm-only`` (same ``--work``) runs the warm runs again on the caches the last run left,
+kept in ``results/corpus_scale_warm-<cpu class>.json``: memory and start-up re-measured without
+rebuilding 10M lines.
 """
 
 from __future__ import annotations
@@ -69,15 +73,28 @@ def peak_mib(pid: int) -> float | None:
     return int(found.group(1)) / 1024 if found else None
 
 
+def anon_mib(pid: int) -> float:
+    """A live process's private (anonymous) resident memory now, ``RssAnon``, MiB (0: gone).
+    RSS also counts the pages of the memory-mapped cache a process has touched: page cache,
+    clean, shared with the other processes and given back under memory pressure."""
+    try:
+        found = re.search(r"RssAnon:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return 0.0
+    return int(found.group(1)) / 1024 if found else 0.0
+
+
 def tracked(command: list[str], threads: int, env: dict[str, str]) -> dict[str, Any]:
     """Run ``command`` from the repo; its status, output, peak RSS (``wait4``: the largest of
-    its process tree), each descendant's polled peak, and when each line came (from the spawn)."""
+    its process tree), each descendant's polled peak, the largest private memory of any of them
+    (polled ``RssAnon``), and when each line came (from the spawn)."""
     import psutil
 
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | env
     spawn = time.time()
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     children: dict[int, float] = {}
+    anon = [0.0]
     done = threading.Event()
 
     def poll() -> None:
@@ -88,6 +105,7 @@ def tracked(command: list[str], threads: int, env: dict[str, str]) -> dict[str, 
                 return
             for pid in pids:
                 children[pid] = max(children.get(pid, 0.0), peak_mib(pid) or 0.0)
+            anon[0] = max(anon[0], *(anon_mib(pid) for pid in [proc.pid, *pids]))
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -98,7 +116,7 @@ def tracked(command: list[str], threads: int, env: dict[str, str]) -> dict[str, 
     poller.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"rc": proc.returncode, "lines": lines, "peak_rss_mib": usage.ru_maxrss / 1024, "spawn": spawn,
-            "children_peak_mib": sorted(children.values())}  # fmt: skip
+            "children_peak_mib": sorted(children.values()), "peak_anon_mib": anon[0]}  # fmt: skip
 
 
 def kit_command(corpus: Path, cache: Path, out: Path, work: Path, processes: int = 1, **options: str) -> list[str]:
@@ -134,7 +152,7 @@ def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, 
     if table is not None:  # the token table (simcse_kit.data.tokens): built by the cold run
         built = json.loads(table.read_text())
         result |= {"token_table_rows_per_s": built["rows"] / built["seconds"], "token_table_processes": built["processes"]}
-    return result | {k: res[k] for k in ("peak_rss_mib", "children_peak_mib")}
+    return result | {k: res[k] for k in ("peak_rss_mib", "children_peak_mib", "peak_anon_mib")}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -181,7 +199,7 @@ def st_run(variant: str, corpus: Path, cache: Path, threads: int, env: dict[str,
     stamps = json.loads([line for _, line in res["lines"] if line.startswith("RESULT ")][-1][len("RESULT ") :])
     names = {"started": "started_s", "data": "data_s", "ready": "ready_s", "first_step": "first_step_s"}
     result = {names[k]: v - res["spawn"] for k, v in stamps.items() if k in names}
-    return result | {"rows": stamps["rows"], "peak_rss_mib": res["peak_rss_mib"]}
+    return result | {"rows": stamps["rows"], "peak_rss_mib": res["peak_rss_mib"], "peak_anon_mib": res["peak_anon_mib"]}
 
 
 def best_model_digest(out: Path) -> str | None:
@@ -232,6 +250,9 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--checks", action="store_true", help="bad rows and two processes on the largest corpus")
     parser.add_argument("--checks-only", action="store_true", help="--checks alone, added to the kept record's runs")
+    parser.add_argument(
+        "--warm-only", action="store_true", help="warm runs on the caches an earlier run built (kit, st), kept apart"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/simcse-kit-corpus"), help="corpora and caches (GBs)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--file", help=argparse.SUPPRESS)
@@ -240,6 +261,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    if args.warm_only and args.json is None:  # beside the full record, not over it
+        args.json = RESULTS / f"corpus_scale_warm-{cpu_class(cpu_flags()[1])}.json"
     env = start(args)
     args.work.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
@@ -254,8 +277,11 @@ def main() -> None:
             if variant == "lists" and lines > LISTS_MAX:
                 continue
             cache = args.work / f"cache-{variant}-{lines}"
-            shutil.rmtree(cache, ignore_errors=True)
-            for state in ("cold",) if variant == "lists" else ("cold", "warm"):
+            if args.warm_only and (variant == "lists" or not cache.is_dir()):
+                continue  # nothing warm to run
+            if not args.warm_only:
+                shutil.rmtree(cache, ignore_errors=True)
+            for state in ("warm",) if args.warm_only else ("cold",) if variant == "lists" else ("cold", "warm"):
                 with CpuActivity() as activity:
                     if variant == "kit":
                         result = kit_run(corpus, cache, args.work, args.threads, env)
@@ -274,8 +300,9 @@ def main() -> None:
             processes.append({"processes": n, "threads_each": 1} | result | {"activity": activity.record})
             print(json.dumps(processes[-1]), flush=True)
         record["processes"] = processes
-        record["bad_rows"] = bad_row_checks(lines, args.work, args.threads, env)
-        print(json.dumps(record["bad_rows"]), flush=True)
+        if not args.warm_only:  # a bad row is found by a cold read
+            record["bad_rows"] = bad_row_checks(lines, args.work, args.threads, env)
+            print(json.dumps(record["bad_rows"]), flush=True)
     keep("corpus_scale", args, record)
 
 
