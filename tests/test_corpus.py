@@ -17,9 +17,10 @@ import torch
 import torch.multiprocessing as mp
 from conftest import write_recipe
 from torch.utils.data import RandomSampler
+from transformers import AutoTokenizer
 
 from simcse_kit.cli import main as cli_main
-from simcse_kit.data import corpus, pipeline
+from simcse_kit.data import corpus, pipeline, tokens
 from simcse_kit.data.readers import load_train_dataset, read_train_file, skipped_rows
 from simcse_kit.errors import DataError
 
@@ -143,6 +144,21 @@ def test_a_run_records_its_skipped_rows(tmp_path: Path, tiny_model_dir: Path, ca
     assert cli_main(["train", str(recipe), "--train-file", str(data), "--bad-rows", "skip"]) == 0
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text(encoding="utf-8"))
     assert metrics["skipped_rows"] == 2
+
+
+def test_skipped_rows_are_counted_once_beside_a_token_table_of_several_shards(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two map processes write two shards; the text table beside them is then cut into two
+    # blocks, each naming the text cache: its sidecar's count was read once per block.
+    monkeypatch.setattr(tokens, "map_processes", lambda rows: 2)
+    data = tmp_path / "dirty.txt"
+    data.write_bytes(b"".join(b"sentence number %d of a few words\n" % i for i in range(200)) + b"\xff\xfe\n")
+    tokenization = tokens.Tokenization(AutoTokenizer.from_pretrained(tiny_model_dir), 16)
+    ds = load_train_dataset(str(data), "unsup", bad_rows="skip", cache_dir=tmp_path / "cache", tokens=tokenization)
+    shards = {Path(f["filename"]).name for f in ds.cache_files if ".tokens-" in f["filename"]}
+    assert len(ds) == 200 and len(shards) == 2
+    assert skipped_rows(ds) == 1
 
 
 def test_shuffled_indices_are_random_samplers_order_without_its_list(monkeypatch: pytest.MonkeyPatch) -> None:

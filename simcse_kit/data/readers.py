@@ -489,8 +489,10 @@ def read_train_file(
 def skipped_rows(dataset: datasets.Dataset) -> int:
     """Bad rows skipped reading the training files behind ``dataset`` (their cache sidecars)."""
     total = 0
-    for entry in dataset.cache_files:
-        sidecar = Path(entry["filename"]).with_suffix(".json")
+    # A file can be listed more than once: joined to a token table of several shards, the
+    # text table is cut into one block per shard, each naming the same file.
+    for filename in dict.fromkeys(entry["filename"] for entry in dataset.cache_files):
+        sidecar = Path(filename).with_suffix(".json")
         if sidecar.parent.name == SUBFOLDER and sidecar.is_file():
             total += int(json.loads(sidecar.read_text(encoding="utf-8")).get("skipped", 0))
     return total
