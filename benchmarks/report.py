@@ -488,6 +488,19 @@ def _multi_rows(rec: Record) -> Iterable[Row]:
         yield [name, str(n), *(_ms(m, sd, k, n) for k in keys), _best_step(s["per_seed"])]
 
 
+def _multi_verdict(kept: list[Record]) -> list[str]:
+    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
+    if "kit-multi" not in m:
+        return []
+    ours = m["kit-multi"]
+    return [
+        f"- `kit-multi` − `{o}`: {ours['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
+        f"{ours['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
+        for o in ("kit-unsup", "kit-hardneg")
+        if o in m
+    ]
+
+
 def _fixed(values: Iterable[float]) -> list[str]:
     return [f"{v:.2f}" for v in values]
 
@@ -576,7 +589,7 @@ MULTI = Spec(
     "multi", "multi", f"config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step", _multi_rows,
     "One dataset a run against all four in one run (`train/multi.yaml`); Spearman x 100 and nDCG@10 x 100 of the "
     "built-in retrieval tasks, mean ± sample std over the seeds.",
-    command="python -m benchmarks.quality multi --parallel 2 --threads 1",
+    after=_multi_verdict, command="python -m benchmarks.quality multi --parallel 2 --threads 1",
 )  # fmt: skip
 SCORES = Spec(
     "scores", "scores", MINING.head, _mining_rows,
