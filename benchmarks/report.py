@@ -12,7 +12,7 @@ import dataclasses
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +144,9 @@ def render_spec(spec: Spec) -> str:
     kept = records(spec.script)
     if not kept:
         command = spec.command or f"python -m benchmarks.{spec.script}"
-        # a quality table is written beside its runs (--output-dir), not into results/
-        copy = f" (copy its `{spec.script}.json` to `benchmarks/results/{spec.script}-cpu.json`)" if "quality" in command else ""
+        copy = ""
+        if command.startswith("python -m benchmarks.quality "):  # written beside its runs (--output-dir), not into results/
+            copy = f" (copy its `{spec.script}.json` to `benchmarks/results/{spec.script}-cpu.json`)"
         return (
             f"Not measured under the harness yet: no `benchmarks/results/{spec.script}-*.json`. "
             f"`{command}` on a quiet machine keeps one{copy}; `python -m benchmarks.report` then fills this block."
@@ -440,13 +441,22 @@ def _mining_rows(rec: Record) -> Iterable[Row]:
         yield [name, f"{s['rows']:,}" if s.get("rows") else "–", str(n), *cells[:3], _best_step(s["per_seed"]), cells[3]]
 
 
-def _mining_verdict(kept: list[Record]) -> list[str]:
+def _gaps(kept: list[Record], ours: str, others: Mapping[str, str]) -> list[str]:
+    """Row ``ours`` − each row of ``others`` the record has (with its note, if any): the
+    difference of the means on the 7-task average and on nDCG@10."""
     m = {n: s["mean"] for n, s in kept[0]["results"].items()}
+    if ours not in m:
+        return []
     return [
-        f"- `sup+mined` − `{o}` ({what}): {m['sup+mined']['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
-        f"{m['sup+mined']['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
-        for o, what in (("sup-4509", "the same rows"), ("sup", "all rows"))
+        f"- `{ours}` − `{o}`{f' ({note})' if note else ''}: {m[ours]['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
+        f"{m[ours]['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
+        for o, note in others.items()
+        if o in m
     ]
+
+
+def _mining_verdict(kept: list[Record]) -> list[str]:
+    return _gaps(kept, "sup+mined", {"sup-4509": "the same rows", "sup": "all rows"})
 
 
 def _negatives_verdict(kept: list[Record]) -> list[str]:
@@ -469,16 +479,7 @@ def _guide_rows(rec: Record) -> Iterable[Row]:
 
 
 def _guide_verdict(kept: list[Record]) -> list[str]:
-    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
-    if "kit-hardneg-guide" not in m:
-        return []
-    ours = m["kit-hardneg-guide"]
-    return [
-        f"- `kit-hardneg-guide` − `{o}`: {ours['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
-        f"{ours['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
-        for o in ("kit-hardneg", "st-gist")
-        if o in m
-    ]
+    return _gaps(kept, "kit-hardneg-guide", {"kit-hardneg": "", "st-gist": ""})
 
 
 def _multi_rows(rec: Record) -> Iterable[Row]:
@@ -489,16 +490,7 @@ def _multi_rows(rec: Record) -> Iterable[Row]:
 
 
 def _multi_verdict(kept: list[Record]) -> list[str]:
-    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
-    if "kit-multi" not in m:
-        return []
-    ours = m["kit-multi"]
-    return [
-        f"- `kit-multi` − `{o}`: {ours['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
-        f"{ours['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
-        for o in ("kit-unsup", "kit-hardneg")
-        if o in m
-    ]
+    return _gaps(kept, "kit-multi", {"kit-unsup": "", "kit-hardneg": ""})
 
 
 def _fixed(values: Iterable[float]) -> list[str]:
