@@ -1,5 +1,5 @@
 """The quality tables (BENCHMARKS.md: quality, domain, mining, negatives, guide, multi, teacher scores,
-distillation), each a spec in :data:`TABLES`.
+distillation, scored pairs, LoRA), each a spec in :data:`TABLES`.
 
 Each row (a recipe, or its sentence-transformers peer: ``st_peers.py``) runs every learning rate for one
 seed, dev only; the best dev rate (never test) then runs ``--seeds``. Finished runs are reused.
@@ -107,6 +107,12 @@ _SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=3)} | {
     for loss in ("kl", "margin_mse")
     for suffix, weight in (("", "1"), ("+infonce", "0.5"))
 }
+# STS-B train's scored pairs, each score loss by the kit and by the sentence-transformers trainer.
+_SCORED_ROWS = {
+    f"{side}-{loss}": Row("scored/stsb", {"score_loss": loss}, peer=loss if side == "st" else "")
+    for loss in ("cosent", "angle")
+    for side in ("kit", "st")
+}
 # LoRA (r 8, alpha 16, dropout 0.1: the kit's defaults; the peer gets the same LoraConfig) beside full
 # fine-tuning at the recipes' rate; an adapter of 0.3% of the weights wants a larger rate: swept on dev.
 _LORA_ROWS: dict[str, Row] = {}
@@ -124,6 +130,7 @@ TABLES = {
     "multi": Table(_MULTI_ROWS, list(_MULTI_ROWS), trains_on=(SNLI,)),
     "scores": Table(_SCORES_ROWS, list(_SCORES_ROWS), untouched=("base", "teacher"), trains_on=(SNLI,), scored=True),
     "lora": Table(_LORA_ROWS, list(_LORA_ROWS), trains_on=(SNLI,)),
+    "scored": Table(_SCORED_ROWS, list(_SCORED_ROWS), "1e-5,2e-5,5e-5"),
 }
 
 
@@ -613,7 +620,8 @@ def main() -> None:
     out = args.output_dir / f"{args.table}.json"
     out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
-    spec_view = (views | {"multi": report.MULTI, "scores": report.SCORES, "lora": report.LORA}).get(args.table, report.DOMAIN)
+    views |= {"multi": report.MULTI, "scores": report.SCORES, "lora": report.LORA, "scored": report.SCORED}
+    spec_view = views.get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
 

@@ -587,6 +587,41 @@ SCORES = Spec(
     "scores", "scores", MINING.head, _mining_rows,
     command="python -m benchmarks.quality scores --teacher /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
+
+
+def _scored_rows(rec: Record) -> Iterable[Row]:
+    for name, s in rec["results"].items():
+        m, sd, n = s["mean"], s["std"], len(s["per_seed"])
+        lr = "–" if s["learning_rate"] is None else f"{s['learning_rate']:g}"
+        cells = [_ms(m, sd, k, n) for k in ("STSBenchmark", "SICKRelatedness", "avg", "best_stsb_dev")]
+        yield [name, lr, str(n), *cells, _best_step(s["per_seed"])]
+
+
+def _scored_verdict(kept: list[Record]) -> list[str]:
+    """Per score loss: the kit against the sentence-transformers trainer, and both against the base, on STS-B test."""
+    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
+    base, lines = m["base"]["STSBenchmark"], []
+    for loss in ("cosent", "angle"):
+        kit, st = m.get(f"kit-{loss}"), m.get(f"st-{loss}")
+        if kit and st:
+            lines.append(
+                f"- {loss}: STS-B test {kit['STSBenchmark']:.2f} (simcse-kit) against {st['STSBenchmark']:.2f} "
+                f"(sentence-transformers), {kit['STSBenchmark'] - st['STSBenchmark']:+.2f}; over the base ({base:.2f}) "
+                f"{kit['STSBenchmark'] - base:+.2f} and {st['STSBenchmark'] - base:+.2f}; 7-task average "
+                f"{kit['avg']:.2f} against {st['avg']:.2f}."
+            )
+    return lines
+
+
+SCORED = Spec(
+    "scored", "scored", "row|lr|seeds|STS-B test|SICK-R|7-task avg|STS-B dev (selection)|best step", _scored_rows,
+    "STS-B train's 5,749 scored pairs (`train/scored/stsb.yaml`: batch 16, 4 epochs, warm-up 10%), each loss by "
+    "simcse-kit and by the sentence-transformers trainer (`CoSENTLoss`, `AnglELoss`, scale 20); lr: the rate chosen "
+    "on STS-B dev (one seed, dev only); Spearman x 100, mean ± sample std over the seeds. STS-B test is in-domain "
+    "here: the runs train on STS-B's gold scores.",
+    after=_scored_verdict,
+    command="python -m benchmarks.quality scored --retrieval-tasks none --eval-steps 180 --parallel 2 --threads 1",
+)  # fmt: skip
 RETRIEVAL = Spec(
     "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",
     lambda rec: ([t, *_fixed(rec["results"]["sick-base"]["mean"][f"retrieval:{t}/{k}"]
@@ -648,7 +683,7 @@ def gpu_headline() -> str:
 
 
 SPECS = (QUALITY, LORA, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, TEACHER, TEACHER_GENERAL, THROUGHPUT)
-SPECS += (PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE, LORA_STEPS)
+SPECS += (SCORED, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE, LORA_STEPS)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

@@ -1,7 +1,8 @@
 """Sentence-transformers peers of a recipe (``quality.py``'s ``st-*`` rows): its data, budget, dev selection
 (step 0 included) and final evaluator, with ``MultipleNegativesRankingLoss``, ``DenoisingAutoEncoderLoss``
 (TSDAE; words split on whitespace), ``ContrastiveTensionLossInBatchNegatives``, ``MSELoss`` from a teacher or
-``GISTEmbedLoss`` with the recipe's ``loss.guide`` (its defaults otherwise: anchor-anchor and positive-positive terms on);
+``GISTEmbedLoss`` with the recipe's ``loss.guide`` (its defaults otherwise: anchor-anchor and positive-positive terms on),
+``CoSENTLoss`` or ``AnglELoss`` on a scored recipe's pairs at its ``loss.score_scale``;
 with ``model.lora_r`` > 0 the LoRA adapter the kit trains (:func:`add_lora`, the kit's own ``LoraConfig``).
 """
 
@@ -23,7 +24,8 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-LOSSES = ("mnrl", "tsdae", "ct", "mse", "gist")  # mse: from the recipe's loss.teacher; gist: with its loss.guide
+LOSSES = ("mnrl", "tsdae", "ct", "mse", "gist", "cosent", "angle")  # mse: from loss.teacher; gist: with loss.guide
+SCORE_PEERS = ("cosent", "angle")  # data.mode scored: the kit's scores (already mapped onto [0, 1]) as the labels
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
 EVAL_BATCH_SIZE = 128  # as simcse_kit.training.run, so dev and test scores batch alike
 
@@ -41,6 +43,10 @@ def delete_words(sentence: str, rng: random.Random, ratio: float = TSDAE_DELETIO
 
 def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> datasets.Dataset:
     """The kit's training set in the columns (and column order) the loss reads."""
+    if mode == "scored" or loss in SCORE_PEERS:
+        if mode != "scored" or loss not in SCORE_PEERS:
+            raise ValueError(f"loss {loss!r} with mode {mode!r}: the score losses {SCORE_PEERS} train on mode scored only")
+        return data.rename_columns({"sent0": "sentence1", "sent1": "sentence2"}).select_columns(["sentence1", "sentence2", "score"])
     if mode == "hardneg":
         if loss not in ("mnrl", "gist"):
             raise ValueError(f"loss {loss!r} trains on unlabelled sentences; the recipe's mode is hardneg")
@@ -97,6 +103,14 @@ def peer_loss(loss: str, model: Any, loss_cfg: Any) -> nn.Module:
         from sentence_transformers.sentence_transformer.losses import MSELoss
 
         return MSELoss(model)
+    if loss == "cosent":
+        from sentence_transformers.sentence_transformer.losses import CoSENTLoss
+
+        return CoSENTLoss(model, scale=loss_cfg.score_scale)
+    if loss == "angle":
+        from sentence_transformers.sentence_transformer.losses import AnglELoss
+
+        return AnglELoss(model, scale=loss_cfg.score_scale)
     if loss == "gist":
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.sentence_transformer.losses import GISTEmbedLoss
@@ -310,6 +324,7 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
         "model": cfg.model.name_or_path, "max_seq_len": cfg.model.max_seq_len, "eval_max_seq_len": cfg.model.eval_max_seq_len,
         "temperature": cfg.loss.temperature, **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
         **({k: getattr(cfg.loss, k) for k in ("guide", "guide_margin", "guide_margin_strategy")} if loss == "gist" else {}),
+        **({"score_scale": cfg.loss.score_scale, "score_range": data.score_range} if loss in SCORE_PEERS else {}),
         **{k: getattr(data, k) for k in ("mode", "train_file", "train_format", "max_train_samples", "mix_file", "mix_ratio")},
         **{k: getattr(data, k) for k in ("eval_data_dir", "dev_file", "dev_format")},
         **{k: getattr(train, k) for k in ("batch_size", "num_epochs", "max_steps", "learning_rate", "weight_decay")},
