@@ -46,7 +46,8 @@ def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> dat
     if mode == "scored" or loss in SCORE_PEERS:
         if mode != "scored" or loss not in SCORE_PEERS:
             raise ValueError(f"loss {loss!r} with mode {mode!r}: the score losses {SCORE_PEERS} train on mode scored only")
-        return data.rename_columns({"sent0": "sentence1", "sent1": "sentence2"}).select_columns(["sentence1", "sentence2", "score"])
+        pairs = data.rename_columns({"sent0": "sentence1", "sent1": "sentence2"})
+        return pairs.select_columns(["sentence1", "sentence2", "score"])
     if mode == "hardneg":
         if loss not in ("mnrl", "gist"):
             raise ValueError(f"loss {loss!r} trains on unlabelled sentences; the recipe's mode is hardneg")
