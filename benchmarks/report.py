@@ -615,12 +615,9 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
 
 SCORED = Spec(
     "scored", "scored", "row|lr|seeds|STS-B test|SICK-R|7-task avg|STS-B dev (selection)|best step", _scored_rows,
-    "STS-B train's 5,749 scored pairs (`train/scored/stsb.yaml`: batch 16, 4 epochs, warm-up 10%), each loss by "
-    "simcse-kit and by the sentence-transformers trainer (`CoSENTLoss`, `AnglELoss`, scale 20); lr: the rate chosen "
-    "on STS-B dev (one seed, dev only); Spearman x 100, mean ± sample std over the seeds. STS-B test is in-domain "
-    "here: the runs train on STS-B's gold scores.",
+    "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one seed, dev only).",
     after=_scored_verdict,
-    command="python -m benchmarks.quality scored --retrieval-tasks none --eval-steps 180 --parallel 2 --threads 1",
+    command="python -m benchmarks.quality scored --steps 359 --eval-steps 60 --retrieval-tasks none --parallel 2 --threads 1",
 )  # fmt: skip
 RETRIEVAL = Spec(
     "retrieval", "domain", "task|nDCG@10|MRR@10|R@1|R@10|R@100|MAP@100",

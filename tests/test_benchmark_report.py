@@ -211,3 +211,22 @@ def test_lora_tables_known_answer() -> None:
     assert report._lora_verdict([{"model": "/models/all-MiniLM-L6-v2", "results": results}]) == [
         "- all-MiniLM-L6-v2, unsup: `kit-lora-unsup` averages 79.50 (-0.50 against `kit-unsup`, +0.50 against `st-lora-unsup`)."
     ]
+
+
+def test_scored_table_known_answer() -> None:
+    """The scored table's rows (rate, seeds, columns, the best steps per seed) and its verdict: the kit
+    against the peer with the same loss, and both against the base, on STS-B test."""
+    cols = {"STSBenchmark": 84.0, "SICKRelatedness": 78.0, "avg": 80.0, "best_stsb_dev": 88.0, "best_step": 60.0}
+    row = {"mean": cols, "std": dict.fromkeys(cols, 0.5), "per_seed": {"1": cols, "2": cols | {"best_step": 120.0}}}
+    results = {
+        "base": {"mean": {"STSBenchmark": 82.0, "avg": 78.0}, "std": {}, "per_seed": {"0": {}}, "learning_rate": None},
+        "kit-cosent": row | {"learning_rate": 2e-5},
+        "st-cosent": row | {"learning_rate": 5e-5, "mean": cols | {"STSBenchmark": 83.5, "avg": 79.0}},
+    }
+    rows = list(report.SCORED.rows({"results": results}))
+    assert rows[1] == ["kit-cosent", "2e-05", "2", "84.00 ± 0.50", "78.00 ± 0.50", "80.00 ± 0.50", "88.00 ± 0.50", "90 (60, 120)"]
+    assert rows[0][:3] == ["base", "–", "1"] and rows[2][3] == "83.50 ± 0.50"
+    assert report._scored_verdict([{"results": results}]) == [
+        "- cosent: STS-B test 84.00 (simcse-kit) against 83.50 (sentence-transformers), +0.50; over the base (82.00) "
+        "+2.00 and +1.50; 7-task average 80.00 against 79.00."
+    ]

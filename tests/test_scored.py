@@ -217,3 +217,29 @@ def test_the_stsb_recipe_trains_on_train_and_selects_on_dev(data_dir: Path) -> N
     assert Path(cfg.data.dev_file or "").name == "sts-dev.csv" and cfg.data.dev_format == "stsb"  # never sts-test.csv
     pairs = load_training_data(cfg)
     assert len(pairs) == 5749 and 0.0 <= min(pairs["score"]) and max(pairs["score"]) <= 1.0
+
+
+def test_the_sentence_transformers_peer_gets_the_same_pairs_scores_and_scale(tiny_model_dir: Path) -> None:
+    """benchmarks' scored rows: the peer trains on the kit's pairs and [0, 1] scores, in the columns
+    sentence-transformers reads (inputs in order, ``score`` the label), with its CoSENT/AnglE at the
+    recipe's scale; another scale is another run; a score loss on unscored data is refused."""
+    import datasets
+    from sentence_transformers import SentenceTransformer
+
+    from benchmarks.st_peers import peer_dataset, peer_loss, run_settings
+
+    kit = datasets.Dataset.from_dict({"sent0": ["a", "b"], "sent1": ["c", "d"], "score": [0.2, 1.0]})
+    pairs = peer_dataset(kit, "cosent", "scored", seed=1)
+    assert pairs.column_names == ["sentence1", "sentence2", "score"]
+    assert pairs.to_dict() == {"sentence1": ["a", "b"], "sentence2": ["c", "d"], "score": [0.2, 1.0]}
+    student = SentenceTransformer(str(tiny_model_dir), device="cpu")
+    cfg = RunConfig()
+    cfg.loss.score_scale = 7.0
+    kinds = {name: peer_loss(name, student, cfg.loss) for name in ("cosent", "angle")}
+    assert {n: (type(loss).__name__, loss.scale) for n, loss in kinds.items()} == {
+        "cosent": ("CoSENTLoss", 7.0), "angle": ("AnglELoss", 7.0)}  # fmt: skip
+    assert run_settings(cfg, "cosent", "fp32")["score_scale"] == 7.0
+    with pytest.raises(ValueError, match="train on mode scored only"):
+        peer_dataset(kit, "mnrl", "scored", seed=1)
+    with pytest.raises(ValueError, match="train on mode scored only"):
+        peer_dataset(kit, "angle", "unsup", seed=1)
