@@ -19,7 +19,7 @@ import torch
 from benchmarks._common import REPO, machine, peak_rss_mib, save_results, spread
 
 VARIANTS = {"full": (0, False), "full-gc": (0, True), "lora8": (8, False), "lora8-gc": (8, True)}  # (LoRA rank, checkpointing)
-BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+BASE: dict[str, Any] = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 
 
 def one_variant(path: Path, lora: int, checkpointing: bool, batch: torch.Tensor, steps: int, device: str) -> dict[str, Any]:
@@ -64,7 +64,8 @@ def main() -> None:
 
     device, kind, args.max_seq_len = ("cuda" if torch.cuda.is_available() else "cpu"), "bert-base", 32
     ids = torch.randint(5, 30000, (args.batch_size, args.max_seq_len), generator=torch.Generator().manual_seed(0))
-    batch, runs = ids.repeat_interleave(2, dim=0), []  # [a, a, b, b, ...], as the unsup collator lays it out
+    batch = ids.repeat_interleave(2, dim=0)  # [a, a, b, b, ...], as the unsup collator lays it out
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         AutoModel.from_config(BertConfig(vocab_size=30522, **BASE)).save_pretrained(tmp)

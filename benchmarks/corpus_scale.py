@@ -88,7 +88,7 @@ def tracked(command: list[str], threads: int, env: dict[str, str]) -> dict[str, 
     """Run ``command`` from the repo; its status, output, peak RSS (``wait4``: the largest of
     its process tree), each descendant's polled peak, the largest private memory of any of them
     (polled ``RssAnon``), and when each line came (from the spawn)."""
-    import psutil
+    import psutil  # type: ignore[import-untyped]
 
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | env
     spawn = time.time()
@@ -135,7 +135,7 @@ def kit_command(corpus: Path, cache: Path, out: Path, work: Path, processes: int
 
 def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, str], processes: int = 1) -> dict[str, Any]:
     """One ``kit`` run: the phases' seconds, peak RSS, the cache's build rate."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
 
     out = work / "run"
     shutil.rmtree(out, ignore_errors=True)
@@ -178,7 +178,7 @@ def worker(args: argparse.Namespace) -> None:
     pairs = datasets.concatenate_datasets([text, text.rename_column("text", "positive")], axis=1)
     stamps["data"] = time.time()
 
-    class FirstStep(TrainerCallback):  # type: ignore[misc]
+    class FirstStep(TrainerCallback):
         def on_step_end(self, *_: Any, **__: Any) -> None:
             stamps.setdefault("first_step", time.time())
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from benchmarks._common import (
     WIKI,
@@ -90,7 +90,7 @@ def model_folder(job: Job) -> str:
     default = resolve_model_path("all-MiniLM-L6-v2")
     if job.model == "minilm":
         return default
-    sizes = {
+    sizes: dict[str, Any] = {
         "bertbase": {},  # BertConfig's defaults are BERT-base: 12 x 768, 12 heads, FFN 3072
         "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64},
     }[job.model]
@@ -202,14 +202,14 @@ def run_kit(
     syncs = SyncCounter() if getattr(args, "sync_debug", False) and cuda() else None
     calls = [0]
 
-    def step(m: Any, batch: dict[str, Any], backward: Any = None) -> Any:
+    def step(model: Any, batch: Any, backward: Any) -> Any:
         if syncs is not None and calls[0] == args.warmup + args.steps:
             syncs.stop()
         clock.at(calls[0])  # reads nothing from the batch: the step keeps its own synchronisation
         if syncs is not None and calls[0] == args.warmup:
             syncs.start()  # after the clock's own synchronize: counts the steps' syncs alone
         calls[0] += 1
-        return run.step(m, batch, backward)
+        return run.step(model, batch, backward)
 
     reset_peak()
     fit(run, step, run.cfg.train)
@@ -230,7 +230,7 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
     try:  # sentence-transformers 6's home of the losses; older releases have only the other
         from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     except ImportError:
-        from sentence_transformers.losses import MultipleNegativesRankingLoss
+        from sentence_transformers.losses import MultipleNegativesRankingLoss  # type: ignore[import-not-found,no-redef]
 
     on_gpu = cuda()
     model = SentenceTransformer(folder, device="cuda" if on_gpu else "cpu")
@@ -239,7 +239,7 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
     clock = StepClock(args.warmup, args.warmup + args.steps)
 
     class Clock(TrainerCallback):
-        def on_step_begin(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             clock.at(state.global_step)  # the start of the step after global_step finished ones
 
     trainer = st_pair_trainer(
@@ -250,7 +250,7 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
     trainer.train()
     return {
         "seconds": clock.seconds(), "sentences": (2 * job.batch_size * args.steps),
-        "flops": step_flops(model[0].auto_model.config, real_lengths(model.tokenizer, sents, job, args)),
+        "flops": step_flops(cast(Any, model[0]).auto_model.config, real_lengths(model.tokenizer, sents, job, args)),
         "precision": ("bf16" if on_gpu else "no"), "packing_active": False,
     }
 
@@ -331,7 +331,7 @@ class SyncCounter:
 
         self._previous = warnings.showwarning
         warnings.simplefilter("always")
-        warnings.showwarning = self._record  # type: ignore[assignment]
+        warnings.showwarning = self._record
         torch.cuda.set_sync_debug_mode("warn")
 
     def stop(self) -> None:

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # Only the standard library up here: a worker imports simcse_kit from the checkout it measures
 # (PYTHONPATH, with PYTHONSAFEPATH keeping this file's own checkout off the path).
@@ -57,7 +57,7 @@ def worker(args: argparse.Namespace) -> None:
     examples, cpu = 0, time.process_time()
     while time.process_time() - cpu < args.seconds:
         for _ in loader:
-            examples += loader.batch_size  # drop_last: every batch is whole
+            examples += cast(int, loader.batch_size)  # drop_last: every batch is whole
             if time.process_time() - cpu >= args.seconds:
                 break
     seconds = time.process_time() - cpu

@@ -460,9 +460,9 @@ def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False, teach
         return firsts
     if not target.is_file():
         text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=("sent0", "sent1"), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(read_rows(triplets, ("sent0", "sent1")))
+        pairs = csv.DictWriter(text, fieldnames=("sent0", "sent1"), lineterminator="\n")
+        pairs.writeheader()
+        pairs.writerows(read_rows(triplets, ("sent0", "sent1")))
         write_text_atomic(out / "snli_pairs.csv", text.getvalue())
         mine_file(out / "snli_pairs.csv", target, num_negatives=k)
     if teacher is None:

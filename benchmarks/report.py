@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import re
 import sys
@@ -679,9 +680,10 @@ def gpu_headline() -> str:
     )  # fmt: skip
 
 
-SPECS = (QUALITY, LORA, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, TEACHER, TEACHER_GENERAL, THROUGHPUT)
-SPECS += (SCORED, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, GPU, GPU_SYNCS, RETRIEVAL, ONNX, BACKBONE, LORA_STEPS)
-BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (lambda s=s: render_spec(s), s.home) for s in SPECS}
+SPECS: tuple[Spec, ...] = (QUALITY, LORA, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, SCORED, TEACHER)
+SPECS += (TEACHER_GENERAL, THROUGHPUT, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, GPU, GPU_SYNCS, RETRIEVAL)
+SPECS += (ONNX, BACKBONE, LORA_STEPS)
+BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (functools.partial(render_spec, s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 
 
@@ -692,8 +694,12 @@ def _pattern(name: str) -> re.Pattern[str]:
 def render(text: str) -> str:
     """``text`` with every generated block replaced by what the JSON gives now."""
     for name, (make, _) in BLOCKS.items():
-        text = _pattern(name).sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(3), text)
+        text = _pattern(name).sub(functools.partial(_fill, make()), text)
     return text
+
+
+def _fill(block: str, found: re.Match[str]) -> str:
+    return found.group(1) + block + "\n" + found.group(3)
 
 
 def problems(texts: dict[Path, str]) -> list[str]:

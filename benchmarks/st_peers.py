@@ -165,15 +165,15 @@ class DevSelection(TrainerCallback):
             self.best, self.best_step = score, step
             self.state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
-    def on_train_begin(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.at_start:
             self.evaluate(0)  # the untouched model is a candidate, as with eval_at_start
 
-    def on_step_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.eval_steps and state.global_step % self.eval_steps == 0 and state.global_step < state.max_steps:
             self.evaluate(state.global_step)
 
-    def on_train_end(self, targs: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.evaluate(state.global_step)
 
 
