@@ -321,9 +321,10 @@ BACKBONE = Spec(
     "backbone-memory", "backbone_memory", "device|model|variant|trainable parameters|peak MiB|s/step",
     _backbone_rows,
     lambda kept: f"One unsup step at batch {_a(kept, 'batch_size')} (twice as many rows), max length "
-    f"{_a(kept, 'max_seq_len')}, bf16 autocast on CUDA: full fine-tuning or LoRA (r 8, query and value), "
-    "`train.gradient_checkpointing` off or on (`-gc`); median of the rounds (range). Peak MiB: CUDA's peak allocation "
-    "(peak RSS on a CPU).",
+    f"{_a(kept, 'max_seq_len')}, bf16 autocast on CUDA, fp32 on a CPU: full fine-tuning or LoRA (r 8, query and value), "
+    "`train.gradient_checkpointing` off or on (`-gc`; MPNet: checkpointed per block by the kit, transformers has none "
+    "for it); median of the rounds (range). Peak MiB: CUDA's peak allocation on CUDA; on a CPU each variant runs in a "
+    "fresh process and the peak is its RSS.",
 )  # fmt: skip
 
 

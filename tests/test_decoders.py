@@ -235,49 +235,95 @@ def test_resume_mid_run_ends_as_the_uninterrupted_run(
         assert saved and {v.dtype for v in saved.values()} == {torch.float32}
 
 
-@pytest.mark.parametrize("packing", [False, True])
-def test_gradient_checkpointing_gives_the_same_gradients(packing: bool, tiny_model_dir: Path, tmp_path: Path) -> None:
-    """Dropout on (the unsup views), checkpointing on or off: the same loss and gradients,
-    bit for bit (the recomputation replays dropout's random draws)."""
+def saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """The unsup loss of ``batch`` and the bytes autograd keeps for the backward pass (a tensor
+    saved inside a checkpointed block is not kept: the checkpoint's own hooks take it)."""
+    kept = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        kept.append(t.untyped_storage().nbytes())
+        return t
+
+    objective = SimCSEObjective("unsup", LossConfig(temperature=0.05))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = objective.loss(objective.embed(model, batch), batch)
+    return loss, sum(kept)
+
+
+@pytest.mark.parametrize(
+    ("arch", "packing", "fast_dropout"),
+    [("bert", False, False), ("bert", True, False), ("mpnet", False, False), ("mpnet", True, True)],
+)
+def test_gradient_checkpointing_gives_the_same_gradients(
+    arch: str, packing: bool, fast_dropout: bool, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Dropout on (the unsup views), checkpointing on or off: the same loss and gradients, bit
+    for bit (the recomputation replays dropout's random draws, fast dropout's too), with less
+    kept for the backward pass. BERT: transformers' own checkpointing; MPNet has none in
+    transformers 5, so the kit checkpoints each of its blocks (encoder.layer)."""
+    from tiny_encoders import build_tiny
+
+    from simcse_kit.model.checkpointing import is_checkpointed, transformer_blocks
     from simcse_kit.training.run import build_model
 
-    folder = tiny_model_dir
+    folder = tiny_model_dir if arch == "bert" else build_tiny(arch, tmp_path / arch)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     dataset = load_train_dataset(str(write_train_data(tmp_path, "unsup")), "unsup")
     batch = ContrastiveCollator(tokenizer, "unsup", 16)([dataset[i] for i in range(8)])
-    grads = []
+    runs = []
     for checkpointing in (False, True):
         cfg = RunConfig(
             model=ModelConfig(name_or_path=str(folder), pooler="cls", dropout=0.1, packing=packing),
             data=DataConfig(train_file=str(tmp_path / "train.txt")),
-            train=TrainConfig(gradient_checkpointing=checkpointing, fast_dropout=False, seed=3),
+            train=TrainConfig(gradient_checkpointing=checkpointing, fast_dropout=fast_dropout, seed=3),
         )
         model = build_model(cfg).train()
-        assert model.encoder.is_gradient_checkpointing is checkpointing
+        encoder = base_encoder(model.encoder)
+        assert is_checkpointed(encoder) is checkpointing
+        assert transformer_blocks(encoder) is encoder.encoder.layer
         torch.manual_seed(11)
-        loss = SimCSEObjective("unsup", LossConfig(temperature=0.05)).step(model, batch)
-        grads.append((loss, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    (loss_a, a), (loss_b, b) = grads
+        loss, kept = saved_bytes(model, batch)
+        loss.backward()
+        runs.append((loss, kept, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, kept_a, a), (loss_b, kept_b, b) = runs
     assert torch.equal(loss_a, loss_b)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert kept_b < 0.6 * kept_a, (kept_a, kept_b)
 
 
-def test_gradient_checkpointing_refused_where_the_model_has_none(tmp_path: Path) -> None:
-    """MPNet has no gradient checkpointing in transformers 5: one line naming the key, not
-    transformers' ValueError from inside the run."""
+def test_block_checkpointing_survives_a_copy_and_stays_out_of_evaluation(tmp_path: Path) -> None:
+    """A deep copy of a block-checkpointed MPNet (the fp32 copy a bf16 run saves from) runs its own
+    weights; in eval mode or under no_grad nothing is checkpointed; the saved weights' names are
+    the model's own; a model with no stack of blocks is refused."""
+    import copy
+
     from tiny_encoders import build_tiny
+    from transformers import AutoModel
 
-    from simcse_kit.errors import ConfigError
-    from simcse_kit.training.run import build_model
+    from simcse_kit.model.checkpointing import enable_gradient_checkpointing
 
-    folder = build_tiny("mpnet", tmp_path / "mpnet")
-    cfg = RunConfig(
-        model=ModelConfig(name_or_path=str(folder), pooler="avg"),
-        data=DataConfig(train_file=str(tmp_path / "train.txt")),
-        train=TrainConfig(gradient_checkpointing=True),
-    )
-    with pytest.raises(ConfigError, match=r"'train.gradient_checkpointing' = True: MPNetModel does not support it"):
-        build_model(cfg)
+    encoder = AutoModel.from_pretrained(build_tiny("mpnet", tmp_path / "mpnet"))
+    names = list(encoder.state_dict())
+    assert enable_gradient_checkpointing(encoder) == "blocks"
+    twin = copy.deepcopy(encoder)
+    with torch.no_grad():
+        twin.encoder.layer[0].output.dense.weight.mul_(2.0)
+    ids = torch.tensor([[0, 5, 6, 7, 2]])
+    ours, theirs = (m.eval()(input_ids=ids).last_hidden_state for m in (encoder, twin))
+    assert not torch.allclose(ours, theirs)  # the copy's blocks run the copy's weights
+    assert list(encoder.state_dict()) == names
+    calls = []
+    hook = torch.utils.checkpoint.checkpoint
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("simcse_kit.model.checkpointing.checkpoint", lambda *a, **k: calls.append(1) or hook(*a, **k))
+        encoder.eval()(input_ids=ids)
+        with torch.no_grad():
+            encoder.train()(input_ids=ids)
+        assert calls == []
+        encoder.train()(input_ids=ids)
+        assert len(calls) == len(encoder.encoder.layer)
+    with pytest.raises(ValueError, match="no gradient checkpointing and no stack of blocks"):
+        enable_gradient_checkpointing(torch.nn.Linear(2, 2))
 
 
 def test_cli_trains_a_packed_decoder_and_resumes(decoder_dirs: dict[str, Path], senteval: Path, tmp_path: Path) -> None:

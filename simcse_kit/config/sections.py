@@ -552,7 +552,8 @@ class TrainConfig(LoopConfig):
     gradient_checkpointing: bool = option(
         False,
         "Recompute the encoder's activations in the backward pass instead of keeping them: less memory for a longer "
-        "step; the same gradients (dropout's random draws are replayed).",
+        "step; the same gradients (dropout's random draws are replayed). transformers' own where the model has it, "
+        "else per transformer block (MPNet; simcse_kit.model.checkpointing).",
     )
     fast_dropout: bool | str = option(
         AUTO,

@@ -22,7 +22,6 @@ from typing import Any, Protocol
 
 import datasets
 import torch
-import transformers
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
@@ -39,6 +38,7 @@ from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvalua
 from simcse_kit.evaluation.encoding import Encode, prompted
 from simcse_kit.evaluation.plots import plot_training_curves
 from simcse_kit.files import write_json_atomic
+from simcse_kit.model.checkpointing import enable_gradient_checkpointing
 from simcse_kit.model.fastpath import enable_fast_dropout
 from simcse_kit.model.heap import HeapChoice, apply_mmap_threshold
 from simcse_kit.model.inference import Encoder
@@ -416,13 +416,13 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
     if cfg.train.gradient_checkpointing:
         # Non-reentrant: it needs no input that requires a gradient (a frozen base under
         # LoRA has none) and it replays dropout's random draws, so the gradients are the same.
+        # transformers' own where the model has it, else each block (MPNet in transformers 5).
         encoder = base_encoder(model.encoder)
-        if not encoder.supports_gradient_checkpointing:  # MPNet, for one, in transformers 5
-            raise ConfigError(
-                f"config key 'train.gradient_checkpointing' = True: {type(encoder).__name__} does not support it "
-                f"(transformers {transformers.__version__}); set it false"
-            )
-        encoder.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        try:
+            how = enable_gradient_checkpointing(encoder)
+        except ValueError as exc:
+            raise ConfigError(f"config key 'train.gradient_checkpointing' = True: {exc}; set it false") from None
+        logger.info("gradient checkpointing: %s (%s)", type(encoder).__name__, how)
     if cfg.train.fast_dropout:
         enable_fast_dropout(model)
     if cfg.train.compile:
