@@ -293,8 +293,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(
 
 def test_block_checkpointing_survives_a_copy_and_stays_out_of_evaluation(tmp_path: Path) -> None:
     """A deep copy of a block-checkpointed MPNet (the fp32 copy a bf16 run saves from) runs its own
-    weights; in eval mode or under no_grad nothing is checkpointed; the saved weights' names are
-    the model's own; a model with no stack of blocks is refused."""
+    weights; a block's hooks run again for the recompute (FSDP unshards in a pre-forward hook); in
+    eval mode or under no_grad nothing is checkpointed; the saved weights' names are the model's
+    own; a model with no stack of blocks is refused."""
     import copy
 
     from tiny_encoders import build_tiny
@@ -312,6 +313,10 @@ def test_block_checkpointing_survives_a_copy_and_stays_out_of_evaluation(tmp_pat
     ours, theirs = (m.eval()(input_ids=ids).last_hidden_state for m in (encoder, twin))
     assert not torch.allclose(ours, theirs)  # the copy's blocks run the copy's weights
     assert list(encoder.state_dict()) == names
+    hooked = []
+    encoder.encoder.layer[1].register_forward_pre_hook(lambda *_: hooked.append(1))
+    encoder.train()(input_ids=ids).last_hidden_state.sum().backward()
+    assert len(hooked) == 2  # the forward, then the recompute in the backward pass
     calls = []
     hook = torch.utils.checkpoint.checkpoint
     with pytest.MonkeyPatch.context() as patch:

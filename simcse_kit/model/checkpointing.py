@@ -11,20 +11,18 @@ each block's activations are recomputed in the backward pass.
 Non-reentrant checkpointing saves and restores torch's random state around the recompute,
 so dropout (and the fast dropout of :mod:`~simcse_kit.model.fastpath`, which draws from the
 same generator) draws the same masks twice: the gradients are those of the plain model.
-Only the block's ``forward`` is replaced, on the instance: the weights, their names and the
-saved model are untouched, and ``copy.deepcopy`` of the model rebinds the wrapper to the copy.
+Each block's class is swapped for a subclass that checkpoints its whole call (hooks included):
+the weights, their names and the saved model are untouched, ``isinstance`` still holds, and
+``copy.deepcopy`` of the model copies the blocks with their class.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-_UNCHECKED = "_simcse_kit_unchecked_forward"  # the block's own forward, bound to it
 
 
 def transformer_blocks(model: nn.Module) -> nn.ModuleList | None:
@@ -34,19 +32,30 @@ def transformer_blocks(model: nn.Module) -> nn.ModuleList | None:
     return max(stacks, key=lambda s: sum(p.numel() for p in s.parameters()), default=None)
 
 
-def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    inner = getattr(self, _UNCHECKED)
-    if self.training and torch.is_grad_enabled():
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
-    return inner(*args, **kwargs)
+class CheckpointedBlock(nn.Module):
+    """Mixed in before a block's own class by :func:`checkpoint_blocks`: the whole module call (its
+    hooks included, as transformers' own checkpointed layers do, so an engine's pre-forward hook,
+    FSDP's unshard for one, runs again for the recompute) under non-reentrant checkpointing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        call = super().__call__
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(call, *args, use_reentrant=False, **kwargs)
+        return call(*args, **kwargs)
+
+
+_CLASSES: dict[type, type] = {}  # one checkpointed subclass per block class
 
 
 def checkpoint_blocks(blocks: nn.ModuleList) -> None:
-    """Run each of ``blocks`` under non-reentrant checkpointing when training (idempotent)."""
+    """Run each of ``blocks`` under non-reentrant checkpointing when training (idempotent): each
+    block's class becomes a subclass of it with :class:`CheckpointedBlock` first."""
     for block in blocks:
-        if _UNCHECKED not in vars(block):
-            setattr(block, _UNCHECKED, block.forward)
-            block.forward = types.MethodType(_checkpointed_forward, block)
+        cls = type(block)
+        if not issubclass(cls, CheckpointedBlock):
+            if cls not in _CLASSES:
+                _CLASSES[cls] = type(f"Checkpointed{cls.__name__}", (CheckpointedBlock, cls), {})
+            block.__class__ = _CLASSES[cls]
 
 
 def enable_gradient_checkpointing(encoder: Any) -> str:
@@ -72,4 +81,4 @@ def is_checkpointed(encoder: Any) -> bool:
     if any(getattr(m, "gradient_checkpointing", False) is True for m in encoder.modules()):  # transformers' own
         return True
     blocks = transformer_blocks(encoder)
-    return blocks is not None and all(_UNCHECKED in vars(b) for b in blocks)
+    return blocks is not None and all(isinstance(b, CheckpointedBlock) for b in blocks)
