@@ -484,13 +484,13 @@ def training_rows(job: Job) -> int:
 def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) -> None:
     """The teacher's and guide's vectors of ``row``'s training sentences on ``domain``, cached before any worker starts."""
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_data
+    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_data, training_texts
 
     job = row_job(table, domain, row, 3e-5, 0, True, args)
     cfg = load_config(job.recipe, job.overrides)
-    data = load_training_data(cfg)
-    teacher = load_teacher(cfg, data)
-    load_guide(cfg, data, teacher[1] if teacher else None)
+    texts = training_texts(cfg, load_training_data(cfg))
+    teacher = load_teacher(cfg, texts)
+    load_guide(cfg, texts, teacher[1] if teacher else None)
 
 
 def stats(name: str, domain: str, kind: str, per_seed: Mapping[int, Mapping[str, float]], lr: float | None) -> dict[str, Any]:

@@ -192,6 +192,63 @@ def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_di
     assert objective.metrics()["nli/examples"] == 32.0
 
 
+def test_a_teacher_and_a_guide_cover_every_dataset(tiny_run: TinyRun, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """One table of every dataset's distinct sentences (first-seen: wiki's, then the triplets'
+    columns); a batch of either dataset gets the teacher and guide terms a one-dataset run of the
+    same examples gets from a table of its own sentences (its rows elsewhere in the shared table);
+    a run on both reports the shared table and the guide's count."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from simcse_kit.data.mixture import Mixture
+    from simcse_kit.data.readers import negatives_of
+    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_sets, training_texts
+    from simcse_kit.training.objectives import SimCSEObjective
+    from simcse_kit.training.run import make_collator, make_mixture_loader, train
+
+    from test_teacher import save_teacher
+
+    teacher, guide = save_teacher(tmp_path / "teacher", hidden=16), save_teacher(tmp_path / "guide", hidden=24)
+    opts = {"teacher": str(teacher), "guide": str(guide), "teacher_weight": "0.5"}
+    cfg = load_config(mixture_recipe(tiny_run, "taught", TWO), opts | {"teacher_cache_dir": str(tmp_path / "cache")})
+    sets = load_training_sets(cfg)
+    texts = training_texts(cfg, sets=sets)
+    nli = sets["nli"]
+    assert texts == list(dict.fromkeys([*sets["wiki"]["sent0"], *nli["sent0"], *nli["sent1"], *nli["hard_neg"]]))
+    shared = load_teacher(cfg, texts)
+    assert shared is not None
+    guided = load_guide(cfg, texts, shared[1])
+    assert guided is not None
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    loader = make_mixture_loader(cfg, sets, tokenizer, 1, teacher_index=shared[1].index, guide_index=guided[1].index)
+    mixture = Mixture(sets)
+    for name, mode, start in (("wiki", "unsup", 0), ("nli", "hardneg", len(sets["wiki"]))):
+        examples = mixture.__getitems__(list(range(start, start + 8)))
+        batch = loader.collate_fn(examples)
+        alone = replace(cfg, data=replace(cfg.data, mode=mode, datasets=None))
+        own_texts = training_texts(alone, sets[name])
+        own = load_teacher(alone, own_texts)
+        assert own is not None
+        own_guide = load_guide(alone, own_texts, own[1])
+        assert own_guide is not None
+        k = negatives_of(sets[name].column_names)
+        collate = make_collator(alone, tokenizer, mode, None, k, own[1].index, own_guide[1].index)
+        single = collate(examples)
+        if name == "nli":  # its sentences sit after wiki's in the shared table
+            assert not torch.equal(batch["teacher_rows"], single["teacher_rows"])
+        embeddings = torch.randn(batch["input_ids"].shape[0], 32, generator=torch.Generator().manual_seed(start))
+        ours = SimCSEObjective(mode, cfg.loss, teacher=shared[0], negatives=k, guide=guided[0])
+        theirs = SimCSEObjective(mode, cfg.loss, teacher=own[0], negatives=k, guide=own_guide[0])
+        assert torch.allclose(ours.loss(embeddings, batch), theirs.loss(embeddings, single), rtol=1e-5, atol=1e-6)
+        assert ours.last_terms["teacher_loss"] > 0 and ours.guided.total == theirs.guided.total
+    short = mixture_recipe(tiny_run, "run", TWO, max_steps=4, eval_steps=0, save_steps=0, final_eval=False)
+    metrics = train(load_config(short, opts | {"teacher_cache_dir": str(tmp_path / "cache")}))
+    assert metrics["teacher"]["sentences"] == len(texts) and metrics["teacher"]["cache_hit"]
+    assert metrics["guide"]["sentences"] == len(texts) and metrics["guide"]["masked"] >= 0
+    assert set(metrics["datasets"]) == {"wiki", "nli"}
+
+
 def test_a_bad_dataset_entry_names_the_recipe_and_the_entry(tiny_run: TinyRun) -> None:
     from simcse_kit.training.run import build_run
 

@@ -119,12 +119,11 @@ class RunConfig:
             raise_first("train", self.train, [("grad_cache_chunk", ok, "0 with loss.queue_size > 0 (use one of them)")])
         if self.data.datasets is not None:
             # Not yet with a mixture: each wraps one objective of one mode (a queue's keys, GradCache's
-            # chunks of whole examples, a teacher's or a guide's table of one file's sentences).
+            # chunks of whole examples, the teacher scores of one file's rows). A teacher's or a
+            # guide's table covers every dataset's sentences.
             raise_first("train", self.train, [("grad_cache_chunk", self.train.grad_cache_chunk == 0, "0 with data.datasets")])
             unsupported = [
                 ("queue_size", self.loss.queue_size == 0, "0 with data.datasets"),
-                ("teacher", self.loss.teacher is None, "null with data.datasets"),
-                ("guide", self.loss.guide is None, "null with data.datasets"),
                 ("distill", self.loss.distill is None, "null with data.datasets"),
             ]
             raise_first("loss", self.loss, unsupported)

@@ -2,7 +2,8 @@
 
 The training data (:func:`load_training_data`), the tokenizer checked against the model
 folder and the configured lengths (:func:`load_checked_tokenizer`) and the teacher's and
-the guide's vectors of the training sentences (:func:`load_teacher`, :func:`load_guide`):
+the guide's vectors of the training sentences (:func:`training_texts`, :func:`load_teacher`,
+:func:`load_guide`; a mixture's datasets share one table):
 each fails with a ConfigError naming the config key, before the run folder exists.
 """
 
@@ -99,9 +100,26 @@ def read_training_file(
     )
 
 
-def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTargets, TeacherTable] | None:
-    """With ``loss.teacher``: its vectors of every distinct training sentence (cached) and
-    the objective's teacher term; None without a teacher.
+def training_texts(
+    cfg: RunConfig, dataset: datasets.Dataset | None = None, sets: dict[str, datasets.Dataset] | None = None
+) -> list[str]:
+    """The distinct sentences a teacher or guide scores, in first-seen order: those of ``dataset``'s
+    view columns in ``data.mode``, or of every dataset of a mixture (``sets``, each in its own mode)."""
+    parts = [(dataset, cfg.data.mode)] if dataset is not None else []
+    if sets is not None:
+        modes = {spec.name: spec.mode for spec in cfg.data.datasets or []}
+        parts += [(part, modes[name]) for name, part in sets.items()]
+    texts: dict[str, None] = {}
+    for part, mode in parts:
+        negatives = negatives_of(part.column_names)
+        columns = set(view_columns(mode, negatives))
+        texts |= dict.fromkeys(teacher_texts({name: part[name] for name in columns}, mode, negatives))
+    return list(texts)
+
+
+def load_teacher(cfg: RunConfig, texts: list[str]) -> tuple[TeacherTargets, TeacherTable] | None:
+    """With ``loss.teacher``: its vectors of every distinct training sentence ``texts``
+    (:func:`training_texts`; cached) and the objective's teacher term; None without a teacher.
 
     The vectors come from :func:`sentence_table`. A wider teacher for ``embedding`` distillation is projected to
     the student's width by PCA (``loss.teacher_projection: pca``) or refused; ``aligned``
@@ -111,7 +129,7 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
     loss = cfg.loss
     if loss.teacher is None:
         return None
-    table, texts, device = sentence_table(cfg, dataset, loss.teacher, "loss.teacher")
+    table, device = sentence_table(cfg, texts, loss.teacher, "loss.teacher")
     projection = embedding_projection(cfg, table, texts, device) if loss.teacher_loss == "embedding" else None
     what = (loss.teacher_loss, loss.teacher, len(texts), table.width, loss.teacher_weight)
     logger.info("teacher: %s distillation from %s (%d sentences, %d wide), weight %g", *what)
@@ -126,13 +144,10 @@ def load_teacher(cfg: RunConfig, dataset: datasets.Dataset) -> tuple[TeacherTarg
     return targets, table
 
 
-def sentence_table(cfg: RunConfig, dataset: datasets.Dataset, model: str, key: str) -> tuple[TeacherTable, list[str], str]:
-    """``model``'s vectors of every distinct training sentence (cached; the teacher's and the
-    guide's alike), with those sentences and the device it ran on. Several processes: the
-    main process encodes (or reads the cache) first, the others then read its cache."""
-    negatives = negatives_of(dataset.column_names)
-    columns = set(view_columns(cfg.data.mode, negatives))
-    texts = teacher_texts({name: dataset[name] for name in columns}, cfg.data.mode, negatives)
+def sentence_table(cfg: RunConfig, texts: list[str], model: str, key: str) -> tuple[TeacherTable, str]:
+    """``model``'s vectors of the distinct training sentences ``texts`` (cached; the teacher's and
+    the guide's alike), with the device it ran on. Several processes: the main process encodes
+    (or reads the cache) first, the others then read its cache."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     order = nullcontext()
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -147,14 +162,12 @@ def sentence_table(cfg: RunConfig, dataset: datasets.Dataset, model: str, key: s
             show_progress=cfg.train.progress_bar,
             config_key=key,
         )
-    return table, texts, device
+    return table, device
 
 
-def load_guide(
-    cfg: RunConfig, dataset: datasets.Dataset, teacher: TeacherTable | None
-) -> tuple[GuideFilter, TeacherTable] | None:
-    """With ``loss.guide``: its vectors of every distinct training sentence (cached as the
-    teacher's; ``teacher``: the teacher's own table, not encoded again) and the objective's
+def load_guide(cfg: RunConfig, texts: list[str], teacher: TeacherTable | None) -> tuple[GuideFilter, TeacherTable] | None:
+    """With ``loss.guide``: its vectors of every distinct training sentence ``texts`` (cached as
+    the teacher's; ``teacher``: the teacher's own table, not encoded again) and the objective's
     filter of negatives; None without a guide."""
     loss = cfg.loss
     if loss.guide is None:
@@ -164,7 +177,7 @@ def load_guide(
             raise ConfigError("config key 'loss.guide' = 'teacher': needs loss.teacher")
         table = teacher
     else:
-        table = sentence_table(cfg, dataset, loss.guide, "loss.guide")[0]
+        table = sentence_table(cfg, texts, loss.guide, "loss.guide")[0]
     logger.info(
         "guide: %s vets the negatives (%d sentences, %d wide), margin %g (%s)",
         loss.guide, table.vectors.shape[0], table.width, loss.guide_margin, loss.guide_margin_strategy,

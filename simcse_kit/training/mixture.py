@@ -137,6 +137,11 @@ class MixtureObjective:
         """Masked (anchor, candidate) entries over all batches of all datasets."""
         return sum(objective.masked_negatives for objective in self.objectives.values())
 
+    @property
+    def guided_total(self) -> int:
+        """(anchor, candidate) entries the guide dropped over all batches of all datasets."""
+        return sum(objective.guided_total for objective in self.objectives.values())
+
     def examples_seen(self) -> int:
         """Examples trained on so far, all datasets and processes."""
         return sum(self.tally.examples.values())

@@ -565,6 +565,11 @@ class SimCSEObjective:
         return self.masked.total
 
     @property
+    def guided_total(self) -> int:
+        """(anchor, candidate) entries the guide dropped over all batches so far."""
+        return self.guided.total
+
+    @property
     def last_masked(self) -> int:
         """Masked (anchor, candidate) entries in the latest batch."""
         return self.masked.last

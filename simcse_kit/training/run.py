@@ -55,7 +55,14 @@ from simcse_kit.training.folder import (
     with_device_defaults,
 )
 from simcse_kit.training.guards import AfterTrainingSignals, StopSignals
-from simcse_kit.training.inputs import load_checked_tokenizer, load_guide, load_teacher, load_training_data, load_training_sets
+from simcse_kit.training.inputs import (
+    load_checked_tokenizer,
+    load_guide,
+    load_teacher,
+    load_training_data,
+    load_training_sets,
+    training_texts,
+)
 from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare
 from simcse_kit.training.mixture import MixtureObjective
 from simcse_kit.training.momentum_queue import MomentumQueue
@@ -202,8 +209,10 @@ def build_run(
     cfg = replace(cfg, train=train_cfg)
     # The teacher's vectors too (encoded once, or read from the cache): a teacher that
     # does not load, or cannot match the student, fails before the run folder exists.
-    teacher = load_teacher(cfg, dataset) if dataset is not None else None  # RunConfig.validate: none with data.datasets
-    guide = load_guide(cfg, dataset, teacher[1] if teacher else None) if dataset is not None else None  # vets negatives
+    # One table of every training sentence, a mixture's datasets' together.
+    texts = training_texts(cfg, dataset, sets) if cfg.loss.teacher is not None or cfg.loss.guide is not None else []
+    teacher = load_teacher(cfg, texts)
+    guide = load_guide(cfg, texts, teacher[1] if teacher else None)  # vets negatives
     out = Path(cfg.train.output_dir)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
@@ -253,12 +262,27 @@ def build_run(
         assert sets is not None and cfg.data.datasets is not None
         modes_of = {spec.name: spec.mode for spec in cfg.data.datasets}
         per_dataset = {
-            name: SimCSEObjective(modes_of[name], cfg.loss, negatives=negatives_of(part.column_names))
+            name: SimCSEObjective(
+                modes_of[name],
+                cfg.loss,
+                teacher=teacher[0] if teacher else None,
+                negatives=negatives_of(part.column_names),
+                guide=guide[0] if guide else None,
+            )
             for name, part in sets.items()
         }
         objective = MixtureObjective(per_dataset, accelerator.num_processes)
         accelerator.register_for_checkpointing(objective.tally)  # --resume reports what an uninterrupted run does
-        loader = make_mixture_loader(cfg, sets, tokenizer, accelerator.num_processes, accelerator.device, model.is_decoder)
+        loader = make_mixture_loader(
+            cfg,
+            sets,
+            tokenizer,
+            accelerator.num_processes,
+            accelerator.device,
+            model.is_decoder,
+            teacher[1].index if teacher else None,
+            guide[1].index if guide else None,
+        )
         files = {spec.name: spec.file for spec in cfg.data.datasets}
         extra = {"base_model": cfg.model.name_or_path, "mode": "mixture", "datasets": modes_of, "train_file": files}
     if wrap_collate is not None:
@@ -323,19 +347,19 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             "cache_hit": table.cache_hit,
             "seconds": table.seconds,
         }
-    if run.guide is not None and isinstance(run.objective, SimCSEObjective):  # RunConfig.validate: no guide with data.datasets
+    if run.guide is not None:
         loss = cfg.loss
         metrics["guide"] = {
             "model": loss.guide,
             "margin": loss.guide_margin,
             "margin_strategy": loss.guide_margin_strategy,
-            "masked": run.objective.guided.total,  # (anchor, candidate) entries it dropped, all steps
+            "masked": run.objective.guided_total,  # (anchor, candidate) entries it dropped, all steps, all datasets
             "sentences": int(run.guide.vectors.shape[0]),
             "width": run.guide.width,
             "cache_key": run.guide.key,
             "cache_hit": run.guide.cache_hit,
         }
-        logger.info("the guide dropped %d (anchor, candidate) entries", run.objective.guided.total)
+        logger.info("the guide dropped %d (anchor, candidate) entries", run.objective.guided_total)
     speed = {"tf32": run.tf32, "compile": cfg.train.compile, "num_workers": cfg.data.num_workers}
     metrics["speed"] = speed | {"packing": cfg.model.packing}
     if run.objective.masking:
@@ -530,11 +554,14 @@ def make_mixture_loader(
     num_processes: int,
     device: torch.device | str = "cpu",
     decoder: bool = False,
+    teacher_index: Mapping[str, int] | None = None,
+    guide_index: Mapping[str, int] | None = None,
 ) -> DataLoader:
     """:func:`make_loader` for ``data.datasets``: each global batch from one dataset, drawn by
     ``data.sampling`` (:class:`~simcse_kit.data.mixture.MixtureBatches`, from the loader's
     seeded generator, which the loop checkpoints) and collated in that dataset's mode with its
-    prompts (``data.prompts`` where it has none)."""
+    prompts (``data.prompts`` where it has none); ``teacher_index``/``guide_index``: the one
+    table of every dataset's sentences (:func:`~simcse_kit.training.inputs.training_texts`)."""
     assert cfg.data.datasets is not None
     specs = {spec.name: spec for spec in cfg.data.datasets}
     options = loader_options(device)
@@ -545,6 +572,8 @@ def make_mixture_loader(
             specs[name].mode,
             specs[name].prompts or cfg.data.prompts,
             negatives_of(part.column_names),
+            teacher_index,
+            guide_index,
             decoder=decoder,
         )
         for name, part in sets.items()
