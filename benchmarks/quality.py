@@ -101,6 +101,13 @@ _MINING_ROWS = {"sup": Row("sup"), "sup-4509": Row("sup", mined=1), "sup+mined":
 # k = 1 and k = 3 on the same rows: those with three qualifying candidates, the k = 1 run on each one's first
 _NEGATIVE_ROWS = {"hardneg-k1": Row("hardneg", mined=3, first=True), "hardneg-k3": Row("hardneg", mined=3)}
 _MULTI_ROWS = {"kit-unsup": Row("unsup"), "kit-hardneg": Row("hardneg"), "kit-multi": Row("multi")}  # one dataset, four
+# The four datasets with --teacher over all their sentences (train/teacher/*.yaml's similarity
+# distillation at tau 0.5), alone and beside InfoNCE: `--rows kit-multi-teacher kit-multi-teacher+simcse`.
+_TAUGHT = {"teacher_loss": "similarity", "teacher_temperature": "0.5", "teacher_student_temperature": "0.5"}
+_MULTI_ROWS |= {
+    f"kit-multi-teacher{suffix}": Row("multi", _TAUGHT | {"teacher_weight": weight}, teacher=True)
+    for suffix, weight in (("", "1.0"), ("+simcse", "0.5"))
+}
 # The same mined rows (3 negatives each, scored by --teacher) without and with their scores.
 _SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=3)} | {
     f"{loss}{suffix}": Row("hardneg", {"distill": loss, "distill_weight": weight}, mined=3)
@@ -127,7 +134,7 @@ TABLES = {
     "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
     "negatives": Table(_NEGATIVE_ROWS, list(_NEGATIVE_ROWS), trains_on=(SNLI,)),
     "guide": Table(_GUIDE_ROWS, list(_GUIDE_ROWS), trains_on=(SNLI,)),
-    "multi": Table(_MULTI_ROWS, list(_MULTI_ROWS), trains_on=(SNLI,)),
+    "multi": Table(_MULTI_ROWS, ["kit-unsup", "kit-hardneg", "kit-multi"], trains_on=(SNLI,)),
     "scores": Table(_SCORES_ROWS, list(_SCORES_ROWS), untouched=("base", "teacher"), trains_on=(SNLI,), scored=True),
     "lora": Table(_LORA_ROWS, list(_LORA_ROWS), trains_on=(SNLI,)),
     "scored": Table(_SCORED_ROWS, list(_SCORED_ROWS), "1e-5,2e-5,5e-5"),
@@ -484,11 +491,12 @@ def training_rows(job: Job) -> int:
 def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) -> None:
     """The teacher's and guide's vectors of ``row``'s training sentences on ``domain``, cached before any worker starts."""
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_data, training_texts
+    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_data, load_training_sets, training_texts
 
     job = row_job(table, domain, row, 3e-5, 0, True, args)
     cfg = load_config(job.recipe, job.overrides)
-    texts = training_texts(cfg, load_training_data(cfg))
+    several = cfg.data.datasets is not None  # a mixture: one table of every dataset's sentences
+    texts = training_texts(cfg, sets=load_training_sets(cfg)) if several else training_texts(cfg, load_training_data(cfg))
     teacher = load_teacher(cfg, texts)
     load_guide(cfg, texts, teacher[1] if teacher else None)
 
@@ -609,10 +617,15 @@ def main() -> None:
     spec = TABLES[args.table]
     args.rows = args.rows or list(spec.default)
     unknown = [r for r in args.rows if r not in spec.rows]
-    needs = {"teacher": ("--teacher", args.teacher), "guide": ("--guide", args.guide), "scores": ("--teacher", args.teacher)}
-    if unknown or not needs.get(args.table, ("", True))[1]:
-        what = f"--rows {unknown} not in {list(spec.rows)}" if unknown else f"the {args.table} table needs {needs[args.table][0]}"
-        raise SystemExit(what)
+    if unknown:
+        raise SystemExit(f"--rows {unknown} not in {list(spec.rows)}")
+    rows = [spec.rows[r] for r in args.rows]
+    for flag, value, wanted in (
+        ("--teacher", args.teacher, spec.scored or any(r.teacher for r in rows)),
+        ("--guide", args.guide, any(r.guide and not r.peer for r in rows) or any(r.peer == "gist" for r in rows)),
+    ):
+        if wanted and not value:
+            raise SystemExit(f"the {args.table} table's rows {args.rows} need {flag}")
     args.output_dir = args.output_dir or REPO / "runs" / "benchmarks" / args.table
     prepare(args, spec)
     start = time.perf_counter()
