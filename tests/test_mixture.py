@@ -199,6 +199,7 @@ def test_a_teacher_and_a_guide_cover_every_dataset(tiny_run: TinyRun, tiny_model
     a run on both reports the shared table and the guide's count."""
     from dataclasses import replace
 
+    from test_teacher import save_teacher
     from transformers import AutoTokenizer
 
     from simcse_kit.data.mixture import Mixture
@@ -206,8 +207,6 @@ def test_a_teacher_and_a_guide_cover_every_dataset(tiny_run: TinyRun, tiny_model
     from simcse_kit.training.inputs import load_guide, load_teacher, load_training_sets, training_texts
     from simcse_kit.training.objectives import SimCSEObjective
     from simcse_kit.training.run import make_collator, make_mixture_loader, train
-
-    from test_teacher import save_teacher
 
     teacher, guide = save_teacher(tmp_path / "teacher", hidden=16), save_teacher(tmp_path / "guide", hidden=24)
     opts = {"teacher": str(teacher), "guide": str(guide), "teacher_weight": "0.5"}
