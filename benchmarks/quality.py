@@ -622,7 +622,7 @@ def main() -> None:
     rows = [spec.rows[r] for r in args.rows]
     for flag, value, wanted in (
         ("--teacher", args.teacher, spec.scored or any(r.teacher for r in rows)),
-        ("--guide", args.guide, any(r.guide and not r.peer for r in rows) or any(r.peer == "gist" for r in rows)),
+        ("--guide", args.guide, any(r.guide for r in rows)),  # the gist peer's rows are guide rows too
     ):
         if wanted and not value:
             raise SystemExit(f"the {args.table} table's rows {args.rows} need {flag}")
