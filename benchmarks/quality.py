@@ -610,7 +610,9 @@ def main() -> None:
     from benchmarks import report
 
     args = parser().parse_args()
-    setup_run(args.threads)
+    # Before any worker starts, this process alone encodes (teacher, guide) and mines: all the
+    # cores the workers will share are its.
+    setup_run(args.threads if args.table == "worker" else args.threads * args.parallel)
     if args.table == "worker":
         run_job(Job.from_json(args.job.read_text(encoding="utf-8")))
         return
