@@ -108,6 +108,12 @@ _MULTI_ROWS |= {
     f"kit-multi-teacher{suffix}": Row("multi", _TAUGHT | {"teacher_weight": weight}, teacher=True)
     for suffix, weight in (("", "1.0"), ("+simcse", "0.5"))
 }
+_TAUS = ("teacher_temperature", "teacher_student_temperature")
+# Sharper teacher distributions: the same rows at a lower tau, the teacher's and the student's alike.
+_MULTI_ROWS |= {
+    f"kit-multi-teacher-t{tau}": Row("multi", _TAUGHT | {"teacher_weight": "1.0"} | dict.fromkeys(_TAUS, tau), teacher=True)
+    for tau in ("0.1", "0.05")
+}
 # The same mined rows (3 negatives each, scored by --teacher) without and with their scores.
 _SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=3)} | {
     f"{loss}{suffix}": Row("hardneg", {"distill": loss, "distill_weight": weight}, mined=3)
