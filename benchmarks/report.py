@@ -637,6 +637,12 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
                 f"{kit['STSBenchmark'] - base:+.2f} and {st['STSBenchmark'] - base:+.2f}; 7-task average "
                 f"{kit['avg']:.2f} against {st['avg']:.2f}."
             )
+        fp32 = m.get(f"kit-{loss}-fp32")
+        if fp32 and st:  # the same precision as the peer on a CPU
+            lines.append(
+                f"- {loss}, simcse-kit in fp32: STS-B test {fp32['STSBenchmark']:.2f} against {st['STSBenchmark']:.2f}, "
+                f"{fp32['STSBenchmark'] - st['STSBenchmark']:+.2f}; 7-task average {fp32['avg']:.2f}."
+            )
     return lines
 
 

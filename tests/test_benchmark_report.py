@@ -230,6 +230,10 @@ def test_scored_table_known_answer() -> None:
         "- cosent: STS-B test 84.00 (simcse-kit) against 83.50 (sentence-transformers), +0.50; over the base (82.00) "
         "+2.00 and +1.50; 7-task average 80.00 against 79.00."
     ]
+    results["kit-cosent-fp32"] = row | {"learning_rate": 2e-5, "mean": cols | {"STSBenchmark": 83.25, "avg": 79.5}}
+    assert report._scored_verdict([{"results": results}])[1] == (
+        "- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50."
+    )
 
 
 def test_multi_verdict_known_answer() -> None:
