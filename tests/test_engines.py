@@ -7,6 +7,8 @@ with the keys named; a sharded engine asked for where Accelerate would quietly t
 copy that a sharded run keeps; SimCSEModel names its layers for FSDP's wrapping; and,
 with torch's FSDP2 directly (Accelerate sets it up on GPUs only), 2 gloo processes of the
 kit's sharded model and gathering objective train as one process on the whole batch.
+With deepspeed directly (its CPU accelerator on gloo; Accelerate gives each CPU process a
+world of its own), ZeRO-2 and ZeRO-3 engines of the same pieces train as one process too.
 
 On CUDA only (skipped elsewhere, and said so): ``accelerate launch --config_file
 docs/accelerate/fsdp2.yaml`` trains as the plain run does (learning rate, loss, final
@@ -318,6 +320,93 @@ def test_fsdp2_on_two_cpu_processes_trains_as_one(tmp_path: Path, tiny_model_dir
     first = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="train", dropout=0.0))
     moved = [k for k, v in first.state_dict().items() if k in want_state and not torch.equal(v, want_state[k])]
     assert moved, "no weight moved: the comparison would prove nothing"
+
+
+# --------------------------------------------------------------------------- DeepSpeed ZeRO on CPU, deepspeed directly
+
+
+def zero_run(model_dir: str, rank: int, world: int, stage: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The run of :func:`fsdp_run` (same model, objective with the gather on, AdamW, schedule,
+    clipping at 0.5, data) inside a DeepSpeed ZeRO ``stage`` engine, as Accelerate's prepare
+    builds it from the kit's optimizer and schedule: the engine's ``backward`` and ``step``
+    (which clips, steps the optimizer and the schedule). Returns the loss per step (mean over
+    processes) and, on every rank, the full final weights (ZeRO-3's gathered)."""
+    import deepspeed
+    from transformers import AutoTokenizer, get_linear_schedule_with_warmup
+
+    from simcse_kit.config.run import LossConfig, ModelConfig
+    from simcse_kit.data.readers import ContrastiveCollator
+    from simcse_kit.model.modeling import SimCSEModel
+    from simcse_kit.training.loop import make_optimizer
+    from simcse_kit.training.objectives import SimCSEObjective
+
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=model_dir, pooler="avg", mlp="train", dropout=0.0))
+    model.train()
+    optimizer = make_optimizer(model, LoopConfig(learning_rate=1e-3, weight_decay=0.01))
+    schedule = get_linear_schedule_with_warmup(optimizer, 1, STEPS)
+    config = {
+        "train_micro_batch_size_per_gpu": PER_RANK,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.5,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,  # the kit's own AdamW, as Accelerate allows it
+    }
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config)
+    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_dir), "sup", 16)
+    objective = SimCSEObjective("sup", LossConfig(temperature=0.05, gather=True))
+    sentences = toy_sentences(2 * 8 * STEPS)
+    losses = []
+    for n in range(STEPS):
+        batch = [{"sent0": sentences[2 * i], "sent1": sentences[2 * i + 1]} for i in range(8 * n, 8 * n + 8)]
+        loss = objective.step(engine, collate(batch[rank * PER_RANK : (rank + 1) * PER_RANK]), engine.backward)
+        engine.step()
+        loss = loss.detach().clone()
+        torch.distributed.all_reduce(loss)
+        losses.append(float(loss / world))
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=stage == 3):  # ZeRO-3 holds a shard of each
+        state = {k: v.detach().clone() for k, v in engine.module.named_parameters()}
+    return losses, state
+
+
+def zero_worker(rank: int, model_dir: str, out_dir: str, stage: int) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(TOKENIZERS_PARALLELISM="false", DS_ACCELERATOR="cpu", RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1")
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank, world_size=WORLD)
+    try:
+        losses, state = zero_run(model_dir, rank, WORLD, stage)
+        if rank == 0:
+            torch.save({"losses": losses, "state": state}, Path(out_dir) / "zero.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned processes importing deepspeed and training
+@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
+def test_deepspeed_zero_on_two_cpu_processes_trains_as_one(tmp_path: Path, tiny_model_dir: Path, stage: int) -> None:
+    """DeepSpeed's ZeRO-2 and ZeRO-3 run on CPU processes (its CPU accelerator, gloo), though
+    Accelerate 1.15 on CPU gives each process a world of its own: the kit's model, objective
+    (gathering the other process's candidates), AdamW and schedule inside the engine, on 2
+    processes of 4 examples, train as one plain process of 8 (loss per step, final weights,
+    fp32, 1e-5). deepspeed is an extra (``.[deepspeed]``); CI installs it."""
+    pytest.importorskip("deepspeed")
+    import torch.multiprocessing as mp
+
+    os.environ["MASTER_PORT"] = str(free_port())
+    mp.spawn(zero_worker, args=(str(tiny_model_dir), str(tmp_path), stage), nprocs=WORLD, join=True)
+    got = torch.load(tmp_path / "zero.pt")
+    want_losses, want_state = fsdp_run(str(tiny_model_dir), 0, 1)
+    assert len({round(loss, 4) for loss in want_losses}) == STEPS, f"degenerate losses: {want_losses}"
+    for step, (loss, want) in enumerate(zip(got["losses"], want_losses, strict=True), 1):
+        assert abs(loss - want) < 1e-5 * max(1.0, abs(want)), f"loss at step {step}: {loss} != {want}"
+    params = dict(want_state)
+    assert got["state"].keys() <= params.keys() and len(got["state"]) > 0
+    for key, value in got["state"].items():
+        assert torch.allclose(value, params[key], atol=1e-5, rtol=0), (key, (value - params[key]).abs().max())
 
 
 # --------------------------------------------------------------------------- CUDA only

@@ -135,7 +135,8 @@ def check_engine(engine: Engine, settings: dict[str, Any]) -> None:
 
 def not_available(requested: str) -> str:
     # Accelerate sets these engines up on GPUs only; on CPU processes it quietly trains
-    # plain DDP instead (FSDP), or fails with a traceback (DeepSpeed).
+    # plain DDP instead (FSDP), or gives each process a world of its own (DeepSpeed 0.19:
+    # N separate trainings), or fails with a traceback (DeepSpeed not installed).
     return (
         f"the accelerate config asks for {requested}, but Accelerate runs it on GPUs only and would not use it here: "
         "launch without that config (torchrun, or accelerate launch --multi_cpu) on a machine without CUDA"
