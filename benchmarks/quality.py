@@ -42,7 +42,8 @@ class Row:
     """A table row: ``train/<recipe>.yaml`` (``{d}``: the domain) with ``overrides``, or a
     sentence-transformers ``peer`` of it; ``teacher``/``guide``: learns from ``--teacher`` / with ``--guide``
     vetting its negatives; ``mined``: trains on the SNLI pairs re-mined with that many negatives each
-    (``first``: only each row's first of them); ``learning_rates``: its own sweep ("": the table's)."""
+    (``first``: only each row's first of them); ``learning_rates``: its own sweep ("": the table's);
+    ``datasets``: of a mixture recipe, only these datasets (empty: all)."""
 
     recipe: str
     overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -52,6 +53,7 @@ class Row:
     first: bool = False
     guide: bool = False
     learning_rates: str = ""
+    datasets: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,16 @@ _MULTI_ROWS |= {
     f"kit-multi-teacher-t{tau}": Row("multi", _TAUGHT | {"teacher_weight": "1.0"} | dict.fromkeys(_TAUS, tau), teacher=True)
     for tau in ("0.1", "0.05")
 }
+# The tau-0.1 row on part of the mixture: which datasets the teacher should see (chosen on STS-B
+# dev; train/teacher/multi.yaml ships the choice, Wikipedia and the STS-B training sentences).
+_MULTI_ROWS |= {
+    f"kit-multi-teacher-t0.1-{label}": dataclasses.replace(_MULTI_ROWS["kit-multi-teacher-t0.1"], datasets=keep)
+    for label, keep in (
+        ("no-sick", ("wiki", "snli", "stsb")),
+        ("no-snli", ("wiki", "stsb", "sick")),
+        ("wiki+stsb", ("wiki", "stsb")),
+    )
+}
 # The same mined rows (3 negatives each, scored by --teacher) without and with their scores.
 _SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=3)} | {
     f"{loss}{suffix}": Row("hardneg", {"distill": loss, "distill_weight": weight}, mined=3)
@@ -171,11 +183,12 @@ class Job:
     retrieval: tuple[str, ...] = ()
     dev_only: bool = False
     eval_data_dir: str = ""
+    datasets: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, text: str) -> Job:
         fields = json.loads(text)
-        return cls(**fields | {"retrieval": tuple(fields.get("retrieval", ()))})
+        return cls(**fields | {key: tuple(fields.get(key, ())) for key in ("retrieval", "datasets")})
 
 
 def lr_tag(lr: float) -> str:
@@ -244,11 +257,22 @@ def base_scores(job: Job) -> dict[str, float]:
     return row
 
 
-def kit_config(job: Job) -> Any:
+def job_config(job: Job, extra: Mapping[str, str] | None = None) -> Any:
+    """``job``'s recipe with its overrides (and ``extra``), keeping only its ``datasets`` of a mixture."""
     from simcse_kit.config.run import load_config
 
+    cfg = load_config(job.recipe, job.overrides | dict(extra or {}))
+    if job.datasets:
+        have = [spec.name for spec in cfg.data.datasets or []]
+        if not set(job.datasets) <= set(have):
+            raise ValueError(f"{job.recipe}: datasets {sorted(set(job.datasets) - set(have))} not among {have}")
+        cfg.data.datasets = [spec for spec in cfg.data.datasets or [] if spec.name in job.datasets]
+    return cfg
+
+
+def kit_config(job: Job) -> Any:
     extra = {"final_eval": "false"} if job.dev_only else {}
-    return load_config(job.recipe, job.overrides | extra | {"output_dir": job.out})
+    return job_config(job, extra | {"output_dir": job.out})
 
 
 PRECISION_KEYS = ("mixed_precision", "bf16_weights", "fast_dropout")
@@ -456,6 +480,7 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
         precision=args.st_precision if row.peer else "",
         retrieval=() if sweep else tuple(args.tasks),
         dev_only=sweep,
+        datasets=row.datasets,
     )
 
 
@@ -496,19 +521,17 @@ def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False, teach
 
 def training_rows(job: Job) -> int:
     """How many examples ``job`` trains on, read as its run reads them."""
-    from simcse_kit.config.run import load_config
     from simcse_kit.training.run import load_training_data
 
-    return len(load_training_data(load_config(job.recipe, job.overrides)))
+    return len(load_training_data(job_config(job)))
 
 
 def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) -> None:
     """The teacher's and guide's vectors of ``row``'s training sentences on ``domain``, cached before any worker starts."""
-    from simcse_kit.config.run import load_config
     from simcse_kit.training.inputs import load_guide, load_teacher, load_training_data, load_training_sets, training_texts
 
     job = row_job(table, domain, row, 3e-5, 0, True, args)
-    cfg = load_config(job.recipe, job.overrides)
+    cfg = job_config(job)
     several = cfg.data.datasets is not None  # a mixture: one table of every dataset's sentences
     texts = training_texts(cfg, sets=load_training_sets(cfg)) if several else training_texts(cfg, load_training_data(cfg))
     teacher = load_teacher(cfg, texts)
