@@ -513,9 +513,13 @@ def _multi_verdict(kept: list[Record]) -> list[str]:
                 continue
             avg, std = r["mean"]["avg"], r["std"].get("avg", 0.0)
             verdict = "reaches" if avg >= QUALITY_GOAL else "misses"
-            ndcg = (f"nDCG@10 {r['mean']['retrieval:avg']:.2f} against the base's {base['retrieval:avg']:.2f}"
-                    if "retrieval:avg" in r["mean"] and "retrieval:avg" in base else "nDCG@10 not measured")  # fmt: skip
-            lines.append(f"- {_where(rec)}: `{name}` averages {avg:.2f} ± {std:.2f} over {len(r['per_seed'])} seeds: "
+            each = [f"{seed['avg']:.2f}" for seed in r["per_seed"].values() if "avg" in seed]
+            seeds = f" (seeds: {', '.join(each)})" if each else ""
+            ndcg = "nDCG@10 not measured"
+            if "retrieval:avg" in r["mean"] and "retrieval:avg" in base:
+                got, want = r["mean"]["retrieval:avg"], base["retrieval:avg"]
+                ndcg = f"nDCG@10 {got:.2f} against the base's {want:.2f}, {'at least' if got >= want else 'below'} it"
+            lines.append(f"- {_where(rec)}: `{name}` averages {avg:.2f} ± {std:.2f} over {len(r['per_seed'])} seeds{seeds}: "
                          f"{verdict} {QUALITY_GOAL}; {ndcg}")  # fmt: skip
     return lines
 

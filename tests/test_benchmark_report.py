@@ -238,23 +238,27 @@ def test_scored_table_known_answer() -> None:
 
 def test_multi_verdict_known_answer() -> None:
     """Each record's machine, the mixture against a one-dataset row, and each teacher row of 3+ seeds
-    against the 80.5 goal and the base's nDCG@10: 80.50 reaches it, 80.49 misses, 2 seeds say nothing."""
+    against the 80.5 goal and the base's nDCG@10: 80.50 reaches it, 80.49 misses, an equal nDCG@10 is at least
+    the base's, 2 seeds say nothing; each seed's average is listed."""
 
     def row(avg: float, seeds: int = 3, ndcg: float | None = None) -> dict[str, Any]:
         mean = {"avg": avg} | ({"retrieval:avg": ndcg} if ndcg is not None else {})
         return {"mean": mean, "std": {"avg": 0.1}, "per_seed": {str(s): {} for s in range(seeds)}}
 
+    each = {"1": {"avg": 80.6}, "2": {"avg": 80.3}, "3": {"avg": 80.6}}  # a seed below 80.5 is named
     cpu = {"machine": {"device": "cpu"}, "results": {
         "base": row(78.87, 1, 89.77), "kit-unsup": row(80.0, ndcg=89.8), "kit-multi": row(80.1, ndcg=89.4),
-        "kit-multi-teacher-t0.1": row(80.5, ndcg=89.9), "kit-multi-teacher": row(80.49, ndcg=89.5),
+        "kit-multi-teacher-t0.1": row(80.5, ndcg=89.5) | {"per_seed": each},
+        "kit-multi-teacher": row(80.49, ndcg=89.77),
         "kit-multi-teacher-t0.05": row(81.0, seeds=2),
     }}  # fmt: skip
     gpu = {"machine": {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}, "results": {"kit-multi-teacher": row(80.7)}}
     assert report._multi_verdict([cpu, gpu]) == [
         "- CPU: `kit-multi` − `kit-unsup`: +0.10 on the 7-task average, -0.40 nDCG@10",
-        "- CPU: `kit-multi-teacher-t0.1` averages 80.50 ± 0.10 over 3 seeds: reaches 80.5; "
-        "nDCG@10 89.90 against the base's 89.77",
-        "- CPU: `kit-multi-teacher` averages 80.49 ± 0.10 over 3 seeds: misses 80.5; nDCG@10 89.50 against the base's 89.77",
+        "- CPU: `kit-multi-teacher-t0.1` averages 80.50 ± 0.10 over 3 seeds (seeds: 80.60, 80.30, 80.60): reaches 80.5; "
+        "nDCG@10 89.50 against the base's 89.77, below it",
+        "- CPU: `kit-multi-teacher` averages 80.49 ± 0.10 over 3 seeds: misses 80.5; "
+        "nDCG@10 89.77 against the base's 89.77, at least it",
         "- H100: `kit-multi-teacher` averages 80.70 ± 0.10 over 3 seeds: reaches 80.5; nDCG@10 not measured",
     ]
     assert list(report._multi_rows(gpu))[0][:2] == ["H100", "kit-multi-teacher"]
