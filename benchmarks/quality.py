@@ -585,7 +585,9 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
                 if table in ("mining", "negatives", "scores"):
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
-    return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": machine()} | {
+    # The runs' threads (--threads), not this coordinating process's (it encodes on all the workers' cores).
+    where = machine() | {"torch_threads": args.threads}
+    return {"command": " ".join(["python -m benchmarks.quality", *sys.argv[1:]]), "machine": where} | {
         "model": args.model or DEFAULT_MODEL,
         "data_root": str(args.data_root),
         "seeds": args.seeds,

@@ -610,7 +610,9 @@ NEGATIVES = Spec(
 )  # fmt: skip
 MULTI = Spec(
     "multi", "multi", f"machine|config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step", _multi_rows,
-    "One dataset a run against all four in one run (`train/multi.yaml`); Spearman x 100 and nDCG@10 x 100 of the "
+    "One dataset a run against all four in one run (`train/multi.yaml`), and the four with all-mpnet-base-v2 as "
+    "teacher (`kit-multi-teacher`: τ 0.5; `-t0.1`, `-t0.05`: that τ; `-no-sick`, `-no-snli`, `-wiki+stsb`: τ 0.1 on "
+    "those datasets only, the last being `train/teacher/multi.yaml`); Spearman x 100 and nDCG@10 x 100 of the "
     "built-in retrieval tasks, mean ± sample std over the seeds.",
     after=_multi_verdict, command="python -m benchmarks.quality multi --parallel 2 --threads 1",
 )  # fmt: skip
