@@ -26,9 +26,10 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -220,6 +221,37 @@ class FSDP2NoSync:
             model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
+def toy_pieces(model_dir: str, shard: Callable[[torch.nn.Module], None] | None = None) -> tuple[Any, ...]:
+    """What both sharded runs train: the kit's model (``shard`` applied before the optimizer sees
+    its parameters), its AdamW, a linear schedule, the sup collator and objective (gather on)."""
+    from transformers import AutoTokenizer, get_linear_schedule_with_warmup
+
+    from simcse_kit.config.run import LossConfig, ModelConfig
+    from simcse_kit.data.readers import ContrastiveCollator
+    from simcse_kit.model.modeling import SimCSEModel
+    from simcse_kit.training.loop import make_optimizer
+    from simcse_kit.training.objectives import SimCSEObjective
+
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=model_dir, pooler="avg", mlp="train", dropout=0.0))
+    model.train()
+    if shard is not None:
+        shard(model)
+    optimizer = make_optimizer(model, LoopConfig(learning_rate=1e-3, weight_decay=0.01))
+    schedule = get_linear_schedule_with_warmup(optimizer, 1, STEPS)
+    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_dir), "sup", 16)
+    objective = SimCSEObjective("sup", LossConfig(temperature=0.05, gather=True))
+    return model, optimizer, schedule, collate, objective
+
+
+def share(step: int, rank: int, world: int) -> list[dict[str, str]]:
+    """Global batch ``step`` (8 pairs of words of the tiny vocabulary: unknown words would all be
+    one [UNK]), this process's share of it; all of it on one process."""
+    sentences = toy_sentences(2 * 8 * STEPS)
+    batch = [{"sent0": sentences[2 * i], "sent1": sentences[2 * i + 1]} for i in range(8 * step, 8 * step + 8)]
+    return batch[rank * PER_RANK : (rank + 1) * PER_RANK] if world > 1 else batch
+
+
 def fsdp_run(model_dir: str, rank: int, world: int, chunk: int = 0) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train the kit's model with its objective (cross-process gather on) and AdamW for
     STEPS steps on this process's share of each global batch: sharded layer by layer with
@@ -228,35 +260,21 @@ def fsdp_run(model_dir: str, rank: int, world: int, chunk: int = 0) -> tuple[lis
     loss per step (mean over processes) and the full final weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
-    from transformers import AutoTokenizer, get_linear_schedule_with_warmup
 
-    from simcse_kit.config.run import LossConfig, ModelConfig
-    from simcse_kit.data.readers import ContrastiveCollator
-    from simcse_kit.model.modeling import SimCSEModel
-    from simcse_kit.training.loop import make_optimizer
-    from simcse_kit.training.objectives import SimCSEObjective
     from simcse_kit.training.steps import GradCacheStep
 
-    torch.manual_seed(0)
-    model = SimCSEModel.from_config(ModelConfig(name_or_path=model_dir, pooler="avg", mlp="train", dropout=0.0))
-    model.train()
-    if world > 1:
+    def shard(model: torch.nn.Module) -> None:
         # TRANSFORMER_BASED_WRAP: each of the model's _no_split_modules its own unit, then the root.
         for module in model.modules():
             if type(module).__name__ in (model._no_split_modules or []):
                 fully_shard(module)
         fully_shard(model)
-    cfg = LoopConfig(learning_rate=1e-3, weight_decay=0.01)
-    optimizer = make_optimizer(model, cfg)
-    schedule = get_linear_schedule_with_warmup(optimizer, 1, STEPS)
-    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_dir), "sup", 16)
-    objective = SimCSEObjective("sup", LossConfig(temperature=0.05, gather=True))
+
+    model, optimizer, schedule, collate, objective = toy_pieces(model_dir, shard if world > 1 else None)
     step = GradCacheStep(objective, chunk, FSDP2NoSync(world)) if chunk else objective.step
-    sentences = toy_sentences(2 * 8 * STEPS)  # words of the tiny vocabulary (unknown words: all one [UNK])
     losses = []
     for n in range(STEPS):
-        batch = [{"sent0": sentences[2 * i], "sent1": sentences[2 * i + 1]} for i in range(8 * n, 8 * n + 8)]
-        loss = step(model, collate(batch[rank * PER_RANK : (rank + 1) * PER_RANK] if world > 1 else batch))
+        loss = step(model, collate(share(n, rank, world)))
         # What Accelerate's clip_grad_norm_ calls for FSDP2: torch's, DTensor-aware.
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         optimizer.step()
@@ -332,19 +350,8 @@ def zero_run(model_dir: str, rank: int, world: int, stage: int) -> tuple[list[fl
     (which clips, steps the optimizer and the schedule). Returns the loss per step (mean over
     processes) and, on every rank, the full final weights (ZeRO-3's gathered)."""
     import deepspeed
-    from transformers import AutoTokenizer, get_linear_schedule_with_warmup
 
-    from simcse_kit.config.run import LossConfig, ModelConfig
-    from simcse_kit.data.readers import ContrastiveCollator
-    from simcse_kit.model.modeling import SimCSEModel
-    from simcse_kit.training.loop import make_optimizer
-    from simcse_kit.training.objectives import SimCSEObjective
-
-    torch.manual_seed(0)
-    model = SimCSEModel.from_config(ModelConfig(name_or_path=model_dir, pooler="avg", mlp="train", dropout=0.0))
-    model.train()
-    optimizer = make_optimizer(model, LoopConfig(learning_rate=1e-3, weight_decay=0.01))
-    schedule = get_linear_schedule_with_warmup(optimizer, 1, STEPS)
+    model, optimizer, schedule, collate, objective = toy_pieces(model_dir)
     config = {
         "train_micro_batch_size_per_gpu": PER_RANK,
         "gradient_accumulation_steps": 1,
@@ -353,13 +360,9 @@ def zero_run(model_dir: str, rank: int, world: int, stage: int) -> tuple[list[fl
         "zero_allow_untested_optimizer": True,  # the kit's own AdamW, as Accelerate allows it
     }
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=config)
-    collate = ContrastiveCollator(AutoTokenizer.from_pretrained(model_dir), "sup", 16)
-    objective = SimCSEObjective("sup", LossConfig(temperature=0.05, gather=True))
-    sentences = toy_sentences(2 * 8 * STEPS)
     losses = []
     for n in range(STEPS):
-        batch = [{"sent0": sentences[2 * i], "sent1": sentences[2 * i + 1]} for i in range(8 * n, 8 * n + 8)]
-        loss = objective.step(engine, collate(batch[rank * PER_RANK : (rank + 1) * PER_RANK]), engine.backward)
+        loss = objective.step(engine, collate(share(n, rank, world)), engine.backward)
         engine.step()
         loss = loss.detach().clone()
         torch.distributed.all_reduce(loss)
