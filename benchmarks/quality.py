@@ -302,9 +302,7 @@ def run_job(job: Job) -> dict[str, float]:
     if job.kind == "base":
         return base_scores(job)
     if job.kind == "st":
-        from simcse_kit.config.run import load_config
-
-        cfg = load_config(job.recipe, job.overrides | {"output_dir": job.out})
+        cfg = job_config(job, {"output_dir": job.out})
         runs = run_st(cfg, [job.seed], job.loss, job.precision, Path(job.out), retrieval=job.retrieval, dev_only=job.dev_only)
         return runs[job.seed]
     if job.kind != "kit":
@@ -343,9 +341,7 @@ def finished(job: Job) -> bool:
     if not done.is_file():
         return False
     if job.kind == "st":
-        from simcse_kit.config.run import load_config
-
-        cfg = load_config(job.recipe, job.overrides | {"output_dir": job.out})
+        cfg = job_config(job, {"output_dir": job.out})
         saved = json.loads(done.read_text(encoding="utf-8")).get("settings")
         return saved == run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only)
     return job.dev_only or not job.retrieval or (done.parent / "retrieval.json").is_file()
