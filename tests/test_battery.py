@@ -294,6 +294,74 @@ def test_resume_refuses_edited_data_and_checkpoints_no_run_writes(
     fails(resume, capsys, "--resume: no intact checkpoint", "random_states_0.pkl: not a random-state file")
 
 
+def test_resume_checks_every_dataset_by_content_even_with_the_time_put_back(tiny_run: TinyRun) -> None:
+    """Issue 48: a mixture's record held only the unused default data.train_file, and a digest
+    remembered by path, size and modification time let an edit with its time restored pass."""
+    import json
+    import os
+
+    import yaml
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
+
+    recipe = tiny_run.recipe("mix")
+    nli = tiny_run.folder / "nli.csv"
+    nli.write_text("sent0,sent1,hard_neg\n" + "".join(f"a man {i},a man {i} .,a dog {i}\n" for i in range(300)))
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["datasets"] = {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "hardneg"}}
+    raw["data"]["train_file"] = str(tiny_run.folder / "unused.txt")
+    recipe.write_text(yaml.safe_dump(raw))
+    cfg = load_config(recipe)
+    out = prepare_run_dir(cfg)
+    recorded = json.loads((out / DATA_FINGERPRINTS).read_text())
+    assert set(recorded) == {str(tiny_run.folder / "train.txt"), str(nli)}  # not the unused train_file
+    original = nli.read_bytes()
+
+    def resume() -> None:
+        prepare_run_dir(load_config(recipe), resume=True)
+
+    lines = original.decode().splitlines(keepends=True)
+    nli.write_text("".join(lines[:151]))  # the header and 150 of its 300 rows
+    with pytest.raises(ConfigError, match=rf"--resume: {nli} changed since the run started \({len(original)} -> "):
+        resume()
+    # One character for another, the modification time put back (touch -r): same size, same stat.
+    nli.write_bytes(original)
+    stamp = nli.stat()
+    nli.write_bytes(original.replace(b"a man 150,", b"a man 151,", 1))
+    os.utime(nli, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (nli.stat().st_size, nli.stat().st_mtime_ns) == (stamp.st_size, stamp.st_mtime_ns)
+    with pytest.raises(ConfigError, match=rf"--resume: {nli} changed since the run started \(same size, other content"):
+        resume()
+    nli.write_bytes(original)
+    resume()  # the same bytes again: resumes
+
+
+def test_resume_with_a_record_from_before_every_dataset_was_fingerprinted_warns(
+    tiny_run: TinyRun, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older record lists the unused data.train_file and none of the datasets: the unused file
+    is not the run's (no 'is gone'), and each unrecorded dataset is named in a warning."""
+    import json
+    import logging
+
+    import yaml
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
+
+    recipe = tiny_run.recipe("old")
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["datasets"] = {"wiki": {"file": "train.txt"}}
+    recipe.write_text(yaml.safe_dump(raw))
+    out = prepare_run_dir(load_config(recipe))
+    (out / DATA_FINGERPRINTS).write_text(json.dumps({str(tiny_run.folder / "gone.txt"): {"bytes": 3, "sha256": "0"}}))
+    with caplog.at_level(logging.WARNING):
+        prepare_run_dir(load_config(recipe), resume=True)
+    assert f"does not record {tiny_run.folder / 'train.txt'}; that file is not checked" in caplog.text
+
+
 # --------------------------------------------------------------------------- a full disk in safetensors
 
 

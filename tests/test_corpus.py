@@ -259,23 +259,20 @@ def test_two_processes_see_every_example_once_an_epoch(tmp_path: Path, tiny_mode
     assert orders[0] != orders[1]  # reshuffled each epoch
 
 
-def test_a_training_files_digest_is_remembered_by_path_size_and_modification_time(tmp_path: Path) -> None:
-    """--resume's data check hashes the whole file once; a later start reads the digest back,
-    and an edit (a new size or modification time) is hashed again."""
+def test_a_training_files_digest_is_of_its_content_whatever_its_stat_says(tmp_path: Path) -> None:
+    """--resume's data check hashes the whole content every time: an edit keeping the size with
+    the modification time put back (``touch -r``) gives another digest (issue 48)."""
     import hashlib
 
     from simcse_kit.training.folder import file_sha256
 
-    data, memo = tmp_path / "train.txt", tmp_path / "memo"
+    data = tmp_path / "train.txt"
     data.write_bytes(b"a man\nb\n")
-    assert file_sha256(data, memo) == hashlib.sha256(b"a man\nb\n").hexdigest()
-    (remembered,) = memo.iterdir()
-    remembered.write_text("planted\n")  # read back, not hashed again
-    assert file_sha256(data, memo) == "planted"
-    before = data.stat().st_mtime_ns
+    assert file_sha256(data) == hashlib.sha256(b"a man\nb\n").hexdigest()
+    stamp = data.stat()
     data.write_bytes(b"a dog\nb\n")  # same size
-    os.utime(data, ns=(before + 10**9, before + 10**9))
-    assert file_sha256(data, memo) == hashlib.sha256(b"a dog\nb\n").hexdigest()
-    blocked = tmp_path / "not-a-folder"
-    blocked.write_text("")
-    assert file_sha256(data, blocked) == hashlib.sha256(b"a dog\nb\n").hexdigest()  # nowhere to remember: hashed
+    os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert file_sha256(data) == hashlib.sha256(b"a dog\nb\n").hexdigest()
+    big = tmp_path / "big.txt"  # more than one 1 MiB block
+    big.write_bytes(b"x" * (3 << 20) + b"tail")
+    assert file_sha256(big) == hashlib.sha256(b"x" * (3 << 20) + b"tail").hexdigest()
