@@ -44,6 +44,12 @@ def fails(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str, rc
         (["--queue-size", "-5"], ["loss.queue_size", ">= 0"]),
         (["--grad-cache-chunk", "-1"], ["train.grad_cache_chunk", ">= 0"]),
         (["--batch-size", "10000000"], ["train.batch_size", "10000000", "larger than the training set", "64 example(s)"]),
+        # Issue 48: -1 trained every weight, 1e9 died in the allocator, -16 was accepted and 1.5 was
+        # blamed on model.lora_target_modules.
+        (["--lora-r", "-1"], ["model.lora_r", "= -1", ">= 0"]),
+        (["--lora-r", "1000000000"], ["model.lora_r", "1000000000", "at most 32, the width of the model"]),
+        (["--lora-r", "4", "--lora-alpha", "-16"], ["model.lora_alpha", "= -16", "> 0"]),
+        (["--lora-r", "4", "--lora-dropout", "1.5"], ["model.lora_dropout", "= 1.5", "in [0, 1)"]),
     ],
 )
 def test_out_of_range_settings_are_one_line_before_the_run_folder(

@@ -255,4 +255,10 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
     hidden, dims = getattr(hf_config, "hidden_size", None), cfg.loss.matryoshka_dims or []
     if isinstance(hidden, int) and any(d > hidden for d in dims):
         raise ConfigError(f"config key 'loss.matryoshka_dims' = {dims}: the model's embeddings have {hidden} dimensions")
+    if isinstance(hidden, int) and cfg.model.lora_r > hidden:
+        # A rank above the layers' width adds nothing but memory: 1e9 asked the allocator for 128 GB.
+        raise ConfigError(
+            f"config key 'model.lora_r' = {cfg.model.lora_r}: must be at most {hidden}, the width of the model at "
+            f"{cfg.model.name_or_path} (a higher rank adds no capacity, only memory)"
+        )
     return tokenizer
