@@ -118,6 +118,38 @@ def test_a_repeated_csv_column_is_refused_naming_line_1(tmp_path: Path) -> None:
         read_rows(path, ("sent0", "sent1"))
 
 
+def test_a_401_digit_json_score_is_one_line_naming_the_file_and_line(tmp_path: Path) -> None:
+    """Issue 48: float() of a JSON integer past float's range raised OverflowError."""
+    path = tmp_path / "scored.jsonl"
+    first = '{"sent0": "a b", "sent1": "c d", "score": 3}\n'
+    path.write_text(first + '{"sent0": "e f", "sent1": "g h", "score": ' + "9" * 401 + "}\n")
+    with pytest.raises(DataError, match=r"scored\.jsonl, line 2: score \(column 'score'\) is an integer of 401 digits"):
+        read_rows(path, ("sent0", "sent1"), score_column="score")
+    teacher = tmp_path / "teacher.jsonl"
+    teacher.write_text('{"sent0": "a b", "sent1": "c d", "hard_neg": ["e f"], "scores": [1, -' + "1" * 401 + "]}\n")
+    with pytest.raises(DataError, match=r"teacher\.jsonl, line 1: score \(column 'scores\[1\]'\) is an integer of 401 digits"):
+        read_rows(teacher, ("sent0", "sent1"), hard_negatives=True, teacher_scores=True)
+
+
+def test_zero_padded_hard_negative_columns_read_as_their_numbers(tmp_path: Path) -> None:
+    """Issue 48: a header hard_neg_02 raised KeyError: 'hard_neg_2'. Zero-padded numbers are read
+    as the numbers they are (docs/data.md), with their score columns; a number twice is refused."""
+    path = tmp_path / "padded.csv"
+    header = "sent0,sent1,hard_neg_02,hard_neg_01,score_pos,score_neg_01,score_neg_02"
+    path.write_text(f"{header}\na b,c d,n2,n1,0.9,0.1,0.2\ne f,g h,m2,m1,0.8,0.3,0.4\n")
+    row, _ = read_rows(path, ("sent0", "sent1"), hard_negatives=True, teacher_scores=True)
+    assert row == {"sent0": "a b", "sent1": "c d", "hard_neg_1": "n1", "hard_neg_2": "n2", "scores": [0.9, 0.1, 0.2]}
+    jsonl = tmp_path / "padded.jsonl"
+    jsonl.write_text('{"sent0": "a b", "sent1": "c d", "hard_neg_01": "n1", "hard_neg_02": "n2"}\n' * 2)
+    row, _ = read_rows(jsonl, ("sent0", "sent1"), hard_negatives=True)
+    assert (row["hard_neg_1"], row["hard_neg_2"]) == ("n1", "n2")
+    twice = tmp_path / "twice.csv"
+    twice.write_text("sent0,sent1,hard_neg_1,hard_neg_2,hard_neg_02\na b,c d,n1,n2,n3\n")
+    got = r"got \['hard_neg_1', 'hard_neg_02', 'hard_neg_2'\]"
+    with pytest.raises(DataError, match=rf"twice\.csv, line 1: .* each number once and without gaps, {got}"):
+        read_rows(twice, ("sent0", "sent1"), hard_negatives=True)
+
+
 def test_an_empty_query_in_a_retrieval_folder_is_refused(tmp_path: Path) -> None:
     from simcse_kit.evaluation.beir import read_beir, write_beir
 
