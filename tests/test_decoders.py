@@ -54,6 +54,49 @@ def test_the_tokenizer_appends_eos_keeps_bos_and_pads(decoder_dirs: dict[str, Pa
         assert prepare_tokenizer(tokenizer, AutoConfig.from_pretrained(path))("the cat")["input_ids"] == ids  # once only
 
 
+def gpt2_with_a_bert_tokenizer(folder: Path, bert: Path) -> Path:
+    """A tiny random GPT-2 body beside the tiny BERT's tokenizer, which has no EOS token."""
+    from transformers import GPT2Config, GPT2Model
+
+    folder.mkdir()
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (bert / name).is_file():
+            shutil.copy(bert / name, folder / name)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(AutoTokenizer.from_pretrained(bert)), n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    GPT2Model(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_decoder_without_eos_trains_under_avg_and_last_names_the_folder_and_key(
+    tiny_model_dir: Path, senteval: Path, tmp_path: Path
+) -> None:
+    """Issue 48, a regression: a GPT-2 body with a BERT tokenizer (no EOS) under the default avg
+    pooler trained, then was refused for a last-token vector it does not use. Now it trains,
+    reloads and evaluates with its texts as they are; pooler last, or append_eos true, is refused
+    naming the folder and model.append_eos."""
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.model.inference import load_encoder
+    from simcse_kit.training.inputs import load_checked_tokenizer as run_tokenizer
+    from simcse_kit.training.run import train
+
+    path = gpt2_with_a_bert_tokenizer(tmp_path / "gpt2", tiny_model_dir)
+    cfg = run_config(path, tmp_path / "run", senteval, "unsup", 0, num_epochs=1, eval_steps=0, save_steps=0)
+    cfg = replace(cfg, model=replace(cfg.model, pooler="avg", dropout=None))
+    plain = AutoTokenizer.from_pretrained(path)("the cat")["input_ids"]
+    assert run_tokenizer(cfg)("the cat")["input_ids"] == plain
+    metrics = train(cfg)
+    assert metrics["steps"] == 4 and all(math.isfinite(v) for v in metrics["sts"].values())
+    encoder = load_encoder(tmp_path / "run", device="cpu")
+    assert encoder.tokenizer("the cat")["input_ids"] == plain
+    with pytest.raises(ConfigError, match=rf"'model.append_eos' = null \(auto\): the decoder at {path} with pooler 'last'"):
+        run_tokenizer(replace(cfg, model=replace(cfg.model, pooler="last")))
+    with pytest.raises(ConfigError, match=rf"'model.append_eos' = True: the tokenizer at {path} has no EOS token"):
+        run_tokenizer(replace(cfg, model=replace(cfg.model, append_eos=True)))
+    last = replace(cfg.model, pooler="last", append_eos=False)  # the text's own last token: as asked
+    assert run_tokenizer(replace(cfg, model=last))("the cat")["input_ids"] == plain
+
+
 @pytest.mark.parametrize("lora", [0, 4])
 @pytest.mark.parametrize("arch", DECODERS)
 def test_last_token_vector_ignores_the_padding_side(arch: str, lora: int, decoder_dirs: dict[str, Path]) -> None:

@@ -235,7 +235,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
     check_tokenizer_files(path)  # without them transformers builds a 5-token placeholder vocabulary
     check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
-    tokenizer = prepare_tokenizer(tokenizer, hf_config, cfg.model.append_eos)  # a decoder's pad and EOS
+    tokenizer = prepare_tokenizer(tokenizer, hf_config, cfg.model.append_eos, cfg.model.pooler, path)  # a decoder's pad and EOS
     limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
     # A max_length below the special tokens' count is not applied at all: the tokenizer
     # logs an error and returns the whole sentence (--max-seq-len 1 trained on full
