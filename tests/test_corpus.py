@@ -67,6 +67,36 @@ def test_a_second_read_is_the_cache_and_an_edit_is_read_again(tmp_path: Path) ->
     assert not read_train_file(path, "unsup", cache_dir=tmp_path).cache_hit
 
 
+@pytest.mark.parametrize("damage", ["truncated arrow", "broken sidecar", "sidecar of another shape", "rows lost"])
+def test_a_damaged_cache_is_named_once_and_rebuilt(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 48: a truncated .arrow (pyarrow OSError) or a broken sidecar (JSONDecodeError) was a
+    traceback on every later run of the file. Now one warning names the cache and it is rebuilt."""
+    import logging
+
+    path = tmp_path / "pairs.csv"
+    rows = [(f"a man {i}", f"a dog {i}") for i in range(300)]
+    path.write_text("sent0,sent1\n" + "".join(f"{a},{b}\n" for a, b in rows), encoding="utf-8")
+    first = read_train_file(path, "sup", cache_dir=tmp_path)
+    arrow, sidecar = first.cache_file, first.cache_file.with_suffix(".json")
+    if damage == "truncated arrow":
+        arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    elif damage == "broken sidecar":
+        sidecar.write_text(sidecar.read_text()[:20])
+    elif damage == "sidecar of another shape":
+        sidecar.write_text("[1, 2]")
+    else:  # a valid Arrow stream of the first rows only: the sidecar's row count tells
+        sidecar.write_text(sidecar.read_text().replace('"rows": 300', '"rows": 301'))
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.data.corpus"):
+        again = read_train_file(path, "sup", cache_dir=tmp_path)
+    damaged = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(damaged) == 1 and f"the training data's cache {arrow} is damaged" in damaged[0], caplog.text
+    assert f"rebuilding it from {path}" in damaged[0]
+    assert not again.cache_hit and again.cache_file == arrow
+    assert list(zip(again.dataset["sent0"], again.dataset["sent1"], strict=True)) == rows and again.report.rows == 300
+    caplog.clear()
+    assert read_train_file(path, "sup", cache_dir=tmp_path).cache_hit and not caplog.records  # whole again
+
+
 BAD_CSV = (
     b"sent0,sent1\n"
     b"a,b\n"
