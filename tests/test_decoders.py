@@ -374,6 +374,51 @@ def test_block_checkpointing_survives_a_copy_and_stays_out_of_evaluation(tmp_pat
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))
 
 
+def test_funnel_checkpoints_every_layer_call_and_blocks_never_called_are_refused() -> None:
+    """Issue 48: Funnel keeps its layers in a list of lists; the outer list was taken for the
+    blocks, its lists are never called, and the log said "(blocks)" with 0 checkpointed calls
+    per forward. Now each of its 1 + 2 encoder layers and 1 decoder layer runs checkpointed, with
+    the plain model's gradients; a model whose only stack the forward never calls is refused."""
+    from transformers import FunnelConfig, FunnelModel
+
+    from simcse_kit.model.checkpointing import enable_gradient_checkpointing
+
+    torch.manual_seed(0)
+    config = FunnelConfig(
+        vocab_size=99, d_model=32, n_head=4, d_head=8, d_inner=37, block_sizes=[1, 2], num_decoder_layers=1
+    )
+    plain = FunnelModel(config)
+    checkpointed = FunnelModel(config)
+    checkpointed.load_state_dict(plain.state_dict())
+    assert enable_gradient_checkpointing(checkpointed) == "blocks"
+    ids = torch.tensor([[2, 5, 6, 7, 8, 9, 10, 3]])
+    calls = []
+    hook = torch.utils.checkpoint.checkpoint
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("simcse_kit.model.checkpointing.checkpoint", lambda *a, **k: calls.append(1) or hook(*a, **k))
+        grads = []
+        for model in (plain, checkpointed):
+            torch.manual_seed(5)  # the same dropout draws: the recompute replays them
+            model.train()(input_ids=ids).last_hidden_state.square().sum().backward()
+            grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert len(calls) == 4  # 1 + 2 encoder layers and 1 decoder layer, each call checkpointed
+    assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
+
+    class Idle(torch.nn.Module):
+        """A stack iterated by nobody: the forward uses another layer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.unused = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+            self.embed = torch.nn.Embedding(10, 4)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.embed(input_ids)
+
+    with pytest.raises(ValueError, match=r"Idle's 3 Linear blocks are not called in its forward"):
+        enable_gradient_checkpointing(Idle())
+
+
 def test_cli_trains_a_packed_decoder_and_resumes(decoder_dirs: dict[str, Path], senteval: Path, tmp_path: Path) -> None:
     """``simcse-kit train`` with ``model.packing: true`` on Qwen3 (left-padding tokenizer):
     the collator plans packed rows and the model packs them; without dropout the run ends with
