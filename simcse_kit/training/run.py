@@ -584,6 +584,7 @@ def make_mixture_loader(
     batches = MixtureBatches(mixture.sizes, cfg.train.batch_size, num_processes, cfg.data.sampling, generator, weights)
     counts = ", ".join(f"{name} {n}" for name, n in zip(sets, batches.counts, strict=True))
     logger.info("datasets, %s: batches an epoch: %s", cfg.data.sampling, counts)
+    check_every_dataset_trains(list(sets), batches.counts, weights)
     return DataLoader(
         mixture,
         batch_sampler=batches,
@@ -592,6 +593,29 @@ def make_mixture_loader(
         num_workers=cfg.data.num_workers or 0,
         pin_memory=options.pin_memory,
     )
+
+
+def check_every_dataset_trains(names: list[str], counts: list[int], weights: list[float] | None) -> None:
+    """Refuse a listed dataset that gets no batch an epoch (a tiny ``weight`` under weighted
+    sampling: 1e-9 was said only at INFO), naming the weight that would give it one.
+
+    Raises:
+        ConfigError: naming the ``data.datasets`` entry, its weight and its 0 batches.
+    """
+    total = sum(counts)
+    for d, (name, count) in enumerate(zip(names, counts, strict=True)):
+        if count:
+            continue
+        weight = weights[d] if weights is not None else 1.0
+        others = sum(weights or []) - weight
+        # Its quota total * w / (others + w) reaches one batch at w = others / (total - 1) (a largest
+        # remainder may give it one below that).
+        sure = weights is not None and total > 1
+        enough = f"a weight of {others / max(1, total - 1):.3g} is sure to give it one; or " if sure else ""
+        raise ConfigError(
+            f"config key 'data.datasets' entry {name!r}: weight {weight:g} gives it 0 of the epoch's {total} batches, "
+            f"so it would never be trained on: {enough}leave it out"
+        )
 
 
 def make_step(
