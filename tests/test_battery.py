@@ -60,6 +60,30 @@ def test_out_of_range_settings_are_one_line_before_the_run_folder(
     assert not (tiny_run.folder / "run").exists()
 
 
+def test_a_batch_of_the_whole_training_set_is_warned_about_with_its_memory(
+    tiny_run: TinyRun, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 48: a batch exactly the size of the training set built one set-wide batch without a
+    word. 64 sentences, unsup: 128 rows of 16 tokens through 2 layers of 32 units, 86 bytes each."""
+    import logging
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.run import ACTIVATION_BYTES, build_run
+
+    assert ACTIVATION_BYTES == 86
+    expected = 128 * 16 * 32 * 2 * 86 / 1e9
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.run"):
+        build_run(load_config(tiny_run.recipe("whole", batch_size=64)), evaluate=False)
+    data = tiny_run.folder / "train.txt"
+    want = f"train.batch_size 64 is the whole of {data} (64 examples): every step is one batch of all of it; "
+    want += f"up to about {expected:.3g} GB"
+    assert want in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.run"):
+        build_run(load_config(tiny_run.recipe("half", batch_size=32)), evaluate=False)
+    assert "is the whole of" not in caplog.text
+
+
 def test_a_yaml_key_that_is_a_list_and_nested_aliases_are_one_short_line(
     tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
