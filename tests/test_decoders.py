@@ -384,9 +384,7 @@ def test_funnel_checkpoints_every_layer_call_and_blocks_never_called_are_refused
     from simcse_kit.model.checkpointing import enable_gradient_checkpointing
 
     torch.manual_seed(0)
-    config = FunnelConfig(
-        vocab_size=99, d_model=32, n_head=4, d_head=8, d_inner=37, block_sizes=[1, 2], num_decoder_layers=1
-    )
+    config = FunnelConfig(vocab_size=99, d_model=32, n_head=4, d_head=8, d_inner=37, block_sizes=[1, 2], num_decoder_layers=1)
     plain = FunnelModel(config)
     checkpointed = FunnelModel(config)
     checkpointed.load_state_dict(plain.state_dict())

@@ -179,9 +179,7 @@ def cached_corpus(
         lock.release()
 
 
-def _hit(
-    path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None] | None, warn: bool = False
-) -> Corpus | None:
+def _hit(path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None] | None, warn: bool = False) -> Corpus | None:
     """The cache of ``path``, or None where it is damaged (a truncated Arrow file, a broken
     sidecar, fewer rows than the sidecar says): the caller rebuilds it under the lock, where
     ``warn`` names it in one warning line."""
