@@ -44,6 +44,12 @@ def fails(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str, rc
         (["--queue-size", "-5"], ["loss.queue_size", ">= 0"]),
         (["--grad-cache-chunk", "-1"], ["train.grad_cache_chunk", ">= 0"]),
         (["--batch-size", "10000000"], ["train.batch_size", "10000000", "larger than the training set", "64 example(s)"]),
+        # Issue 48: -1 trained every weight, 1e9 died in the allocator, -16 was accepted and 1.5 was
+        # blamed on model.lora_target_modules.
+        (["--lora-r", "-1"], ["model.lora_r", "= -1", ">= 0"]),
+        (["--lora-r", "1000000000"], ["model.lora_r", "1000000000", "at most 32, the width of the model"]),
+        (["--lora-r", "4", "--lora-alpha", "-16"], ["model.lora_alpha", "= -16", "> 0"]),
+        (["--lora-r", "4", "--lora-dropout", "1.5"], ["model.lora_dropout", "= 1.5", "in [0, 1)"]),
     ],
 )
 def test_out_of_range_settings_are_one_line_before_the_run_folder(
@@ -52,6 +58,30 @@ def test_out_of_range_settings_are_one_line_before_the_run_folder(
     recipe = tiny_run.recipe("run")
     fails(["train", str(recipe), *overrides], capsys, *needles)
     assert not (tiny_run.folder / "run").exists()
+
+
+def test_a_batch_of_the_whole_training_set_is_warned_about_with_its_memory(
+    tiny_run: TinyRun, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 48: a batch exactly the size of the training set built one set-wide batch without a
+    word. 64 sentences, unsup: 128 rows of 16 tokens through 2 layers of 32 units, 86 bytes each."""
+    import logging
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.run import ACTIVATION_BYTES, build_run
+
+    assert ACTIVATION_BYTES == 86
+    expected = 128 * 16 * 32 * 2 * 86 / 1e9
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.run"):
+        build_run(load_config(tiny_run.recipe("whole", batch_size=64)), evaluate=False)
+    data = tiny_run.folder / "train.txt"
+    want = f"train.batch_size 64 is the whole of {data} (64 examples): every step is one batch of all of it; "
+    want += f"up to about {expected:.3g} GB"
+    assert want in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.run"):
+        build_run(load_config(tiny_run.recipe("half", batch_size=32)), evaluate=False)
+    assert "is the whole of" not in caplog.text
 
 
 def test_a_yaml_key_that_is_a_list_and_nested_aliases_are_one_short_line(
@@ -110,6 +140,38 @@ def test_a_repeated_csv_column_is_refused_naming_line_1(tmp_path: Path) -> None:
     path.write_text("sent0,sent1,sent1\na b,c d,e f\ng h,i j,k l\n")
     with pytest.raises(DataError, match=r"dup\.csv, line 1: header .* repeats column\(s\) \['sent1'\]"):
         read_rows(path, ("sent0", "sent1"))
+
+
+def test_a_401_digit_json_score_is_one_line_naming_the_file_and_line(tmp_path: Path) -> None:
+    """Issue 48: float() of a JSON integer past float's range raised OverflowError."""
+    path = tmp_path / "scored.jsonl"
+    first = '{"sent0": "a b", "sent1": "c d", "score": 3}\n'
+    path.write_text(first + '{"sent0": "e f", "sent1": "g h", "score": ' + "9" * 401 + "}\n")
+    with pytest.raises(DataError, match=r"scored\.jsonl, line 2: score \(column 'score'\) is an integer of 401 digits"):
+        read_rows(path, ("sent0", "sent1"), score_column="score")
+    teacher = tmp_path / "teacher.jsonl"
+    teacher.write_text('{"sent0": "a b", "sent1": "c d", "hard_neg": ["e f"], "scores": [1, -' + "1" * 401 + "]}\n")
+    with pytest.raises(DataError, match=r"teacher\.jsonl, line 1: score \(column 'scores\[1\]'\) is an integer of 401 digits"):
+        read_rows(teacher, ("sent0", "sent1"), hard_negatives=True, teacher_scores=True)
+
+
+def test_zero_padded_hard_negative_columns_read_as_their_numbers(tmp_path: Path) -> None:
+    """Issue 48: a header hard_neg_02 raised KeyError: 'hard_neg_2'. Zero-padded numbers are read
+    as the numbers they are (docs/data.md), with their score columns; a number twice is refused."""
+    path = tmp_path / "padded.csv"
+    header = "sent0,sent1,hard_neg_02,hard_neg_01,score_pos,score_neg_01,score_neg_02"
+    path.write_text(f"{header}\na b,c d,n2,n1,0.9,0.1,0.2\ne f,g h,m2,m1,0.8,0.3,0.4\n")
+    row, _ = read_rows(path, ("sent0", "sent1"), hard_negatives=True, teacher_scores=True)
+    assert row == {"sent0": "a b", "sent1": "c d", "hard_neg_1": "n1", "hard_neg_2": "n2", "scores": [0.9, 0.1, 0.2]}
+    jsonl = tmp_path / "padded.jsonl"
+    jsonl.write_text('{"sent0": "a b", "sent1": "c d", "hard_neg_01": "n1", "hard_neg_02": "n2"}\n' * 2)
+    row, _ = read_rows(jsonl, ("sent0", "sent1"), hard_negatives=True)
+    assert (row["hard_neg_1"], row["hard_neg_2"]) == ("n1", "n2")
+    twice = tmp_path / "twice.csv"
+    twice.write_text("sent0,sent1,hard_neg_1,hard_neg_2,hard_neg_02\na b,c d,n1,n2,n3\n")
+    got = r"got \['hard_neg_1', 'hard_neg_02', 'hard_neg_2'\]"
+    with pytest.raises(DataError, match=rf"twice\.csv, line 1: .* each number once and without gaps, {got}"):
+        read_rows(twice, ("sent0", "sent1"), hard_negatives=True)
 
 
 def test_an_empty_query_in_a_retrieval_folder_is_refused(tmp_path: Path) -> None:
@@ -292,6 +354,74 @@ def test_resume_refuses_edited_data_and_checkpoints_no_run_writes(
     torch.save({"something": torch.zeros(2)}, step4 / "random_states_0.pkl")
     assert "random_states_0.pkl: not a random-state file" in str(checkpoint_problem(step4))
     fails(resume, capsys, "--resume: no intact checkpoint", "random_states_0.pkl: not a random-state file")
+
+
+def test_resume_checks_every_dataset_by_content_even_with_the_time_put_back(tiny_run: TinyRun) -> None:
+    """Issue 48: a mixture's record held only the unused default data.train_file, and a digest
+    remembered by path, size and modification time let an edit with its time restored pass."""
+    import json
+    import os
+
+    import yaml
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
+
+    recipe = tiny_run.recipe("mix")
+    nli = tiny_run.folder / "nli.csv"
+    nli.write_text("sent0,sent1,hard_neg\n" + "".join(f"a man {i},a man {i} .,a dog {i}\n" for i in range(300)))
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["datasets"] = {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "hardneg"}}
+    raw["data"]["train_file"] = str(tiny_run.folder / "unused.txt")
+    recipe.write_text(yaml.safe_dump(raw))
+    cfg = load_config(recipe)
+    out = prepare_run_dir(cfg)
+    recorded = json.loads((out / DATA_FINGERPRINTS).read_text())
+    assert set(recorded) == {str(tiny_run.folder / "train.txt"), str(nli)}  # not the unused train_file
+    original = nli.read_bytes()
+
+    def resume() -> None:
+        prepare_run_dir(load_config(recipe), resume=True)
+
+    lines = original.decode().splitlines(keepends=True)
+    nli.write_text("".join(lines[:151]))  # the header and 150 of its 300 rows
+    with pytest.raises(ConfigError, match=rf"--resume: {nli} changed since the run started \({len(original)} -> "):
+        resume()
+    # One character for another, the modification time put back (touch -r): same size, same stat.
+    nli.write_bytes(original)
+    stamp = nli.stat()
+    nli.write_bytes(original.replace(b"a man 150,", b"a man 151,", 1))
+    os.utime(nli, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (nli.stat().st_size, nli.stat().st_mtime_ns) == (stamp.st_size, stamp.st_mtime_ns)
+    with pytest.raises(ConfigError, match=rf"--resume: {nli} changed since the run started \(same size, other content"):
+        resume()
+    nli.write_bytes(original)
+    resume()  # the same bytes again: resumes
+
+
+def test_resume_with_a_record_from_before_every_dataset_was_fingerprinted_warns(
+    tiny_run: TinyRun, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older record lists the unused data.train_file and none of the datasets: the unused file
+    is not the run's (no 'is gone'), and each unrecorded dataset is named in a warning."""
+    import json
+    import logging
+
+    import yaml
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
+
+    recipe = tiny_run.recipe("old")
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["datasets"] = {"wiki": {"file": "train.txt"}}
+    recipe.write_text(yaml.safe_dump(raw))
+    out = prepare_run_dir(load_config(recipe))
+    (out / DATA_FINGERPRINTS).write_text(json.dumps({str(tiny_run.folder / "gone.txt"): {"bytes": 3, "sha256": "0"}}))
+    with caplog.at_level(logging.WARNING):
+        prepare_run_dir(load_config(recipe), resume=True)
+    assert f"does not record {tiny_run.folder / 'train.txt'}; that file is not checked" in caplog.text
 
 
 # --------------------------------------------------------------------------- a full disk in safetensors

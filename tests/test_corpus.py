@@ -67,6 +67,36 @@ def test_a_second_read_is_the_cache_and_an_edit_is_read_again(tmp_path: Path) ->
     assert not read_train_file(path, "unsup", cache_dir=tmp_path).cache_hit
 
 
+@pytest.mark.parametrize("damage", ["truncated arrow", "broken sidecar", "sidecar of another shape", "rows lost"])
+def test_a_damaged_cache_is_named_once_and_rebuilt(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 48: a truncated .arrow (pyarrow OSError) or a broken sidecar (JSONDecodeError) was a
+    traceback on every later run of the file. Now one warning names the cache and it is rebuilt."""
+    import logging
+
+    path = tmp_path / "pairs.csv"
+    rows = [(f"a man {i}", f"a dog {i}") for i in range(300)]
+    path.write_text("sent0,sent1\n" + "".join(f"{a},{b}\n" for a, b in rows), encoding="utf-8")
+    first = read_train_file(path, "sup", cache_dir=tmp_path)
+    arrow, sidecar = first.cache_file, first.cache_file.with_suffix(".json")
+    if damage == "truncated arrow":
+        arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
+    elif damage == "broken sidecar":
+        sidecar.write_text(sidecar.read_text()[:20])
+    elif damage == "sidecar of another shape":
+        sidecar.write_text("[1, 2]")
+    else:  # a valid Arrow stream of the first rows only: the sidecar's row count tells
+        sidecar.write_text(sidecar.read_text().replace('"rows": 300', '"rows": 301'))
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.data.corpus"):
+        again = read_train_file(path, "sup", cache_dir=tmp_path)
+    damaged = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(damaged) == 1 and f"the training data's cache {arrow} is damaged" in damaged[0], caplog.text
+    assert f"rebuilding it from {path}" in damaged[0]
+    assert not again.cache_hit and again.cache_file == arrow
+    assert list(zip(again.dataset["sent0"], again.dataset["sent1"], strict=True)) == rows and again.report.rows == 300
+    caplog.clear()
+    assert read_train_file(path, "sup", cache_dir=tmp_path).cache_hit and not caplog.records  # whole again
+
+
 BAD_CSV = (
     b"sent0,sent1\n"
     b"a,b\n"
@@ -259,23 +289,20 @@ def test_two_processes_see_every_example_once_an_epoch(tmp_path: Path, tiny_mode
     assert orders[0] != orders[1]  # reshuffled each epoch
 
 
-def test_a_training_files_digest_is_remembered_by_path_size_and_modification_time(tmp_path: Path) -> None:
-    """--resume's data check hashes the whole file once; a later start reads the digest back,
-    and an edit (a new size or modification time) is hashed again."""
+def test_a_training_files_digest_is_of_its_content_whatever_its_stat_says(tmp_path: Path) -> None:
+    """--resume's data check hashes the whole content every time: an edit keeping the size with
+    the modification time put back (``touch -r``) gives another digest (issue 48)."""
     import hashlib
 
     from simcse_kit.training.folder import file_sha256
 
-    data, memo = tmp_path / "train.txt", tmp_path / "memo"
+    data = tmp_path / "train.txt"
     data.write_bytes(b"a man\nb\n")
-    assert file_sha256(data, memo) == hashlib.sha256(b"a man\nb\n").hexdigest()
-    (remembered,) = memo.iterdir()
-    remembered.write_text("planted\n")  # read back, not hashed again
-    assert file_sha256(data, memo) == "planted"
-    before = data.stat().st_mtime_ns
+    assert file_sha256(data) == hashlib.sha256(b"a man\nb\n").hexdigest()
+    stamp = data.stat()
     data.write_bytes(b"a dog\nb\n")  # same size
-    os.utime(data, ns=(before + 10**9, before + 10**9))
-    assert file_sha256(data, memo) == hashlib.sha256(b"a dog\nb\n").hexdigest()
-    blocked = tmp_path / "not-a-folder"
-    blocked.write_text("")
-    assert file_sha256(data, blocked) == hashlib.sha256(b"a dog\nb\n").hexdigest()  # nowhere to remember: hashed
+    os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert file_sha256(data) == hashlib.sha256(b"a dog\nb\n").hexdigest()
+    big = tmp_path / "big.txt"  # more than one 1 MiB block
+    big.write_bytes(b"x" * (3 << 20) + b"tail")
+    assert file_sha256(big) == hashlib.sha256(b"x" * (3 << 20) + b"tail").hexdigest()

@@ -54,6 +54,49 @@ def test_the_tokenizer_appends_eos_keeps_bos_and_pads(decoder_dirs: dict[str, Pa
         assert prepare_tokenizer(tokenizer, AutoConfig.from_pretrained(path))("the cat")["input_ids"] == ids  # once only
 
 
+def gpt2_with_a_bert_tokenizer(folder: Path, bert: Path) -> Path:
+    """A tiny random GPT-2 body beside the tiny BERT's tokenizer, which has no EOS token."""
+    from transformers import GPT2Config, GPT2Model
+
+    folder.mkdir()
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (bert / name).is_file():
+            shutil.copy(bert / name, folder / name)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(AutoTokenizer.from_pretrained(bert)), n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    GPT2Model(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_decoder_without_eos_trains_under_avg_and_last_names_the_folder_and_key(
+    tiny_model_dir: Path, senteval: Path, tmp_path: Path
+) -> None:
+    """Issue 48, a regression: a GPT-2 body with a BERT tokenizer (no EOS) under the default avg
+    pooler trained, then was refused for a last-token vector it does not use. Now it trains,
+    reloads and evaluates with its texts as they are; pooler last, or append_eos true, is refused
+    naming the folder and model.append_eos."""
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.model.inference import load_encoder
+    from simcse_kit.training.inputs import load_checked_tokenizer as run_tokenizer
+    from simcse_kit.training.run import train
+
+    path = gpt2_with_a_bert_tokenizer(tmp_path / "gpt2", tiny_model_dir)
+    cfg = run_config(path, tmp_path / "run", senteval, "unsup", 0, num_epochs=1, eval_steps=0, save_steps=0)
+    cfg = replace(cfg, model=replace(cfg.model, pooler="avg", dropout=None))
+    plain = AutoTokenizer.from_pretrained(path)("the cat")["input_ids"]
+    assert run_tokenizer(cfg)("the cat")["input_ids"] == plain
+    metrics = train(cfg)
+    assert metrics["steps"] == 4 and all(math.isfinite(v) for v in metrics["sts"].values())
+    encoder = load_encoder(tmp_path / "run", device="cpu")
+    assert encoder.tokenizer("the cat")["input_ids"] == plain
+    with pytest.raises(ConfigError, match=rf"'model.append_eos' = null \(auto\): the decoder at {path} with pooler 'last'"):
+        run_tokenizer(replace(cfg, model=replace(cfg.model, pooler="last")))
+    with pytest.raises(ConfigError, match=rf"'model.append_eos' = True: the tokenizer at {path} has no EOS token"):
+        run_tokenizer(replace(cfg, model=replace(cfg.model, append_eos=True)))
+    last = replace(cfg.model, pooler="last", append_eos=False)  # the text's own last token: as asked
+    assert run_tokenizer(replace(cfg, model=last))("the cat")["input_ids"] == plain
+
+
 @pytest.mark.parametrize("lora", [0, 4])
 @pytest.mark.parametrize("arch", DECODERS)
 def test_last_token_vector_ignores_the_padding_side(arch: str, lora: int, decoder_dirs: dict[str, Path]) -> None:
@@ -329,6 +372,49 @@ def test_block_checkpointing_survives_a_copy_and_stays_out_of_evaluation(tmp_pat
         assert len(calls) == len(encoder.encoder.layer)
     with pytest.raises(ValueError, match="no gradient checkpointing and no stack of blocks"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_funnel_checkpoints_every_layer_call_and_blocks_never_called_are_refused() -> None:
+    """Issue 48: Funnel keeps its layers in a list of lists; the outer list was taken for the
+    blocks, its lists are never called, and the log said "(blocks)" with 0 checkpointed calls
+    per forward. Now each of its 1 + 2 encoder layers and 1 decoder layer runs checkpointed, with
+    the plain model's gradients; a model whose only stack the forward never calls is refused."""
+    from transformers import FunnelConfig, FunnelModel
+
+    from simcse_kit.model.checkpointing import enable_gradient_checkpointing
+
+    torch.manual_seed(0)
+    config = FunnelConfig(vocab_size=99, d_model=32, n_head=4, d_head=8, d_inner=37, block_sizes=[1, 2], num_decoder_layers=1)
+    plain = FunnelModel(config)
+    checkpointed = FunnelModel(config)
+    checkpointed.load_state_dict(plain.state_dict())
+    assert enable_gradient_checkpointing(checkpointed) == "blocks"
+    ids = torch.tensor([[2, 5, 6, 7, 8, 9, 10, 3]])
+    calls = []
+    hook = torch.utils.checkpoint.checkpoint
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("simcse_kit.model.checkpointing.checkpoint", lambda *a, **k: calls.append(1) or hook(*a, **k))
+        grads = []
+        for model in (plain, checkpointed):
+            torch.manual_seed(5)  # the same dropout draws: the recompute replays them
+            model.train()(input_ids=ids).last_hidden_state.square().sum().backward()
+            grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert len(calls) == 4  # 1 + 2 encoder layers and 1 decoder layer, each call checkpointed
+    assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
+
+    class Idle(torch.nn.Module):
+        """A stack iterated by nobody: the forward uses another layer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.unused = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+            self.embed = torch.nn.Embedding(10, 4)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.embed(input_ids)
+
+    with pytest.raises(ValueError, match=r"Idle's 3 Linear blocks are not called in its forward"):
+        enable_gradient_checkpointing(Idle())
 
 
 def test_cli_trains_a_packed_decoder_and_resumes(decoder_dirs: dict[str, Path], senteval: Path, tmp_path: Path) -> None:

@@ -269,6 +269,29 @@ def test_a_bad_dataset_entry_names_the_recipe_and_the_entry(tiny_run: TinyRun) -
         build_run(load_config(big))
 
 
+def test_a_weight_too_small_for_one_batch_is_refused_naming_the_weight_that_gives_one(tiny_run: TinyRun) -> None:
+    """Issue 48: under weighted sampling a dataset with weight 1e-9 got 0 batches, said only at
+    INFO. 64 + 32 examples in batches of 8 are 12 batches; nli's quota 12 w / (1 + w) reaches
+    one at w = 1/11."""
+    from simcse_kit.data.mixture import batches_per_dataset
+    from simcse_kit.training.run import build_run
+
+    def weighted(weight: float) -> Path:
+        specs = TWO | {"wiki": {"file": "train.txt", "weight": 1.0}, "nli": TWO["nli"] | {"weight": weight}}
+        recipe = mixture_recipe(tiny_run, "weighted", specs)
+        raw = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+        raw["data"]["sampling"] = "weighted"
+        recipe.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+        return recipe
+
+    message = r"entry 'nli': weight 1e-09 gives it 0 of the epoch's 12 batches, .* a weight of 0.0909 is sure to give it one"
+    with pytest.raises(ConfigError, match=message):
+        build_run(load_config(weighted(1e-9)))
+    assert not (tiny_run.folder / "weighted").exists()
+    assert batches_per_dataset([64, 32], 8, "weighted", [1.0, 1 / 11 + 1e-12]) == [11, 1]  # the weight it names: one batch
+    assert batches_per_dataset([64, 32], 8, "weighted", [1.0, 0.04]) == [12, 0]  # quotas 11.54 and 0.46
+
+
 @pytest.mark.slow
 def test_a_mixture_killed_mid_epoch_and_resumed_ends_as_an_uninterrupted_run(tmp_path: Path, tiny_run: TinyRun) -> None:
     """``simcse-kit train`` on two datasets, SIGKILLed after a checkpoint inside the first

@@ -96,6 +96,34 @@ def test_a_bad_stsb_row_is_named_by_file_and_line(tmp_path: Path) -> None:
         load_training_data(_scored_config(path, "stsb", None))
 
 
+def test_scores_all_equal_are_refused_alone_and_warned_about_beside_infonce(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 48: a scored file whose scores are all equal trained at loss 0.0 from step 1 without a
+    word: CoSENT and AnglE rank pairs by their scores, and equal scores order no pair."""
+    import logging
+
+    path = tmp_path / "flat.csv"
+    path.write_text("sent0,sent1,score\n" + "".join(f"a man {i},a dog {i},3\n" for i in range(40)), encoding="utf-8")
+    cfg = _scored_config(path, "auto", [0, 5])
+    flat = torch.full((4,), 0.6)  # the known answer behind the refusal: the ranking loss of equal scores is 0
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    assert score_losses.cosent_loss(a, b, flat).item() == 0.0 and score_losses.cosent_loss(a, b, flat + torch.arange(4.0)) > 0
+    with pytest.raises(DataError, match=rf"{path}: every score is 0.6: the score loss ranks pairs .* \(loss 0 from step 1\)"):
+        load_training_data(cfg)
+    cfg.loss.score_weight = 0.5
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.inputs"):
+        assert len(load_training_data(cfg)) == 40
+    assert "every score is 0.6" in caplog.text and "(loss.score_weight 0.5) is 0 at every step" in caplog.text
+    cfg.loss.score_weight = 0.0  # the scores are unused: nothing to say
+    caplog.clear()
+    load_training_data(cfg)
+    assert not caplog.records
+    graded = tmp_path / "graded.csv"
+    graded.write_text(path.read_text().replace("a man 7,a dog 7,3", "a man 7,a dog 7,4"), encoding="utf-8")
+    assert len(load_training_data(_scored_config(graded, "auto", [0, 5]))) == 40  # one pair differs: accepted
+
+
 def test_the_collator_adds_one_score_per_example(tiny_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     examples = [{"sent0": "a dog", "sent1": "a cat", "score": 0.25}, {"sent0": "a man", "sent1": "a car", "score": 1.0}]

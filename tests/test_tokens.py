@@ -199,6 +199,38 @@ def test_a_file_s_table_is_built_once_beside_its_cache_and_rebuilt_when_its_key_
     assert not [p for p in (cache / SUBFOLDER).glob(".*.tokens-*") if p.is_dir()]  # no half-built table left behind
 
 
+@pytest.mark.parametrize("damage", ["truncated shard", "broken sidecar", "sidecar without shards"])
+def test_a_damaged_token_table_is_named_once_and_rebuilt(
+    tmp_path: Path, tokenizers: dict[str, Any], damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 48: a truncated shard (ArrowInvalid) or a broken table.json was a traceback on every
+    later run of the file. Now one warning names the table and it is rebuilt."""
+    import logging
+
+    path = tmp_path / "corpus.txt"
+    sentences = [f"{s} {i}" for i, s in enumerate(toy_sentences(100) * 5)]
+    path.write_text("".join(f"{s}\n" for s in sentences), encoding="utf-8")
+    bert = Tokenization(tokenizers["bert"], 16)
+    load_train_dataset(str(path), "unsup", cache_dir=tmp_path / "cache", tokens=bert)
+    (folder,) = [p for p in (tmp_path / "cache" / SUBFOLDER).glob("*.tokens-*") if p.is_dir()]
+    shard = next(folder.glob("*.arrow"))
+    if damage == "truncated shard":
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif damage == "broken sidecar":
+        (folder / "table.json").write_text('{"rows": 5')
+    else:
+        (folder / "table.json").write_text('{"rows": 500}')
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.data.tokens"):
+        ds = load_train_dataset(str(path), "unsup", cache_dir=tmp_path / "cache", tokens=bert)
+    damaged = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(damaged) == 1 and f"the token table {folder} is damaged" in damaged[0], caplog.text
+    for i in (0, 250, 499):
+        assert ds[i]["input_ids.sent0"] == tokenizers["bert"](sentences[i], truncation=True, max_length=16)["input_ids"]
+    caplog.clear()
+    load_train_dataset(str(path), "unsup", cache_dir=tmp_path / "cache", tokens=bert)
+    assert not caplog.records  # whole again
+
+
 def test_a_table_is_written_in_record_batches_of_map_batch_rows(
     tmp_path: Path, tokenizers: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -167,6 +167,13 @@ class ModelConfig:
         ]
         if self.dropout is not None:
             rules.append(("dropout", 0 <= self.dropout < 1, "in [0, 1)"))
+        # A negative rank would silently train every weight; its upper bound, the model's width,
+        # is checked with the model's config (simcse_kit.training.inputs.load_checked_tokenizer).
+        rules += [
+            ("lora_r", self.lora_r >= 0, ">= 0 (0: train every weight; > 0: the adapter's rank)"),
+            ("lora_alpha", 0 < self.lora_alpha < math.inf, "> 0 (the update is scaled by lora_alpha / lora_r)"),
+            ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"),
+        ]
         raise_first("model", self, rules)
 
 

@@ -14,6 +14,7 @@ file has a JSON sidecar with what the read found (rows, skipped rows and the fir
 reasons, duplicates, ``k``), written last: a cache without its sidecar is incomplete and
 is not used. Both are renamed into place, and a lock file beside them lets one process
 build while the others (the rest of a multi-process run) wait and then map its cache.
+A damaged cache (a truncated Arrow file, a broken sidecar) is named in one warning and rebuilt.
 """
 
 from __future__ import annotations
@@ -157,8 +158,8 @@ def cached_corpus(
     key = cache_key(path, what | {"bad_rows": bad_rows})
     name = f"{path.stem[:40]}-{key}"
     arrow, sidecar = folder / f"{name}.arrow", folder / f"{name}.json"
-    if arrow.is_file() and sidecar.is_file():
-        return _hit(path, arrow, sidecar, check)
+    if arrow.is_file() and sidecar.is_file() and (found := _hit(path, arrow, sidecar, check)) is not None:
+        return found
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(folder / f".{name}.lock"))
@@ -169,18 +170,33 @@ def cached_corpus(
     # a bad row stops each of them in turn with the same error.
     try:
         if arrow.is_file() and sidecar.is_file():
-            return _hit(path, arrow, sidecar, check)
+            found = _hit(path, arrow, sidecar, check, warn=True)
+            if found is not None:
+                return found
+            sidecar.unlink(missing_ok=True)  # first: a cache without its sidecar is never used
         return _build_cache(path, rows, folder, arrow, sidecar, bad_rows, count_duplicates, check)
     finally:
         lock.release()
 
 
-def _hit(path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None] | None) -> Corpus:
-    report = Report(**json.loads(sidecar.read_text(encoding="utf-8")))
+def _hit(path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None] | None, warn: bool = False) -> Corpus | None:
+    """The cache of ``path``, or None where it is damaged (a truncated Arrow file, a broken
+    sidecar, fewer rows than the sidecar says): the caller rebuilds it under the lock, where
+    ``warn`` names it in one warning line."""
+    try:
+        report = Report(**json.loads(sidecar.read_text(encoding="utf-8")))
+        dataset = datasets.Dataset.from_file(str(arrow))
+        if len(dataset) != report.rows or dataset.column_names != report.columns:
+            raise ValueError(f"{len(dataset)} rows {dataset.column_names}, its sidecar says {report.rows} {report.columns}")
+    except (OSError, ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors
+        if warn:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            logger.warning("the training data's cache %s is damaged (%s); rebuilding it from %s", arrow, reason, path)
+        return None
     if check is not None:
         check(report)
     _log_skipped(path, report)
-    return Corpus(datasets.Dataset.from_file(str(arrow)), report, arrow, cache_hit=True)
+    return Corpus(dataset, report, arrow, cache_hit=True)
 
 
 def _build_cache(

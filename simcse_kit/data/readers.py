@@ -179,6 +179,10 @@ def check_score(value: object, path: object, number: int | None, column: str, sc
         score = float(value.strip() if isinstance(value, str) else value)
     except ValueError:
         raise DataError(f"{where(path, number)}: score {value!r} (column {column!r}) is not a number") from None
+    except OverflowError:  # a JSON integer past float's range: quoting its digits would fill the screen
+        digits = len(str(abs(value))) if isinstance(value, int) else "many"
+        too_large = f"is an integer of {digits} digits, past float's range"
+        raise DataError(f"{where(path, number)}: score (column {column!r}) {too_large}") from None
     if not math.isfinite(score):
         raise DataError(f"{where(path, number)}: score {value!r} (column {column!r}) is not finite")
     if score_range is not None and not score_range[0] <= score <= score_range[1]:
@@ -211,19 +215,21 @@ def negatives_of(columns: Sequence[str]) -> int:
 
 
 def _numbered_negatives(path: Path, number: int, keys: Sequence[str]) -> list[str]:
-    """The ``hard_neg_1 .. hard_neg_k`` names among ``keys``, in order; a gap or a
-    ``hard_neg`` beside them is an error naming the line."""
-    numbers = sorted(int(m.group(1)) for key in keys if (m := _NUMBERED.fullmatch(key)))
-    if not numbers:
+    """The ``hard_neg_1 .. hard_neg_k`` names among ``keys`` as the file spells them, in the
+    order of their numbers; zero-padded numbers are the same numbers (``hard_neg_01 ..
+    hard_neg_10`` sort as text in the order they count). A gap, a number given twice
+    (``hard_neg_2`` and ``hard_neg_02``) or a ``hard_neg`` beside them is an error naming the line."""
+    numbered = sorted((int(m.group(1)), key) for key in keys if (m := _NUMBERED.fullmatch(key)))
+    if not numbered:
         return []
-    if numbers != list(range(1, len(numbers) + 1)):
+    if [n for n, _ in numbered] != list(range(1, len(numbered) + 1)):
         raise DataError(
-            f"{where(path, number)}: hard-negative columns must be hard_neg_1 .. hard_neg_k without gaps, "
-            f"got {[f'hard_neg_{i}' for i in numbers]}"
+            f"{where(path, number)}: hard-negative columns must be hard_neg_1 .. hard_neg_k, each number once and without gaps, "
+            f"got {[key for _, key in numbered]}"
         )
     if NEGATIVE in keys:
-        raise DataError(f"{where(path, number)}: both {NEGATIVE!r} and hard_neg_1 .. hard_neg_{len(numbers)}; keep one form")
-    return [f"hard_neg_{i}" for i in numbers]
+        raise DataError(f"{where(path, number)}: both {NEGATIVE!r} and hard_neg_1 .. hard_neg_{len(numbered)}; keep one form")
+    return [key for _, key in numbered]
 
 
 def _json_negatives(path: Path, number: int, obj: dict[str, object]) -> list[object]:

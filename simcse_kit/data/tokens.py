@@ -18,7 +18,7 @@ views' prompts and :data:`FORMAT`. It is a folder of Arrow shards (one per ``map
 with a JSON sidecar written last, renamed into place; a lock file lets one process build it
 while the others of a run wait and then map it. A dataset without a text cache (in memory,
 or a ``hub:`` dataset) is tokenised by ``datasets.map`` too, in memory or in `datasets`' own
-cache.
+cache. A damaged table (a truncated shard, a broken sidecar) is named in one warning and rebuilt.
 """
 
 from __future__ import annotations
@@ -224,19 +224,42 @@ def cached_table(
     key = table_key(text_cache.stem, tokenization, sources)
     folder = text_cache.parent / f"{text_cache.stem}.tokens-{key}"
     sidecar = folder / "table.json"
-    if not sidecar.is_file():
-        try:
-            lock = FileLock(str(folder.parent / f".{folder.name}.lock"))
-            lock.acquire()
-        except OSError as exc:
-            raise _table_error(exc, folder) from None
-        try:
-            if not sidecar.is_file():
-                _build(dataset, folder, key, tokenization, sources)
-        finally:
-            lock.release()
-    shards = json.loads(sidecar.read_text(encoding="utf-8"))["shards"]
-    return datasets.concatenate_datasets([datasets.Dataset.from_file(str(folder / name)) for name in shards])
+    if sidecar.is_file() and (table := _mapped(folder, len(dataset))) is not None:
+        return table
+    try:
+        lock = FileLock(str(folder.parent / f".{folder.name}.lock"))
+        lock.acquire()
+    except OSError as exc:
+        raise _table_error(exc, folder) from None
+    try:
+        if sidecar.is_file():
+            if (table := _mapped(folder, len(dataset), warn=True)) is not None:
+                return table
+            shutil.rmtree(folder)
+        _build(dataset, folder, key, tokenization, sources)
+    finally:
+        lock.release()
+    table = _mapped(folder, len(dataset))
+    if table is None:
+        raise StorageError(f"data.cache_dir {folder.parent}: the token table {folder} just written cannot be read back")
+    return table
+
+
+def _mapped(folder: Path, rows: int, warn: bool = False) -> datasets.Dataset | None:
+    """The token table in ``folder``, memory-mapped; None where it is damaged (a broken
+    sidecar, a truncated shard, other than ``rows`` rows): the caller rebuilds it under the
+    lock, where ``warn`` names it in one warning line."""
+    try:
+        shards = json.loads((folder / "table.json").read_text(encoding="utf-8"))["shards"]
+        table = datasets.concatenate_datasets([datasets.Dataset.from_file(str(folder / name)) for name in shards])
+        if len(table) != rows:
+            raise ValueError(f"{len(table)} rows for {rows} examples")
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        if warn:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            logger.warning("the token table %s is damaged (%s); rebuilding it", folder, reason)
+        return None
+    return table
 
 
 def _build(

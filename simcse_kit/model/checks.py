@@ -140,9 +140,12 @@ def check_tokenizer(tokenizer: Any, vocab_size: int | None, where: str | Path) -
             raise ConfigError(f"{where}: the tokenizer's {name} {token!r} is not in its vocabulary")
 
 
-def load_checked_tokenizer(path: str | Path, vocab_size: int | None = None, trust_remote_code: bool = False) -> Any:
+def load_checked_tokenizer(
+    path: str | Path, vocab_size: int | None = None, trust_remote_code: bool = False, pooler: str = "last"
+) -> Any:
     """``AutoTokenizer.from_pretrained(path)`` after :func:`check_tokenizer_files`, then
-    :func:`check_tokenizer` against ``vocab_size`` (default: the folder's ``config.json``)."""
+    :func:`check_tokenizer` against ``vocab_size`` (default: the folder's ``config.json``),
+    made ready for the model's ``pooler`` (:func:`simcse_kit.model.families.prepare_tokenizer`)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from simcse_kit.model.families import prepare_tokenizer  # torch and transformers only when a tokenizer loads
@@ -160,7 +163,7 @@ def load_checked_tokenizer(path: str | Path, vocab_size: int | None = None, trus
     if vocab_size is None:
         vocab_size = getattr(config, "vocab_size", None)
     check_tokenizer(tokenizer, vocab_size, path)
-    return prepare_tokenizer(tokenizer, config) if config is not None else tokenizer
+    return prepare_tokenizer(tokenizer, config, pooler=pooler, folder=path) if config is not None else tokenizer
 
 
 def tokenization_problem(reference: Any, other: Any, sentences: list[str], max_length: int) -> str | None:

@@ -113,7 +113,9 @@ def decoder_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def prepare_tokenizer(tokenizer: Any, config: PretrainedConfig, append_eos: bool | None = None) -> Any:
+def prepare_tokenizer(
+    tokenizer: Any, config: PretrainedConfig, append_eos: bool | None = None, pooler: str = "last", folder: object = None
+) -> Any:
     """Make a decoder's tokenizer ready for embedding (encoders' tokenizers pass unchanged).
 
     * No pad token (Llama's): the EOS token pads (the attention mask hides it).
@@ -121,11 +123,22 @@ def prepare_tokenizer(tokenizer: Any, config: PretrainedConfig, append_eos: bool
       EOS token to every text, as Qwen3-Embedding's and RepLLaMA's do, so the last-token
       vector reads a state that has seen the whole sentence and a fixed end. It is written
       into the tokenizer itself, which is saved with the model, so every client of an
-      export (sentence-transformers, Transformers.js, fastembed) appends it too.
+      export (sentence-transformers, Transformers.js, fastembed) appends it too. A
+      tokenizer without an EOS token (a BERT vocabulary on a GPT-2 body) is refused only
+      where the EOS is needed: ``append_eos`` True, or the ``last`` pooler, whose vector
+      would otherwise end on whatever token the text ends with; under another pooler it
+      is left as it is.
+
+    Args:
+        tokenizer: the model's tokenizer (changed in place).
+        config: the model's config (decoder or encoder).
+        append_eos: ``model.append_eos``.
+        pooler: ``model.pooler``.
+        folder: the model folder, for the error message.
 
     Raises:
-        ConfigError: EOS asked for, and the tokenizer has no EOS token or is not a fast
-            (``tokenizers``) one.
+        ConfigError: EOS needed, and the tokenizer has no EOS token or is not a fast
+            (``tokenizers``) one; naming the folder and ``model.append_eos``.
     """
     if not is_decoder(config):
         return tokenizer
@@ -135,14 +148,25 @@ def prepare_tokenizer(tokenizer: Any, config: PretrainedConfig, append_eos: bool
         return tokenizer
     eos, eos_id = tokenizer.eos_token, tokenizer.eos_token_id
     if eos is None or eos_id is None:
-        raise ConfigError("a decoder's last-token vector needs an EOS token to append; this tokenizer has none")
+        if append_eos is True:
+            raise ConfigError(f"config key 'model.append_eos' = True: the tokenizer at {folder} has no EOS token to append")
+        if pooler != "last":
+            return tokenizer  # nothing reads a fixed end: the texts are left as they are
+        raise ConfigError(
+            f"config key 'model.append_eos' = null (auto): the decoder at {folder} with pooler 'last' reads the vector after an "
+            "appended EOS token, and its tokenizer has none; set model.append_eos false (the vector then ends on the "
+            "text's own last token) or choose another model.pooler"
+        )
     plain = tokenizer("a", add_special_tokens=False)["input_ids"]
     full = tokenizer("a")["input_ids"]
     if full and full[-1] == eos_id:
         return tokenizer  # already appends it (Qwen3-Embedding's own tokenizer)
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise ConfigError(f"appending EOS needs a fast tokenizer; {type(tokenizer).__name__} is not one")
+        raise ConfigError(
+            f"config key 'model.append_eos': appending EOS needs a fast tokenizer; the one at {folder} "
+            f"({type(tokenizer).__name__}) is not; set model.append_eos false"
+        )
     from tokenizers import processors
 
     # Keep what the tokenizer already puts first (Llama's and Gemma's BOS), then append EOS.

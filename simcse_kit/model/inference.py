@@ -160,7 +160,7 @@ def load_encoder(
         if pooler is not None:
             logger.warning("--pooler %s ignored: %s records its own pooler", pooler, resolved)
         model = SimCSEModel.load(resolved, precision=precision, trust_remote_code=trust_remote_code)
-        tokenizer = load_checked_tokenizer(resolved, model.encoder.config.vocab_size, trust_remote_code)
+        tokenizer = load_checked_tokenizer(resolved, model.encoder.config.vocab_size, trust_remote_code, model.pooler.mode)
         prompts = json.loads((resolved / SIMCSE_CONFIG).read_text(encoding="utf-8")).get("prompts")
         return Encoder(model, tokenizer, max_seq_len or model.max_seq_len, device, precision, prompts)
     if (resolved / "modules.json").is_file():
@@ -186,6 +186,6 @@ def load_encoder(
         encoder, attn = load_pretrained_encoder(str(resolved), trust_remote_code=trust_remote_code)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot load a model there ({exc})") from None
-    tokenizer = load_checked_tokenizer(resolved, encoder.config.vocab_size, trust_remote_code)
+    tokenizer = load_checked_tokenizer(resolved, encoder.config.vocab_size, trust_remote_code, pooler)
     model = SimCSEModel(encoder, pooler, "none", max_seq_len or 256, attn_implementation=attn)
     return Encoder(model, tokenizer, model.max_seq_len, device, precision)

@@ -21,10 +21,11 @@ from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.config.run import GUIDE_IS_TEACHER, RunConfig
+from simcse_kit.core import modes
 from simcse_kit.core.batch import view_columns
 from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of, scored_dataset
 from simcse_kit.data.tokens import Tokenization, with_tokens
-from simcse_kit.errors import ConfigError
+from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
 from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.model.families import max_tokens, prepare_tokenizer
@@ -50,7 +51,30 @@ def load_training_data(cfg: RunConfig, tokenizer: Any = None) -> datasets.Datase
     if data.mix_file is not None and data.mix_ratio > 0:
         general = read_training_file(cfg, data.mix_file, "auto", data.mode, None, tokens)
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
+    if data.mode == "scored" and cfg.loss.score_weight > 0:
+        check_graded_scores(dataset, data.train_file, cfg.loss.score_weight)
     return dataset
+
+
+def check_graded_scores(dataset: datasets.Dataset, source: str, weight: float) -> None:
+    """A scored training set whose scores are all equal gives the ranking losses (CoSENT,
+    AnglE) no ordered pair: their term is exactly 0 from the first step. Refused where it is
+    the whole loss (``loss.score_weight`` 1), warned about beside InfoNCE.
+
+    Raises:
+        DataError: every score is the same and ``weight`` is 1, naming the file.
+    """
+    column = modes.mode("scored").score_column
+    assert column is not None
+    scores = dataset.select_columns([column]).with_format("numpy")[:][column]  # 8 bytes a pair, read once
+    low, high = float(scores.min()), float(scores.max())
+    if low != high:
+        return
+    what = f"{source}: every score is {low:g}: the score loss ranks pairs by their scores and has no ordered pair"
+    if weight == 1:
+        fix = "give graded scores, or loss.score_weight < 1 to train InfoNCE on the pairs"
+        raise DataError(f"{what} (loss 0 from step 1); {fix}")
+    logger.warning("%s: its term (loss.score_weight %g) is 0 at every step; only InfoNCE trains", what, weight)
 
 
 def load_training_sets(cfg: RunConfig, tokenizer: Any = None) -> dict[str, datasets.Dataset]:
@@ -235,7 +259,7 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
         raise ConfigError(f"{key}: cannot load a model there ({reason})") from None
     check_tokenizer_files(path)  # without them transformers builds a 5-token placeholder vocabulary
     check_tokenizer(tokenizer, getattr(hf_config, "vocab_size", None), path)
-    tokenizer = prepare_tokenizer(tokenizer, hf_config, cfg.model.append_eos)  # a decoder's pad and EOS
+    tokenizer = prepare_tokenizer(tokenizer, hf_config, cfg.model.append_eos, cfg.model.pooler, path)  # a decoder's pad and EOS
     limit = max_tokens(hf_config)  # RoBERTa-style offset positions take two fewer tokens
     # A max_length below the special tokens' count is not applied at all: the tokenizer
     # logs an error and returns the whole sentence (--max-seq-len 1 trained on full
@@ -255,4 +279,10 @@ def load_checked_tokenizer(cfg: RunConfig) -> Any:
     hidden, dims = getattr(hf_config, "hidden_size", None), cfg.loss.matryoshka_dims or []
     if isinstance(hidden, int) and any(d > hidden for d in dims):
         raise ConfigError(f"config key 'loss.matryoshka_dims' = {dims}: the model's embeddings have {hidden} dimensions")
+    if isinstance(hidden, int) and cfg.model.lora_r > hidden:
+        # A rank above the layers' width adds nothing but memory: 1e9 asked the allocator for 128 GB.
+        raise ConfigError(
+            f"config key 'model.lora_r' = {cfg.model.lora_r}: must be at most {hidden}, the width of the model at "
+            f"{cfg.model.name_or_path} (a higher rank adds no capacity, only memory)"
+        )
     return tokenizer

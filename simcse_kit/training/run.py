@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from simcse_kit.config.run import RunConfig
-from simcse_kit.core.batch import view_prompts
+from simcse_kit.core.batch import view_prompts, views_per_example
 from simcse_kit.data.mixture import Mixture, MixtureBatches, MixtureCollator
 from simcse_kit.data.pipeline import ShuffledIndices, loader_options
 from simcse_kit.data.readers import ContrastiveCollator, negatives_of, skipped_rows
@@ -237,6 +237,8 @@ def build_run(
         },
     )
     model = build_model(cfg)
+    if from_files:  # a dataset given in code, a benchmark's few sentences in one batch, is the caller's choice
+        warn_if_a_batch_is_a_whole_set(cfg, base_encoder(model.encoder).config, sets or {cfg.data.train_file: dataset})
     objective: SimCSEObjective | MixtureObjective
     if dataset is not None:
         negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
@@ -584,6 +586,7 @@ def make_mixture_loader(
     batches = MixtureBatches(mixture.sizes, cfg.train.batch_size, num_processes, cfg.data.sampling, generator, weights)
     counts = ", ".join(f"{name} {n}" for name, n in zip(sets, batches.counts, strict=True))
     logger.info("datasets, %s: batches an epoch: %s", cfg.data.sampling, counts)
+    check_every_dataset_trains(list(sets), batches.counts, weights)
     return DataLoader(
         mixture,
         batch_sampler=batches,
@@ -592,6 +595,59 @@ def make_mixture_loader(
         num_workers=cfg.data.num_workers or 0,
         pin_memory=options.pin_memory,
     )
+
+
+# Bytes autograd keeps for the backward pass per token, hidden unit and layer of the encoder,
+# in fp32 with SDPA attention: 86 measured on all-MiniLM-L6-v2 (64 and 128 rows of 32 tokens,
+# the saved tensors' storage less the weights it also keeps).
+ACTIVATION_BYTES = 86
+
+
+def warn_if_a_batch_is_a_whole_set(cfg: RunConfig, encoder_config: Any, parts: Mapping[str, datasets.Dataset | None]) -> None:
+    """Warn, with an estimate of the memory, where one batch holds a whole training set (of
+    ``parts``, by name): every step is then one batch of all of it, legal and surely a typo
+    (more than the set is refused above; a 12k-sentence set was one such batch)."""
+    mode_of = {spec.name: spec.mode for spec in cfg.data.datasets or []}
+    hidden, layers = getattr(encoder_config, "hidden_size", None), getattr(encoder_config, "num_hidden_layers", None)
+    for name, part in parts.items():
+        if part is None or cfg.train.batch_size != len(part):
+            continue
+        rows = len(part) * views_per_example(mode_of.get(name, cfg.data.mode), negatives_of(part.column_names))
+        size = ""
+        if isinstance(hidden, int) and isinstance(layers, int):
+            gb = rows * cfg.model.max_seq_len * hidden * layers * ACTIVATION_BYTES / 1e9
+            size = f"; up to about {gb:.3g} GB of activations for its {rows} rows of {cfg.model.max_seq_len} tokens in fp32"
+        logger.warning(
+            "train.batch_size %d is the whole of %s (%d examples): every step is one batch of all of it%s; "
+            "a smaller batch gives more steps for the same data",
+            cfg.train.batch_size,
+            name,
+            len(part),
+            size,
+        )
+
+
+def check_every_dataset_trains(names: list[str], counts: list[int], weights: list[float] | None) -> None:
+    """Refuse a listed dataset that gets no batch an epoch (a tiny ``weight`` under weighted
+    sampling: 1e-9 was said only at INFO), naming the weight that would give it one.
+
+    Raises:
+        ConfigError: naming the ``data.datasets`` entry, its weight and its 0 batches.
+    """
+    total = sum(counts)
+    for d, (name, count) in enumerate(zip(names, counts, strict=True)):
+        if count:
+            continue
+        weight = weights[d] if weights is not None else 1.0
+        others = sum(weights or []) - weight
+        # Its quota total * w / (others + w) reaches one batch at w = others / (total - 1) (a largest
+        # remainder may give it one below that).
+        sure = weights is not None and total > 1
+        enough = f"a weight of {others / max(1, total - 1):.3g} is sure to give it one; or " if sure else ""
+        raise ConfigError(
+            f"config key 'data.datasets' entry {name!r}: weight {weight:g} gives it 0 of the epoch's {total} batches, "
+            f"so it would never be trained on: {enough}leave it out"
+        )
 
 
 def make_step(
