@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from docutils.nodes import Element
+from pygments.lexers import JsonLexer, TextLexer
 from sphinx.addnodes import pending_xref
 from sphinx.application import Sphinx
 from sphinx.domains.python import PythonDomain
@@ -172,7 +173,26 @@ def readable_defaults(app: Sphinx, what: str, name: str, obj: object, options: o
     return None
 
 
+# The pages link to BENCHMARKS.md where GitHub shows it, at the repo's root (``../BENCHMARKS.md``
+# from docs/, ``BENCHMARKS.md`` from README.md); in the site it is the page benchmarks.md,
+# which includes it. Outside the source folder, the link would name no page.
+BENCHMARKS_LINK = re.compile(r"\]\((?:\.\./)?BENCHMARKS\.md")
+
+
+def link_benchmarks_page(app: Sphinx, docname: str, source: list[str]) -> None:
+    source[0] = BENCHMARKS_LINK.sub("](benchmarks.md", source[0])
+
+
+def link_benchmarks_page_included(app: Sphinx, path: Path, docname: str, content: list[str]) -> None:
+    content[0] = BENCHMARKS_LINK.sub("](benchmarks.md", content[0])
+
+
 def setup(app: Sphinx) -> None:
+    # docs/data.md's examples of the training files: JSON Lines (one JSON value a line) and CSV.
+    app.add_lexer("jsonl", JsonLexer)
+    app.add_lexer("csv", TextLexer)
+    app.connect("source-read", link_benchmarks_page)
+    app.connect("include-read", link_benchmarks_page_included)
     app.connect("missing-reference", resolve_as_python_does)
     app.connect("autodoc-process-docstring", keep_prose, priority=400)
     app.connect("autodoc-process-docstring", restore_prose, priority=600)
