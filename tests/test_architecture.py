@@ -146,8 +146,12 @@ def test_every_module_is_named_in_the_document() -> None:
 
 
 def test_the_naming_rule_itself(tmp_path: Path) -> None:
-    files = [tmp_path / "simcse_kit" / name for name in ("files.py", "data/corpus.py", "data/mixture.py", "model/fastpath/bf16.py")]
-    doc = "| 4 | `data/` | `corpus` (the cache) |\n| 3 | `model/` | `fastpath/bf16.py` |\nsee `data/mixture.py`; `mixture` elsewhere\n"
+    names = ("files.py", "data/corpus.py", "data/mixture.py", "model/fastpath/bf16.py")
+    files = [tmp_path / "simcse_kit" / name for name in names]
+    doc = (
+        "| 4 | `data/` | `corpus` (the cache) |\n| 3 | `model/` | `fastpath/bf16.py` |\n"
+        "see `data/mixture.py`; `mixture` elsewhere\n"
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "simcse_kit")
         assert unnamed_modules(doc, files) == ["files.py"]
