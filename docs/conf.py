@@ -13,6 +13,7 @@ import inspect
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from docutils.nodes import Element
 from pygments.lexers import JsonLexer, TextLexer
@@ -85,21 +86,26 @@ nitpick_ignore_regex = [
 ]
 
 
+def _module(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
 def _lookup(module_name: str | None, target: str) -> object | None:
     """What ``target`` names, read as Python reads it in ``module_name``: a name that module
     imported (``masks.guided_mask``, ``load_encoder``) or a full dotted path."""
     first, *rest = target.split(".")
-    module = sys.modules.get(module_name or "")
+    module = _module(module_name) if module_name else None
     if module is not None and hasattr(module, first):
         obj: object = getattr(module, first)
     else:
         parts, obj = target.split("."), None
         for end in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
-            try:
-                obj, rest = importlib.import_module(".".join(parts[:end])), parts[end:]
+            obj, rest = _module(".".join(parts[:end])), parts[end:]
+            if obj is not None:
                 break
-            except ImportError:
-                continue
         if obj is None:
             return None
     for name in rest:
@@ -117,12 +123,16 @@ def _defined_name(obj: object, attr: str, domain: PythonDomain) -> str | None:
     if isinstance(module, str) and isinstance(qualname, str) and f"{module}.{qualname}" in domain.objects:
         return f"{module}.{qualname}"
     # A constant carries no __module__: the documented module attribute of the same name that
-    # is this object (the name too: small ints and strings are shared objects).
-    for name in domain.objects:
-        owner, _, last = name.rpartition(".")
-        if last == attr and name.startswith("simcse_kit.") and getattr(sys.modules.get(owner), attr, None) is obj:
-            return name
-    return None
+    # is this object, if only one is (small ints and strings are shared objects: two modules'
+    # FORMAT = 2 are one object, and the reference is then left for its author to qualify).
+    found = [
+        name
+        for name in domain.objects
+        if name.startswith("simcse_kit.")
+        and name.rpartition(".")[2] == attr
+        and getattr(sys.modules.get(name.rpartition(".")[0]), attr, None) is obj
+    ]
+    return found[0] if len(found) == 1 else None
 
 
 def resolve_as_python_does(app: Sphinx, env: BuildEnvironment, node: pending_xref, contnode: Element) -> Element | None:
