@@ -18,9 +18,9 @@ class StorageError(OSError):
     says "no space left on device" or "read-only" (not a bug: no traceback)."""
 
 
-# The exit status of a run stopped by a signal after writing its checkpoint: EX_TEMPFAIL
-# from sysexits.h ("a temporary failure; the user is invited to retry"), distinct from
-# 0 (done), 1 (a bug), 2 (bad input) and 128 + N (killed by signal N).
+#: The exit status of a run stopped by a signal after writing its checkpoint: EX_TEMPFAIL
+#: from sysexits.h ("a temporary failure; the user is invited to retry"), distinct from
+#: 0 (done), 1 (a bug), 2 (bad input) and 128 + N (killed by signal N).
 STOPPED_STATUS = 75
 
 

@@ -126,7 +126,7 @@ class LineStream:
         self.path = check_readable(path, what)
         self.keep_bad = keep_bad
         self.number = 0
-        self.bad: DataError | None = None
+        self.bad: DataError | None = None  #: with ``keep_bad``: the error of a bad line given, until reset
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         # Binary iteration splits on b"\n" only (not on form feeds or U+2028, which occur

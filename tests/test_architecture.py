@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,60 @@ def test_the_core_imports_torch_alone() -> None:
 def test_every_module_has_a_layer() -> None:
     missing = sorted({unit(p) for p in modules()} - set(LAYER_OF) - {""})
     assert not missing, f"modules missing from the layer table in docs/architecture.md: {missing}"
+
+
+def unnamed_modules(doc: str, files: list[Path]) -> list[str]:
+    """The module files (under ``simcse_kit/``, ``__init__.py`` aside: the floor table names the
+    packages) that ``doc`` does not name. A module is named by its path in backticks
+    (`` `data/corpus.py` ``) or, in its package's row of the floor table, by its name
+    (`` `corpus` `` in the ``data/`` row; `` `fastpath/bf16.py` `` in the ``model/`` row; a
+    top-level module, `` `errors` ``, in its own)."""
+    rows: dict[str, str] = {}
+    for line in doc.splitlines():
+        match = re.match(r"^\| \d \| ([^|]+) \|", line)
+        for unit_name in re.findall(r"`([a-z_]+)/?`", match.group(1)) if match else ():
+            rows[unit_name] = line
+    unnamed = []
+    for path in files:
+        rel = path.relative_to(PACKAGE)
+        if rel.name == "__init__.py" or f"`{rel.as_posix()}`" in doc:
+            continue
+        row = rows.get(rel.parts[0] if len(rel.parts) > 1 else rel.stem, "")
+        if f"`{rel.stem}`" in row or f"`{rel.relative_to(rel.parts[0]).as_posix()}`" in row:
+            continue
+        unnamed.append(rel.as_posix())
+    return unnamed
+
+
+def test_every_module_is_named_in_the_document() -> None:
+    """docs/architecture.md names every module, so a newcomer's map has no blank patches."""
+    unnamed = unnamed_modules((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"), modules())
+    assert not unnamed, f"modules docs/architecture.md does not name (a line each there): {unnamed}"
+
+
+def test_the_naming_rule_itself(tmp_path: Path) -> None:
+    names = ("files.py", "data/corpus.py", "data/mixture.py", "model/fastpath/bf16.py")
+    files = [tmp_path / "simcse_kit" / name for name in names]
+    doc = (
+        "| 4 | `data/` | `corpus` (the cache) |\n| 3 | `model/` | `fastpath/bf16.py` |\n"
+        "see `data/mixture.py`; `mixture` elsewhere\n"
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "simcse_kit")
+        assert unnamed_modules(doc, files) == ["files.py"]
+        assert unnamed_modules(doc.replace("`corpus`", "corpus"), files) == ["files.py", "data/corpus.py"]
+        assert unnamed_modules("| 1 | `files` | the line reader |\n" + doc, files) == []
+        # A module's name in another package's row does not count.
+        assert unnamed_modules("| 3 | `model/` | `corpus` |\n`files.py`", files[:2]) == ["data/corpus.py"]
+
+
+def test_every_module_has_an_api_page() -> None:
+    """docs/api/ documents every module (``automodule``), so its docstrings are built and checked."""
+    pages = "".join(p.read_text(encoding="utf-8") for p in (REPO / "docs" / "api").glob("*.rst"))
+    documented = set(re.findall(r"^\.\. automodule:: (\S+)$", pages, flags=re.MULTILINE))
+    dotted = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__") for p in modules()}
+    missing = sorted(dotted - documented - {"simcse_kit.cli.__main__"})  # __main__ runs the command on import
+    assert not missing, f"modules without an automodule in docs/api/*.rst: {missing}"
 
 
 def test_imports_point_down() -> None:

@@ -29,14 +29,14 @@ HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
 # simcse_kit.training.objectives), which sit above the config and so import them from here.
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 MLP_MODES = ("none", "train", "always")
-MODES = tuple(modes.TABLE)  # simcse_kit.core.modes: one row per mode
-PAIR_FORMATS = ("stsb", "sick")  # scored-pair files a run reads; evaluation.sts_readers.PAIR_READERS maps each to its reader
+MODES = tuple(modes.TABLE)  #: simcse_kit.core.modes: one row per mode
+PAIR_FORMATS = ("stsb", "sick")  #: scored-pair files a run reads; evaluation.sts_readers.PAIR_READERS maps each to its reader
 # data.datasets: the modes a dataset of a mixture may have (scored needs its own score_range:
 # one file's concern), and how batches are drawn among the datasets (simcse_kit.data.mixture).
 MIXTURE_MODES = ("unsup", "sup", "hardneg")
-SAMPLINGS = ("proportional", "round_robin", "weighted")
+SAMPLINGS = ("proportional", "round_robin", "weighted")  #: data.sampling: how batches are drawn among the datasets
 DEV_FORMATS = (*PAIR_FORMATS, "beir")
-TEACHER_LOSSES = ("similarity", "embedding")  # simcse_kit.training.objectives.TeacherTargets.kind
+TEACHER_LOSSES = ("similarity", "embedding")  #: simcse_kit.training.objectives.TeacherTargets.kind
 SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
 # loss.distill: a teacher's scores of each anchor's candidates (simcse_kit.core.score_losses'
 # kl_distillation_loss and margin_mse_loss; simcse_kit.training.objectives.SimCSEObjective.distill_loss)
@@ -45,11 +45,11 @@ TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
 GUIDE_MARGIN_STRATEGIES = ("absolute", "relative")  # simcse_kit.core.masks.MARGIN_STRATEGIES (config imports no torch)
 GUIDE_IS_TEACHER = "teacher"  # loss.guide: reuse loss.teacher's cached vectors
 PRECISIONS = (AUTO, "no", "fp16", "bf16")  # simcse_kit.model.precision
-# The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
-# the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
-# and a negative is a logit gap over 100, past where fp32's exp underflows (exp(-104) = 0), so
-# the softmax is one-hot, the loss exactly 0 and no gradient flows (tau 1e-6: loss 0.0 from
-# step 1). Above 10 every logit lies within 0.2 of the others and the loss is log(N), flat.
+#: The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
+#: the real floor is where learning stops: below 1e-3 a cosine gap of 0.1 between the positive
+#: and a negative is a logit gap over 100, past where fp32's exp underflows (exp(-104) = 0), so
+#: the softmax is one-hot, the loss exactly 0 and no gradient flows (tau 1e-6: loss 0.0 from
+#: step 1). Above 10 every logit lies within 0.2 of the others and the loss is log(N), flat.
 TEMPERATURE_RANGE = (1e-3, 10.0)
 TEMPERATURE_WHY = "lower, fp32's exp underflows: loss 0 and no gradient; higher, all logits are alike: a flat loss"
 

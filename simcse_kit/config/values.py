@@ -50,7 +50,7 @@ def yaml_scalar(text: str) -> Any:
 
 
 def check_type(value: Any, kind: Any) -> Any:
-    """``value`` as ``kind`` (a field's type without ``None``); raises :class:`_Mismatch` if it is not one.
+    """``value`` as ``kind`` (a field's type without ``None``); raises ``_Mismatch`` (a ``ValueError``) if it is not one.
 
     Only lossless conversions: a whole float is an int, an int a float, a number given
     where text is expected its text (a folder named ``2024``).
@@ -140,7 +140,7 @@ def dataset_specs(value: Any) -> list[DatasetSpec]:
     and the spec's rules (:meth:`~simcse_kit.config.sections.DatasetSpec.problems`).
 
     Raises:
-        _Mismatch: naming the entry (its name, else its place in the list) and the problem.
+        ValueError: ``_Mismatch``, naming the entry (its name, else its place in the list) and the problem.
     """
     if isinstance(value, str) and value.strip().startswith(("[", "{")):  # written inline on the command line
         value = yaml_scalar(value)
@@ -180,9 +180,9 @@ def dataset_specs(value: Any) -> list[DatasetSpec]:
     return specs
 
 
-# A recipe is a few dozen values; aliases expanding past this are nested aliases (a
-# "billion laughs": 9 levels of 9 aliases are 387 million values, which an error message
-# quoting the value, or any walk over it, would never finish).
+#: A recipe is a few dozen values; aliases expanding past this are nested aliases (a
+#: "billion laughs": 9 levels of 9 aliases are 387 million values, which an error message
+#: quoting the value, or any walk over it, would never finish).
 MAX_EXPANDED_NODES = 10_000
 
 

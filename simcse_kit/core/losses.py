@@ -168,7 +168,8 @@ def contrastive_loss(
     """The general contrastive loss: every InfoNCE and SupCon form here is this call.
 
     Logits are ``cos(anchors, candidates) / tau + logit_bias`` in fp32 (autocast off);
-    ``exclude``d entries get the dtype's minimum (a row's positives never do); then
+    entries in ``exclude`` get the dtype's minimum (a row's positives never do); then
+
       * one positive per anchor (``positive_index``): cross-entropy,
         ``-log softmax_i(logits)[positive_index[i]]``, mean over anchors;
       * several (``positive_mask``), SupCon (Khosla et al., 2020) with ``P(i)`` the
@@ -194,7 +195,7 @@ def contrastive_loss(
             hard-negative weight, see :func:`simcse_kit.core.masks.weight_bias`).
         variant: ``"out"`` or ``"in"`` (multi-positive only).
         target_probs: ``[N, M]`` probabilities (rows sum to 1, no gradient needed), zero
-            on ``exclude``d entries; instead of a positive index or mask.
+            on entries in ``exclude``; instead of a positive index or mask.
 
     Returns:
         Scalar mean loss over anchors (with at least one positive).

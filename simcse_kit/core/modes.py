@@ -7,33 +7,12 @@ with whom. The collator's columns (:data:`simcse_kit.core.batch.VIEW_COLUMNS`), 
 (:data:`simcse_kit.config.run.MODES`) all read :data:`TABLE`, so a new mode is one new row.
 
 Rows of a batch are example-major (:mod:`simcse_kit.core.batch`): the ``V`` views of example
-``i`` are rows ``i*V .. i*V + V - 1``.
-
-+-----------+-----------------------------+-----------------+------------+----------+
-| mode      | views (columns)             | anchors         | candidates | weighted |
-+===========+=============================+=================+============+==========+
-| unsup     | sent0, sent0                | view 0          | view 1     |          |
-| (views)   |                             | every row       | every row  |          |
-| sup       | sent0, sent1                | view 0          | view 1     |          |
-| hardneg   | sent0, sent1, hard_neg      | view 0          | views 1, 2 | view 2   |
-| hardneg,  | sent0, sent1, hard_neg_1,   | view 0          | views      | views    |
-| k > 1     | ..., hard_neg_k             |                 | 1 .. k + 1 | 2 .. k+1 |
-| scored    | sent0, sent1 (+ score)      | view 0          | view 1     |          |
-+-----------+-----------------------------+-----------------+------------+----------+
-
-``hardneg`` with ``k`` hard negatives per example (:func:`mode` ``(name, negatives=k)``,
-:func:`hardneg`) is the same contrast with ``V = 2 + k`` views: each anchor against all
-positives and all ``k`` negatives of every example (``N (1 + k)`` candidates), its own
-``k`` negatives weighted. ``k = 1`` is the table's row itself, column ``hard_neg``.
-
-``scored`` pairs also carry a graded label (:attr:`Mode.score_column`): its own loss ranks
-the pairs' similarities by it (``loss.score_loss``, :mod:`simcse_kit.core.score_losses`);
-the contrast above is the optional InfoNCE term beside it (``loss.score_weight`` < 1).
-
-``unsup`` has two forms, chosen by ``loss.unsup_loss``: ``"paper"`` is SimCSE's
-``z1 . z2^T`` like ``sup``; ``"views"`` is NT-Xent over the 2N views (both views are the
-same sentence, so either can anchor): every row against every row, itself excluded. The
-module imports nothing, so the config (layer 0) can read it.
+``i`` are rows ``i*V .. i*V + V - 1``. Which views anchor and which are candidates in each
+mode, ``hardneg`` with ``k`` negatives per example (:func:`mode` ``(name, negatives=k)``,
+:func:`hardneg`), ``scored``'s score column (:attr:`Mode.score_column`) and ``unsup``'s two
+forms (``loss.unsup_loss``): the table of ``docs/architecture.md``, "The modes" (the
+columns each view is read from: :data:`TABLE` here, the file formats in ``docs/data.md``).
+The module imports nothing, so the config (layer 0) can read it.
 """
 
 from __future__ import annotations

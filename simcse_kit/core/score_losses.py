@@ -199,7 +199,7 @@ def kl_distillation_loss(
 
     ``mean_i KL(p_i || q_i) = mean_i sum_j p_ij (log p_ij - log q_ij)`` with
     ``p_i = softmax_j(teacher_ij / tau_t)`` (no gradient) and
-    ``q_i = softmax_j(student_ij / tau_s)``, over the candidates not ``exclude``d. Its
+    ``q_i = softmax_j(student_ij / tau_s)``, over the candidates not in ``exclude``. Its
     gradient is that of the soft-target cross-entropy (the teacher's entropy is a
     constant), but its value is 0 exactly when the student matches the teacher.
 

@@ -40,12 +40,12 @@ from simcse_kit.files import storage_error, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when the rows a file gives or the cache's layout change: older caches are not reused
-BATCH_ROWS = 10_000  # rows held in Python while building: about 1-2 MB of short sentences
-# Rows per record batch of the cache: opening it reads every batch's header, and each such
-# page fault maps the pages around it, so small batches would page in much of a large corpus.
+FORMAT = 2  #: bump when the rows a file gives or the cache's layout change: older caches are not reused
+BATCH_ROWS = 10_000  #: rows held in Python while building: about 1-2 MB of short sentences
+#: Rows per record batch of the cache: opening it reads every batch's header, and each such
+#: page fault maps the pages around it, so small batches would page in much of a large corpus.
 RECORD_ROWS = 50_000
-SHOWN_BAD_ROWS = 5  # bad rows named in the log (and the sidecar) when they are skipped
+SHOWN_BAD_ROWS = 5  #: bad rows named in the log (and the sidecar) when they are skipped
 EDGE_BYTES = 2**20  # the head and tail hashed into the cache key
 SUBFOLDER = "simcse_kit_train"
 

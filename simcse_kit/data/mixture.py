@@ -147,7 +147,7 @@ class Mixture(Dataset[dict[str, Any]]):
     def __init__(self, parts: Mapping[str, datasets.Dataset]) -> None:
         self.names = list(parts)
         self.parts = list(parts.values())
-        self.sizes = [len(part) for part in self.parts]
+        self.sizes = [len(part) for part in self.parts]  #: examples of each dataset
         self.offsets = [sum(self.sizes[:d]) for d in range(len(self.parts))]
 
     def __len__(self) -> int:

@@ -1,10 +1,11 @@
-"""Training data: validated readers, `datasets` wrapping and batch collation.
+r"""Training data: validated readers, `datasets` wrapping and batch collation.
 
 Files are streamed with :class:`simcse_kit.files.LineStream` (UTF-8, a byte-order mark as
 Excel writes it dropped, ``\r\n`` or ``\n``) and checked here row by row, so an error
 names the file and line; training writes the checked rows into a memory-mapped Arrow
 cache (:mod:`simcse_kit.data.corpus`), so a corpus of any size is read in constant
 memory. Formats, by training mode:
+
   * ``unsup``: a text file, one sentence a line; blank lines are skipped.
   * ``sup``: CSV or JSONL with columns ``sent0, sent1`` (extra columns are ignored).
   * ``hardneg``: CSV or JSONL with ``sent0, sent1, hard_neg``; or ``k`` hard negatives
@@ -79,7 +80,7 @@ def _enough_rows(path: Path, n: int) -> None:
 
 
 BOM_BYTES = BOM.encode("utf-8")
-BLOCK_BYTES = 2**20  # a text corpus is read in blocks of whole lines of about this size
+BLOCK_BYTES = 2**20  #: a text corpus is read in blocks of whole lines of about this size
 
 
 def sentence_batches(path: Path, bad: BadRows) -> Iterator[dict[str, list[str]]]:

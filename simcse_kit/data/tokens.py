@@ -8,7 +8,7 @@ table beside its text cache (:mod:`simcse_kit.data.corpus`): one row per example
 ``text_id.<column>`` column per text column (the 64-bit hashes of
 :func:`simcse_kit.core.batch.text_ids`). The table is joined to the text rows column-wise,
 so selecting, mixing and shuffling examples keep them together, and the collator pads the
-rows' ids (:func:`pad_rows`) instead of calling the tokenizer.
+rows' ids (:class:`Padding`) instead of calling the tokenizer.
 
 The ids are the tokenizer's own (``tokenizer(texts, truncation=True, max_length=...)``, its
 special tokens and truncation), built with ``datasets.map(batched=True, num_proc=...)``.
@@ -49,7 +49,7 @@ from simcse_kit.files import storage_error, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 2  # bump when a table's contents or layout change: older tables are not reused
+FORMAT = 2  #: bump when a table's contents or layout change: older tables are not reused
 IDS = "input_ids."  # + a text column (and its prompt's hash): those texts' token ids
 TEXT_ID = "text_id."  # + a text column: its texts' text_ids (false-negative masking)
 # Rows per map batch, and so per Arrow record batch of the table. Opening a memory-mapped
@@ -57,7 +57,7 @@ TEXT_ID = "text_id."  # + a text column: its texts' text_ids (false-negative mas
 # (kernel read-around): 1,000-row batches made a 10M-row table resident (650 MiB) on open.
 MAP_BATCH = 50_000
 TOKENIZER_BATCH = 1000  # texts per tokenizer call: Python holds one call's lists at a time
-ROWS_PER_PROCESS = 50_000  # fewer rows than this per map process: starting one costs more than it saves
+ROWS_PER_PROCESS = 50_000  #: fewer rows than this per map process: starting one costs more than it saves
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ objectives use, and the loop is :func:`simcse_kit.training.loop.fit`, the text t
 
 The learned features (the encoder output, below the projection head, as in SupCon)
 are then judged by a linear probe (logistic regression on frozen features) against
+
   * the same encoder, randomly initialised and frozen, and
   * the same encoder trained with plain cross-entropy,
+
 with raw pixels as a reference. A t-SNE plot of the test features is saved.
 """
 

@@ -50,7 +50,7 @@ __all__ = [
     "write_hub_copy",
 ]
 
-HUB_COLUMNS = ("sentence1", "sentence2", "score")
+HUB_COLUMNS = ("sentence1", "sentence2", "score")  #: the columns of a hub STS dataset (MTEB's schema)
 
 
 @dataclass(frozen=True)

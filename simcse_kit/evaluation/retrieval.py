@@ -60,8 +60,8 @@ _MEASURES = {"ndcg_cut.10": "ndcg_cut_10", "recall.1,10,100": "recall_", "map_cu
 _NAMES = {"ndcg_cut_10": "ndcg@10", "recall_1": "recall@1", "recall_10": "recall@10", "recall_100": "recall@100"}
 _NAMES |= {"map_cut_100": "map@100", "recip_rank": "mrr@10"}
 MRR_CUTOFF = 10
-PROGRESS_MIN_TEXTS = 10_000  # a progress bar when encoding more texts than this
-UNIFORMITY_DOCS = 4096  # the dev corpus's first documents that uniformity (all pairs) is taken over
+PROGRESS_MIN_TEXTS = 10_000  #: a progress bar when encoding more texts than this
+UNIFORMITY_DOCS = 4096  #: the dev corpus's first documents that uniformity (all pairs) is taken over
 
 
 def _pytrec_eval() -> types.ModuleType:
@@ -257,7 +257,7 @@ class RetrievalDevEvaluator:
         if split == "test":
             logger.warning("%s has no qrels/dev.tsv: selecting checkpoints on its test split", self.path)
         self.dev_name = f"{self.path.name} {split}"
-        self.metric_label = f"{self.dev_name} nDCG@10 x 100"
+        self.metric_label = f"{self.dev_name} nDCG@10 x 100"  #: what the primary metric measures
         self.task = read_beir(self.path, split)
         self.batch_size = batch_size
         self.prompts = dict(prompts or {})

@@ -271,7 +271,7 @@ class DevEvaluator:
     metric_label: str  # what the primary metric measures, e.g. "STS-B dev Spearman x 100"
 
     def __init__(self, data_dir: Path | str, batch_size: int = 64, path: Path | str | None = None, fmt: str = "stsb") -> None:
-        self.path = stsb_split_path(data_dir, "dev") if path is None else Path(path)
+        self.path = stsb_split_path(data_dir, "dev") if path is None else Path(path)  #: the dev file
         self.batch_size = batch_size
         self.pairs = PAIR_READERS[fmt](self.path)
         self.primary_metric, self.dev_name = DEV_METRICS[fmt]

@@ -20,7 +20,7 @@ from simcse_kit.evaluation.sts_readers import normalize_whitespace
 from simcse_kit.files import read_lines
 
 __all__ = ["TRANSFER_TASKS", "TransferTask", "load_transfer_task"]
-TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")  #: SentEval's transfer tasks, in its order
 TREC_CLASSES = {"ABBR": 0, "DESC": 1, "ENTY": 2, "HUM": 3, "LOC": 4, "NUM": 5}
 BINARY_FILES = {
     "MR": ("MR", "rt-polarity.pos", "rt-polarity.neg"),

@@ -119,6 +119,7 @@ class SentenceEmbeddingGraph(nn.Module):
         self.token_states = not model.pooler.needs_hidden_states
         # The pooling a client applies to last_hidden_state for our vector; None: none can.
         self.token_pooling = TOKEN_POOLING.get(model.pooler.mode) if self.mlp is None else None
+        #: The graph's outputs, in order (ONNX output names).
         self.output_names = (
             [TOKEN_STATES, OUTPUT] if self.token_pooling else [OUTPUT, TOKEN_STATES] if self.token_states else [OUTPUT]
         )

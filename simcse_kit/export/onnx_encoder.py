@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 
 ONNX_INFO = "onnx/simcse_onnx.json"
 """What the serving side needs besides the graph (written by the export)."""
-FP32_FILE = "onnx/model.onnx"
-INT8_FILE = "onnx/model_quantized.onnx"
+FP32_FILE = "onnx/model.onnx"  #: the fp32 graph, in the export folder
+INT8_FILE = "onnx/model_quantized.onnx"  #: the int8 graph (dynamic quantisation), in the export folder
 """The name Transformers.js loads for ``dtype: "q8"`` (its default on WebAssembly) and the
 Hugging Face ONNX convention; exports before issue 35 called it ``onnx/model_qint8.onnx``."""
 OUTPUT = "sentence_embedding"

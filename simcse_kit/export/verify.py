@@ -141,7 +141,7 @@ def onnx_encode(folder: Path, file_name: str) -> TensorEncode:
 
 @dataclass
 class ExportResult:
-    """What :func:`export_model` wrote and measured.
+    """What :func:`~simcse_kit.export.exporter.export_model` wrote and measured.
 
     Attributes:
         out_dir: The export folder.

@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 SaveModelFn = Callable[[nn.Module, Path, dict[str, float]], None]
 
-KEEP_CHECKPOINTS = 2  # the newest complete one, plus one in case the newest is bad
+KEEP_CHECKPOINTS = 2  #: the newest complete one, plus one in case the newest is bad
 LOOP_STATE = "loop_state.json"  # written last into a checkpoint: its presence marks it complete
 LOADER_RNG = "loader_generator.pt"
 BEST_SNAPSHOT = "best_model"  # a checkpoint's hard-linked copy of the best model at its step

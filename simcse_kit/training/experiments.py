@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 TrainFn = Callable[..., dict[str, Any]]
 
-# Sweepable settings: CLI name -> dotted config key.
+#: Sweepable settings: CLI name -> dotted config key.
 SWEEP_KEYS = {
     "temperature": "loss.temperature",
     "dropout": "model.dropout",

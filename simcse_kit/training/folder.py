@@ -30,9 +30,9 @@ from simcse_kit.training.guards import LOCK_FILE, RunLock
 
 logger = logging.getLogger(__name__)
 
-# Settings that may change between a run and its --resume: they do not change what is
-# computed (where files go, progress display, loader workers, checkpoint frequency,
-# trackers, the allocator's mmap threshold).
+#: Settings that may change between a run and its --resume: they do not change what is
+#: computed (where files go, progress display, loader workers, checkpoint frequency,
+#: trackers, the allocator's mmap threshold).
 RESUME_MAY_DIFFER = (
     "train.output_dir",
     "train.progress_bar",
@@ -43,9 +43,9 @@ RESUME_MAY_DIFFER = (
     "loss.teacher_cache_dir",
 )
 CHECKPOINTS = "checkpoints"
-# The training data's fingerprints, written beside config.yaml: config.yaml records the
-# paths, and a file edited in place between a kill and --resume would continue the
-# checkpoint's data position in other data.
+#: The training data's fingerprints, written beside config.yaml: config.yaml records the
+#: paths, and a file edited in place between a kill and --resume would continue the
+#: checkpoint's data position in other data.
 DATA_FINGERPRINTS = "data_fingerprints.json"
 LOGS = "logs"  # the experiment trackers' folder in the run folder
 BEST_MODEL = "best_model"
@@ -69,8 +69,8 @@ def with_concrete_precision(cfg: TrainConfig, cpu: bool | None = None) -> tuple[
     return replace(decided, fast_dropout=choice.fast_dropout), choice
 
 
-# On CUDA the collator's tokenisation in the training process is the bottleneck: 4 and then
-# 8 worker processes each raised the sentences/s (BENCHMARKS.md, GPU).
+#: On CUDA the collator's tokenisation in the training process is the bottleneck: 4 and then
+#: 8 worker processes each raised the sentences/s (BENCHMARKS.md, GPU).
 CUDA_WORKERS = 8
 
 

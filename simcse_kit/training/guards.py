@@ -141,7 +141,7 @@ class RunLock:
 
 
 class SignalHandlers:
-    """Install :meth:`_handle` for :attr:`signals` while active and put the previous
+    """Install ``_handle`` for :attr:`signals` while active and put the previous
     handlers back after. Main thread only (Python delivers signals there); elsewhere it
     does nothing."""
 

@@ -153,6 +153,7 @@ class SimCSEObjective:
     form) says which rows are anchors and which candidates (``N`` local examples, ``W``
     processes when ``loss.gather``; every anchor's candidates also take the queue's ``Q``
     rows when a queue is given):
+
       * every row an anchor (unsup, ``"views"``): 2N-view NT-Xent against all ``2NW``
         rows; positive: the other view (row ``i ^ 1``); the row itself excluded;
       * view-0 anchors (unsup ``"paper"``, sup, hardneg): against the candidate views'
