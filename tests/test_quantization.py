@@ -158,3 +158,74 @@ def test_quantization_file_round_trip(tmp_path: Path) -> None:
     (tmp_path / "one.txt").write_text("a\n")
     with pytest.raises(ConfigError, match="one.txt: needs at least 2"):
         calibration_from(tmp_path / "one.txt", lambda s: np.zeros((len(s), 2)), 2)
+
+
+# --- evaluate --embedding-precision on a tiny model ----------------------------------------
+
+
+def test_evaluate_sts_with_quantized_vectors(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """STS with int8 codes (cosine of the codes) and binary codes (1 - 2 hamming / D), against
+    the task's pairs scored by hand from sentence-transformers' codes."""
+    from conftest import toy_sentences, write_tiny_senteval
+    from scipy.stats import spearmanr
+
+    from simcse_kit.cli import main
+    from simcse_kit.evaluation.sts_readers import load_task
+    from simcse_kit.evaluation.suite import default_suite
+    from simcse_kit.model.inference import load_encoder
+
+    senteval = write_tiny_senteval(tmp_path / "senteval")
+    calib = tmp_path / "calib.txt"
+    calib.write_text("\n".join(toy_sentences(30)) + "\n")
+    encode = load_encoder(tiny_model_dir, pooler="avg", device="cpu").encode
+    ranges = calibration_ranges(encode(toy_sentences(30)).numpy()[:, :24])
+    pairs = load_task(senteval, default_suite()["STSBenchmark"])["test"]
+
+    def spearman(precision: str) -> float:
+        a, b = (encode(list(s)).numpy()[:, :24] for s in (pairs.sentences1, pairs.sentences2))
+        if precision == "int8":
+            a, b = (quantize_embeddings(x, "int8", ranges=ranges).astype(np.float64) for x in (a, b))
+            sims = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        else:
+            sims = -((a > 0) != (b > 0)).sum(1)  # -hamming
+        return 100 * float(spearmanr(sims, pairs.scores).statistic)
+
+    for precision in ("int8", "binary"):
+        out = tmp_path / f"{precision}.json"
+        args = ["evaluate", str(tiny_model_dir), "--pooler", "avg", "--data-dir", str(senteval), "--tasks", "STSBenchmark"]
+        args += ["--embedding-precision", precision, "--truncate-dim", "24", "--calibration", str(calib), "--json", str(out)]
+        assert main([*args, "--device", "cpu"]) == 0
+        assert json.loads(out.read_text())["STSBenchmark"] == pytest.approx(spearman(precision), abs=1e-6)
+    assert main(["evaluate", str(tiny_model_dir), "--data-dir", str(senteval), "--embedding-precision", "int8"]) == 2
+
+
+def test_evaluate_retrieval_binary_rescored(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Retrieval over binary codes: the run equals the numpy Hamming reference, rescored by the float query."""
+    from conftest import toy_sentences
+
+    from simcse_kit.evaluation import evaluate_retrieval, write_beir
+    from simcse_kit.evaluation.api import Quantized
+    from simcse_kit.evaluation.retrieval import RetrievalEvaluator, search_task
+    from simcse_kit.model.inference import load_encoder
+
+    sents = toy_sentences(60)
+    queries = {f"q{i}": " ".join(sents[i].split()[:3]) for i in range(8)}
+    folder = write_beir(tmp_path / "toy", {f"d{i}": s for i, s in enumerate(sents)}, queries, {"test": {f"q{i}": {f"d{i}": 1} for i in range(8)}})
+    encode = load_encoder(tiny_model_dir, pooler="avg", device="cpu").encode
+    evaluator = RetrievalEvaluator([folder])
+    evaluator.vectors = VectorPrecision("binary", rescore=20)
+    run, q, d = search_task(evaluator.tasks["toy"], encode, k=5, vectors=evaluator.vectors)
+    ref = numpy_hamming(q, d)
+    bits = (d > 0).astype(np.float64)
+    for row, qid in enumerate(sorted(queries, key=lambda x: int(x[1:]))):
+        # Ties at the 20th Hamming place leave faiss a choice, so: every hit is among the 20
+        # nearest (ties included), scores q . bits, and outscores every sure candidate it beat.
+        cut = np.sort(ref[row])[19]
+        hits = [int(h[1:]) for h in run[qid]]
+        assert len(hits) == 5 and all(ref[row, h] <= cut for h in hits)
+        rescored = bits @ q[row].astype(np.float64)
+        np.testing.assert_allclose(list(run[qid].values()), rescored[hits], rtol=1e-5)
+        sure = [i for i in np.flatnonzero(ref[row] < cut) if i not in hits]
+        assert all(rescored[h] >= rescored[i] - 1e-6 for h in hits for i in sure)
+    got = evaluate_retrieval(tiny_model_dir, [folder], pooler="avg", device="cpu", quantized=Quantized("binary", rescore=20))
+    assert got["toy"] == pytest.approx(evaluator(encode)["toy"])
