@@ -210,7 +210,9 @@ def test_evaluate_retrieval_binary_rescored(tmp_path: Path, tiny_model_dir: Path
 
     sents = toy_sentences(60)
     queries = {f"q{i}": " ".join(sents[i].split()[:3]) for i in range(8)}
-    folder = write_beir(tmp_path / "toy", {f"d{i}": s for i, s in enumerate(sents)}, queries, {"test": {f"q{i}": {f"d{i}": 1} for i in range(8)}})
+    folder = write_beir(
+        tmp_path / "toy", {f"d{i}": s for i, s in enumerate(sents)}, queries, {"test": {f"q{i}": {f"d{i}": 1} for i in range(8)}}
+    )
     encode = load_encoder(tiny_model_dir, pooler="avg", device="cpu").encode
     evaluator = RetrievalEvaluator([folder])
     evaluator.vectors = VectorPrecision("binary", rescore=20)

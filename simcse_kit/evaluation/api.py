@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from simcse_kit.config.recipes import senteval_dir

@@ -171,9 +171,7 @@ def hamming_search(queries: np.ndarray, corpus: np.ndarray, k: int) -> tuple[np.
     return distances.astype(np.int32), indices.astype(np.int64)
 
 
-def rescored_search(
-    queries: np.ndarray, corpus: np.ndarray, k: int, candidates: int, dim: int
-) -> tuple[np.ndarray, np.ndarray]:
+def rescored_search(queries: np.ndarray, corpus: np.ndarray, k: int, candidates: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """Hamming search for ``candidates`` per query, re-ranked by the float query.
 
     The score of a candidate is ``query . bits`` (float query, the candidate's unpacked 0/1
@@ -360,9 +358,6 @@ def calibration_from(path: str | Path, encode: Encode, batch_size: int, limit: i
     return calibration_ranges(encode_once(encode, sentences[:limit], batch_size).vectors)
 
 
-def precision_for(
-    precision: str, calibration: np.ndarray | None, rescore: int = 0, dim: int | None = None
-) -> VectorPrecision:
+def precision_for(precision: str, calibration: np.ndarray | None, rescore: int = 0, dim: int | None = None) -> VectorPrecision:
     """A :class:`VectorPrecision` cut to a Matryoshka prefix of ``dim`` dimensions."""
     return VectorPrecision(precision, calibration if precision in SCALAR else None, rescore).truncated(dim)
-
