@@ -45,6 +45,9 @@ CASES = [
     # A teacher's scores of each anchor's own candidates: local terms, beside the gathered InfoNCE.
     ("distill-kl-mix", "hardneg", {"distill": "kl", "distill_weight": 0.5}),
     ("distill-margin_mse", "hardneg", {"distill": "margin_mse"}),
+    # Quantization-aware terms on the gathered candidates (int8 ranges from them: the same on both processes).
+    ("qat-int8-sup", "sup", {"quantization": "int8", "quantization_weight": 0.5}),
+    ("qat-binary-hardneg-matryoshka", "hardneg", {"quantization": "binary", "matryoshka_dims": [32, 16]}),
 ]
 
 
