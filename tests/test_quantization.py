@@ -231,3 +231,35 @@ def test_evaluate_retrieval_binary_rescored(tmp_path: Path, tiny_model_dir: Path
         assert all(rescored[h] >= rescored[i] - 1e-6 for h in hits for i in sure)
     got = evaluate_retrieval(tiny_model_dir, [folder], pooler="avg", device="cpu", quantized=Quantized("binary", rescore=20))
     assert got["toy"] == pytest.approx(evaluator(encode)["toy"])
+
+
+# --- dev selection on the deployed precision ----------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["binary", "int8"])
+def test_selection_scores_dev_on_quantized_vectors(tiny_run, precision: str) -> None:  # noqa: ANN001 - conftest's TinyRun
+    """``train.selection_precision``: the best model's recorded dev score is STS-B dev of its
+    quantized vectors (int8: ranges of the first training sentences), computed here by hand."""
+    from conftest import toy_sentences
+    from scipy.stats import spearmanr
+
+    from simcse_kit.evaluation import DevEvaluator
+    from simcse_kit.model.inference import load_encoder
+
+    # avg pooling: the tiny random BERT's CLS vectors share nearly every sign, which leaves binary codes constant.
+    metrics = tiny_run.train(precision, selection_precision=precision, num_epochs=1, pooler="avg", mlp="none")
+    best = tiny_run.folder / precision / "best_model"
+    meta = json.loads((best / "simcse_config.json").read_text())
+    assert metrics["dev_label"] == meta["dev_label"] == f"STS-B dev Spearman x 100 ({precision} vectors)"
+    encode = load_encoder(best, device="cpu").encode
+    pairs = DevEvaluator(tiny_run.folder / "senteval").pairs
+    a, b = (encode(list(s)).numpy() for s in (pairs.sentences1, pairs.sentences2))
+    if precision == "int8":
+        ranges = calibration_ranges(encode(toy_sentences(64)).numpy())  # the recipe's 64 training sentences
+        a, b = (quantize_embeddings(x, "int8", ranges=ranges).astype(np.float64) for x in (a, b))
+        sims = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    else:
+        sims = -((a > 0) != (b > 0)).sum(1)
+    assert meta["dev_score"] == pytest.approx(100 * spearmanr(sims, pairs.scores).statistic, abs=1e-4)
+    with pytest.raises(ConfigError, match="'train.selection_precision' = 'int4'"):
+        tiny_run.config("bad", selection_precision="int4")

@@ -44,6 +44,8 @@ DISTILL_LOSSES = ("kl", "margin_mse")
 TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
 GUIDE_MARGIN_STRATEGIES = ("absolute", "relative")  # simcse_kit.core.masks.MARGIN_STRATEGIES (config imports no torch)
 QUANTIZATION_TARGETS = ("int8", "binary")  # simcse_kit.core.quantization.TARGETS (config imports no torch)
+# simcse_kit.evaluation.quantization.PRECISIONS (sentence-transformers' names; the config sits below evaluation)
+VECTOR_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 GUIDE_IS_TEACHER = "teacher"  # loss.guide: reuse loss.teacher's cached vectors
 PRECISIONS = (AUTO, "no", "fp16", "bf16")  # simcse_kit.model.precision
 # The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
@@ -579,6 +581,11 @@ class TrainConfig(LoopConfig):
         "(simcse_kit.model.heap). Less resident memory for a slower step (BENCHMARKS.md, Memory). None: malloc as it comes.",
     )
     final_eval: bool = option(True, "score the best model on the 7 STS tasks at the end (false: dev-only sweeps)")
+    selection_precision: str = option(
+        "float32",
+        f"select the best checkpoint on dev vectors at this precision ({one_of(VECTOR_PRECISIONS)}), the one the model "
+        "will be deployed at; int8/uint8 ranges from the first 1,000 training sentences at each evaluation",
+    )
     compile: bool = option(
         False,
         "torch.compile the encoder (dynamic shapes: padded and packed batches change shape every step); recorded in "
@@ -592,6 +599,7 @@ class TrainConfig(LoopConfig):
         rules: list[Rule] = [
             ("output_dir", self.output_dir.strip() != "", "a folder ('' would write into the current one)"),
             ("grad_cache_chunk", self.grad_cache_chunk >= 0, ">= 0 (0: off)"),
+            ("selection_precision", self.selection_precision in VECTOR_PRECISIONS, one_of(VECTOR_PRECISIONS)),
         ]
         if self.mmap_threshold_mib is not None:
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.
