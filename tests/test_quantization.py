@@ -263,3 +263,33 @@ def test_selection_scores_dev_on_quantized_vectors(tiny_run, precision: str) -> 
     assert meta["dev_score"] == pytest.approx(100 * spearmanr(sims, pairs.scores).statistic, abs=1e-4)
     with pytest.raises(ConfigError, match="'train.selection_precision' = 'int4'"):
         tiny_run.config("bad", selection_precision="int4")
+
+
+# --- mining with quantized vectors ----------------------------------------------------------
+
+
+def test_mining_with_binary_vectors_equals_a_hamming_reference() -> None:
+    """The hardest negative of each pair by Hamming distance among candidates no closer than
+    the positive (margin 0), from a naive loop over sentence-transformers' packed codes."""
+    from simcse_kit.training.mining import mine_hard_negatives
+
+    rng = np.random.default_rng(14)
+    texts = [f"s{i}" for i in range(40)]
+    table = dict(zip(texts, rng.standard_normal((40, 256)).astype(np.float32), strict=True))
+    pairs = [(texts[i], texts[i + 20]) for i in range(20)]
+    encode = lambda s: torch.from_numpy(np.stack([table[t] for t in s]))  # noqa: E731
+    got = mine_hard_negatives(pairs, encode, range_max=38, precision="binary")  # every candidate ranked
+    bits = {t: np.unpackbits(quantize_embeddings(v[None], "ubinary"))[:256] for t, v in table.items()}
+    float_got = mine_hard_negatives(pairs, encode, range_max=38)
+    checked = 0
+    for (a, p), negs in zip(pairs, got, strict=True):
+        ham = {t: int((bits[a] != bits[t]).sum()) for t in texts if t not in (a, p)}
+        allowed = {t: h for t, h in ham.items() if h >= int((bits[a] != bits[p]).sum())}  # cos <= cos(a, p)
+        best = min(allowed.values(), default=None)
+        if best is None:
+            assert negs is None
+            continue
+        winners = [t for t, h in allowed.items() if h == best]
+        assert negs is not None and negs[0] in winners
+        checked += 1
+    assert checked >= 10 and got != float_got  # binary codes pick other negatives than the floats
