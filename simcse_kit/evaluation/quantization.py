@@ -69,7 +69,7 @@ def _st_quantize(embeddings: np.ndarray, precision: str, ranges: np.ndarray | No
     try:  # sentence-transformers >= 5 moved it under util; the old path warns there
         from sentence_transformers.util import quantize_embeddings
     except ImportError:  # pragma: no cover - sentence-transformers 3.x/4.x
-        from sentence_transformers.quantization import quantize_embeddings
+        from sentence_transformers.quantization import quantize_embeddings  # type: ignore[import-not-found,no-redef]
     out = quantize_embeddings(embeddings, precision=precision, ranges=ranges)  # type: ignore[arg-type]
     return np.asarray(out)
 

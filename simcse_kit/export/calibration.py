@@ -21,6 +21,7 @@ import torch
 from simcse_kit.data.corpus import BadRows
 from simcse_kit.data.readers import sentence_batches, table_rows
 from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.encoding import Encode
 from simcse_kit.evaluation.quantization import VectorPrecision, calibration_ranges
 from simcse_kit.export.source import ExportSource
 
@@ -87,15 +88,12 @@ def calibrate(
     Raises:
         ConfigError: ``calibration`` is given but missing or holds fewer than 2 sentences.
     """
-    if calibration is not None:
-        path: Path | None = Path(calibration)
-        if not path.is_file():
-            raise ConfigError(f"--calibration {path}: no such file")
-    else:
-        path = _training_file(source)
-        if path is None:
-            logger.warning("no calibration set (the run's training file is not here): no quantization.json in the export")
-            return None
+    path = Path(calibration) if calibration is not None else _training_file(source)
+    if path is None:
+        logger.warning("no calibration set (the run's training file is not here): no quantization.json in the export")
+        return None
+    if not path.is_file():
+        raise ConfigError(f"--calibration {path}: no such file")
     sentences = calibration_sentences(path, limit)
     if len(sentences) < 2:
         raise ConfigError(f"--calibration {path}: needs at least 2 distinct sentences, found {len(sentences)}")
@@ -110,7 +108,7 @@ def calibrate(
 
 
 def precision_scores(
-    evaluator: Callable[[Callable[[list[str]], np.ndarray]], Mapping[str, float]],
+    evaluator: Callable[[Encode], Mapping[str, float]],
     encode: Callable[[list[str]], torch.Tensor],
     ranges: np.ndarray,
     normalize: bool,
