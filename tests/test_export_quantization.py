@@ -73,7 +73,7 @@ def test_export_ships_ranges_that_reproduce_the_runs_int8_vectors(tmp_path: Path
 
     card = (out / "README.md").read_text()
     assert "## Compact vectors" in card and "| int8 | 32 |" in card and "| binary | 4 |" in card
-    assert "quantize_embeddings(emb, \"int8\", ranges=ranges)" in card
+    assert 'quantize_embeddings(emb, "int8", ranges=ranges)' in card
     assert "quantization.json" in json.loads((out / "simcse_export.json").read_text())["files"]
 
 
@@ -82,3 +82,17 @@ def test_export_without_a_calibration_set_ships_no_ranges(tmp_path: Path, tiny_m
     export_model(model_dir, tmp_path / "export")
     assert not (tmp_path / "export" / "quantization.json").exists()
     assert "Compact vectors" not in (tmp_path / "export" / "README.md").read_text()
+
+
+def test_a_run_export_calibrates_on_the_runs_training_sentences(tiny_run) -> None:  # noqa: ANN001 - conftest's TinyRun
+    tiny_run.train("run", max_steps=2, eval_steps=2, final_eval=False)
+    out = tiny_run.folder / "export"
+    export_model(tiny_run.folder / "run", out)
+    shipped = json.loads((out / "quantization.json").read_text())
+    assert shipped["calibration"] == {"sentences": 64, "source": "training sentences train.txt"}  # the recipe's 64 lines
+    model_dir = tiny_run.folder / "run" / "best_model"
+    ours = Encoder(SimCSEModel.load(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir), 32)
+    vectors = ours.encode(calibration_sentences(tiny_run.folder / "train.txt"))
+    if shipped["normalized"]:
+        vectors = torch.nn.functional.normalize(vectors, dim=-1)
+    assert np.array_equal(read_ranges(out / "quantization.json"), calibration_ranges(vectors.numpy()))
