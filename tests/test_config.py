@@ -53,6 +53,7 @@ def test_train_section_is_the_loop_plus_the_run() -> None:
         "final_eval",
         "mmap_threshold_mib",
         "compile",
+        "selection_precision",
     }
     assert "output_dir" not in names(LoopConfig)
     assert LoopConfig(mixed_precision="bf16", bf16_weights=True).bf16_model

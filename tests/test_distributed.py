@@ -45,6 +45,10 @@ CASES = [
     # A teacher's scores of each anchor's own candidates: local terms, beside the gathered InfoNCE.
     ("distill-kl-mix", "hardneg", {"distill": "kl", "distill_weight": 0.5}),
     ("distill-margin_mse", "hardneg", {"distill": "margin_mse"}),
+    # Quantization-aware terms on the gathered candidates (int8 ranges from them: the same on both processes).
+    # (int8 codes carry 1 / step ~ 100 into the gradients: a small weight keeps them at the scale TOL is set for.)
+    ("qat-int8-sup", "sup", {"quantization": "int8", "quantization_weight": 0.02}),
+    ("qat-binary-hardneg-matryoshka", "hardneg", {"quantization": "binary", "matryoshka_dims": [32, 16]}),
 ]
 
 

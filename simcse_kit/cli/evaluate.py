@@ -17,8 +17,11 @@ from simcse_kit.errors import ConfigError
 def shared(args: argparse.Namespace) -> dict[str, Any]:
     """The options the STS and the retrieval evaluation both take: how to load and run the
     model, and where MTEB-format results go."""
+    from simcse_kit.evaluation.api import Quantized
+
     keys = ("pooler", "batch_size", "precision", "device", "mteb_results", "truncate_dim")
-    return {key: getattr(args, key) for key in keys}
+    quantized = Quantized(args.embedding_precision, args.calibration, args.rescore, args.batch_size)
+    return {key: getattr(args, key) for key in keys} | {"quantized": quantized}
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
@@ -64,6 +67,35 @@ def cmd_retrieval(args: argparse.Namespace) -> int:
     ]
     show(format_rows(rows, RETRIEVAL_COLUMNS), results, args.json)
     return 0
+
+
+def add_vector_precision(p: argparse.ArgumentParser) -> None:
+    """``--embedding-precision``, ``--calibration``, ``--rescore``: score quantized vectors."""
+    from simcse_kit.evaluation.quantization import PRECISIONS
+
+    p.add_argument(
+        "--embedding-precision",
+        choices=PRECISIONS,
+        default="float32",
+        help="score quantized vectors (sentence-transformers' quantize_embeddings): int8/uint8 codes by cosine, "
+        "binary/ubinary codes by D - 2 x Hamming distance (retrieval: faiss IndexBinaryFlat); with --truncate-dim, "
+        "the prefix is quantized",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="int8/uint8 ranges: a quantization.json, or sentences one a line to encode "
+        "(default: the model folder's quantization.json, which an export ships)",
+    )
+    p.add_argument(
+        "--rescore",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --retrieval and a binary precision: re-rank the K nearest by Hamming distance with the float query",
+    )
 
 
 def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
@@ -112,4 +144,5 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         "auto = bf16 where this device computes it natively, else fp32",
     )
     add_device(p)
+    add_vector_precision(p)
     p.set_defaults(func=cmd_evaluate, extra_ok=False)

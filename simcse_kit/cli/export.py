@@ -59,6 +59,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             device=args.device,
             **({"opset": args.opset} if args.opset is not None else {}),
             truncate_dim=args.truncate_dim,
+            calibration=args.calibration,
             # STS data is read only for the int8 check: exporting needs no data root otherwise.
             data_dir=senteval_dir(args.data_dir, args.data_root) if args.quantize else None,
         )
@@ -95,6 +96,14 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--quantize", choices=("int8",), default=None, help="also write onnx/model_quantized.onnx (implies --onnx)")
     p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset (default 18)")
     p.add_argument("--truncate-dim", type=int, default=None, metavar="N", help="ST loads it with N dimensions (Matryoshka)")
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="sentences (one a line, or CSV/JSONL sent0) whose per-dimension ranges ship as quantization.json for int8 "
+        "vectors (default: the run's training file, first 10,000 distinct sentences)",
+    )
     add_data_options(p, "STS data for the int8 check")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
     add_device(p)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device
 from simcse_kit.config.run import GUIDE_MARGIN_STRATEGIES
+from simcse_kit.config.sections import VECTOR_PRECISIONS
 
 
 def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
@@ -33,6 +34,7 @@ def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
         guide=args.guide,
         guide_margin=args.guide_margin,
         guide_margin_strategy=args.guide_margin_strategy,
+        precision=args.embedding_precision,
     )
     return 0
 
@@ -97,6 +99,13 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         choices=("exact", "faiss"),
         default="exact",
         help="exact: chunked exact search (no all-pairs matrix); faiss: a faiss IndexFlatIP (pip install simcse-kit[faiss])",
+    )
+    p.add_argument(
+        "--embedding-precision",
+        choices=VECTOR_PRECISIONS,
+        default="float32",
+        help="mine with quantized vectors: scores are cosines of the codes (binary: 1 - 2 x Hamming / D); int8 ranges "
+        "from the file's own sentences",
     )
     add_batch_size(p)
     add_device(p)

@@ -43,6 +43,9 @@ SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES'
 DISTILL_LOSSES = ("kl", "margin_mse")
 TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
 GUIDE_MARGIN_STRATEGIES = ("absolute", "relative")  # simcse_kit.core.masks.MARGIN_STRATEGIES (config imports no torch)
+QUANTIZATION_TARGETS = ("int8", "binary")  # simcse_kit.core.quantization.TARGETS (config imports no torch)
+# simcse_kit.evaluation.quantization.PRECISIONS (sentence-transformers' names; the config sits below evaluation)
+VECTOR_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 GUIDE_IS_TEACHER = "teacher"  # loss.guide: reuse loss.teacher's cached vectors
 PRECISIONS = (AUTO, "no", "fp16", "bf16")  # simcse_kit.model.precision
 #: The temperature's range. Logits are cos / tau in fp32, so any tau > 3e-39 keeps them finite;
@@ -414,6 +417,13 @@ class LossConfig:
     distill_student_temperature: float | None = option(
         None, "distill kl: the student's cosines are divided by this (None: loss.temperature)"
     )
+    quantization: str | None = option(
+        None,
+        f"quantization-aware training for {one_of(QUANTIZATION_TARGETS)} vectors: the contrastive loss again on the "
+        "straight-through codes (binary: signs, int8: per-dimension codes on the batch's ranges), every Matryoshka "
+        "prefix; docs/quantization.md. null: off.",
+    )
+    quantization_weight: float = option(1.0, "loss = contrastive + w * the same loss on the quantized codes")
 
     def check(self) -> None:
         """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
@@ -461,6 +471,11 @@ class LossConfig:
             rules.append(("teacher_student_temperature", student_tau_ok, f"null or {temperature_range()}"))
             projection_ok = self.teacher_projection in TEACHER_PROJECTIONS
             rules.append(("teacher_projection", projection_ok, one_of(TEACHER_PROJECTIONS)))
+        if self.quantization is not None:
+            rules += [
+                ("quantization", self.quantization in QUANTIZATION_TARGETS, f"{one_of(QUANTIZATION_TARGETS)} (or null)"),
+                ("quantization_weight", 0 < self.quantization_weight < math.inf, "> 0 and finite"),
+            ]
         if self.guide is not None:
             teacher_ok = self.guide != GUIDE_IS_TEACHER or self.teacher is not None
             rules += [
@@ -573,6 +588,11 @@ class TrainConfig(LoopConfig):
         "(simcse_kit.model.heap). Less resident memory for a slower step (BENCHMARKS.md, Memory). None: malloc as it comes.",
     )
     final_eval: bool = option(True, "score the best model on the 7 STS tasks at the end (false: dev-only sweeps)")
+    selection_precision: str = option(
+        "float32",
+        f"select the best checkpoint on dev vectors at this precision ({one_of(VECTOR_PRECISIONS)}), the one the model "
+        "will be deployed at; int8/uint8 ranges from the first 1,000 training sentences at each evaluation",
+    )
     compile: bool = option(
         False,
         "torch.compile the encoder (dynamic shapes: padded and packed batches change shape every step); recorded in "
@@ -586,6 +606,7 @@ class TrainConfig(LoopConfig):
         rules: list[Rule] = [
             ("output_dir", self.output_dir.strip() != "", "a folder ('' would write into the current one)"),
             ("grad_cache_chunk", self.grad_cache_chunk >= 0, ">= 0 (0: off)"),
+            ("selection_precision", self.selection_precision in VECTOR_PRECISIONS, one_of(VECTOR_PRECISIONS)),
         ]
         if self.mmap_threshold_mib is not None:
             # glibc's mallopt takes 0..32 MiB on 64-bit; below 1 MiB every activation would be a mapping.

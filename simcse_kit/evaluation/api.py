@@ -12,12 +12,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from simcse_kit.config.recipes import senteval_dir
 from simcse_kit.evaluation.encoding import Encode, prompted, truncated
 from simcse_kit.evaluation.hub import HubSTSEvaluator
 from simcse_kit.evaluation.mteb import mteb_retrieval_result, write_mteb_results
+from simcse_kit.evaluation.quantization import (
+    QUANTIZATION_FILE,
+    SCALAR,
+    VectorPrecision,
+    calibration_from,
+    precision_for,
+    read_ranges,
+)
 from simcse_kit.evaluation.retrieval import RetrievalEvaluator
 from simcse_kit.evaluation.sts import STSEvaluator, sts_alignment_uniformity
 from simcse_kit.evaluation.sts_readers import STSPairs
@@ -26,9 +35,41 @@ from simcse_kit.files import write_json_atomic
 from simcse_kit.model.devices import resolve_device
 from simcse_kit.model.inference import load_encoder
 
-__all__ = ["align_uniform_model", "evaluate_model", "evaluate_retrieval", "run_evaluator"]
+__all__ = ["Quantized", "align_uniform_model", "evaluate_model", "evaluate_retrieval", "run_evaluator"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """Which quantized vectors to score, before a model is loaded (``evaluate --embedding-precision``).
+
+    Attributes:
+        precision: float32, int8, uint8, binary or ubinary (sentence-transformers' names).
+        calibration: int8/uint8: a ``quantization.json`` or a file of sentences, one a line,
+            whose embeddings give the per-dimension ranges; default the model folder's own
+            ``quantization.json`` (an export ships one).
+        rescore: binary retrieval: Hamming candidates per query re-ranked by the float query.
+        batch_size: Calibration sentences per forward pass.
+    """
+
+    precision: str = "float32"
+    calibration: str | Path | None = None
+    rescore: int = 0
+    batch_size: int = 128
+
+    def resolve(self, encode: Encode, model: str | Path, truncate_dim: int | None) -> VectorPrecision:
+        """The :class:`~simcse_kit.evaluation.quantization.VectorPrecision` for a loaded model;
+        ranges come from the full embeddings, then are cut to ``truncate_dim``."""
+        ranges = None
+        if self.precision in SCALAR:
+            shipped = Path(model) / QUANTIZATION_FILE
+            if self.calibration is not None:
+                ranges = calibration_from(self.calibration, encode, self.batch_size)
+            elif shipped.is_file():
+                ranges = read_ranges(shipped)
+                logger.info("int8 ranges from %s", shipped)
+        return precision_for(self.precision, ranges, self.rescore, truncate_dim)
 
 
 def run_evaluator(
@@ -39,6 +80,7 @@ def run_evaluator(
     precision: str = "no",
     device: str = "auto",
     truncate_dim: int | None = None,
+    quantized: Quantized | None = None,
 ) -> dict[str, float]:
     """Load MODEL on ``device`` and run ``evaluator`` on its encode function.
 
@@ -55,13 +97,16 @@ def run_evaluator(
             ``cuda``, ``cuda:N`` or ``mps``.
         truncate_dim: Score the first this many coordinates of each embedding only
             (a Matryoshka model at a smaller size).
+        quantized: Score quantized vectors (int8 codes, binary codes) instead of floats.
 
     Returns:
         The evaluator's results.
     """
     encoder = load_encoder(model, pooler=pooler, precision=precision, device=device)
     start = time.perf_counter()
-    results = evaluator(truncated(prompted(encoder.encode, encoder.prompts.get("query", "")), truncate_dim))
+    encode = prompted(encoder.encode, encoder.prompts.get("query", ""))
+    vectors = (quantized or Quantized()).resolve(encode, model, truncate_dim)
+    results = evaluator(vectors.encode(truncated(encode, truncate_dim)))
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
     return results
 
@@ -80,6 +125,7 @@ def evaluate_model(
     mteb_results: str | Path | None = None,
     device: str = "auto",
     truncate_dim: int | None = None,
+    quantized: Quantized | None = None,
 ) -> dict[str, float]:
     """Spearman x 100 on the STS tasks for MODEL.
 
@@ -102,6 +148,7 @@ def evaluate_model(
             (see :mod:`~simcse_kit.evaluation.mteb`), if any.
         device: Where to encode (as :func:`run_evaluator`).
         truncate_dim: Score the first this many coordinates of each embedding only.
+        quantized: Score quantized vectors (see :class:`Quantized`).
 
     Returns:
         Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
@@ -116,7 +163,9 @@ def evaluate_model(
         if source == "hub"
         else STSEvaluator(senteval_dir(data_dir, None), tasks=tasks, batch_size=batch_size, suite=suite)
     )
-    results = run_evaluator(evaluator, model, pooler=pooler, precision=precision, device=device, truncate_dim=truncate_dim)
+    results = run_evaluator(
+        evaluator, model, pooler=pooler, precision=precision, device=device, truncate_dim=truncate_dim, quantized=quantized
+    )
     if mteb_results is not None:
         write_mteb_results(mteb_results, evaluator)
     return results
@@ -134,6 +183,7 @@ def evaluate_retrieval(
     device: str = "auto",
     mteb_results: str | Path | None = None,
     truncate_dim: int | None = None,
+    quantized: Quantized | None = None,
 ) -> dict[str, float]:
     """nDCG@10, MRR@10, Recall@1/10/100, MAP@100 (x 100) of MODEL on BEIR-format task
     folders (:class:`~simcse_kit.evaluation.retrieval.RetrievalEvaluator`).
@@ -149,6 +199,8 @@ def evaluate_retrieval(
         device: Where the model encodes and the exact search runs.
         mteb_results: A folder to write one MTEB-format ``<task>.json`` per task into, if any.
         truncate_dim: Search with the first this many coordinates of each embedding only.
+        quantized: Search quantized vectors (see :class:`Quantized`): int8 codes, or binary
+            codes by Hamming distance through faiss, optionally rescored by the float query.
 
     Returns:
         nDCG@10 under each task's name (in ``tasks`` order), every metric under
@@ -158,6 +210,7 @@ def evaluate_retrieval(
     evaluator = RetrievalEvaluator(tasks, split, batch_size, index, device)
     encoder = load_encoder(model, pooler=pooler, device=device, precision=precision)
     evaluator.prompts = encoder.prompts  # queries and documents get the model's own prompts
+    evaluator.vectors = (quantized or Quantized()).resolve(encoder.encode, model, truncate_dim)
     start = time.perf_counter()
     results = evaluator(truncated(encoder.encode, truncate_dim))
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)

@@ -39,6 +39,7 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.beir import RetrievalTask, read_beir
 from simcse_kit.evaluation.encoding import Encode, encode_once
 from simcse_kit.evaluation.geometry import alignment, uniformity
+from simcse_kit.evaluation.quantization import VectorPrecision
 from simcse_kit.evaluation.search import SEARCHES
 
 __all__ = [
@@ -131,6 +132,7 @@ def search_task(
     query_prompt: str = "",
     document_prompt: str = "",
     progress: bool | None = None,
+    vectors: VectorPrecision | None = None,
 ) -> tuple[dict[str, dict[str, float]], np.ndarray, np.ndarray]:
     """Encodes a task's queries and corpus once and retrieves the top ``k`` of each query.
 
@@ -145,6 +147,8 @@ def search_task(
         document_prompt: Text put before every document.
         progress: A progress bar while encoding (default: for more than
             :data:`PROGRESS_MIN_TEXTS` texts).
+        vectors: Search with quantized vectors (int8 codes, or binary codes by Hamming
+            distance, optionally rescored); default float32.
 
     Returns:
         ``(run, query_vectors, corpus_vectors)``: query id -> {document id -> cosine},
@@ -160,7 +164,10 @@ def search_task(
     embedded = encode_once(encode, [*query_texts, *doc_texts], batch_size, progress=progress)
     query_vectors, doc_vectors = embedded.of(query_texts), embedded.of(doc_texts)
     # One extra: a self-match dropped below still leaves k documents.
-    scores, indices = SEARCHES[index](query_vectors, doc_vectors, k + 1, device=device)
+    if vectors is None:
+        scores, indices = SEARCHES[index](query_vectors, doc_vectors, k + 1, device=device)
+    else:
+        scores, indices = vectors.search(query_vectors, doc_vectors, k + 1, SEARCHES[index], device)
     run: dict[str, dict[str, float]] = {}
     for row, query in enumerate(query_ids):
         hits = [(doc_ids[i], s) for s, i in zip(scores[row].tolist(), indices[row].tolist(), strict=True) if doc_ids[i] != query]
@@ -207,6 +214,7 @@ class RetrievalEvaluator:
             raise ValueError(f"two retrieval tasks share a name: {[t.name for t in read]}")
         self.batch_size, self.index, self.device = batch_size, index, device
         self.prompts = dict(prompts or {})
+        self.vectors: VectorPrecision | None = None  # quantized search (set by the caller once it has ranges)
         self.scored: dict[str, dict[str, float]] = {}  # task -> metrics (0-1) of the last call
         self.seconds: dict[str, float] = {}
 
@@ -222,6 +230,7 @@ class RetrievalEvaluator:
                 device=self.device,
                 query_prompt=self.prompts.get("query", ""),
                 document_prompt=self.prompts.get("document", ""),
+                vectors=self.vectors,
             )
             self.scored[name] = retrieval_metrics(task.qrels, run)
             self.seconds[name] = time.perf_counter() - start

@@ -25,6 +25,8 @@ import transformers
 from transformers import AutoTokenizer
 
 from simcse_kit.errors import ConfigError
+from simcse_kit.evaluation.quantization import QUANTIZATION_FILE, write_quantization
+from simcse_kit.export.calibration import calibrate, vector_scores, vectors_card
 from simcse_kit.export.card import model_card
 from simcse_kit.export.folder import (
     COMPAT_TESTED,
@@ -77,6 +79,7 @@ def export_model(
     device: str = "auto",
     opset: int = DEFAULT_OPSET,
     truncate_dim: int | None = None,
+    calibration: str | Path | None = None,
 ) -> ExportResult:
     """Write a sentence-transformers folder for a simcse-kit run or model, verified.
 
@@ -107,6 +110,9 @@ def export_model(
         opset: ONNX opset of the graphs.
         truncate_dim: sentence-transformers loads the export with this many dimensions
             (a Matryoshka model); parity is checked on that prefix.
+        calibration: Sentences (one a line, or CSV/JSONL ``sent0``) whose per-dimension
+            ranges are shipped as ``quantization.json`` for int8 vectors; default the run's
+            training file (none shipped where it is not found; :mod:`~simcse_kit.export.calibration`).
 
     Raises:
         ConfigError: Bad source, target or option (nothing is written).
@@ -183,7 +189,13 @@ def export_model(
             result.sts = int8_gate(evaluator, ours.encode, q_encode, out, kept)
             result.sts_fp32_from = "computed" if kept is None else "run record"
 
-        (tmp / "README.md").write_text(model_card(source, result, int(exported.shape[1])), encoding="utf-8")
+        card = model_card(source, result, int(exported.shape[1]))
+        calibrated = calibrate(source, ours.encode, use_norm, truncate_dim, calibration)
+        if calibrated is not None:
+            write_quantization(tmp / QUANTIZATION_FILE, calibrated.ranges, calibrated.count, calibrated.source, use_norm)
+            scores = vector_scores(evaluator, data_dir, data_root, ours.encode, calibrated.ranges, use_norm, truncate_dim)
+            card += vectors_card(calibrated, int(exported.shape[1]), scores)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
         # Its own files listed: a later --overwrite deletes only a folder holding nothing else.
         info = export_info(source, model, result, truncate_dim, quantize) | {"files": [*export_files(tmp), EXPORT_INFO]}
         write_json(tmp / EXPORT_INFO, info)

@@ -11,6 +11,11 @@ The graph written by :mod:`simcse_kit.export.onnx` already pools (and normalises
 export does), so this module only tokenises, pads and runs it. What it needs besides the
 graph is in ``onnx/simcse_onnx.json`` (max length, pad id, input names) and the folder's
 ``tokenizer.json``. It is one file on purpose: copying it beside a deployment is enough.
+
+Quantized vectors: ``encoder.encode(sentences, precision="int8")`` (or ``uint8``, ``binary``,
+``ubinary``) returns sentence-transformers' ``quantize_embeddings`` codes, int8 on the
+per-dimension ranges the export ships in ``quantization.json`` (:func:`quantize` is a numpy
+twin of that function, so serving needs no sentence-transformers; a test proves them equal).
 """
 
 from __future__ import annotations
@@ -36,8 +41,41 @@ INT8_FILE = "onnx/model_quantized.onnx"  #: the int8 graph (dynamic quantisation
 """The name Transformers.js loads for ``dtype: "q8"`` (its default on WebAssembly) and the
 Hugging Face ONNX convention; exports before issue 35 called it ``onnx/model_qint8.onnx``."""
 OUTPUT = "sentence_embedding"
+QUANTIZATION_FILE = "quantization.json"
+"""The export's int8 calibration (per-dimension ranges; docs/export.md)."""
+PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 
-__all__ = ["FP32_FILE", "INT8_FILE", "ONNX_INFO", "OUTPUT", "OnnxEncoder"]
+__all__ = ["FP32_FILE", "INT8_FILE", "ONNX_INFO", "OUTPUT", "PRECISIONS", "QUANTIZATION_FILE", "OnnxEncoder", "quantize"]
+
+
+def quantize(embeddings: np.ndarray, precision: str, ranges: np.ndarray | None = None) -> np.ndarray:
+    """sentence-transformers' ``quantize_embeddings`` in numpy, with explicit ranges.
+
+    Args:
+        embeddings: ``[N, D]`` float vectors.
+        precision: One of :data:`PRECISIONS`.
+        ranges: ``[2, D]`` per-dimension min and max (int8/uint8 only).
+
+    Returns:
+        ``[N, D]`` float32 / int8 / uint8 codes, or ``[N, ceil(D / 8)]`` packed sign bits
+        (int8 for ``binary``, uint8 for ``ubinary``).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "float32":
+        return embeddings.astype(np.float32)
+    if precision.endswith("binary"):
+        packed = np.packbits(embeddings > 0, axis=-1)
+        return packed if precision == "ubinary" else (packed - 128).astype(np.int8)
+    if ranges is None:
+        raise ValueError(f"{precision} needs the export's {QUANTIZATION_FILE} (per-dimension ranges)")
+    # The same float32 arithmetic, in the same order, as sentence-transformers: the same codes.
+    ranges = ranges.astype(np.float32, copy=False)
+    starts = ranges[0, :]
+    steps = (ranges[1, :] - starts) / 255
+    steps = np.where(steps == 0, 1, steps)
+    codes = np.clip(np.floor((embeddings - starts) / steps), 0, 255)
+    return codes.astype(np.uint8) if precision == "uint8" else (codes - 128).astype(np.int8)
 
 
 class OnnxEncoder:
@@ -52,6 +90,10 @@ class OnnxEncoder:
         file_name: The graph, relative to ``folder`` (:data:`FP32_FILE` or :data:`INT8_FILE`).
         threads: onnxruntime intra-op threads (None: onnxruntime's default, one per core).
         providers: onnxruntime execution providers (default: the CPU one).
+
+    Attributes:
+        ranges: ``[2, D']`` int8 ranges of the folder's ``quantization.json`` (None without one);
+            ``D'`` is the export's ``truncate_dim`` where it has one.
 
     Raises:
         FileNotFoundError: A file the folder must hold is missing (the message names it).
@@ -86,6 +128,10 @@ class OnnxEncoder:
         self.session = ort.InferenceSession(str(self.folder / file_name), options, providers=list(providers))
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.dim = int(info["dim"])
+        self.ranges: np.ndarray | None = None
+        if (self.folder / QUANTIZATION_FILE).is_file():
+            shipped = json.loads((self.folder / QUANTIZATION_FILE).read_text(encoding="utf-8"))["ranges"]
+            self.ranges = np.array([shipped["min"], shipped["max"]], dtype=np.float32)
 
     def _run(self, encodings: Sequence[Encoding]) -> np.ndarray:
         """One padded batch through the graph: ``[B, D]`` float32."""
@@ -101,8 +147,19 @@ class OnnxEncoder:
                 feeds["token_type_ids"][row, :n] = enc.type_ids
         return self.session.run([OUTPUT], feeds)[0].astype(np.float32, copy=False)
 
-    def encode(self, sentences: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        """Args: ``N`` sentences. Returns ``[N, D]`` float32 (``[0, D]`` for none)."""
+    def encode(self, sentences: Sequence[str], batch_size: int = 32, precision: str = "float32") -> np.ndarray:
+        """``N`` sentences -> ``[N, D]`` float32 (``[0, D]`` for none), or their codes at
+        ``precision`` (:func:`quantize`; int8/uint8 with the shipped ranges). With quantized
+        precisions, the first ``D'`` coordinates are quantized, ``D'`` the shipped ranges'
+        width (an export's ``truncate_dim``)."""
+        vectors = self._encode(sentences, batch_size)
+        if precision == "float32":
+            return vectors
+        if self.ranges is not None:
+            vectors = vectors[:, : self.ranges.shape[1]]
+        return quantize(vectors, precision, self.ranges)
+
+    def _encode(self, sentences: Sequence[str], batch_size: int) -> np.ndarray:
         out = np.empty((len(sentences), self.dim), dtype=np.float32)
         for first in range(0, len(sentences), self.BLOCK):
             encodings = self.tokenizer.encode_batch(list(sentences[first : first + self.BLOCK]))

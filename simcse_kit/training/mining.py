@@ -52,6 +52,7 @@ from simcse_kit.core.masks import guide_threshold
 from simcse_kit.core.modes import hard_negative_columns
 from simcse_kit.data.readers import TEACHER_SCORES, read_rows, score_columns
 from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.evaluation.quantization import VectorPrecision, calibration_ranges
 from simcse_kit.evaluation.search import SEARCHES
 from simcse_kit.files import check_writable, write_text_atomic
 from simcse_kit.model.inference import load_encoder
@@ -118,6 +119,7 @@ def mine_hard_negatives(
     guide: Callable[[Sequence[str]], torch.Tensor] | None = None,
     guide_margin: float = 0.0,
     guide_margin_strategy: str = "absolute",
+    precision: str = "float32",
 ) -> list[tuple[str, ...] | None]:
     """``num_negatives`` hard negatives per pair, from the corpus of all the pairs'
     sentences, by the rules of the module docstring.
@@ -139,6 +141,9 @@ def mine_hard_negatives(
             above the row's positive (by ``guide_margin``) is not taken (None: no guide).
         guide_margin: how far below the positive's guide score a candidate is still dropped.
         guide_margin_strategy: ``"absolute"`` or ``"relative"`` (a share of that score).
+        precision: Mine with quantized vectors (``--embedding-precision``): every score
+            (candidates, positive, margins) is the cosine of the codes, for binary
+            ``1 - 2 hamming / D``; int8 ranges are the corpus's own (it is the index).
 
     Returns:
         ``N`` tuples of ``k`` negatives, best first; ``None`` where fewer than ``k`` qualify.
@@ -157,6 +162,9 @@ def mine_hard_negatives(
     related = {(query_of[a], position[t]) for a, p in pairs for t in (a, p)}
     most_related = int(torch.bincount(torch.tensor([q for q, _ in related]), minlength=len(queries)).max())
     emb = torch.nn.functional.normalize(encode(corpus).float(), dim=-1)
+    if precision != "float32":
+        ranges = calibration_ranges(emb.numpy()) if precision in ("int8", "uint8") else None
+        emb = torch.nn.functional.normalize(torch.from_numpy(VectorPrecision(precision, ranges).scored(emb)), dim=-1)
     query_rows = torch.tensor([position[q] for q in queries])
     k = min(range_max + most_related, len(corpus))
     scores, ids = SEARCHES[index](emb[query_rows], emb, k, device=device)
@@ -288,6 +296,7 @@ def mine_file(
     guide: str | None = None,
     guide_margin: float = 0.0,
     guide_margin_strategy: str = "absolute",
+    precision: str = "float32",
 ) -> dict[str, int]:
     """``simcse-kit mine``: read ``sent0, sent1`` pairs, write them with ``num_negatives``
     hard negatives: CSV columns ``hard_neg`` (one) or ``hard_neg_1 .. hard_neg_k``; JSONL
@@ -297,7 +306,8 @@ def mine_file(
     Rows for which fewer than ``num_negatives`` candidates qualify are left out (and
     counted), as sentence-transformers does: a ``hardneg`` file needs ``k`` in every row.
     ``top_k`` is ``--range-max`` (:func:`mine_hard_negatives`). ``guide``: a second model
-    (anything :func:`load_encoder` opens) that vets the candidates (``--guide``).
+    (anything :func:`load_encoder` opens) that vets the candidates (``--guide``). ``precision``:
+    mine with quantized vectors (:func:`mine_hard_negatives`).
 
     Returns:
         ``{"rows": written, "skipped": rows without enough negatives}``.
@@ -338,6 +348,7 @@ def mine_file(
         guide=None if vetting is None else (lambda s: vetting.encode(s, batch_size=batch_size)),
         guide_margin=guide_margin,
         guide_margin_strategy=guide_margin_strategy,
+        precision=precision,
     )
     kept = [(a, p, n) for (a, p), n in zip(pairs, negatives, strict=True) if n is not None]
     if not kept:  # an empty hardneg file would only fail later, at training

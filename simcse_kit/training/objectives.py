@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from simcse_kit.config.run import TEACHER_LOSSES, LossConfig
-from simcse_kit.core import distributed, losses, masks, modes, score_losses
+from simcse_kit.core import distributed, losses, masks, modes, quantization, score_losses
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
 from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
 
@@ -184,6 +184,8 @@ class SimCSEObjective:
     With ``loss.matryoshka_dims`` the loss is the weighted sum of the same problem on each
     prefix of the rows (:func:`losses.matryoshka_loss`); a function of the full
     embeddings still, so GradCache and the queue take it as they take the plain loss.
+    With ``loss.quantization`` the same problem on the straight-through int8 or binary codes
+    of the same rows is added at ``loss.quantization_weight`` (:meth:`with_quantized`).
 
     With ``loss.distill`` (``hardneg`` rows carrying a teacher's scores of their positive
     and negatives) the loss is ``(1 - w) * contrastive + w * D``, ``D`` each anchor's
@@ -206,6 +208,9 @@ class SimCSEObjective:
         views_per_example(self.mode, self.negatives)  # an unknown mode (or k for one without negatives) fails here
         if self.loss_cfg.distill is not None and self.mode != modes.NEGATIVES_MODE:
             raise ValueError(f"loss.distill needs each row's hard negatives (mode hardneg); mode is {self.mode!r}")
+        side = self.side_term()
+        if self.loss_cfg.quantization is not None and side is not None and side[1] == 1:
+            raise ValueError(f"loss.quantization trains the contrastive term, and {side[0]} at weight 1 leaves none")
 
     def views_per_example(self) -> int:
         """``V``: rows per example in this mode's batches."""
@@ -402,11 +407,14 @@ class SimCSEObjective:
             columns = torch.stack([positive + block * block_rows for block in weighted], dim=1)
             bias = masks.weight_bias(columns, m, self.loss_cfg.hard_negative_weight, anchors)
         simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
+        simcse = self.with_quantized(
+            simcse, anchors, candidates, in_batch, positive_index=positive, exclude=exclude, logit_bias=bias
+        )
         if self.teacher is None:
             return simcse
         in_batch_exclude = None if exclude is None else exclude[:, :in_batch]
         taught = self.teacher_loss(embeddings, anchors, candidates[:in_batch], positive, in_batch_exclude, batch)
-        self.last_terms = {"simcse_loss": simcse.detach(), "teacher_loss": taught.detach()}
+        self.last_terms = self.last_terms | {"simcse_loss": simcse.detach(), "teacher_loss": taught.detach()}
         w = self.teacher.weight
         return (1 - w) * simcse + w * taught
 
@@ -446,6 +454,32 @@ class SimCSEObjective:
         )
         tau = self.teacher.student_temperature
         return self.prefix_loss(anchors, candidates, target_probs=targets, exclude=exclude, temperature=tau)
+
+    def with_quantized(
+        self,
+        contrastive: torch.Tensor,
+        anchors: torch.Tensor,
+        candidates: torch.Tensor,
+        in_batch: int,
+        **problem: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``contrastive + w * Q`` with ``loss.quantization``: ``Q`` the same problem (positives,
+        exclusions, bias, every Matryoshka prefix) on the straight-through int8 or binary codes
+        of the same rows (:func:`quantization.quantized_contrastive_loss`); ``contrastive``
+        itself without. The candidates are already gathered, so several processes and
+        GradCache (which calls :meth:`loss` on the cached rows) take it as the float term;
+        int8 ranges are those of the first ``in_batch`` (gathered, not queued) candidates, the
+        same on every process."""
+        cfg = self.loss_cfg
+        if cfg.quantization is None:
+            return contrastive
+        ranges = quantization.batch_ranges(candidates[:in_batch]) if cfg.quantization == "int8" else None
+        term = quantization.quantized_contrastive_loss(
+            anchors, candidates, cfg.quantization, ranges=ranges, dims=cfg.matryoshka_dims,
+            weights=cfg.matryoshka_weights, temperature=cfg.temperature, **problem,
+        )  # fmt: skip
+        self.last_terms = self.last_terms | {"float_loss": contrastive.detach(), "quantized_loss": term.detach()}
+        return contrastive + cfg.quantization_weight * term
 
     def prefix_loss(
         self, anchors: torch.Tensor, candidates: torch.Tensor, temperature: float | None = None, **problem: torch.Tensor | None

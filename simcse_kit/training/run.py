@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,8 +35,9 @@ from simcse_kit.data.readers import ContrastiveCollator, negatives_of, skipped_r
 from simcse_kit.data.tokens import Tokenization, id_columns, with_tokens
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
-from simcse_kit.evaluation.encoding import Encode, prompted
+from simcse_kit.evaluation.encoding import Encode, encode_once, prompted
 from simcse_kit.evaluation.plots import plot_training_curves
+from simcse_kit.evaluation.quantization import VectorPrecision, calibration_ranges
 from simcse_kit.files import write_json_atomic
 from simcse_kit.model.checkpointing import enable_gradient_checkpointing
 from simcse_kit.model.fastpath import enable_fast_dropout
@@ -77,6 +78,7 @@ logger = logging.getLogger(__name__)
 # The same batching as `simcse-kit evaluate`, so the run's table and a later evaluate agree
 # to the last digit (different padding changes fp32 sums in the last bits).
 EVAL_BATCH_SIZE = 128
+
 
 @dataclass
 class Run(Prepared):
@@ -292,21 +294,42 @@ def build_run(
     step = make_step(cfg, model, objective, accelerator)
     if cfg.data.prompts:  # recorded with the model: evaluation and the export use them
         extra["prompts"] = cfg.data.prompts
-    # The best model records what selected it (no evaluator, evaluate=False: never saved).
-    metric, label = (dev.primary_metric, metric_label(dev)) if dev is not None else (LEGACY_DEV_METRIC, LEGACY_DEV_LABEL)
-    save_best = partial(save_best_model, tokenizer=tokenizer, extra=extra, metric=metric, label=label)
-    checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, save_best)
     # STS dev reads its sentences as queries; a retrieval dev split applies both prompts itself.
     query_prompt = (cfg.data.prompts or {}).get("query", "") if cfg.data.dev_format != "beir" else ""
     evaluator = (
-        ModelEvaluator(dev, tokenizer, cfg.model.eval_max_seq_len, accelerator.device, cfg.train.mixed_precision, query_prompt)
+        ModelEvaluator(
+            dev,
+            tokenizer,
+            cfg.model.eval_max_seq_len,
+            accelerator.device,
+            cfg.train.mixed_precision,
+            query_prompt,
+            cfg.train.selection_precision,
+            selection_calibration(cfg, dataset, sets),
+        )
         if dev is not None
         else None
     )
+    # The best model records what selected it (no evaluator, evaluate=False: never saved).
+    metric, label = (
+        (evaluator.primary_metric, evaluator.metric_label) if evaluator is not None else (LEGACY_DEV_METRIC, LEGACY_DEV_LABEL)
+    )
+    save_best = partial(save_best_model, tokenizer=tokenizer, extra=extra, metric=metric, label=label)
+    checkpoints = Checkpoints(out / CHECKPOINTS, out / BEST_MODEL, save_best)
     return Run(
         **vars(prepare(model, loader, cfg.train, accelerator)),
-        cfg=cfg, recorded=recorded, precision=precision, heap=heap, tokenizer=tokenizer, objective=objective, step=step,
-        evaluator=evaluator, final_sts=final_sts, checkpoints=checkpoints, teacher=teacher[1] if teacher else None, tf32=tf32,
+        cfg=cfg,
+        recorded=recorded,
+        precision=precision,
+        heap=heap,
+        tokenizer=tokenizer,
+        objective=objective,
+        step=step,
+        evaluator=evaluator,
+        final_sts=final_sts,
+        checkpoints=checkpoints,
+        teacher=teacher[1] if teacher else None,
+        tf32=tf32,
         skipped_rows=sum(skipped_rows(part) for part in (sets or {}).values()) if dataset is None else skipped_rows(dataset),
         guide=guide[1] if guide else None,
     )
@@ -673,6 +696,25 @@ def make_step(
     return objective
 
 
+SELECTION_CALIBRATION = 1000
+"""Training sentences whose ranges quantize the dev vectors under ``train.selection_precision: int8``."""
+
+
+def selection_calibration(
+    cfg: RunConfig, dataset: datasets.Dataset | None, sets: dict[str, datasets.Dataset] | None
+) -> list[str]:
+    """The first :data:`SELECTION_CALIBRATION` distinct training sentences with an int8/uint8
+    ``train.selection_precision``; none otherwise."""
+    if cfg.train.selection_precision not in ("int8", "uint8"):
+        return []
+
+    def head(part: datasets.Dataset) -> datasets.Dataset:
+        return part.select(range(min(len(part), SELECTION_CALIBRATION)))
+
+    heads = None if sets is None else {name: head(part) for name, part in sets.items()}
+    return training_texts(cfg, None if dataset is None else head(dataset), heads)[:SELECTION_CALIBRATION]
+
+
 class DevScorer(Protocol):
     """A dev evaluator (:class:`~simcse_kit.evaluation.DevEvaluator`, :class:`~simcse_kit.evaluation.RetrievalDevEvaluator`):
     ``scorer(encode) -> metrics``, the metric that selects, the file or folder it reads."""
@@ -697,6 +739,8 @@ class ModelEvaluator:
     device: torch.device
     precision: str
     prompt: str = ""  # put before every sentence (the model's query prompt, for STS dev)
+    vectors: str = "float32"  # train.selection_precision: dev scored on quantized vectors
+    calibration: list[str] = field(default_factory=list)  # int8/uint8: sentences whose ranges quantize
 
     @property
     def primary_metric(self) -> str:
@@ -704,8 +748,10 @@ class ModelEvaluator:
 
     @property
     def metric_label(self) -> str:
-        """What the primary metric measures, e.g. "SICK trial Spearman x 100"."""
-        return metric_label(self.evaluator)
+        """What the primary metric measures, e.g. "SICK trial Spearman x 100" (with "(binary
+        vectors)" when selection scores quantized vectors)."""
+        label = metric_label(self.evaluator)
+        return label if self.vectors == "float32" else f"{label} ({self.vectors} vectors)"
 
     @property
     def dev_name(self) -> str:
@@ -714,7 +760,14 @@ class ModelEvaluator:
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         encoder = Encoder(model, self.tokenizer, self.max_seq_len, self.device, self.precision)
-        return self.evaluator(prompted(encoder.encode, self.prompt))
+        encode = prompted(encoder.encode, self.prompt)
+        if self.vectors != "float32":
+            # Ranges from this checkpoint's own vectors of the calibration sentences: its int8 codes as deployed.
+            ranges = (
+                calibration_ranges(encode_once(encode, self.calibration, EVAL_BATCH_SIZE).vectors) if self.calibration else None
+            )
+            encode = VectorPrecision(self.vectors, ranges).encode(encode)
+        return self.evaluator(encode)
 
 
 def run_metrics(state: LoopState, examples: int, masked_negatives: int, evaluator: Any) -> dict[str, Any]:
