@@ -15,13 +15,14 @@ both draw the same mask from the same seed and must give the same numbers (1e-5)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import toy_sentences, write_train_data
+from conftest import toy_sentences, write_tiny_senteval, write_train_data
 from safetensors.torch import load_file
 from tiny_encoders import DECODERS
 from torch import nn
@@ -251,9 +252,19 @@ def test_every_attention_path_gives_the_eager_vectors_without_dropout(arch: str,
 def run_config(path: Path, out: Path, *, fast: bool, packing: bool, attn: str, dropout: float = 0.1) -> RunConfig:
     return RunConfig(
         model=ModelConfig(
-            name_or_path=str(path), pooler="last", max_seq_len=16, dropout=dropout, packing=packing, attn_implementation=attn
+            name_or_path=str(path),
+            pooler="last",
+            max_seq_len=16,
+            eval_max_seq_len=32,
+            dropout=dropout,
+            packing=packing,
+            attn_implementation=attn,
         ),
-        data=DataConfig(mode="unsup", train_file=str(write_train_data(out.parent, "unsup", n=24))),
+        data=DataConfig(
+            mode="unsup",
+            train_file=str(write_train_data(out.parent, "unsup", n=24)),
+            eval_data_dir=str(write_tiny_senteval(out.parent / "senteval")),
+        ),
         loss=LossConfig(temperature=0.05),
         train=TrainConfig(
             output_dir=str(out),
@@ -330,8 +341,14 @@ def test_two_processes_with_fast_dropout_train_as_one_eager_process(
     recipe.write_text(
         yaml.safe_dump(
             {
-                "model": {"name_or_path": str(path), "pooler": "last", "max_seq_len": 16, "dropout": 1e-9},
-                "data": {"mode": "unsup", "train_file": reference.data.train_file},
+                "model": {
+                    "name_or_path": str(path),
+                    "pooler": "last",
+                    "max_seq_len": 16,
+                    "eval_max_seq_len": 32,
+                    "dropout": 1e-9,
+                },
+                "data": {"mode": "unsup", "train_file": reference.data.train_file, "eval_data_dir": reference.data.eval_data_dir},
                 "loss": {"temperature": 0.05},
                 "train": {k: getattr(reference.train, k) for k in keys}
                 | {"eval_at_start": False, "final_eval": False, "progress_bar": False, "mixed_precision": "no"},
@@ -351,3 +368,58 @@ def test_two_processes_with_fast_dropout_train_as_one_eager_process(
         assert got.keys() == want.keys()
         for key, value in want.items():
             torch.testing.assert_close(got[key], value, atol=TOL, rtol=0, msg=f"packing={packing} {key}")
+
+
+@pytest.mark.slow  # a run with its STS table, an export and sentence-transformers
+def test_the_issue_48_command_trains_exports_and_loads(
+    decoder_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``simcse-kit train train/unsup.yaml --name-or-path <Qwen3> --pooler last --dropout 0.1
+    --lora-r 8`` with what ``auto`` picks on a CPU with native bf16 (forced: bf16, bf16
+    weights, fast dropout; packing on), then ``simcse-kit export``: it trains through the
+    fast-dropout attention (not a fallback), and sentence-transformers (last-token pooling)
+    gives the kit's vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    from simcse_kit.cli import main
+    from simcse_kit.model.inference import load_encoder
+    from simcse_kit.training import run
+
+    routed = []
+
+    def spy(model: nn.Module) -> int:
+        swapped = enable_fast_dropout(model)
+        routed.append(internals.attention_implementation(base_encoder(model.encoder)))  # type: ignore[arg-type]
+        return swapped
+
+    monkeypatch.setattr(run, "enable_fast_dropout", spy)
+    data = tmp_path / "data"
+    data.mkdir()
+    options = {
+        "name-or-path": decoder_dirs["qwen3"],
+        "pooler": "last",
+        "dropout": 0.1,
+        "lora-r": 8,
+        "train-file": write_train_data(data, "unsup", n=32),
+        "eval-data-dir": write_tiny_senteval(data / "senteval"),
+        "output-dir": tmp_path / "run",
+        "max-steps": 4,
+        "eval-steps": 2,
+        "batch-size": 8,
+        "eval-max-seq-len": 32,
+        "mixed-precision": "bf16",
+        "bf16-weights": "true",
+        "fast-dropout": "true",
+        "report-to": "[]",
+    }
+    recipe = Path(__file__).resolve().parents[1] / "train" / "unsup.yaml"
+    assert main(["train", str(recipe), *(t for k, v in options.items() for t in (f"--{k}", str(v)))]) == 0
+    assert routed == [ATTENTION_NAME]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and metrics["speed"]["packing"] is True
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "export")]) == 0
+    sents = [*toy_sentences(16), "a " * 40]
+    ours = load_encoder(tmp_path / "run").encode(sents).double()
+    theirs = SentenceTransformer(str(tmp_path / "export"), device="cpu").encode(sents, convert_to_tensor=True).double()
+    cos = torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)
+    assert cos.min().item() >= 0.9999, cos
