@@ -215,7 +215,8 @@ def enable_fast_dropout(model: nn.Module) -> int:
     exists after this call.
 
     Returns:
-        The number of dropout modules swapped (0 when the check failed).
+        The number of dropout modules swapped (0 when the check failed; 0 too for a
+        decoder, whose only dropout is the attention's rate, read by the attention).
     """
     encoders = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
     probes = [(encoder, *probe_batch(encoder)) for encoder in encoders]
