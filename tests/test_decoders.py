@@ -43,7 +43,12 @@ def test_decoders_are_told_from_encoders(decoder_dirs: dict[str, Path], tiny_mod
 def test_the_tokenizer_appends_eos_keeps_bos_and_pads(decoder_dirs: dict[str, Path], tmp_path: Path) -> None:
     """Known ids: Qwen3 (no BOS) gets ``the cat <|im_end|>``; Llama keeps ``<s>`` first and,
     having no pad token, pads with ``</s>``; the change is saved with the tokenizer."""
-    expected = {"qwen3": ([10, 7, 2], "<|endoftext|>"), "llama": ([1, 10, 7, 2], "</s>"), "gemma3_text": ([2, 11, 8, 3], "<pad>")}
+    expected = {
+        "qwen3": ([10, 7, 2], "<|endoftext|>"),
+        "llama": ([1, 10, 7, 2], "</s>"),
+        "mistral": ([1, 10, 7, 2], "</s>"),
+        "gemma3_text": ([2, 11, 8, 3], "<pad>"),
+    }
     for arch, path in decoder_dirs.items():
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path), AutoConfig.from_pretrained(path))
         ids, pad = expected[arch]

@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer, RobertaConfig, RobertaModel
 
 from simcse_kit.config.run import ModelConfig
 from simcse_kit.model.checks import load_checked_tokenizer
+from simcse_kit.model.families import sliding_window
 from simcse_kit.model.fastpath import enable_fast_dropout
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.model.packing import first_fit_decreasing, pack, packing_matches
@@ -183,11 +184,11 @@ def test_packing_in_a_bf16_model_with_fp32_tables(tiny_model_dir: Path, attn: st
 def test_packed_decoder_equals_padded_decoder(arch: str, pooler: str, attn: str, decoder_dirs: dict[str, Path]) -> None:
     """A decoder packs with a causal mask per sentence (position ids that restart, no mask:
     transformers' mask builder splits the rows): vectors and every gradient equal the padded
-    forward's, from left- and right-padded batches, fp32. Gemma3's sliding-window layers
+    forward's, from left- and right-padded batches, fp32. Mistral's and Gemma3's sliding-window layers
     (window 8) see packed sentences longer than the window, beside another sentence."""
     path = decoder_dirs[arch]
     tokenizer = load_checked_tokenizer(path)
-    window = AutoConfig.from_pretrained(path).sliding_window if arch == "gemma3_text" else None
+    window = sliding_window(AutoConfig.from_pretrained(path))
 
     def run(packing: bool, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = ModelConfig(name_or_path=str(path), pooler=pooler, dropout=0.0, packing=packing, attn_implementation=attn)

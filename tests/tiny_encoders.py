@@ -116,12 +116,13 @@ def build_tiny(arch: str, folder: Path) -> Path:
 
 # --------------------------------------------------------------------------- decoders
 
-DECODERS = ("qwen3", "llama", "gemma3_text")
+DECODERS = ("qwen3", "llama", "mistral", "gemma3_text")
 # Each family's special tokens as its real tokenizer has them: Qwen3 pads with <|endoftext|>
-# and adds nothing; Llama puts <s> first and has no pad token; Gemma3 puts <bos> first.
+# and adds nothing; Llama and Mistral put <s> first and have no pad token; Gemma3 puts <bos> first.
 DECODER_SPECIALS = {
     "qwen3": {"unk": "<unk>", "pad": "<|endoftext|>", "eos": "<|im_end|>"},
     "llama": {"unk": "<unk>", "bos": "<s>", "eos": "</s>"},
+    "mistral": {"unk": "<unk>", "bos": "<s>", "eos": "</s>"},
     "gemma3_text": {"unk": "<unk>", "pad": "<pad>", "bos": "<bos>", "eos": "<eos>"},
 }
 
@@ -156,8 +157,16 @@ def decoder_tokenizer(arch: str, folder: Path) -> object:
 
 def build_tiny_decoder(arch: str, folder: Path) -> Path:
     """Save a tiny random decoder-only ``arch`` model (its body, as ``AutoModel`` builds
-    it from a causal-LM config) and its tokenizer into ``folder``."""
-    from transformers import AutoModel, Gemma3TextConfig, LlamaConfig, Qwen3Config
+    it from a causal-LM config) and its tokenizer into ``folder``.
+
+    Shaped like the real configs, only smaller: grouped-query attention everywhere
+    (Qwen3-8B and Llama 3 share a key/value head among 4 query heads, Gemma3-1B among 4;
+    here Qwen3 4:2, Llama 8:1, Mistral and Gemma3 4:1), Qwen3's q/k norms, explicit
+    ``head_dim`` and tied embeddings, Mistral's sliding window on every layer, Gemma3's
+    sliding window on some layers (``layer_types``) with a ``query_pre_attn_scalar`` that is
+    not ``head_dim``. Windows of 8 tokens keep the local attention visible in 16-token sentences.
+    """
+    from transformers import AutoModel, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen3Config
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = decoder_tokenizer(arch, folder)
@@ -170,15 +179,21 @@ def build_tiny_decoder(arch: str, folder: Path) -> Path:
         "intermediate_size": 37,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
-        "num_key_value_heads": 2,
         "max_position_embeddings": MAX_POSITIONS,
         **ids,
     }
     config = {
-        "qwen3": lambda: Qwen3Config(head_dim=8, **common),
-        "llama": lambda: LlamaConfig(**common),
-        # A window of 8 tokens keeps Gemma3's local attention visible in 16-token sentences.
-        "gemma3_text": lambda: Gemma3TextConfig(head_dim=8, sliding_window=8, **common),
+        "qwen3": lambda: Qwen3Config(head_dim=8, num_key_value_heads=2, tie_word_embeddings=True, **common),
+        "llama": lambda: LlamaConfig(**(common | {"num_attention_heads": 8}), num_key_value_heads=1),
+        "mistral": lambda: MistralConfig(num_key_value_heads=1, sliding_window=8, **common),
+        "gemma3_text": lambda: Gemma3TextConfig(
+            head_dim=8,
+            num_key_value_heads=1,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=16,
+            **common,
+        ),
     }[arch]()
     torch.manual_seed(0)
     AutoModel.from_config(config).save_pretrained(folder)

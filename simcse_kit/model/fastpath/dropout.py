@@ -19,6 +19,7 @@ model's dropout modules and only then registers the attention with transformers.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import Any
 
@@ -121,33 +122,76 @@ def fast_dropout_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Bidirectional attention: SDPA when there is no dropout (eval), else the explicit
-    softmax with ``fast_dropout`` on the probabilities (SDPA's CPU path with dropout is
-    this same math, with ``bernoulli_``).
+    """Transformers' attention with ``fast_dropout`` on the probabilities: SDPA when there is
+    no dropout (eval), else the explicit softmax (SDPA's CPU path with dropout is this same
+    math, with ``bernoulli_``), which is the model's own eager attention with another RNG.
+
+    What eager and SDPA attention do, this does too: grouped-query attention (each run of
+    ``heads // kv_heads`` consecutive query heads shares one key/value head, as in
+    transformers' ``repeat_kv``); causal attention when the mask builder left the mask out
+    (``sdpa_mask`` does when a batch has no padding and relies on SDPA's ``is_causal``);
+    sliding windows (in the mask transformers builds per layer); Gemma-2-style
+    ``softcap`` on the scores.
 
     Args:
-        module: the attention module (transformers' calling convention).
-        query, key, value: ``[B, heads, L, head_dim]``.
-        attention_mask: ``[B, 1, L, L]`` boolean (True = attend, as transformers' SDPA
+        module: the attention module (transformers' calling convention): its
+            ``is_causal`` is read when ``attention_mask`` is None, as SDPA attention does.
+        query: ``[B, heads, L, head_dim]``.
+        key, value: ``[B, kv_heads, S, head_dim]``; ``heads`` a multiple of ``kv_heads``.
+        attention_mask: ``[B, 1, L, S]`` boolean (True = attend, as transformers' SDPA
             mask builder makes it) or additive (0 / dtype minimum, as a prepared 4-D
             mask for eager attention is), or None.
         dropout: the attention-probability drop rate (0 in eval mode).
         scaling: the score scale (default ``head_dim ** -0.5``).
+        **kwargs: ``is_causal`` (overrides the module's), ``softcap``; the rest (such as
+            ``sliding_window``, already in the mask) is not read.
 
     Returns:
         ``([B, L, heads, head_dim], None)``: no attention weights are returned.
+
+    Raises:
+        ValueError: attention sinks (``s_aux``), which this attention does not compute.
     """
-    if dropout == 0.0:
+    softcap = kwargs.get("softcap")
+    if dropout == 0.0 and softcap is None and not _explicit.get():
         return internals.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
-    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("fast_dropout_attention: attention sinks (s_aux) are not supported")
+    b, heads, length, dim = query.shape
+    kv_heads, kv_length = key.shape[1], key.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"fast_dropout_attention: {heads} query heads do not share {kv_heads} key/value heads evenly")
+    groups = heads // kv_heads
+    scaling = dim**-0.5 if scaling is None else scaling
+    # Grouped-query attention without repeating keys and values: a group's query heads
+    # become rows of one matrix against their shared key head, the order repeat_kv gives.
+    grouped = query.reshape(b, kv_heads, groups * length, dim)
+    scores = torch.matmul(grouped, key.transpose(2, 3)).view(b, heads, length, kv_length) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is None and length > 1 and _is_causal(module, kwargs):
+        # SDPA's is_causal: the top-left triangle (query i sees keys 0..i).
+        attention_mask = torch.ones(length, kv_length, dtype=torch.bool, device=query.device).tril()
     if attention_mask is not None:
         if attention_mask.dtype == torch.bool:  # SDPA-style: True = attend
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:  # additive
-            scores = scores + attention_mask[..., : key.shape[-2]]
+            scores = scores + attention_mask[..., :kv_length]
     probs = fast_dropout(torch.softmax(scores, dim=-1), dropout)
-    return torch.matmul(probs, value).transpose(1, 2).contiguous(), None
+    out = torch.matmul(probs.view(b, kv_heads, groups * length, kv_length), value)
+    return out.view(b, heads, length, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def _is_causal(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Whether attention without a mask is causal, read as SDPA attention reads it: the
+    call's ``is_causal``, else the module's, else causal."""
+    causal = kwargs.get("is_causal")
+    return bool(getattr(module, "is_causal", True) if causal is None else causal)
+
+
+# Set while enable_fast_dropout's check runs: the explicit attention without dropout, so
+# the check covers the path training takes (grouped heads, masks), not only SDPA's.
+_explicit: contextvars.ContextVar[bool] = contextvars.ContextVar("simcse_fast_dropout_explicit", default=False)
 
 
 def enable_fast_dropout(model: nn.Module) -> int:
@@ -157,7 +201,9 @@ def enable_fast_dropout(model: nn.Module) -> int:
 
     The check, per architecture, is packing's: each Hugging Face sub-model encodes a
     probe batch (:func:`simcse_kit.model.families.probe_batch`, longer than a local
-    attention window) in eval mode before and after; any difference, or an error,
+    attention window) in eval mode before and after, after both through SDPA (what eval
+    runs) and through the explicit attention training runs (without dropout); any
+    difference, or an error,
     restores the model's own dropout modules and attention and logs why. A model whose
     attention is its own code (MPNet, DeBERTa-v2) keeps it; its probability dropout is
     an ``nn.Dropout`` and is swapped with the rest.
@@ -169,7 +215,8 @@ def enable_fast_dropout(model: nn.Module) -> int:
     exists after this call.
 
     Returns:
-        The number of dropout modules swapped (0 when the check failed).
+        The number of dropout modules swapped (0 when the check failed; 0 too for a
+        decoder, whose only dropout is the attention's rate, read by the attention).
     """
     encoders = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
     probes = [(encoder, *probe_batch(encoder)) for encoder in encoders]
@@ -191,7 +238,12 @@ def enable_fast_dropout(model: nn.Module) -> int:
             logger.info("fast dropout: %s keeps its own attention (not built on AttentionInterface)", type(encoder).__name__)
     try:
         after = _probe_outputs(model, probes)
-        worst = max(((a - b).abs().max().item() for a, b in zip(before, after, strict=True)), default=0.0)
+        token = _explicit.set(True)
+        try:
+            after += _probe_outputs(model, probes)
+        finally:
+            _explicit.reset(token)
+        worst = max(((a - b).abs().max().item() for a, b in zip(before * 2, after, strict=True)), default=0.0)
         failure = f"outputs differ by {worst:.2e} in eval mode" if worst > 1e-5 else None
     except Exception as exc:  # any failure means "keep the model's own"
         failure = f"{type(exc).__name__}: {exc}"
