@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TinyRun
 
 from simcse_kit.model import precision
 from simcse_kit.model.precision import CpuSupport, MatmulSpeeds, PrecisionChoice, resolve_eval_precision, resolve_precision
@@ -348,3 +349,30 @@ def test_the_decision_does_not_depend_on_the_load(avx2: bool) -> None:
         results = decide(avx2, times=20)
     modes = [(r["mode"], r["weights"], r["dropout"]) for r in results]
     assert modes == [("no", False, False) if avx2 else ("bf16", True, True)] * 20, modes
+
+
+def test_a_run_records_what_decided_auto(monkeypatch: pytest.MonkeyPatch, tiny_run: TinyRun) -> None:
+    """metrics.json's ``precision`` says what ``auto`` decided and from what: the facts and
+    the flags of the hardware check (forced here to a CPU without native bf16), and
+    config.yaml records the decision, not ``auto``."""
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.run import train
+
+    monkeypatch.setattr(precision, "cpu_bf16_support", check_of(AVX2_CPU))
+    cfg = tiny_run.config(
+        "auto", mixed_precision="auto", save_steps=0, num_epochs=1, max_steps=1, eval_at_start="false", final_eval="false"
+    )
+    assert (cfg.train.mixed_precision, cfg.train.bf16_weights, cfg.train.fast_dropout) == ("auto", "auto", "auto")
+    metrics = train(cfg)
+    facts = "cpu: oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA): no native bf16"
+    assert metrics["precision"] == {
+        "mixed_precision": "no",
+        "bf16_weights": False,
+        "fast_dropout": False,
+        "reason": f"{facts} -> fp32 (auto)",
+        "probe": {},
+        "decided_by": facts,
+        "hardware": {"cpu_flags": ""},
+    }
+    saved = load_config(tiny_run.folder / "auto" / "config.yaml").train
+    assert (saved.mixed_precision, saved.bf16_weights, saved.fast_dropout) == ("no", False, False)
