@@ -122,7 +122,7 @@ def test_explicit_bf16_on_a_cpu_without_it_is_honoured_with_a_warning(caplog: py
         choice = resolve_precision("bf16", "cpu", cpu_check=check_of(AVX2_CPU), probe=no_probe)
     assert choice.mixed_precision == "bf16"
     assert (choice.bf16_weights, choice.fast_dropout) == (False, False)  # auto: not native
-    assert choice.decided_by == "requested bf16"
+    assert choice.decided_by == "requested bf16; cpu: oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA): no native bf16"
     [record] = caplog.records
     assert record.levelno == logging.WARNING
     assert "oneDNN capped at AVX2" in record.getMessage() and "slower than fp32" in record.getMessage()

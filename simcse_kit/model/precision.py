@@ -212,7 +212,8 @@ class PrecisionChoice:
         probe: what the warning-only timing measured, for metrics.json: ``fp32_gflops``,
             ``bf16_gflops`` (or ``fp16_gflops``) and their ratio; empty when nothing was timed.
         decided_by: what decided, for metrics.json: the hardware facts (``"cpu: ..."``,
-            ``"cuda: compute capability 8.0 ..."``) or ``"requested bf16"``; with several
+            ``"cuda: compute capability 8.0 ..."``) or ``"requested bf16"`` (with the CPU's
+            facts where they were read for ``bf16_weights``/``fast_dropout``); with several
             processes, ``"rank 0 of N: ..."`` (every process follows rank 0).
         hardware: the flags read (:attr:`CpuSupport.flags`); empty off the CPU.
     """
@@ -396,7 +397,8 @@ def _choice(requested: str, hw: _Hardware, bf16_weights: bool | str, fast_dropou
     how = "auto" if requested == "auto" else f"requested {requested}"
     reason = f"{hw.facts} -> {_summary(hw.mode, weights, dropout)} ({how})"
     logger.info("precision: %s", reason)
-    decided_by = hw.facts if requested == "auto" else f"requested {requested}"
+    # An explicit precision decides itself; the hardware facts still decided its "auto" flags.
+    decided_by = hw.facts if requested == "auto" else f"requested {requested}" + (f"; {hw.facts}" if hw.flags else "")
     return PrecisionChoice(hw.mode, weights, dropout, reason, hw.numbers, decided_by, hw.flags)
 
 
