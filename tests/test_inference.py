@@ -102,7 +102,9 @@ def test_precision_applies_to_sentence_transformers_folders(precision: str, monk
     (all-MiniLM-L6-v2 and every export): the vectors came out bit-equal to fp32."""
     from simcse_kit.model import precision as precision_module
 
-    # "auto" decides from a probe; make this CPU look native-bf16 whatever it is.
+    # "auto" decides from the CPU's declared flags; make this CPU look native-bf16 whatever it is
+    # (and its warning-only probe agree).
+    monkeypatch.setattr(precision_module, "cpu_bf16_support", lambda: precision_module.CpuSupport(True, "test: native bf16"))
     monkeypatch.setattr(precision_module, "cpu_matmul_speeds", lambda dtype, *a, **k: precision_module.MatmulSpeeds(50.0, 150.0))
     sentences = ["a man is playing a guitar.", "two dogs run in the park.", "the cat sleeps on the bed."]
     fp32 = load_encoder("all-MiniLM-L6-v2").encode(sentences)

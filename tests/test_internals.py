@@ -112,3 +112,27 @@ def test_momentum_update_is_the_loop_bit_for_bit() -> None:
     internals.momentum_update(keys, queries, 0.999)
     for got, expected in zip(keys, want, strict=True):
         assert torch.equal(got, expected)
+
+
+def test_onednn_bf16_kernels_follows_onednn_isa_cap() -> None:
+    """``torch.ops.mkldnn._is_mkldnn_bf16_supported`` still exists and reads oneDNN's
+    effective ISA: False with ``ONEDNN_MAX_CPU_ISA=AVX2`` whatever the CPU declares, True
+    uncapped on a CPU with AVX-512 (each in a fresh process: oneDNN reads the cap once)."""
+    import os
+    import subprocess
+    import sys
+
+    resolve("torch", "torch:ops.mkldnn._is_mkldnn_bf16_supported")
+    code = "from simcse_kit.model.fastpath import internals; print(internals.onednn_bf16_kernels())"
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")}
+
+    def answer(cap: str | None) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env | ({"ONEDNN_MAX_CPU_ISA": cap} if cap else {})
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert answer("AVX2") == "False"
+    if torch.cpu.get_capabilities().get("avx512_bw") is True and torch.backends.mkldnn.is_available():
+        assert answer(None) == "True"

@@ -313,3 +313,75 @@ def test_a_rank_that_dies_ends_the_run_in_bounded_time_naming_it(runs: TinyRun, 
     assert re.search(r"rank\s*: 1 \(local_rank: \d\)\s*\n\s*exitcode\s*: -9", text), text[-3000:]
     assert "Signal 9 (SIGKILL)" in text, text[-3000:]
     print(f"{nnodes} machine(s): every launcher ended {took:.1f} s after rank 1 was killed")
+
+
+# --------------------------------------------------------------------------- one precision per launch
+
+# Run as the torchrun worker instead of ``-m simcse_kit.cli``: the hardware check of each
+# rank forced by the environment, then the CLI itself; each rank writes what it trained with.
+FORCED_CHECK_WORKER = """
+import json, os, sys
+from pathlib import Path
+from simcse_kit.cli import main
+from simcse_kit.model import precision
+from simcse_kit.training import run as run_module
+
+rank = int(os.environ["RANK"])
+native = os.environ[f"FORCE_BF16_RANK{rank}"] == "native"
+facts = f"forced on rank {rank}: {'native' if native else 'no native'} bf16"
+precision.cpu_bf16_support = lambda: precision.CpuSupport(native, facts, {"forced": True})
+build_run = run_module.build_run
+
+
+def recording_build_run(*args, **kwargs):
+    run = build_run(*args, **kwargs)
+    train = run.cfg.train
+    dtypes = sorted({str(p.dtype) for p in run.model.parameters()})
+    record = {"precision": [train.mixed_precision, train.bf16_weights, train.fast_dropout], "dtypes": dtypes}
+    Path(os.environ["RECORD_DIR"], f"rank{rank}.json").write_text(json.dumps(record))
+    return run
+
+
+run_module.build_run = recording_build_run
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("rank0_native", [True, False], ids=["rank0-bf16", "rank0-fp32"])
+def test_every_rank_follows_rank_0s_precision(runs: TinyRun, rank0_native: bool) -> None:
+    """``auto`` on 2 processes whose hardware checks disagree (rank 1 forced to the other
+    answer): both train with rank 0's choice, bf16 weights on both or fp32 on both, and
+    metrics.json says rank 0 decided. Before, each rank decided alone and one launch could
+    train bf16 weights on one rank and fp32 on the other."""
+    name = f"agree-{'bf16' if rank0_native else 'fp32'}"
+    options = overrides(runs, "unsup", name)
+    options.update({"max_steps": 1, "num_epochs": 1, "grad_accum": 1, "mixed_precision": "auto",
+                    "bf16_weights": "auto", "fast_dropout": "auto", "report_to": "none"})  # fmt: skip
+    for key in ("queue_size", "momentum"):
+        options.pop(key)
+    worker = runs.folder / "forced_check_worker.py"
+    worker.write_text(FORCED_CHECK_WORKER)
+    record = runs.folder / f"{name}-ranks"
+    record.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", str(worker),
+               "train", str(runs.recipe("unsup-recipe")), *cli_args(options)]  # fmt: skip
+    forced = {"FORCE_BF16_RANK0": "native" if rank0_native else "none", "FORCE_BF16_RANK1": "none" if rank0_native else "native"}
+    env = os.environ | ENV_EXTRA | forced | {"RECORD_DIR": str(record)}
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:]
+    want = ["bf16", True, True] if rank0_native else ["no", False, False]
+    dtypes = ["torch.bfloat16"] if rank0_native else ["torch.float32"]
+    for rank in (0, 1):
+        got = json.loads((record / f"rank{rank}.json").read_text())
+        assert got["precision"] == want, (rank, got)
+        # bf16 weights keep the embedding tables fp32 (fastpath.bf16): the rest is bf16
+        assert set(dtypes) <= set(got["dtypes"]) and (rank0_native or got["dtypes"] == dtypes), (rank, got)
+    assert "this process (rank 1) would decide" in done.stdout, done.stdout[-4000:]
+    decided = json.loads((Path(options["output_dir"]) / "metrics.json").read_text())["precision"]
+    assert decided["decided_by"] == f"rank 0 of 2: cpu: forced on rank 0: {'native' if rank0_native else 'no native'} bf16"
+    assert [decided["mixed_precision"], decided["bf16_weights"], decided["fast_dropout"]] == want
+    assert decided["hardware"] == {"forced": True}

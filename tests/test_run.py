@@ -92,6 +92,7 @@ def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
     assert metrics["memory"]["mmap_threshold_mib"] is None and "malloc as it is" in metrics["memory"]["reason"]
     # fast_dropout "auto" at mixed_precision "no": decided (off) and recorded with its reason
     assert metrics["precision"]["fast_dropout"] is False and metrics["precision"]["mixed_precision"] == "no"
+    assert (metrics["precision"]["decided_by"], metrics["precision"]["hardware"]) == ("requested no", {})  # nothing read
     assert metrics["steps"] == 8  # 64 sentences, batch 8
     assert [e["step"] for e in metrics["evals"]] == [0.0, 3.0, 6.0, 8.0]  # step 0: the untouched model
     assert all(set(e) == {"step", "stsb_dev", "alignment", "uniformity"} for e in metrics["evals"])

@@ -20,6 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import broadcast_object_list
 
 from simcse_kit.config.run import AUTO, HUB_PREFIX, RunConfig, TrainConfig, load_config, save_config
 from simcse_kit.errors import ConfigError
@@ -51,13 +53,17 @@ LOGS = "logs"  # the experiment trackers' folder in the run folder
 BEST_MODEL = "best_model"
 
 
-def with_concrete_precision(cfg: TrainConfig, cpu: bool | None = None) -> tuple[TrainConfig, PrecisionChoice | None]:
+def with_concrete_precision(
+    cfg: TrainConfig, cpu: bool | None = None, *, agree: bool = True
+) -> tuple[TrainConfig, PrecisionChoice | None]:
     """``cfg`` with its ``auto`` precision settings decided for this machine (and the choice,
     with its one-line reason); a config without ``auto`` comes back unchanged with None.
 
     Args:
         cfg: the run's ``train:`` section.
         cpu: decide for the CPU; default: the CPU when CUDA is unavailable.
+        agree: with several processes, take rank 0's choice (:func:`agreed_with_rank0`:
+            a collective, so every process must call it); False: this process's own.
     """
     if AUTO not in (cfg.mixed_precision, cfg.bf16_weights, cfg.fast_dropout):
         return cfg, None
@@ -65,8 +71,38 @@ def with_concrete_precision(cfg: TrainConfig, cpu: bool | None = None) -> tuple[
     choice = resolve_precision(
         cfg.mixed_precision, "cpu" if cpu else "cuda", bf16_weights=cfg.bf16_weights, fast_dropout=cfg.fast_dropout
     )
+    if agree:
+        choice = agreed_with_rank0(choice, cpu)
     decided = replace(cfg, mixed_precision=choice.mixed_precision, bf16_weights=choice.bf16_weights)
     return replace(decided, fast_dropout=choice.fast_dropout), choice
+
+
+def agreed_with_rank0(choice: PrecisionChoice, cpu: bool) -> PrecisionChoice:
+    """Rank 0's precision choice, on every process of a launch (``WORLD_SIZE`` > 1).
+
+    Each process checks its own hardware, but one launch must not train bf16 weights on
+    one rank and fp32 on another (DDP would all-reduce gradients of different dtypes, and
+    the ranks' models would drift apart): rank 0 decides, the others follow, before any
+    model is cast. A process whose own check differs says so (a launch across unlike
+    machines). The process group is Accelerate's, started here as the run's Accelerator
+    would start it (``cpu``), so the later Accelerator reuses it.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return choice
+    state = PartialState(cpu=cpu)
+    if state.num_processes <= 1:
+        return choice
+    [main] = broadcast_object_list([choice], from_process=0)
+    if main.reason != choice.reason:
+        logger.warning(
+            "precision: this process (rank %d) would decide %s; following rank 0: %s",
+            state.process_index,
+            choice.reason,
+            main.reason,
+        )
+    agreed = replace(main, decided_by=f"rank 0 of {state.num_processes}: {main.decided_by}")
+    logger.info("precision for all %d processes (rank 0 decides): %s", state.num_processes, agreed.reason)
+    return agreed
 
 
 #: On CUDA the collator's tokenisation in the training process is the bottleneck: 4 and then
@@ -103,7 +139,7 @@ def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
     A saved config records what ran, so ``auto`` precision settings in ``requested`` are
     decided for this machine before comparing (a recipe's ``auto`` matches a run that
     chose bf16 here, and not one that chose it on another machine's hardware)."""
-    saved, requested = (replace(c, train=with_concrete_precision(c.train)[0]) for c in (saved, requested))
+    saved, requested = (replace(c, train=with_concrete_precision(c.train, agree=False)[0]) for c in (saved, requested))
     out = []
     old, new = saved.to_dict(), requested.to_dict()
     for section, values in new.items():

@@ -204,9 +204,10 @@ def build_run(
             dev = DevEvaluator(data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=data.dev_file, fmt=data.dev_format)
         final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE) if cfg.train.final_eval else None
     tracker_names(cfg.train.report_to)  # an unknown or uninstalled tracker
-    # "auto" precision becomes what this machine computes fastest, before the run folder
-    # records the config: config.yaml says what ran, and a resume on another machine that
-    # would decide differently is refused rather than silently mixed.
+    # "auto" precision becomes what this machine computes natively (rank 0's hardware for
+    # every process), before the run folder records the config: config.yaml says what ran,
+    # and a resume on another machine that would decide differently is refused rather than
+    # silently mixed.
     train_cfg, precision = with_concrete_precision(cfg.train, cpu)
     cfg = replace(cfg, train=train_cfg)
     # The teacher's vectors too (encoded once, or read from the cache): a teacher that
@@ -357,6 +358,7 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
             "bf16_weights": cfg.train.bf16_weights,
             "fast_dropout": cfg.train.fast_dropout,
             "reason": "set in the config",
+            "decided_by": "set in the config",
         }
     )
     metrics["memory"] = asdict(run.heap)

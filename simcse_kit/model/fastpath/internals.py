@@ -29,6 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 __all__ = [
     "attention_implementation",
     "can_route_attention",
+    "onednn_bf16_kernels",
     "register_attention",
     "reset_accelerate_state",
     "route_attention",
@@ -91,6 +92,18 @@ def reset_accelerate_state() -> None:
     ``PartialState`` (the process group) that a second run still needs.
     """
     AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def onednn_bf16_kernels() -> bool:
+    """Whether oneDNN, as capped in this process, runs bf16 matmuls with AVX-512 or better.
+
+    ``torch.ops.mkldnn._is_mkldnn_bf16_supported`` is the check torch's own bf16 tests
+    use; it asks oneDNN for its *effective* ISA, so it honours ``ONEDNN_MAX_CPU_ISA`` (False
+    with ``AVX2`` on a CPU whose flags have ``avx512_bf16``), which the CPU flags cannot.
+    True already from AVX512_CORE (bf16 through AVX-512 conversions, not native dot
+    products): :func:`simcse_kit.model.precision.cpu_bf16_support` adds the flags and the cap.
+    """
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def momentum_update(keys: list[torch.Tensor], queries: list[torch.Tensor], momentum: float) -> None:
