@@ -1,0 +1,165 @@
+"""Files and the user's trust (issue 48): a real full disk, the trust switch of every
+command that loads a model, ``--overwrite`` onto an export from before the file record,
+and one writer for a run folder.
+
+The full disk is a real one: a tmpfs of a few hundred KiB mounted for the test (as root,
+which CI and the development machines run as), filled by the command itself, so the
+errors are the ones the kernel, safetensors, torch and onnx really raise, not a mocked
+message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TinyRun
+from transformers import AutoTokenizer, BertModel
+
+from simcse_kit.cli import main as cli_main
+from simcse_kit.model.modeling import SimCSEModel
+
+
+def fails(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str, rc: int = 2) -> str:
+    """Run the CLI in-process; it must exit ``rc`` with one error line holding ``needles``
+    and no traceback."""
+    code = cli_main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert code == rc, err[-3000:]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def simcse_folder(folder: Path, tiny_model_dir: Path) -> Path:
+    """A saved simcse-kit model (tiny BERT, cls pooler) with its tokenizer."""
+    model = SimCSEModel(BertModel.from_pretrained(tiny_model_dir), "cls", "none", 32)
+    model.save(folder, AutoTokenizer.from_pretrained(tiny_model_dir), {"step": 0, "stsb_dev": 0.0})
+    return folder
+
+
+# --------------------------------------------------------------------------- a real full disk
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, kib: int) -> Iterator[Path]:
+    """A tmpfs of ``kib`` KiB mounted at ``where`` for the block; skipped where mounting is
+    not permitted (not root, or a container without CAP_SYS_ADMIN)."""
+    where.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={kib}k", f"simcse-test-{uuid.uuid4().hex[:8]}", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Fill ``disk`` until about ``leave`` bytes are free (tmpfs counts whole pages)."""
+    free = shutil.disk_usage(disk).free
+    if free > leave:
+        (disk / "filler").write_bytes(b"\0" * (free - leave))
+
+
+def pages(path: Path) -> int:
+    """The bytes a file takes on a tmpfs: whole 4 KiB pages."""
+    return -(-path.stat().st_size // 4096) * 4096
+
+
+def hidden_or_partial(folder: Path) -> list[str]:
+    """Names under ``folder`` that a failed write leaves: hidden temp files and folders."""
+    return sorted(p.name for p in folder.rglob("*") if p.name.startswith(".") and p.name != ".lock")
+
+
+def test_a_real_full_disk_is_one_line_naming_the_users_path(
+    tmp_path: Path, tiny_run: TinyRun, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """train saving its best model, export and export --onnx on a tmpfs they fill: exit 1
+    (:class:`~simcse_kit.errors.StorageError`), one line naming the destination the user
+    gave (not the hidden temp folder it was built in), nothing left there half-written.
+    Before: train and export ended in safetensors' ``SafetensorError ... (os error 28)``
+    traceback (the handler matched only ``Os { code: 28``)."""
+    model = simcse_folder(tmp_path / "model", tiny_model_dir)
+    with small_disk(tmp_path / "disk", 1024) as disk:
+        # export: model.safetensors (~80 KiB) does not fit in what is left.
+        fill(disk, 40 * 1024)
+        out = disk / "st"
+        fails(["export", str(model), str(out)], capsys, f"{out}: no space left on device", rc=1)
+        assert not out.exists() and hidden_or_partial(disk) == []
+
+        # export --onnx: the sentence-transformers folder fits, the ONNX graph does not.
+        (disk / "filler").unlink()
+        assert cli_main(["export", str(model), str(disk / "probe"), "--onnx"]) == 0
+        files = [p for p in (disk / "probe").rglob("*") if p.is_file()]
+        onnx_bytes = sum(pages(p) for p in files if "onnx" in p.parts)
+        st_bytes = sum(pages(p) for p in files if "onnx" not in p.parts) + 64 * 1024  # and the writes' temp files
+        assert onnx_bytes > 64 * 1024, onnx_bytes  # so the graph is what does not fit
+        shutil.rmtree(disk / "probe")
+        fill(disk, st_bytes)
+        out = disk / "onnx"
+        fails(["export", str(model), str(out), "--onnx"], capsys, f"{out}: no space left on device", rc=1)
+        assert not out.exists() and hidden_or_partial(disk) == []
+        (disk / "filler").unlink()
+
+        # train: the run folder's records fit, the best model does not.
+        recipe = tiny_run.recipe("run", output_dir=str(disk / "run"), save_steps=0, eval_steps=0, num_epochs=1)
+        fill(disk, 40 * 1024)
+        out = disk / "run" / "best_model"
+        fails(["train", str(recipe)], capsys, f"{out}: no space left on device", rc=1)
+        assert not out.exists() and hidden_or_partial(disk) == []
+        (disk / "filler").unlink()
+
+        # train: a checkpoint (model, optimizer, RNG states) that does not fit.
+        recipe = tiny_run.recipe("ckpt", output_dir=str(disk / "ckpt"), save_steps=1, eval_steps=0, eval_at_start=False)
+        fill(disk, 40 * 1024)
+        fails(["train", str(recipe)], capsys, f"{disk / 'ckpt' / 'checkpoints' / 'step-1'}: no space left on device", rc=1)
+        assert hidden_or_partial(disk) == [] and not list((disk / "ckpt" / "checkpoints").iterdir())
+
+
+def test_the_run_lock_on_a_full_disk_is_one_line_and_leaves_no_empty_lock(
+    tmp_path: Path, tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With 0 bytes free the lock file can be created (an inode) but not written: exit 1,
+    one line naming the run folder, and neither an empty ``.lock`` nor the folder left.
+    Before: ``OSError [Errno 28]`` traceback from ``os.pwrite`` and an empty ``.lock``."""
+    with small_disk(tmp_path / "disk", 256) as disk:
+        recipe = tiny_run.recipe("run", output_dir=str(disk / "run"))
+        fill(disk, 0)
+        with contextlib.suppress(OSError):  # the last partial page
+            (disk / "filler2").write_bytes(b"\0" * 4096)
+        assert shutil.disk_usage(disk).free == 0
+        fails(["train", str(recipe)], capsys, f"{disk / 'run'}: no space left on device", rc=1)
+        assert not (disk / "run").exists()
+        # A run folder that was there keeps everything but the lock it could not write.
+        (disk / "run").mkdir()
+        (disk / "run" / "notes.txt").touch()
+        fails(["train", str(recipe)], capsys, f"{disk / 'run'}: no space left on device", rc=1)
+        assert sorted(os.listdir(disk / "run")) == ["notes.txt"]
+
+
+def test_the_disk_full_handler_reads_what_safetensors_writes(tmp_path: Path) -> None:
+    """Known answer: safetensors 0.8's ``(os error 28)`` and older ``Os { code: 28`` both read
+    as a full disk; another error number that is not the disk's stays None."""
+    from safetensors import SafetensorError
+
+    from simcse_kit.files import storage_error
+
+    new = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    old = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })')
+    for exc in (new, old):
+        error = storage_error(exc, tmp_path / "out")
+        assert error is not None and str(error).startswith(f"{tmp_path / 'out'}: no space left on device")
+    assert storage_error(SafetensorError("I/O error: No such file or directory (os error 2)"), tmp_path) is None
