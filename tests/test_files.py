@@ -11,6 +11,7 @@ message.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -163,3 +164,81 @@ def test_the_disk_full_handler_reads_what_safetensors_writes(tmp_path: Path) -> 
         error = storage_error(exc, tmp_path / "out")
         assert error is not None and str(error).startswith(f"{tmp_path / 'out'}: no space left on device")
     assert storage_error(SafetensorError("I/O error: No such file or directory (os error 2)"), tmp_path) is None
+
+
+# --------------------------------------------------------------------------- the trust switch
+
+MYSTERY_CONFIG = """from transformers import BertConfig
+
+open({ran!r}, "a").write("ran\\n")  # the folder's own code: the test sees whether it ran
+
+
+class MysteryConfig(BertConfig):
+    model_type = "mystery-bert"
+"""
+MYSTERY_MODEL = """from transformers import BertModel
+
+from .configuration_mystery import MysteryConfig
+
+
+class MysteryModel(BertModel):
+    config_class = MysteryConfig
+"""
+
+
+def needs_its_code(folder: Path, ran: Path) -> Path:
+    """Make ``folder``'s BERT a model_type transformers does not know, whose classes (the
+    same BERT) are the folder's own Python files; they append to ``ran`` when run."""
+    config = json.loads((folder / "config.json").read_text())
+    auto_map = {"AutoConfig": "configuration_mystery.MysteryConfig", "AutoModel": "modeling_mystery.MysteryModel"}
+    (folder / "config.json").write_text(json.dumps(config | {"model_type": "mystery-bert", "auto_map": auto_map}))
+    (folder / "configuration_mystery.py").write_text(MYSTERY_CONFIG.format(ran=str(ran)))
+    (folder / "modeling_mystery.py").write_text(MYSTERY_MODEL)
+    return folder
+
+
+def test_every_command_that_loads_a_model_has_a_trust_switch_off_by_default(
+    tmp_path: Path, tiny_run: TinyRun, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without ``--trust-remote-code`` a folder that needs its own code is one line naming
+    the switch, and its code never runs; with it, the model loads and gives the numbers the
+    same BERT gives without custom code (known answer: the plain folder's STS table).
+    Before: evaluate, transfer, align-uniform, mine, score and export had no switch."""
+    ran = tmp_path / "RAN"
+    plain = tmp_path / "plain"
+    shutil.copytree(tiny_model_dir, plain)
+    custom = needs_its_code(shutil.copytree(tiny_model_dir, tmp_path / "custom"), ran)
+    simcse = needs_its_code(simcse_folder(tmp_path / "simcse", tiny_model_dir), ran)
+    senteval = tiny_run.folder / "senteval"
+    tiny_run.recipe("run")  # writes the tiny SentEval
+    (senteval / "MR").mkdir()
+    for polarity, text in (("pos", "a fine film"), ("neg", "a dull film")):
+        (senteval / "MR" / f"rt-polarity.{polarity}").write_text(f"{text}\n" * 10, encoding="latin-1")
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("sent0,sent1\na man plays,a man plays guitar\na dog runs,the dog is running\nit rains,rain falls\n")
+    scored = tmp_path / "hardneg.csv"
+    scored.write_text("sent0,sent1,hard_neg\na man plays,a man plays guitar,it rains\na dog runs,the dog runs,a cat\n")
+    commands = {
+        "evaluate": ["evaluate", str(custom), "--data-dir", str(senteval), "--pooler", "cls", "--tasks", "STSBenchmark"],
+        "transfer": ["transfer", str(custom), "--data-dir", str(senteval), "--pooler", "cls", "--tasks", "MR"],
+        "align-uniform": ["align-uniform", str(custom), "--data-dir", str(senteval), "--pooler", "cls"],
+        "mine": ["mine", str(pairs), str(tmp_path / "mined.csv"), "--model", str(custom), "--pooler", "cls"],
+        "score": ["score", str(scored), str(tmp_path / "scored.csv"), "--model", str(custom), "--pooler", "cls"],
+        "score --cross-encoder": ["score", str(scored), str(tmp_path / "scored.csv"), "--cross-encoder", str(custom)],
+        "export": ["export", str(simcse), str(tmp_path / "st")],
+    }
+    for argv in commands.values():
+        fails(argv, capsys, "config.json: model_type 'mystery-bert' is not a transformers model", "--trust-remote-code")
+    assert not ran.exists()  # refused before any of the folder's code ran
+    assert not (tmp_path / "st").exists()
+
+    want = tmp_path / "want.json"
+    assert cli_main([*commands["evaluate"][:1], str(plain), *commands["evaluate"][2:], "--json", str(want)]) == 0
+    got = tmp_path / "got.json"
+    assert cli_main([*commands["evaluate"], "--json", str(got), "--trust-remote-code"]) == 0
+    assert ran.exists()  # trusted: the folder's classes built the model
+    assert json.loads(got.read_text()) == pytest.approx(json.loads(want.read_text()), abs=1e-9)
+    assert cli_main([*commands["mine"], "--trust-remote-code"]) == 0
+    assert cli_main([*commands["export"], "--trust-remote-code"]) == 0  # its parity check passed
+    exported = json.loads((tmp_path / "st" / "config.json").read_text())
+    assert exported["model_type"] == "mystery-bert" and (tmp_path / "st" / "modeling_mystery.py").is_file()

@@ -9,7 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from simcse_kit.cli.options import add_batch_size, add_data_options, add_device, add_json, add_model, check_output, show
+from simcse_kit.cli.options import (
+    add_batch_size,
+    add_data_options,
+    add_device,
+    add_json,
+    add_model,
+    add_trust,
+    check_output,
+    show,
+)
 from simcse_kit.config.recipes import find_recipe, senteval_dir
 from simcse_kit.errors import ConfigError
 
@@ -17,7 +26,7 @@ from simcse_kit.errors import ConfigError
 def shared(args: argparse.Namespace) -> dict[str, Any]:
     """The options the STS and the retrieval evaluation both take: how to load and run the
     model, and where MTEB-format results go."""
-    keys = ("pooler", "batch_size", "precision", "device", "mteb_results", "truncate_dim")
+    keys = ("pooler", "batch_size", "precision", "device", "mteb_results", "truncate_dim", "trust_remote_code")
     return {key: getattr(args, key) for key in keys}
 
 
@@ -112,4 +121,5 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         "auto = bf16 where this device computes it natively, else fp32",
     )
     add_device(p)
+    add_trust(p)
     p.set_defaults(func=cmd_evaluate, extra_ok=False)

@@ -39,6 +39,7 @@ def run_evaluator(
     precision: str = "no",
     device: str = "auto",
     truncate_dim: int | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """Load MODEL on ``device`` and run ``evaluator`` on its encode function.
 
@@ -55,11 +56,13 @@ def run_evaluator(
             ``cuda``, ``cuda:N`` or ``mps``.
         truncate_dim: Score the first this many coordinates of each embedding only
             (a Matryoshka model at a smaller size).
+        trust_remote_code: Run the model folder's own code (``auto_map``); otherwise such
+            a folder is refused.
 
     Returns:
         The evaluator's results.
     """
-    encoder = load_encoder(model, pooler=pooler, precision=precision, device=device)
+    encoder = load_encoder(model, pooler=pooler, precision=precision, device=device, trust_remote_code=trust_remote_code)
     start = time.perf_counter()
     results = evaluator(truncated(prompted(encoder.encode, encoder.prompts.get("query", "")), truncate_dim))
     logger.info("evaluated %s in %.1fs", model, time.perf_counter() - start)
@@ -80,6 +83,7 @@ def evaluate_model(
     mteb_results: str | Path | None = None,
     device: str = "auto",
     truncate_dim: int | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """Spearman x 100 on the STS tasks for MODEL.
 
@@ -102,6 +106,7 @@ def evaluate_model(
             (see :mod:`~simcse_kit.evaluation.mteb`), if any.
         device: Where to encode (as :func:`run_evaluator`).
         truncate_dim: Score the first this many coordinates of each embedding only.
+        trust_remote_code: Run the model folder's own code (as :func:`run_evaluator`).
 
     Returns:
         Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
@@ -116,7 +121,15 @@ def evaluate_model(
         if source == "hub"
         else STSEvaluator(senteval_dir(data_dir, None), tasks=tasks, batch_size=batch_size, suite=suite)
     )
-    results = run_evaluator(evaluator, model, pooler=pooler, precision=precision, device=device, truncate_dim=truncate_dim)
+    results = run_evaluator(
+        evaluator,
+        model,
+        pooler=pooler,
+        precision=precision,
+        device=device,
+        truncate_dim=truncate_dim,
+        trust_remote_code=trust_remote_code,
+    )
     if mteb_results is not None:
         write_mteb_results(mteb_results, evaluator)
     return results
@@ -134,6 +147,7 @@ def evaluate_retrieval(
     device: str = "auto",
     mteb_results: str | Path | None = None,
     truncate_dim: int | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """nDCG@10, MRR@10, Recall@1/10/100, MAP@100 (x 100) of MODEL on BEIR-format task
     folders (:class:`~simcse_kit.evaluation.retrieval.RetrievalEvaluator`).
@@ -149,6 +163,7 @@ def evaluate_retrieval(
         device: Where the model encodes and the exact search runs.
         mteb_results: A folder to write one MTEB-format ``<task>.json`` per task into, if any.
         truncate_dim: Search with the first this many coordinates of each embedding only.
+        trust_remote_code: Run the model folder's own code (as :func:`run_evaluator`).
 
     Returns:
         nDCG@10 under each task's name (in ``tasks`` order), every metric under
@@ -156,7 +171,7 @@ def evaluate_retrieval(
     """
     device = str(resolve_device(device))  # 'auto' becomes the device the search runs on too
     evaluator = RetrievalEvaluator(tasks, split, batch_size, index, device)
-    encoder = load_encoder(model, pooler=pooler, device=device, precision=precision)
+    encoder = load_encoder(model, pooler=pooler, device=device, precision=precision, trust_remote_code=trust_remote_code)
     evaluator.prompts = encoder.prompts  # queries and documents get the model's own prompts
     start = time.perf_counter()
     results = evaluator(truncated(encoder.encode, truncate_dim))
@@ -176,6 +191,7 @@ def align_uniform_model(
     threshold: float = 4.0,
     batch_size: int = 128,
     device: str = "auto",
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """Alignment, uniformity and Spearman x 100 of MODEL on scored pairs (Wang & Isola 2020).
 
@@ -186,10 +202,11 @@ def align_uniform_model(
         threshold: Minimum gold score of a positive pair.
         batch_size: Sentences per forward pass.
         device: Where to encode (as :func:`run_evaluator`).
+        trust_remote_code: Run the model folder's own code (as :func:`run_evaluator`).
 
     Returns:
         ``{"alignment", "uniformity", "positive_pairs", "spearman"}`` (see
         :func:`~simcse_kit.evaluation.sts.sts_alignment_uniformity`).
     """
-    encoder = load_encoder(model, pooler=pooler, device=device)
+    encoder = load_encoder(model, pooler=pooler, device=device, trust_remote_code=trust_remote_code)
     return sts_alignment_uniformity(encoder.encode, pairs, threshold, batch_size)
