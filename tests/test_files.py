@@ -242,3 +242,34 @@ def test_every_command_that_loads_a_model_has_a_trust_switch_off_by_default(
     assert cli_main([*commands["export"], "--trust-remote-code"]) == 0  # its parity check passed
     exported = json.loads((tmp_path / "st" / "config.json").read_text())
     assert exported["model_type"] == "mystery-bert" and (tmp_path / "st" / "modeling_mystery.py").is_file()
+
+
+# --------------------------------------------------------------------------- --overwrite onto an older export
+
+
+def test_overwrite_onto_an_export_from_before_the_file_record_keeps_foreign_files(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An export whose simcse_export.json has no ``files`` list (written before the record)
+    is replaced only while it holds nothing but what exports write (an ONNX export's files,
+    the modules.json folders); a file added there is named and kept. Before: such an export
+    was replaced whole, the added files with it."""
+    model = simcse_folder(tmp_path / "model", tiny_model_dir)
+    out = tmp_path / "st"
+    assert cli_main(["export", str(model), str(out), "--onnx"]) == 0
+
+    def as_before_the_record() -> None:
+        info = json.loads((out / "simcse_export.json").read_text())
+        info.pop("files")
+        (out / "simcse_export.json").write_text(json.dumps(info))
+
+    as_before_the_record()
+    assert cli_main(["export", str(model), str(out), "--overwrite"]) == 0  # nothing foreign, ONNX files included: replaced
+    assert "files" in json.loads((out / "simcse_export.json").read_text()) and not (out / "onnx").exists()
+    as_before_the_record()
+    for foreign in ("notes.txt", "1_Pooling/extra.json", "onnx/model_O4.onnx", "2_Dense/config.json"):
+        (out / foreign).parent.mkdir(exist_ok=True)
+        (out / foreign).write_text("mine\n")
+        fails(["export", str(model), str(out), "--overwrite"], capsys, f"{out}: --overwrite would delete {foreign}")
+        assert (out / foreign).read_text() == "mine\n"
+        (out / foreign).unlink()
