@@ -273,3 +273,60 @@ def test_overwrite_onto_an_export_from_before_the_file_record_keeps_foreign_file
         fails(["export", str(model), str(out), "--overwrite"], capsys, f"{out}: --overwrite would delete {foreign}")
         assert (out / foreign).read_text() == "mine\n"
         (out / foreign).unlink()
+
+
+# --------------------------------------------------------------------------- one writer for a run folder
+
+
+class FakeAccelerator:
+    """What :func:`prepare_run_dir_once` reads of an Accelerator: one rank of several."""
+
+    def __init__(self, main: bool) -> None:
+        self.num_processes, self.is_main_process = 2, main
+
+
+def test_only_the_main_process_prepares_the_run_folder(
+    tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rank that is not the main one touches nothing in the run folder (no lock, no
+    config.yaml, no removal of the old checkpoints): it returns the folder the main process
+    prepared, or raises the main process's error, received from it. The main process sends
+    its outcome: None, or its one-line error. Before: every rank ran prepare_run_dir."""
+    from contextlib import ExitStack
+
+    from simcse_kit.errors import ConfigError
+    from simcse_kit.training import folder
+
+    sent: list[list[object]] = []
+
+    def broadcast(objects: list[object]) -> list[object]:
+        sent.append(list(objects))
+        return objects
+
+    monkeypatch.setattr(folder, "broadcast_object_list", broadcast)
+    cfg = tiny_run.config("run")
+    out = Path(cfg.train.output_dir)
+    (out / "checkpoints" / "step-2").mkdir(parents=True)
+    (out / "config.yaml").write_text("old: run\n")
+    with ExitStack() as held:  # another rank, --overwrite: its main process clears the folder, not it
+        assert folder.prepare_run_dir_once(FakeAccelerator(False), cfg, overwrite=True, held=held) == out  # type: ignore[arg-type]
+    assert sorted(os.listdir(out)) == ["checkpoints", "config.yaml"] and (out / "config.yaml").read_text() == "old: run\n"
+    assert sent == [[None]]
+
+    def main_failed(objects: list[object]) -> list[object]:
+        objects[0] = ConfigError(f"{out} holds an unfinished run")
+        return objects
+
+    monkeypatch.setattr(folder, "broadcast_object_list", main_failed)
+    with pytest.raises(ConfigError, match="holds an unfinished run"), ExitStack() as held:
+        folder.prepare_run_dir_once(FakeAccelerator(False), cfg, held=held)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(folder, "broadcast_object_list", broadcast)
+    sent.clear()
+    (out / "metrics.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already holds a finished run") as raised, ExitStack() as held:
+        folder.prepare_run_dir_once(FakeAccelerator(True), cfg, held=held)  # type: ignore[arg-type]
+    assert sent == [[raised.value]]  # the main process told the others before raising
+    with ExitStack() as held:
+        assert folder.prepare_run_dir_once(FakeAccelerator(True), cfg, overwrite=True, held=held) == out  # type: ignore[arg-type]
+    assert not (out / "checkpoints").exists() and sent[-1] == [None]
