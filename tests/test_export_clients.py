@@ -226,6 +226,11 @@ def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path
     else:
         assert_same(got, torch.from_numpy(OnnxEncoder(out, INT8).encode(SENTENCES)), 0.9999, "Transformers.js q8 vs OnnxEncoder")
         assert_same(got, kit, 0.99, "Transformers.js q8 vs simcse-kit")
+        # Batches of different lengths: Transformers.js encodes the array it is given as one
+        # batch, in input order; OnnxEncoder sorts by length into batches of 32.
+        mixed = js_feature_extraction(js_env, out, dtype, MIXED, "mean")
+        sorted_batches = torch.from_numpy(OnnxEncoder(out, INT8).encode(MIXED, batch_size=32))
+        assert_same(mixed, sorted_batches, 0.9999, "Transformers.js q8 (one input-order batch) vs OnnxEncoder (sorted)")
 
 
 # ---- a decoder with last-token pooling ---------------------------------------------------
