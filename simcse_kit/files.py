@@ -190,11 +190,13 @@ def storage_error(exc: BaseException, path: str | Path) -> StorageError | None:
         return exc
     if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:
         return StorageError(f"{path}: {DISK_ERRORS[exc.errno]}; nothing half-written was left there")
-    # safetensors (Rust) reports the OS error only in its text: "Error while serializing:
-    # IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })".
-    found = re.search(r"Os \{ code: (\d+)", str(exc))
-    if found and int(found.group(1)) in DISK_ERRORS:
-        return StorageError(f"{path}: {DISK_ERRORS[int(found.group(1))]}; nothing half-written was left there")
+    # safetensors (Rust) reports the OS error only in its text: 0.8 writes "Error while
+    # serializing: I/O error: No space left on device (os error 28)" (Rust's Display),
+    # older releases "IoError(Os { code: 28, kind: StorageFull, ... })" (its Debug).
+    found = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(exc))
+    code = int(found.group(1) or found.group(2)) if found else None
+    if code is not None and code in DISK_ERRORS:
+        return StorageError(f"{path}: {DISK_ERRORS[code]}; nothing half-written was left there")
     if isinstance(exc, RuntimeError):
         try:
             free = shutil.disk_usage(nearest_existing(path)).free
@@ -337,7 +339,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         error = storage_error(exc, path)
         if error is not None:
-            raise error from None
+            # A write inside the temp folder names its own file there: name the one the user
+            # asked for instead (the temp folder is gone, and was never theirs).
+            raise StorageError(str(error).replace(str(tmp), str(path))) from None
         raise
 
 

@@ -444,7 +444,8 @@ def test_a_full_disk_while_writing_the_best_model_is_one_line_and_nothing_half_w
     monkeypatch.setattr(PreTrainedModel, "save_pretrained", save_pretrained)
     recipe = tiny_run.recipe("run", save_steps=0)
     out = tiny_run.folder / "run"
-    fails(["train", str(recipe)], capsys, str(out / ".best_model"), "no space left on device", "nothing half-written", rc=1)
+    # The folder the user asked for, not the hidden temp folder it was built in (issue 48).
+    fails(["train", str(recipe)], capsys, f"{out / 'best_model'}: no space left on device", "nothing half-written", rc=1)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".best_model")) == []
     assert not (out / "best_model").exists()
     # The export's folder likewise.

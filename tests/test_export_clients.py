@@ -45,6 +45,11 @@ BASE_LENGTH = 128  # what the base model's tokenizer.json truncates at (all-Mini
 LONG = "a man plays the guitar in the park with two children "  # 11 tokens
 SENTENCES = toy_sentences(10) + ["hello", LONG * 16, LONG * 30]  # ~178 and ~330 (cut at 256) tokens
 FP32, INT8 = "onnx/model.onnx", "onnx/model_quantized.onnx"  # the names docs/export.md gives
+# 96 texts of 3 to 256 tokens in a fixed mixed order: fastembed and Transformers.js encode
+# batches of 32 in input order, OnnxEncoder sorts by length first, so the same text meets
+# other texts and other padding. Dynamic int8 takes one activation scale per batch tensor:
+# on the tiny model here the two agree to 1e-7; on all-MiniLM-L6-v2 docs/export.md gives the bound.
+MIXED = [SENTENCES[i % len(SENTENCES)] if i % 3 else LONG * (1 + (7 * i) % 30) for i in range(96)]
 
 
 class PairsSTS:
@@ -132,6 +137,10 @@ def test_fastembed_custom_model(avg_export: tuple[Path, torch.Tensor], file_name
     else:
         assert_same(got, torch.from_numpy(OnnxEncoder(out, file_name).encode(SENTENCES)), 0.9999, "fastembed int8 vs OnnxEncoder")
         assert_same(got, kit, 0.99, "fastembed int8 vs simcse-kit")
+        # Batches of different lengths, as each client forms them: input order vs length-sorted.
+        mixed = np.stack(list(TextEmbedding(name, specific_model_path=str(out), threads=1).embed(MIXED, batch_size=32)))
+        sorted_batches = torch.from_numpy(OnnxEncoder(out, file_name).encode(MIXED, batch_size=32))
+        assert_same(mixed, sorted_batches, 0.9999, "fastembed int8 (input-order batches of 32) vs OnnxEncoder (sorted)")
 
 
 def test_fastembed_cls_pooler(tmp_path: Path) -> None:
@@ -217,6 +226,11 @@ def test_transformers_js_feature_extraction(js_env: Path, avg_export: tuple[Path
     else:
         assert_same(got, torch.from_numpy(OnnxEncoder(out, INT8).encode(SENTENCES)), 0.9999, "Transformers.js q8 vs OnnxEncoder")
         assert_same(got, kit, 0.99, "Transformers.js q8 vs simcse-kit")
+        # Batches of different lengths: Transformers.js encodes the array it is given as one
+        # batch, in input order; OnnxEncoder sorts by length into batches of 32.
+        mixed = js_feature_extraction(js_env, out, dtype, MIXED, "mean")
+        sorted_batches = torch.from_numpy(OnnxEncoder(out, INT8).encode(MIXED, batch_size=32))
+        assert_same(mixed, sorted_batches, 0.9999, "Transformers.js q8 (one input-order batch) vs OnnxEncoder (sorted)")
 
 
 # ---- a decoder with last-token pooling ---------------------------------------------------

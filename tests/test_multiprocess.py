@@ -385,3 +385,28 @@ def test_every_rank_follows_rank_0s_precision(runs: TinyRun, rank0_native: bool)
     assert decided["decided_by"] == f"rank 0 of 2: cpu: forced on rank 0: {'native' if rank0_native else 'no native'} bf16"
     assert [decided["mixed_precision"], decided["bf16_weights"], decided["fast_dropout"]] == want
     assert decided["hardware"] == {"forced": True}
+
+
+# --------------------------------------------------------------------------- one writer for the run folder
+
+
+def test_overwrite_with_checkpoints_on_two_processes_starts_over_once(runs: TinyRun) -> None:
+    """``--overwrite`` of a finished 2-process run with checkpoints, on 2 processes: only the
+    main process prepares the run folder (the others wait for its outcome), so the old
+    checkpoints are removed once, and the new run trains as one process does from scratch
+    (the same losses and weights as the reference: nothing resumed from the old state);
+    only its own checkpoints are left. Before: every rank prepared the folder, and the
+    second's removal of the checkpoints raced the first's."""
+    want = reference(runs, "unsup")
+    options = overrides(runs, "unsup", "unsup-overwrite") | {"save_steps": 1}
+    out = Path(options["output_dir"])
+    first = options | {"num_epochs": 4, "max_steps": 6, "learning_rate": 5e-3}  # other weights, later checkpoints
+    launch(torchrun(1, 2, runs.recipe("unsup-recipe"), first), 2)
+    old = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
+    assert len(old) == 2 and old[0] > CASES["unsup"]["max_steps"], old
+    commands = torchrun(1, 2, runs.recipe("unsup-recipe"), options)
+    launch([[*command, "--overwrite"] for command in commands], 2)
+    assert_same_training(out, want, CASES["unsup"]["max_steps"], runs.model_dir)
+    new = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
+    assert new and max(new) <= CASES["unsup"]["max_steps"], new  # the new run's own, none of the old run's
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".") and p.name != ".lock"]

@@ -9,7 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from simcse_kit.cli.options import add_batch_size, add_data_options, add_device, add_json, add_model, check_output, show
+from simcse_kit.cli.options import (
+    add_batch_size,
+    add_data_options,
+    add_device,
+    add_json,
+    add_model,
+    add_trust,
+    check_output,
+    show,
+)
 from simcse_kit.config.recipes import find_recipe, senteval_dir
 from simcse_kit.errors import ConfigError
 
@@ -19,7 +28,7 @@ def shared(args: argparse.Namespace) -> dict[str, Any]:
     model, and where MTEB-format results go."""
     from simcse_kit.evaluation.api import Quantized
 
-    keys = ("pooler", "batch_size", "precision", "device", "mteb_results", "truncate_dim")
+    keys = ("pooler", "batch_size", "precision", "device", "mteb_results", "truncate_dim", "trust_remote_code")
     quantized = Quantized(args.embedding_precision, args.calibration, args.rescore, args.batch_size)
     return {key: getattr(args, key) for key in keys} | {"quantized": quantized}
 
@@ -145,4 +154,5 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     )
     add_device(p)
     add_vector_precision(p)
+    add_trust(p)
     p.set_defaults(func=cmd_evaluate, extra_ok=False)

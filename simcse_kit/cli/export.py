@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from simcse_kit.cli.options import add_data_options, add_device
+from simcse_kit.cli.options import add_data_options, add_device, add_trust
 from simcse_kit.config.recipes import senteval_dir
 from simcse_kit.errors import ConfigError
 
@@ -60,6 +60,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
             **({"opset": args.opset} if args.opset is not None else {}),
             truncate_dim=args.truncate_dim,
             calibration=args.calibration,
+            trust_remote_code=args.trust_remote_code,
             # STS data is read only for the int8 check: exporting needs no data root otherwise.
             data_dir=senteval_dir(args.data_dir, args.data_root) if args.quantize else None,
         )
@@ -107,4 +108,5 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     add_data_options(p, "STS data for the int8 check")
     p.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload the finished export to this hub repo")
     add_device(p)
+    add_trust(p)
     p.set_defaults(func=cmd_export, extra_ok=False)

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device
+from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device, add_trust
 from simcse_kit.config.run import GUIDE_MARGIN_STRATEGIES
 from simcse_kit.config.sections import VECTOR_PRECISIONS
 
@@ -35,6 +35,7 @@ def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
         guide_margin=args.guide_margin,
         guide_margin_strategy=args.guide_margin_strategy,
         precision=args.embedding_precision,
+        trust_remote_code=args.trust_remote_code,
     )
     return 0
 
@@ -109,4 +110,5 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     )
     add_batch_size(p)
     add_device(p)
+    add_trust(p)
     p.set_defaults(func=cmd_mine, extra_ok=False)

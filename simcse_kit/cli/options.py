@@ -51,6 +51,17 @@ def add_data_options(p: argparse.ArgumentParser, data_dir_help: str) -> None:
     )
 
 
+def add_trust(p: argparse.ArgumentParser) -> None:
+    """``--trust-remote-code`` of every command that loads a model: off by default, so a
+    folder that would run its own Python code is refused with one line (never a y/N
+    question), as ``model.trust_remote_code`` does for ``train``."""
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model folder's own Python code (config.json's auto_map for a model_type transformers does not know)",
+    )
+
+
 def add_json(p: argparse.ArgumentParser) -> None:
     """``--json``: where a command writes its results."""
     p.add_argument("--json", type=Path, default=None, help="write results here")

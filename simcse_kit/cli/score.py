@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device
+from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device, add_trust
 
 
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
@@ -21,6 +21,7 @@ def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
         cross_encoder=args.cross_encoder,
         batch_size=args.batch_size,
         device=args.device,
+        trust_remote_code=args.trust_remote_code,
     )
     return 0
 
@@ -44,4 +45,5 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--pooler", default=None, help=POOLER_HELP)
     add_batch_size(p)
     add_device(p)
+    add_trust(p)
     p.set_defaults(func=cmd_score, extra_ok=False)

@@ -6,7 +6,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from simcse_kit.cli.options import add_batch_size, add_data_options, add_device, add_json, add_model, check_output, show
+from simcse_kit.cli.options import (
+    add_batch_size,
+    add_data_options,
+    add_device,
+    add_json,
+    add_model,
+    add_trust,
+    check_output,
+    show,
+)
 from simcse_kit.config.recipes import senteval_dir
 
 
@@ -17,7 +26,9 @@ def cmd_transfer(args: argparse.Namespace, extra: list[str]) -> int:
     # Read the data first: a bad data folder fails before the model loads.
     evaluator = TransferEvaluator(data_dir, args.tasks, args.kfold, args.batch_size, args.max_train_samples, args.mrpc_features)
     check_output(args.json)
-    results = run_evaluator(evaluator, args.model, pooler=args.pooler, device=args.device)
+    results = run_evaluator(
+        evaluator, args.model, pooler=args.pooler, device=args.device, trust_remote_code=args.trust_remote_code
+    )
     show(format_table(results, TRANSFER_COLUMNS), results, args.json)
     return 0
 
@@ -33,4 +44,5 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     add_json(p)
     add_batch_size(p)
     add_device(p)
+    add_trust(p)
     p.set_defaults(func=cmd_transfer, extra_ok=False)

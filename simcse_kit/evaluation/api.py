@@ -81,6 +81,7 @@ def run_evaluator(
     device: str = "auto",
     truncate_dim: int | None = None,
     quantized: Quantized | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """Load MODEL on ``device`` and run ``evaluator`` on its encode function.
 
@@ -98,11 +99,13 @@ def run_evaluator(
         truncate_dim: Score the first this many coordinates of each embedding only
             (a Matryoshka model at a smaller size).
         quantized: Score quantized vectors (int8 codes, binary codes) instead of floats.
+        trust_remote_code: Run the model folder's own code (``auto_map``); otherwise such
+            a folder is refused.
 
     Returns:
         The evaluator's results.
     """
-    encoder = load_encoder(model, pooler=pooler, precision=precision, device=device)
+    encoder = load_encoder(model, pooler=pooler, precision=precision, device=device, trust_remote_code=trust_remote_code)
     start = time.perf_counter()
     encode = prompted(encoder.encode, encoder.prompts.get("query", ""))
     vectors = (quantized or Quantized()).resolve(encode, model, truncate_dim)
@@ -126,6 +129,7 @@ def evaluate_model(
     device: str = "auto",
     truncate_dim: int | None = None,
     quantized: Quantized | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """Spearman x 100 on the STS tasks for MODEL.
 
@@ -149,6 +153,7 @@ def evaluate_model(
         device: Where to encode (as :func:`run_evaluator`).
         truncate_dim: Score the first this many coordinates of each embedding only.
         quantized: Score quantized vectors (see :class:`Quantized`).
+        trust_remote_code: Run the model folder's own code (as :func:`run_evaluator`).
 
     Returns:
         Each task's main figure under its name (``STS12`` ... ``SICKRelatedness``),
@@ -164,7 +169,14 @@ def evaluate_model(
         else STSEvaluator(senteval_dir(data_dir, None), tasks=tasks, batch_size=batch_size, suite=suite)
     )
     results = run_evaluator(
-        evaluator, model, pooler=pooler, precision=precision, device=device, truncate_dim=truncate_dim, quantized=quantized
+        evaluator,
+        model,
+        pooler=pooler,
+        precision=precision,
+        device=device,
+        truncate_dim=truncate_dim,
+        trust_remote_code=trust_remote_code,
+        quantized=quantized,
     )
     if mteb_results is not None:
         write_mteb_results(mteb_results, evaluator)
@@ -184,6 +196,7 @@ def evaluate_retrieval(
     mteb_results: str | Path | None = None,
     truncate_dim: int | None = None,
     quantized: Quantized | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """nDCG@10, MRR@10, Recall@1/10/100, MAP@100 (x 100) of MODEL on BEIR-format task
     folders (:class:`~simcse_kit.evaluation.retrieval.RetrievalEvaluator`).
@@ -201,6 +214,7 @@ def evaluate_retrieval(
         truncate_dim: Search with the first this many coordinates of each embedding only.
         quantized: Search quantized vectors (see :class:`Quantized`): int8 codes, or binary
             codes by Hamming distance through faiss, optionally rescored by the float query.
+        trust_remote_code: Run the model folder's own code (as :func:`run_evaluator`).
 
     Returns:
         nDCG@10 under each task's name (in ``tasks`` order), every metric under
@@ -208,7 +222,7 @@ def evaluate_retrieval(
     """
     device = str(resolve_device(device))  # 'auto' becomes the device the search runs on too
     evaluator = RetrievalEvaluator(tasks, split, batch_size, index, device)
-    encoder = load_encoder(model, pooler=pooler, device=device, precision=precision)
+    encoder = load_encoder(model, pooler=pooler, device=device, precision=precision, trust_remote_code=trust_remote_code)
     evaluator.prompts = encoder.prompts  # queries and documents get the model's own prompts
     evaluator.vectors = (quantized or Quantized()).resolve(encoder.encode, model, truncate_dim)
     start = time.perf_counter()
@@ -229,6 +243,7 @@ def align_uniform_model(
     threshold: float = 4.0,
     batch_size: int = 128,
     device: str = "auto",
+    trust_remote_code: bool = False,
 ) -> dict[str, float]:
     """Alignment, uniformity and Spearman x 100 of MODEL on scored pairs (Wang & Isola 2020).
 
@@ -239,10 +254,11 @@ def align_uniform_model(
         threshold: Minimum gold score of a positive pair.
         batch_size: Sentences per forward pass.
         device: Where to encode (as :func:`run_evaluator`).
+        trust_remote_code: Run the model folder's own code (as :func:`run_evaluator`).
 
     Returns:
         ``{"alignment", "uniformity", "positive_pairs", "spearman"}`` (see
         :func:`~simcse_kit.evaluation.sts.sts_alignment_uniformity`).
     """
-    encoder = load_encoder(model, pooler=pooler, device=device)
+    encoder = load_encoder(model, pooler=pooler, device=device, trust_remote_code=trust_remote_code)
     return sts_alignment_uniformity(encoder.encode, pairs, threshold, batch_size)

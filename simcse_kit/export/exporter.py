@@ -80,6 +80,7 @@ def export_model(
     opset: int = DEFAULT_OPSET,
     truncate_dim: int | None = None,
     calibration: str | Path | None = None,
+    trust_remote_code: bool = False,
 ) -> ExportResult:
     """Write a sentence-transformers folder for a simcse-kit run or model, verified.
 
@@ -113,6 +114,8 @@ def export_model(
         calibration: Sentences (one a line, or CSV/JSONL ``sent0``) whose per-dimension
             ranges are shipped as ``quantization.json`` for int8 vectors; default the run's
             training file (none shipped where it is not found; :mod:`~simcse_kit.export.calibration`).
+        trust_remote_code: Run the model folder's own code (``auto_map``) to load it, and
+            the export's to check it; otherwise such a model is refused with one line.
 
     Raises:
         ConfigError: Bad source, target or option (nothing is written).
@@ -135,8 +138,9 @@ def export_model(
 
     use_norm, why = decide_normalize(source, normalize)
     where = resolve_device(device)
-    model = SimCSEModel.load(source.model_dir).float().eval()
-    tokenizer = load_checked_tokenizer(source.model_dir, model.encoder.config.vocab_size)
+    trust = trust_remote_code
+    model = SimCSEModel.load(source.model_dir, trust_remote_code=trust).float().eval()
+    tokenizer = load_checked_tokenizer(source.model_dir, model.encoder.config.vocab_size, trust)
     ours = Encoder(model, tokenizer, model.max_seq_len, where)
     reference = ours.encode(list(probes))
     if use_norm:
@@ -151,13 +155,13 @@ def export_model(
 
     with atomic_dir(out) as tmp:
         prompts = source.meta.get("prompts")
-        source_tokenizer = AutoTokenizer.from_pretrained(source.model_dir, trust_remote_code=False)
+        source_tokenizer = AutoTokenizer.from_pretrained(source.model_dir, trust_remote_code=trust)
         write_folder(model, source_tokenizer, modules, tmp, prompts, truncate_dim)
         # Reload from disk: this checks the files users get, not an object we built.
-        reloaded = load_backend(tmp, device=str(where))
+        reloaded = load_backend(tmp, device=str(where), trust_remote_code=trust)
         # Parity below encodes both sides with copies of one tokenizer: compare the ids of an
         # independent load of the exported one with the source's, and their [UNK] share.
-        exported_tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        exported_tokenizer = AutoTokenizer.from_pretrained(tmp, trust_remote_code=trust)
         problem = tokenization_problem(tokenizer, exported_tokenizer, list(probes), model.max_seq_len)
         if problem:
             raise ExportError(f"{problem}; nothing written to {out}")

@@ -50,6 +50,7 @@ from torch import nn
 
 from simcse_kit.export.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO, OUTPUT
 from simcse_kit.export.source import ExportError
+from simcse_kit.files import storage_error
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.model.packing import padded_decoder_inputs
 
@@ -295,6 +296,9 @@ def write_onnx(
             _export(graph, names, path, opset, exporter)
             parity = shape_parity(graph, path, names, vocab, pad_id, model.max_seq_len)
         except Exception as exc:  # any exporter failure: try the next, report all
+            if storage_error(exc, path) is not None:  # a full disk is no exporter's fault: the next would only refill it
+                path.unlink(missing_ok=True)
+                raise
             tried[exporter] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
             logger.info("ONNX exporter %s failed: %s", exporter, tried[exporter])
             continue

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from simcse_kit.errors import ConfigError
+from simcse_kit.export.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO
 from simcse_kit.files import check_writable, folder_contents
 from simcse_kit.model.modeling import SIMCSE_CONFIG
 from simcse_kit.training.guards import lock_holder
@@ -112,8 +113,10 @@ def export_files(folder: Path) -> list[str]:
 
 def check_only_export_files(out: Path) -> None:
     """``--overwrite`` deletes the earlier export at ``out`` whole: only where it holds
-    nothing but the files that export recorded (``files`` in :data:`EXPORT_INFO`). A file
-    added there since (notes, a fine-tuned head) would be lost: refused, naming it.
+    nothing but the files that export recorded (``files`` in :data:`EXPORT_INFO`); an export
+    from before that record, only where it holds nothing but files an export writes
+    (:func:`written_by_an_export`). A file added there since (notes, a fine-tuned head)
+    would be lost: refused, naming it.
 
     Raises:
         ConfigError: naming the files the earlier export did not write.
@@ -123,12 +126,47 @@ def check_only_export_files(out: Path) -> None:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{out / EXPORT_INFO}: cannot be read ({exc}); not replacing {out}") from None
     recorded = info.get("files") if isinstance(info, dict) else None
-    if not isinstance(recorded, list):  # an export from before the list was recorded: it cannot tell
-        return
-    added = [name for name in export_files(out) if name not in set(recorded) | {EXPORT_INFO}]
+    if isinstance(recorded, list):
+        added = [name for name in export_files(out) if name not in set(recorded) | {EXPORT_INFO}]
+        whose = "the earlier export there did not write"
+    else:  # an export from before the list was recorded: what any export writes, and nothing else
+        modules = module_folders(out)
+        added = [name for name in export_files(out) if not written_by_an_export(name, modules)]
+        whose = "no export writes (the earlier export there predates the record of its files)"
     if added:
         shown = ", ".join(added[:5]) + (f", ... ({len(added) - 5} more)" if len(added) > 5 else "")
         raise ConfigError(
-            f"{out}: --overwrite would delete {shown}, which the earlier export there did not write; "
-            "move it out first, or export to another folder"
+            f"{out}: --overwrite would delete {shown}, which {whose}; move it out first, or export to another folder"
         )
+
+
+# The top-level files an export has ever written: the sentence-transformers folder, the
+# encoder's config and weights, what a tokenizer's save_pretrained writes, the card and
+# the provenance; ONNX graphs under onnx/. An export from before simcse_export.json listed
+# its files is checked against these.
+EXPORT_TOP_FILES = frozenset({
+    "config.json", "model.safetensors", "modules.json", "sentence_bert_config.json",
+    "config_sentence_transformers.json", "README.md", EXPORT_INFO,
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+})  # fmt: skip
+EXPORT_ONNX_FILES = frozenset({FP32_FILE, INT8_FILE, ONNX_INFO})
+MODULE_FILES = frozenset({"config.json", "model.safetensors"})
+
+
+def module_folders(out: Path) -> set[str]:
+    """The module folders (``1_Pooling``) that ``out``'s ``modules.json`` names; none when
+    it cannot be read (then every file in a folder counts as not an export's)."""
+    try:
+        modules = json.loads((out / "modules.json").read_text(encoding="utf-8"))
+        return {str(m["path"]) for m in modules if isinstance(m, dict) and m.get("path")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return set()
+
+
+def written_by_an_export(name: str, modules: set[str]) -> bool:
+    """Whether ``name`` (relative, ``1_Pooling/config.json``) is a file an export writes."""
+    folder, _, file = name.rpartition("/")
+    if not folder:
+        return file in EXPORT_TOP_FILES
+    return name in EXPORT_ONNX_FILES or (folder in modules and file in MODULE_FILES)

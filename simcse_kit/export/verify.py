@@ -103,14 +103,19 @@ def check_parity(what: str, result: Parity, min_cosine: float, probes: Sequence[
 
 
 def load_backend(
-    folder: Path, backend: Literal["torch", "onnx", "openvino"] = "torch", file_name: str | None = None, device: str = "cpu"
+    folder: Path,
+    backend: Literal["torch", "onnx", "openvino"] = "torch",
+    file_name: str | None = None,
+    device: str = "cpu",
+    trust_remote_code: bool = False,
 ) -> Any:
-    """``SentenceTransformer`` reading ``folder`` from disk, as a user would (on ``device``)."""
+    """``SentenceTransformer`` reading ``folder`` from disk, as a user would (on ``device``;
+    with ``trust_remote_code`` as a user of a model with its own code must)."""
     kwargs: dict[str, Any] = {}
     if file_name is not None:
         kwargs["model_kwargs"] = {"file_name": file_name}
     # Explicit: None would let the loader ask y/N on the terminal for a folder's own code.
-    return SentenceTransformer(str(folder), device=device, backend=backend, trust_remote_code=False, **kwargs)
+    return SentenceTransformer(str(folder), device=device, backend=backend, trust_remote_code=trust_remote_code, **kwargs)
 
 
 def st_encode(st_model: Any) -> TensorEncode:

@@ -35,7 +35,10 @@ JSON_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special
 MIN_VOCAB_SHARE = 0.5
 
 
-REMOTE_CODE_HINT = "set model.trust_remote_code: true in the recipe to run it"
+REMOTE_CODE_HINT = (
+    "to run it: set model.trust_remote_code: true in a training recipe, or pass --trust-remote-code to "
+    "evaluate, transfer, align-uniform, mine, score or export"
+)
 
 
 def check_remote_code(folder: Path, config: dict[str, Any], trust_remote_code: bool) -> None:

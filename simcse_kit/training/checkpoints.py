@@ -230,13 +230,14 @@ class Checkpoints:
 
     def save(self, accelerator: Accelerator, state: LoopState, loader_rng: torch.Tensor | None) -> Path:
         """:meth:`write`; a write that fails for the disk's reasons (full, read-only)
-        removes the partial temp folder and raises a one-line StorageError naming it."""
+        removes the partial temp folder and raises a one-line StorageError naming the
+        checkpoint it was writing (``checkpoints/step-N``, not the hidden temp folder)."""
         try:
             return self.write(accelerator, state, loader_rng)
-        except (OSError, RuntimeError) as exc:
+        except Exception as exc:  # OSError, torch's RuntimeError, safetensors' SafetensorError: storage_error decides
             partial = self.folder / f".step-{state.global_step}.tmp"
             shutil.rmtree(partial, ignore_errors=True)  # it would keep the disk full for the next try
-            error = storage_error(exc, partial)
+            error = storage_error(exc, self.folder / f"step-{state.global_step}")
             if error is None:
                 raise
             raise error from None

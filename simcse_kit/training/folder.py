@@ -20,11 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from accelerate import PartialState
+from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
 from simcse_kit.config.run import AUTO, HUB_PREFIX, RunConfig, TrainConfig, load_config, save_config
-from simcse_kit.errors import ConfigError
+from simcse_kit.errors import ConfigError, StorageError
 from simcse_kit.files import folder_contents, remove_dir, write_json_atomic
 from simcse_kit.model.precision import PrecisionChoice, resolve_precision
 from simcse_kit.training.checkpoints import latest_checkpoint
@@ -273,9 +273,43 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
             f"{out}: --overwrite replaces only a simcse-kit run folder (with config.yaml) or an empty one; "
             f"this one holds {', '.join(folder_contents(out, ignore=(LOCK_FILE,)))}: choose another --output-dir"
         )
-    if overwrite and (out / CHECKPOINTS).exists():
-        remove_dir(out / CHECKPOINTS)  # a fresh run must never resume into the old one's state
+    if overwrite:
+        # A fresh run must never resume into the old one's state, log its steps among the old
+        # one's events, or (killed before it finishes) look finished with the old one's results.
+        for old in (CHECKPOINTS, BEST_MODEL, LOGS):
+            if (out / old).exists():
+                remove_dir(out / old)
+        (out / "metrics.json").unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     write_json_atomic(out / DATA_FINGERPRINTS, data_fingerprints(cfg))
     return out
+
+
+def prepare_run_dir_once(
+    accelerator: Accelerator, cfg: RunConfig, overwrite: bool = False, resume: bool = False, held: ExitStack | None = None
+) -> Path:
+    """:func:`prepare_run_dir` on the main process only, for a run on several processes or
+    machines: one writer checks, locks, clears (``--overwrite`` removes the old checkpoints
+    once) and records the folder while the others wait for the outcome, then every process
+    returns the folder or raises the main process's one-line error. Every rank preparing it
+    raced: a second rank's removal of the checkpoints found them gone, or half-renamed.
+
+    Raises:
+        ConfigError, StorageError: as :func:`prepare_run_dir` raised it on the main process.
+    """
+    if accelerator.num_processes == 1:
+        return prepare_run_dir(cfg, overwrite, resume, held)
+    outcome: list[Exception | None] = [None]
+    if accelerator.is_main_process:
+        try:
+            prepare_run_dir(cfg, overwrite, resume, held)
+        except (ConfigError, StorageError) as exc:
+            outcome = [exc]
+        except Exception as exc:  # a bug: the others must not wait for a broadcast that never comes
+            broadcast_object_list([ConfigError(f"the main process failed preparing the run folder: {exc!r}")])
+            raise
+    broadcast_object_list(outcome)
+    if outcome[0] is not None:
+        raise outcome[0]
+    return Path(cfg.train.output_dir)

@@ -18,6 +18,7 @@ collapse, and a clean stop on preemption.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -102,6 +103,7 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
+        made = [] if self.folder.is_dir() else [p for p in (self.folder, *self.folder.parents) if not p.exists()]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -119,9 +121,19 @@ class RunLock:
                 "wait for it to finish or choose another --output-dir"
             ) from None
         # Who holds it, for the message a second run prints (the lock itself is the flock).
-        os.ftruncate(fd, 0)
         started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode(), 0)
+        except OSError as exc:
+            # A full disk still creates the file (an inode, no data block): remove it, and the
+            # folders made for it, while the flock is held, so no empty .lock is left behind.
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+            for folder in made:  # innermost first
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            raise storage_error(exc, self.folder) or exc from None
         self._fd = fd
         return self
 

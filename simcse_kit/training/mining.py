@@ -297,6 +297,7 @@ def mine_file(
     guide_margin: float = 0.0,
     guide_margin_strategy: str = "absolute",
     precision: str = "float32",
+    trust_remote_code: bool = False,
 ) -> dict[str, int]:
     """``simcse-kit mine``: read ``sent0, sent1`` pairs, write them with ``num_negatives``
     hard negatives: CSV columns ``hard_neg`` (one) or ``hard_neg_1 .. hard_neg_k``; JSONL
@@ -308,6 +309,9 @@ def mine_file(
     ``top_k`` is ``--range-max`` (:func:`mine_hard_negatives`). ``guide``: a second model
     (anything :func:`load_encoder` opens) that vets the candidates (``--guide``). ``precision``:
     mine with quantized vectors (:func:`mine_hard_negatives`).
+    (anything :func:`load_encoder` opens) that vets the candidates (``--guide``).
+    ``trust_remote_code``: run the folders' own code (``auto_map``); otherwise such a
+    model (or guide) is refused.
 
     Returns:
         ``{"rows": written, "skipped": rows without enough negatives}``.
@@ -325,11 +329,11 @@ def mine_file(
             raise ConfigError("--index faiss needs faiss: pip install 'simcse-kit[faiss]' (faiss-cpu)") from None
     check_output_file(pairs_path, out_path, "mined pairs")
     rows = read_rows(pairs_path, ("sent0", "sent1"))
-    encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
+    encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device, trust_remote_code=trust_remote_code)
     vetting = None
     if guide is not None:
         try:
-            vetting = load_encoder(guide, device=device)
+            vetting = load_encoder(guide, device=device, trust_remote_code=trust_remote_code)
         except ConfigError as exc:
             raise ConfigError(f"--guide {guide}: {exc}") from None
     pairs = [(r["sent0"], r["sent1"]) for r in rows]

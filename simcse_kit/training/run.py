@@ -51,7 +51,7 @@ from simcse_kit.training.folder import (
     BEST_MODEL,
     CHECKPOINTS,
     LOGS,
-    prepare_run_dir,
+    prepare_run_dir_once,
     with_concrete_precision,
     with_device_defaults,
 )
@@ -135,7 +135,7 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     """
     with ExitStack() as held:
         run = build_run(cfg)  # every input checked before the run folder is touched
-        out = prepare_run_dir(run.recorded, overwrite, resume, held)
+        out = prepare_run_dir_once(run.accelerator, run.recorded, overwrite, resume, held)  # the main process writes
         start_tracking(run.accelerator, run.cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
         # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. During the
         # final STS table there is nothing left to checkpoint: finish writes metrics.json first

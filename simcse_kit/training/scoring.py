@@ -34,6 +34,7 @@ from simcse_kit.core.score_losses import candidate_cosines
 from simcse_kit.data.readers import negatives_of, read_rows
 from simcse_kit.errors import ConfigError
 from simcse_kit.files import write_text_atomic
+from simcse_kit.model.checks import check_weights
 from simcse_kit.model.devices import resolve_device
 from simcse_kit.model.inference import Encoder, SentenceTransformerEncoder, load_encoder
 from simcse_kit.training.mining import check_output_file, format_rows
@@ -75,14 +76,16 @@ def bi_encoder_scores(
 
 
 def cross_encoder_scores(
-    rows: Sequence[Sequence[str]], path: str, batch_size: int = 128, device: str = "auto"
+    rows: Sequence[Sequence[str]], path: str, batch_size: int = 128, device: str = "auto", trust_remote_code: bool = False
 ) -> list[list[float]]:
     """``CrossEncoder(path).predict`` of each row's ``(anchor, candidate)`` pairs, its own
-    activation applied, as ``N`` lists of ``C`` scores."""
+    activation applied, as ``N`` lists of ``C`` scores. A folder needing its own code is
+    refused unless ``trust_remote_code``."""
     from sentence_transformers import CrossEncoder
 
+    check_weights(path, trust_remote_code)  # one line, never transformers' y/N question
     try:
-        model = CrossEncoder(path, device=str(resolve_device(device)))
+        model = CrossEncoder(path, device=str(resolve_device(device)), trust_remote_code=trust_remote_code)
     except OSError as exc:
         raise ConfigError(f"--cross-encoder {path}: cannot load a cross-encoder there ({exc})") from None
     pairs = [(row[0], text) for row in rows for text in row[1:]]
@@ -98,6 +101,7 @@ def score_file(
     cross_encoder: str | None = None,
     batch_size: int = 128,
     device: str = "auto",
+    trust_remote_code: bool = False,
 ) -> dict[str, int]:
     """``simcse-kit score``: read ``sent0, sent1`` and ``k`` hard negatives per row, write the
     same rows with their teacher scores (module docstring): JSONL (``out_path`` ending
@@ -112,6 +116,8 @@ def score_file(
         cross_encoder: a sentence-transformers CrossEncoder folder or hub id.
         batch_size: texts (or pairs) per forward pass.
         device: ``auto``, ``cpu``, ``cuda``, ...
+        trust_remote_code: run the teacher folder's own code (``auto_map``); otherwise
+            such a folder is refused.
 
     Returns:
         ``{"rows": written, "negatives": k}``.
@@ -124,9 +130,9 @@ def score_file(
     negative_columns = modes.hard_negative_columns(k)
     texts = [[row["sent0"], row["sent1"], *(row[c] for c in negative_columns)] for row in rows]
     if cross_encoder is not None:
-        scores = cross_encoder_scores(texts, cross_encoder, batch_size, device)
+        scores = cross_encoder_scores(texts, cross_encoder, batch_size, device, trust_remote_code)
     else:
-        encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device)
+        encoder = load_encoder(model or DEFAULT_MODEL, pooler=pooler, device=device, trust_remote_code=trust_remote_code)
         scores = bi_encoder_scores(texts, encoder, batch_size)
     triples = [(t[0], t[1], tuple(t[2:])) for t in texts]
     write_text_atomic(out_path, format_rows(triples, k, Path(out_path), scores))
