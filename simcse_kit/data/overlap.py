@@ -1,0 +1,126 @@
+"""Sentence hashes that ignore case, punctuation and spacing: the contamination guard's key.
+
+Two texts are "the same sentence" when :func:`normalize` makes them equal: Unicode case
+folding (``str.casefold``), then every punctuation character (Unicode category ``P*``)
+and every whitespace character removed. Removing rather than collapsing the spaces is
+what makes SentEval's tokenised files ("it 's a dog", "do n't") meet the raw text ("It's
+a dog.", "don't"); on the shipped data this definition gives the counts of issue 49 for
+SICK (2,533 of 4,927 test pairs, 3,742 of 5,006 distinct test sentences) and 4,831 of
+12,544 STS12-16 pairs for STS-B train (docs/contamination.md gives what the other
+definitions give).
+
+A sentence's key is the 64-bit xxh3 of its normalised UTF-8 (:func:`text_hashes`): stable
+across processes and machines, so a training file's hashes are computed once, as its
+Arrow cache is built (:mod:`simcse_kit.data.corpus`), and kept beside the cache
+(:func:`hashes_file`): a warm run reads 8 bytes a text and hashes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from collections.abc import Iterable, Sequence
+from functools import cache
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+from xxhash import xxh3_64_intdigest
+
+__all__ = ["HASHES_SUFFIX", "hashes_file", "normalize", "row_hashes", "text_hashes"]
+
+HASHES_SUFFIX = ".hashes.npy"
+"""Beside a text cache ``<name>.arrow``: ``<name>.hashes.npy``, ``uint64 [rows, text columns]``."""
+
+
+@cache
+def _table() -> dict[int, None]:
+    """``str.translate``'s table deleting every punctuation and whitespace character (built
+    on first use: a pass over every code point, a third of a second)."""
+    dropped = (c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c))[0] == "P" or chr(c).isspace())
+    return dict.fromkeys(dropped)
+
+
+_ASCII_DROPPED = bytes(c for c in range(128) if unicodedata.category(chr(c))[0] == "P" or chr(c).isspace())
+SEPARATOR = "\0"  # joins a batch's ASCII texts into one string; no text of a checked file holds it
+
+
+def normalize(text: str) -> str:
+    """``text`` case-folded, without punctuation (``P*``) and without whitespace (module docstring)."""
+    return text.casefold().translate(_table())
+
+
+def _key(normalized: bytes) -> int:
+    return xxh3_64_intdigest(normalized)
+
+
+def text_hashes(texts: Sequence[str]) -> np.ndarray:
+    """The 64-bit key of each text: xxh3 of its :func:`normalize`'d UTF-8.
+
+    Args:
+        texts: N texts.
+
+    Returns:
+        ``uint64 [N]``.
+
+    ASCII texts, most of a corpus, are normalised together: one string of the batch,
+    lowered and stripped by ``bytes.translate`` at C speed (for ASCII, ``casefold`` is
+    ``lower`` and the dropped characters are ASCII's punctuation and whitespace). The
+    others go one by one through the same steps, then :func:`normalize` when anything but
+    letters and digits is left. A test checks both paths against :func:`normalize`.
+    """
+    out = np.empty(len(texts), dtype=np.uint64)
+    ascii_rows = [i for i, text in enumerate(texts) if text.isascii()]
+    if ascii_rows:
+        joined = SEPARATOR.join(texts[i] for i in ascii_rows)
+        if joined.count(SEPARATOR) == len(ascii_rows) - 1:  # else a text holds the separator: one by one
+            parts = joined.encode("ascii").lower().translate(None, _ASCII_DROPPED).split(SEPARATOR.encode())
+            out[ascii_rows] = np.fromiter(map(_key, parts), dtype=np.uint64, count=len(parts))
+        else:
+            out[ascii_rows] = [_key(normalize(texts[i]).encode()) for i in ascii_rows]
+    other = [i for i, text in enumerate(texts) if not text.isascii()]
+    out[other] = [_key(_normalized_bytes(texts[i])) for i in other]
+    return out
+
+
+def _normalized_bytes(text: str) -> bytes:
+    """:func:`normalize` of ``text`` as UTF-8, ASCII's dropped characters removed at C speed first."""
+    rest = text.casefold().encode().translate(None, _ASCII_DROPPED)
+    decoded = rest.decode()
+    return rest if decoded.isalnum() or not decoded else decoded.translate(_table()).encode()
+
+
+def row_hashes(columns: Iterable[pa.Array | Sequence[str]]) -> np.ndarray:
+    """Per row, the key of each text column: ``uint64 [rows, columns]``."""
+    keys = [text_hashes(c.to_pylist() if isinstance(c, pa.Array) else c) for c in columns]
+    return np.stack(keys, axis=1) if keys else np.empty((0, 0), dtype=np.uint64)
+
+
+def hashes_file(cache_file: str | Path) -> Path:
+    """Where the row hashes of a text cache ``<name>.arrow`` are kept."""
+    path = Path(cache_file)
+    return path.with_name(path.stem + HASHES_SUFFIX)
+
+
+def text_columns(dataset: datasets.Dataset) -> list[str]:
+    """The columns of ``dataset`` that hold texts (not scores, token ids or text ids)."""
+    return [name for name, kind in dataset.features.items() if isinstance(kind, datasets.Value) and kind.dtype == "string"]
+
+
+def dataset_keys(dataset: datasets.Dataset, batch_rows: int = 10_000) -> np.ndarray:
+    """``uint64 [rows, text columns]``: the keys of ``dataset``'s texts, read from beside its
+    text cache (:func:`hashes_file`) or, for a dataset without one (in memory, a cache built
+    before the keys were kept), computed here.
+
+    ``dataset`` is a reader's (:func:`simcse_kit.data.readers.load_train_dataset`): its rows
+    are its cache's first rows, in order (``max_train_samples`` selects a prefix)."""
+    columns = text_columns(dataset)
+    for entry in dataset.cache_files:
+        path = hashes_file(entry["filename"])
+        if path.is_file():
+            keys = np.load(path, mmap_mode="r")
+            if keys.ndim == 2 and keys.shape[1] == len(columns) and len(keys) >= len(dataset):
+                return np.asarray(keys[: len(dataset)])
+    parts = [row_hashes(batch[c] for c in columns) for batch in dataset.select_columns(columns).iter(batch_size=batch_rows)]
+    return np.concatenate(parts) if parts else np.empty((0, len(columns)), dtype=np.uint64)
