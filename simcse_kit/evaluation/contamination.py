@@ -27,24 +27,31 @@ from typing import Any
 
 import numpy as np
 
-from simcse_kit.data.overlap import normalize, text_hashes
+from simcse_kit.data.overlap import dataset_keys, normalize, text_hashes
+from simcse_kit.data.readers import read_train_file
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.beir import read_beir
+from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
 from simcse_kit.evaluation.sts_readers import PAIR_READERS, STSPairs, load_task
 from simcse_kit.evaluation.suite import TaskSpec
-from simcse_kit.evaluation.tables import STS_COLUMNS, format_table
+from simcse_kit.evaluation.tables import STS_COLUMNS, format_rows, format_table
 from simcse_kit.files import read_lines
 
 __all__ = [
     "CONTAMINATED_SHARE",
     "MODES",
+    "FILE_FORMATS",
     "EvalSet",
     "Guard",
     "TaskOverlap",
     "beir_set",
     "count_overlap",
+    "dev_set",
+    "file_keys",
     "format_marked_table",
+    "format_overlap",
     "pair_set",
+    "retrieval_sets",
     "suite_sets",
 ]
 
@@ -111,6 +118,17 @@ def beir_set(folder: str | Path, kind: str = "test", name: str | None = None) ->
     every = np.unique(text_hashes([*task.corpus.values(), *task.queries.values()]))
     base = pair_set(task.name if kind == "test" else "dev", kind, folder, first, second)
     return EvalSet(base.name, kind, base.source, base.pairs, every)
+
+
+def retrieval_sets(data_root: str | Path) -> list[EvalSet]:
+    """The built-in retrieval tasks (:mod:`simcse_kit.evaluation.retrieval_tasks`) from the data
+    root: each one's documents, and its positive pairs."""
+    sets = []
+    for name, build in RETRIEVAL_TASKS.items():
+        corpus, pairs = build(Path(data_root))
+        base = pair_set(name, "test", data_root, [p[1] for p in pairs], [p[3] for p in pairs])
+        sets.append(EvalSet(name, "test", base.source, base.pairs, np.unique(text_hashes(list(corpus.values())))))
+    return sets
 
 
 def dev_set(path: str | Path, fmt: str) -> EvalSet:
@@ -284,3 +302,75 @@ def format_marked_table(
             f"{o['sentences']:,} sentences also in training ({', '.join(o['training'])})"
         )
     return "\n".join(lines)
+
+
+FILE_FORMATS = ("auto", "text", "table", "stsb", "sick")
+
+
+def detect_format(path: Path) -> str:
+    """A training file's format from its first line: ``sick`` (a tab-separated header with
+    ``sentence_A`` and ``sentence_B``), ``stsb`` (7 or more tab-separated fields, the fifth
+    a score), else ``table`` for ``.csv``/``.jsonl``/``.json`` and ``text`` for the rest."""
+    lines = read_lines(path)
+    first = lines[0][1].split("\t") if lines else []
+    if {"sentence_A", "sentence_B"} <= set(first):
+        return "sick"
+    if len(first) >= 7:
+        try:
+            float(first[4])
+            return "stsb"
+        except ValueError:
+            pass
+    return "table" if path.suffix.lower() in (".csv", ".jsonl", ".json") else "text"
+
+
+def file_keys(path: str | Path, fmt: str = "auto", cache_dir: str | Path | None = None) -> tuple[str, np.ndarray]:
+    """A training file's format and its rows' keys, ``uint64 [rows, text columns]``.
+
+    ``text``: one sentence a line; ``table``: CSV or JSONL with ``sent0, sent1`` (and hard
+    negatives), each read as training reads it, through its Arrow cache (the keys beside it);
+    ``stsb`` / ``sick``: a scored pair file, a row per pair.
+
+    Raises:
+        DataError: as the readers, naming the file and line.
+    """
+    path = Path(path)
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    if fmt in PAIR_READERS:
+        pairs = PAIR_READERS[fmt](path)
+        return fmt, np.stack([text_hashes(pairs.sentences1), text_hashes(pairs.sentences2)], axis=1)
+    if fmt == "text":
+        mode = "unsup"
+    else:
+        lines = read_lines(path)
+        mode = "hardneg" if lines and "hard_neg" in lines[0][1] else "sup"
+    return fmt, dataset_keys(read_train_file(path, mode, cache_dir=cache_dir).dataset)
+
+
+def format_overlap(overlaps: Sequence[TaskOverlap]) -> str:
+    """One line per split: its distinct sentences and pairs also in training (``*``: contaminated)."""
+
+    def share(seen: int, total: int) -> str:
+        return f"{seen:,} of {total:,} ({100 * seen / total:.1f}%)" if total else "-"
+
+    rows: list[dict[str, str]] = [
+        {
+            "task": o.task + (MARK if o.contaminated else ""),
+            "sentences": share(o.sentences_seen, o.sentences),
+            "pairs": share(o.pairs_seen, o.pairs),
+            "in": ", ".join(Path(t).name for t in o.training) or "-",
+        }
+        for o in overlaps
+    ]
+    if len(overlaps) > 1:
+        rows.append(
+            {
+                "task": "total",
+                "sentences": share(sum(o.sentences_seen for o in overlaps), sum(o.sentences for o in overlaps)),
+                "pairs": share(sum(o.pairs_seen for o in overlaps), sum(o.pairs for o in overlaps)),
+                "in": "",
+            }
+        )
+    columns = {"task": "task", "sentences": "distinct sentences in training", "pairs": "pairs, both in training", "in": "in"}
+    table = format_rows(rows, columns, markdown=True, label="task")
+    return table + f"\n{MARK} contaminated: at least {CONTAMINATED_SHARE:.0%} of the pairs have both sentences in training"
