@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_tiny_senteval
+import torch
+from conftest import TinyRun, write_tiny_senteval
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -230,3 +231,116 @@ def test_overlap_command_counts_a_users_files(tmp_path: Path, capsys: pytest.Cap
     assert counts["pairs_seen"] == want.pairs_seen >= 1
     assert counts["sentences_seen"] == want.sentences_seen == len({normalize(a), normalize(b)})
     assert "STS12*" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def naive_pairs_seen(senteval: Path, trained: list[str]) -> dict[str, int]:
+    """Per suite task, its test pairs with both sentences among ``trained`` (a Python loop)."""
+    from simcse_kit.evaluation.sts_readers import load_task
+
+    seen = {normalize(t) for t in trained}
+    counts = {}
+    for name, spec in default_suite().items():
+        splits = load_task(senteval, spec)
+        chosen = [splits[s] for s in spec.subsets] if spec.format == "sts" else [splits["test"]]
+        counts[name] = sum(normalize(a) in seen and normalize(b) in seen for p in chosen for a, b in zip(p.sentences1, p.sentences2))
+    return counts
+
+
+def test_a_run_reports_its_contaminated_tasks_in_metrics_and_the_final_table(tiny_run: TinyRun) -> None:
+    """The tiny run's corpus holds the tiny suite's sentences (both are toy_sentences): metrics.json
+    counts each task's pairs as a loop over the files does, and the table marks them."""
+    metrics = tiny_run.train("run", max_steps=2, eval_steps=2, save_steps=0)
+    trained = (tiny_run.folder / "train.txt").read_text(encoding="utf-8").split("\n")
+    want = naive_pairs_seen(tiny_run.folder / "senteval", [t for t in trained if t.strip()])
+    tasks = metrics["contamination"]["tasks"]
+    assert {name: tasks[name]["pairs_seen"] for name in want} == want and sum(want.values()) > 0
+    table = format_marked_table(metrics["sts"], metrics["contamination"])
+    marked = [h.rstrip("*") for h in table.splitlines()[0].split() if h.endswith("*")]
+    assert marked and marked == [STS_LABELS[t] for t in want if tasks[t]["contaminated"]]
+    assert "clean task(s) of 7" in table
+    assert json.loads((tiny_run.folder / "run" / "metrics.json").read_text())["contamination"] == metrics["contamination"]
+
+
+STS_LABELS = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15", "STS16": "STS16",
+              "STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}  # fmt: skip
+
+
+def test_drop_trains_on_the_clean_rows_and_error_refuses_before_the_folder(tiny_run: TinyRun) -> None:
+    from simcse_kit.training.run import build_run
+
+    cfg = tiny_run.config("drop", decontaminate="drop", save_steps=0)
+    run = build_run(cfg)
+    trained = [t for t in (tiny_run.folder / "train.txt").read_text(encoding="utf-8").split("\n") if t.strip()]
+    tests = naive_test_sentences(tiny_run.folder / "senteval")
+    clean = [t for t in trained if normalize(t) not in tests]
+    assert 0 < len(clean) < len(trained)
+    assert run.loader.dataset["sent0"] == clean  # in file order: the rows kept, none added
+    assert run.contamination is not None and run.contamination["dropped"] == {cfg.data.train_file: len(trained) - len(clean)}
+    assert all(t["pairs_seen"] == 0 for t in run.contamination["tasks"].values() if t["kind"] == "test")
+    with pytest.raises(DataError, match=r"train\.txt, line 1: .* is a sentence of evaluation task STS"):
+        tiny_run.train("error", decontaminate="error")
+    assert not (tiny_run.folder / "error").exists()
+
+
+def naive_test_sentences(senteval: Path) -> set[str]:
+    from simcse_kit.evaluation.sts_readers import load_task
+
+    out = set()
+    for spec in default_suite().values():
+        for name, split in load_task(senteval, spec).items():
+            if spec.format != "stsb" or name == "test":
+                out |= {normalize(s) for s in split.sentences1 + split.sentences2}
+    return out
+
+
+def test_a_clean_run_is_unchanged_by_drop(tiny_run: TinyRun) -> None:
+    """Clean data under ``drop``: the same batches, bit for bit, as a run built without the guard."""
+    from conftest import toy_sentences
+
+    from simcse_kit.training.run import build_run
+
+    tiny_run.recipe("clean")  # writes the tiny senteval and the contaminated train.txt
+    tests = naive_test_sentences(tiny_run.folder / "senteval")
+    dev = tiny_run.folder / "senteval" / "STS" / "STSBenchmark" / "sts-dev.csv"
+    tests |= {normalize(s) for line in dev.read_text(encoding="utf-8").splitlines() for s in line.split("\t")[5:7]}
+    clean = [s for s in toy_sentences(400)[200:] if normalize(s) not in tests][:64]
+    path = tiny_run.folder / "clean.txt"
+    path.write_text("\n".join(clean) + "\n", encoding="utf-8")
+
+    def batches(**overrides: object) -> list[torch.Tensor]:
+        cfg = tiny_run.config("clean", train_file=str(path), save_steps=0, **overrides)
+        run = build_run(cfg, evaluate=overrides.get("decontaminate") is not None)
+        if overrides.get("decontaminate") is not None:
+            assert run.contamination is not None and run.contamination["dropped"] == {}
+            assert all(t["sentences_seen"] == 0 for t in run.contamination["tasks"].values())
+        return [batch["input_ids"].clone() for batch in run.loader]
+
+    guarded = batches(decontaminate="drop", decontaminate_dev="true")
+    unguarded = batches()  # evaluate=False: no guard at all
+    assert len(guarded) == len(unguarded) > 0
+    assert all(torch.equal(a, b) for a, b in zip(guarded, unguarded, strict=True))
+
+
+def test_the_teachers_texts_are_hashed_in_a_run(tiny_run: TinyRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sentence that only the teacher encodes (planted in the run's teacher texts) is counted."""
+    from test_teacher import save_teacher
+
+    from simcse_kit.training import run as run_module
+
+    tiny_run.recipe("t")
+    planted = (tiny_run.folder / "senteval" / "STS" / "STS16-en-test" / "STS.input.headlines.txt").read_text().split("\t")[0]
+    clean_file = tiny_run.folder / "one.txt"
+    clean_file.write_text("zz qq first\nzz qq second\nzz qq third\nzz qq fourth\n" * 4, encoding="utf-8")
+    real = run_module.training_texts
+    monkeypatch.setattr(run_module, "training_texts", lambda *a: [*real(*a), planted.upper()])
+    teacher = save_teacher(tmp_path / "teacher", hidden=16)
+    cfg = tiny_run.config("t", train_file=str(clean_file), teacher=str(teacher), teacher_cache_dir=str(tmp_path / "c"),
+                          save_steps=0, batch_size=4)  # fmt: skip
+    report = run_module.build_run(cfg).contamination
+    assert report is not None
+    holders = {name: t["training"] for name, t in report["tasks"].items() if t["sentences_seen"]}
+    assert holders and all(h == ["the teacher's and the guide's sentences"] for h in holders.values())
+    assert "STS16" in holders

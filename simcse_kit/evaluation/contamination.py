@@ -299,7 +299,7 @@ def format_marked_table(
         o = tasks[t]
         lines.append(
             f"{MARK} {columns[t]}: {o['pairs_seen']:,} of {o['pairs']:,} pairs and {o['sentences_seen']:,} of "
-            f"{o['sentences']:,} sentences also in training ({', '.join(o['training'])})"
+            f"{o['sentences']:,} sentences also in training ({', '.join(Path(t).name for t in o['training'])})"
         )
     return "\n".join(lines)
 
