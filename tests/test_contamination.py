@@ -14,6 +14,7 @@ import torch
 from conftest import TinyRun, write_tiny_senteval
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from xxhash import xxh3_64_intdigest
 
 from simcse_kit.cli import main
 from simcse_kit.data import overlap
@@ -31,7 +32,6 @@ from simcse_kit.evaluation.contamination import (
 )
 from simcse_kit.evaluation.suite import default_suite
 from simcse_kit.evaluation.tables import format_table
-from xxhash import xxh3_64_intdigest
 
 # --------------------------------------------------------------------------- the key
 
@@ -173,7 +173,15 @@ def test_keys_are_kept_beside_the_cache_and_a_warm_read_hashes_nothing(tmp_path:
 
 
 def test_marked_table_and_clean_average_by_hand() -> None:
-    sts = {"STS12": 70.0, "STS13": 80.0, "STS14": 75.0, "STS15": 81.0, "STS16": 79.0, "STSBenchmark": 82.0, "SICKRelatedness": 73.0}
+    sts = {
+        "STS12": 70.0,
+        "STS13": 80.0,
+        "STS14": 75.0,
+        "STS15": 81.0,
+        "STS16": 79.0,
+        "STSBenchmark": 82.0,
+        "SICKRelatedness": 73.0,
+    }
     sts["avg"] = sum(sts.values()) / 7
     dirty = {"pairs_seen": 1900, "pairs": 3750, "sentences_seen": 3346, "sentences": 6341, "contaminated": True}
     tasks = {t: {"contaminated": False} for t in sts if t != "avg"}
@@ -210,7 +218,9 @@ def test_the_main_jobs_data_is_clean(data_dir: Path, tmp_path: Path) -> None:
     from simcse_kit.training.inputs import guarded
 
     senteval = data_dir / "senteval"
-    g = Guard([*suite_sets(senteval, default_suite()), dev_set(senteval / "STS" / "STSBenchmark" / "sts-dev.csv", "stsb")], "drop", True)
+    g = Guard(
+        [*suite_sets(senteval, default_suite()), dev_set(senteval / "STS" / "STSBenchmark" / "sts-dev.csv", "stsb")], "drop", True
+    )
     wiki = read_train_file(data_dir / "train" / "wiki1m_head.txt", "unsup", cache_dir=tmp_path).dataset
     assert guarded(wiki, g, str(data_dir / "train" / "wiki1m_head.txt")) is wiki
     assert all(t["sentences_seen"] == 0 for t in g.report()["tasks"].values())
@@ -245,7 +255,9 @@ def naive_pairs_seen(senteval: Path, trained: list[str]) -> dict[str, int]:
     for name, spec in default_suite().items():
         splits = load_task(senteval, spec)
         chosen = [splits[s] for s in spec.subsets] if spec.format == "sts" else [splits["test"]]
-        counts[name] = sum(normalize(a) in seen and normalize(b) in seen for p in chosen for a, b in zip(p.sentences1, p.sentences2))
+        counts[name] = sum(
+            normalize(a) in seen and normalize(b) in seen for p in chosen for a, b in zip(p.sentences1, p.sentences2, strict=True)
+        )
     return counts
 
 
