@@ -17,6 +17,7 @@ Arrow cache is built (:mod:`simcse_kit.data.corpus`), and kept beside the cache
 
 from __future__ import annotations
 
+import string
 import sys
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -43,6 +44,7 @@ def _table() -> dict[int, None]:
 
 
 _ASCII_DROPPED = bytes(c for c in range(128) if unicodedata.category(chr(c))[0] == "P" or chr(c).isspace())
+_ASCII_LOWER = bytes.maketrans(string.ascii_uppercase.encode(), string.ascii_lowercase.encode())
 SEPARATOR = "\0"  # joins a batch's ASCII texts into one string; no text of a checked file holds it
 
 
@@ -75,7 +77,8 @@ def text_hashes(texts: Sequence[str]) -> np.ndarray:
     if ascii_rows:
         joined = SEPARATOR.join(texts[i] for i in ascii_rows)
         if joined.count(SEPARATOR) == len(ascii_rows) - 1:  # else a text holds the separator: one by one
-            parts = joined.encode("ascii").lower().translate(None, _ASCII_DROPPED).split(SEPARATOR.encode())
+            # One pass of bytes.translate: lower-cased and stripped together.
+            parts = joined.encode("ascii").translate(_ASCII_LOWER, _ASCII_DROPPED).split(SEPARATOR.encode())
             out[ascii_rows] = np.fromiter(map(_key, parts), dtype=np.uint64, count=len(parts))
         else:
             out[ascii_rows] = [_key(normalize(texts[i]).encode()) for i in ascii_rows]

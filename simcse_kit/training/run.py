@@ -407,8 +407,8 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
                 {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
             )
             write_json_atomic(out / "metrics.json", metrics)
-            table = format_marked_table(metrics["sts"], metrics.get("contamination"))
-            logger.info("STS table of the best model:\n%s", table)  # the CLI prints it too
+            marked = format_marked_table(metrics["sts"], metrics.get("contamination"))
+            logger.info("STS table of the best model:\n%s", marked)  # the CLI prints it too
         if have_best:  # the last line names only a folder that exists
             best_at = (state.best_step, evaluator.metric_label, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
             logger.info("best model (step %d, %s %.2f on %s) at %s", *best_at)
