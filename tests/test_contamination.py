@@ -274,6 +274,8 @@ def test_a_run_reports_its_contaminated_tasks_in_metrics_and_the_final_table(tin
     assert marked and marked == [STS_LABELS[t] for t in want if tasks[t]["contaminated"]]
     assert "clean task(s) of 7" in table
     assert json.loads((tiny_run.folder / "run" / "metrics.json").read_text())["contamination"] == metrics["contamination"]
+    assert main(["export", str(tiny_run.folder / "run"), str(tiny_run.folder / "export")]) == 0
+    assert table in (tiny_run.folder / "export" / "README.md").read_text(encoding="utf-8")  # the card's table, verbatim
 
 
 STS_LABELS = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15", "STS16": "STS16",
