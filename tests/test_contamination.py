@@ -158,6 +158,9 @@ def test_keys_are_kept_beside_the_cache_and_a_warm_read_hashes_nothing(tmp_path:
     kept = np.load(hashes_file(cold.cache_file))
     want = np.stack([text_hashes(cold.dataset["sent0"]), text_hashes(cold.dataset["sent1"])], axis=1)
     np.testing.assert_array_equal(kept, want)
+    hashes_file(cold.cache_file).unlink()  # a cache built before the keys were kept: computed once, then kept
+    np.testing.assert_array_equal(dataset_keys(cold.dataset), want)
+    np.testing.assert_array_equal(np.load(hashes_file(cold.cache_file)), want)
 
     def no_hashing(*_: object) -> np.ndarray:
         raise AssertionError("a warm run hashed the corpus again")

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 from filelock import FileLock
 
-from simcse_kit.data.overlap import hashes_file, row_hashes
+from simcse_kit.data.overlap import hashes_file, row_hashes, save_keys
 from simcse_kit.errors import DataError, StorageError
 from simcse_kit.files import storage_error, write_text_atomic
 
@@ -204,7 +204,7 @@ def _build_cache(
         if check is not None:
             check(report)
         os.replace(tmp, arrow)
-        _save_keys(hashes_file(arrow), keys)  # before the sidecar: a cache with a sidecar has its keys
+        save_keys(hashes_file(arrow), keys)  # before the sidecar: a cache with a sidecar has its keys
         write_text_atomic(sidecar, json.dumps(asdict(report), indent=1))
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -257,18 +257,6 @@ def _build(
         duplicates = int(np.count_nonzero(every[1:] == every[:-1]))
     report = Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start)
     return report, np.concatenate(keys) if keys else np.empty((0, 0), dtype=np.uint64)
-
-
-def _save_keys(path: Path, keys: np.ndarray) -> None:
-    """``keys`` to ``path`` (``.npy``), renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, keys)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _write_together(writer: pa.ipc.RecordBatchStreamWriter, pending: list[pa.RecordBatch]) -> None:

@@ -17,8 +17,11 @@ Arrow cache is built (:mod:`simcse_kit.data.corpus`), and kept beside the cache
 
 from __future__ import annotations
 
+import logging
+import os
 import string
 import sys
+import tempfile
 import unicodedata
 from collections.abc import Iterable, Sequence
 from functools import cache
@@ -29,7 +32,9 @@ import numpy as np
 import pyarrow as pa
 from xxhash import xxh3_64_intdigest
 
-__all__ = ["HASHES_SUFFIX", "hashes_file", "normalize", "row_hashes", "text_hashes"]
+__all__ = ["HASHES_SUFFIX", "dataset_keys", "hashes_file", "normalize", "row_hashes", "save_keys", "text_columns", "text_hashes"]
+
+logger = logging.getLogger(__name__)
 
 HASHES_SUFFIX = ".hashes.npy"
 """Beside a text cache ``<name>.arrow``: ``<name>.hashes.npy``, ``uint64 [rows, text columns]``."""
@@ -118,6 +123,8 @@ def dataset_keys(dataset: datasets.Dataset, batch_rows: int = 10_000) -> np.ndar
 
     ``dataset`` is a reader's (:func:`simcse_kit.data.readers.load_train_dataset`): its rows
     are its cache's first rows, in order (``max_train_samples`` selects a prefix)."""
+    from simcse_kit.data.corpus import SUBFOLDER  # corpus imports this module: not at its top
+
     columns = text_columns(dataset)
     for entry in dataset.cache_files:
         path = hashes_file(entry["filename"])
@@ -125,5 +132,31 @@ def dataset_keys(dataset: datasets.Dataset, batch_rows: int = 10_000) -> np.ndar
             keys = np.load(path, mmap_mode="r")
             if keys.ndim == 2 and keys.shape[1] == len(columns) and len(keys) >= len(dataset):
                 return np.asarray(keys[: len(dataset)])
+        elif Path(entry["filename"]).parent.name == SUBFOLDER:
+            # A text cache built before its keys were kept: computed once, kept for the next run.
+            whole = datasets.Dataset.from_file(entry["filename"])
+            keys = _computed(whole, text_columns(whole), batch_rows)
+            try:
+                save_keys(path, keys)
+            except OSError as exc:
+                logger.warning("%s: the sentence keys not kept (%s); the next run computes them again", path, exc)
+            if keys.shape[1] == len(columns) and len(keys) >= len(dataset):
+                return keys[: len(dataset)]
+    return _computed(dataset, columns, batch_rows)
+
+
+def _computed(dataset: datasets.Dataset, columns: list[str], batch_rows: int) -> np.ndarray:
     parts = [row_hashes(batch[c] for c in columns) for batch in dataset.select_columns(columns).iter(batch_size=batch_rows)]
     return np.concatenate(parts) if parts else np.empty((0, len(columns)), dtype=np.uint64)
+
+
+def save_keys(path: Path, keys: np.ndarray) -> None:
+    """``keys`` to ``path`` (``.npy``), renamed into place: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, keys)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
