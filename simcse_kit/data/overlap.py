@@ -71,32 +71,51 @@ def text_hashes(texts: Sequence[str]) -> np.ndarray:
     Returns:
         ``uint64 [N]``.
 
-    ASCII texts, most of a corpus, are normalised together: one string of the batch,
-    lowered and stripped by ``bytes.translate`` at C speed (for ASCII, ``casefold`` is
-    ``lower`` and the dropped characters are ASCII's punctuation and whitespace). The
-    others go one by one through the same steps, then :func:`normalize` when anything but
-    letters and digits is left. A test checks both paths against :func:`normalize`.
+    The texts are normalised together, never one Python step per character: the ASCII
+    ones (most of a corpus) as one string lowered and stripped by ``bytes.translate``
+    (for ASCII, ``casefold`` is ``lower`` and the dropped characters are ASCII's
+    punctuation and whitespace); the others as one string case-folded, then stripped as
+    code points (UTF-32) through a table of every code point. A test checks both against
+    :func:`normalize`, text by text.
     """
     out = np.empty(len(texts), dtype=np.uint64)
     ascii_rows = [i for i, text in enumerate(texts) if text.isascii()]
-    if ascii_rows:
-        joined = SEPARATOR.join(texts[i] for i in ascii_rows)
-        if joined.count(SEPARATOR) == len(ascii_rows) - 1:  # else a text holds the separator: one by one
-            # One pass of bytes.translate: lower-cased and stripped together.
-            parts = joined.encode("ascii").translate(_ASCII_LOWER, _ASCII_DROPPED).split(SEPARATOR.encode())
-            out[ascii_rows] = np.fromiter(map(_key, parts), dtype=np.uint64, count=len(parts))
-        else:
-            out[ascii_rows] = [_key(normalize(texts[i]).encode()) for i in ascii_rows]
     other = [i for i, text in enumerate(texts) if not text.isascii()]
-    out[other] = [_key(_normalized_bytes(texts[i])) for i in other]
+    if ascii_rows:
+        out[ascii_rows] = _ascii_keys([texts[i] for i in ascii_rows])
+    if other:
+        out[other] = _unicode_keys([texts[i] for i in other])
     return out
 
 
-def _normalized_bytes(text: str) -> bytes:
-    """:func:`normalize` of ``text`` as UTF-8, ASCII's dropped characters removed at C speed first."""
-    rest = text.casefold().encode().translate(None, _ASCII_DROPPED)
-    decoded = rest.decode()
-    return rest if decoded.isalnum() or not decoded else decoded.translate(_table()).encode()
+def _ascii_keys(texts: list[str]) -> list[int]:
+    joined = SEPARATOR.join(texts)
+    if joined.count(SEPARATOR) != len(texts) - 1:  # a text holds the separator: one by one
+        return [_key(normalize(t).encode()) for t in texts]
+    # One pass of bytes.translate: lower-cased and stripped together.
+    parts = joined.encode("ascii").translate(_ASCII_LOWER, _ASCII_DROPPED).split(SEPARATOR.encode())
+    return list(map(_key, parts))
+
+
+def _unicode_keys(texts: list[str]) -> list[int]:
+    joined = SEPARATOR.join(texts).casefold()  # casefold maps each character alone, and never to NUL
+    try:
+        points = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-32 for it
+        return [_key(normalize(t).encode("utf-8", "surrogatepass")) for t in texts]
+    kept = points[~_dropped_points()[points]].tobytes().decode("utf-32-le")
+    parts = kept.split(SEPARATOR)
+    if len(parts) != len(texts):  # a text holds the separator: one by one
+        return [_key(normalize(t).encode()) for t in texts]
+    return [_key(part.encode()) for part in parts]
+
+
+@cache
+def _dropped_points() -> np.ndarray:
+    """``bool [0x110000]``: True at each code point :func:`normalize` removes."""
+    dropped = np.zeros(sys.maxunicode + 1, dtype=bool)
+    dropped[list(_table())] = True
+    return dropped
 
 
 def row_hashes(columns: Iterable[pa.Array | Sequence[str]]) -> np.ndarray:
