@@ -33,7 +33,7 @@ def build_seconds(path: Path, cache: Path, keys: bool) -> float:
     """Seconds to build ``path``'s text cache in the empty folder ``cache``."""
     original = corpus_module.row_hashes
     if not keys:
-        corpus_module.row_hashes = lambda columns: np.empty((0, 0), dtype=np.uint64)  # type: ignore[assignment]
+        corpus_module.row_hashes = lambda columns: np.empty((0, 0), dtype=np.uint64)
     try:
         start = time.perf_counter()
         read_train_file(path, "unsup", cache_dir=cache)
