@@ -142,8 +142,6 @@ def dataset_keys(dataset: datasets.Dataset, batch_rows: int = 10_000) -> np.ndar
 
     ``dataset`` is a reader's (:func:`simcse_kit.data.readers.load_train_dataset`): its rows
     are its cache's first rows, in order (``max_train_samples`` selects a prefix)."""
-    from simcse_kit.data.corpus import SUBFOLDER  # corpus imports this module: not at its top
-
     columns = text_columns(dataset)
     for entry in dataset.cache_files:
         path = hashes_file(entry["filename"])
@@ -151,7 +149,7 @@ def dataset_keys(dataset: datasets.Dataset, batch_rows: int = 10_000) -> np.ndar
             keys = np.load(path, mmap_mode="r")
             if keys.ndim == 2 and keys.shape[1] == len(columns) and len(keys) >= len(dataset):
                 return np.asarray(keys[: len(dataset)])
-        elif Path(entry["filename"]).parent.name == SUBFOLDER:
+        elif Path(entry["filename"]).with_suffix(".json").is_file():  # a text cache: its sidecar beside it
             # A text cache built before its keys were kept: computed once, kept for the next run.
             whole = datasets.Dataset.from_file(entry["filename"])
             keys = _computed(whole, text_columns(whole), batch_rows)
