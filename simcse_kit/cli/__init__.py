@@ -18,7 +18,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from simcse_kit.cli import align_uniform, demos, evaluate, export, mine, recipes, retrieval_tasks, score, train, transfer
+from simcse_kit.cli import align_uniform, demos, evaluate, export, mine, overlap, recipes, retrieval_tasks, score, train, transfer
 from simcse_kit.cli.options import check_counts, parse_overrides
 from simcse_kit.errors import STOPPED_STATUS, ConfigError, DataError, Stopped, StoppedAfterTraining, StorageError
 
@@ -27,7 +27,7 @@ __all__ = ["build_parser", "main", "parse_overrides", "resume_command"]
 logger = logging.getLogger("simcse_kit")
 
 # In the order `simcse-kit --help` lists them.
-COMMANDS = (train, transfer, evaluate, export, demos, align_uniform, mine, score, retrieval_tasks, recipes)
+COMMANDS = (train, transfer, evaluate, export, demos, align_uniform, mine, score, retrieval_tasks, overlap, recipes)
 
 
 def resume_command(argv: Sequence[str]) -> str:

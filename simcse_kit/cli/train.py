@@ -12,7 +12,7 @@ from simcse_kit.errors import ConfigError
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.config.run import load_config
-    from simcse_kit.evaluation import format_table
+    from simcse_kit.evaluation.contamination import format_marked_table
     from simcse_kit.training.run import train
 
     cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
@@ -25,7 +25,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         return 0
     metrics = train(cfg, overwrite=args.overwrite, resume=args.resume)
     if "sts" in metrics:  # the best model's STS table (on the main process)
-        print(format_table(metrics["sts"]))
+        print(format_marked_table(metrics["sts"], metrics.get("contamination")))
     return 0
 
 

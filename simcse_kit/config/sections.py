@@ -262,6 +262,13 @@ class DataConfig:
         "where local training files are cached as memory-mapped Arrow (read once, reused while the file is unchanged; "
         "docs/data.md). None: the datasets cache ($HF_DATASETS_CACHE).",
     )
+    decontaminate: str = option(
+        "warn",
+        '"warn": count the evaluation sentences (STS suite, dev split) that the training texts also hold, per task, in '
+        'metrics.json, the final table and the model card; "drop": also leave out each training row that shares a '
+        'sentence with a test set; "error": refuse the run, naming the file, its line and the task (docs/contamination.md).',
+    )
+    decontaminate_dev: bool = option(False, "with decontaminate drop or error, the dev split's sentences count as a test set's")
     mix_file: str | None = option(None, "a second (general) corpus mixed into train_file, in data.mode's format")
     mix_ratio: float = option(0.0, "share of the mixed training set drawn from mix_file, in [0, 1)")
     dev_file: str | None = option(None, "dev split for checkpoint selection (None: STS-B dev of eval_data_dir)")
@@ -305,6 +312,7 @@ class DataConfig:
         if self.dev_format == "beir":
             rules.append(("dev_file", self.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
         rules.append(("bad_rows", self.bad_rows in ("error", "skip"), "'error' or 'skip'"))
+        rules.append(("decontaminate", self.decontaminate in ("warn", "drop", "error"), "'warn', 'drop' or 'error'"))
         if self.num_workers is not None:
             rules.append(("num_workers", self.num_workers >= 0, ">= 0 (0: in the training process), or null for auto"))
         rules.append(("word_repetition", 0 <= self.word_repetition <= 1, "in [0, 1]"))

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 from filelock import FileLock
 
+from simcse_kit.data.overlap import hashes_file, row_hashes, save_keys
 from simcse_kit.errors import DataError, StorageError
 from simcse_kit.files import storage_error, write_text_atomic
 
@@ -215,10 +216,11 @@ def _build_cache(
     except OSError as exc:
         raise _cache_error(exc, folder) from None
     try:
-        report = _build(Path(tmp), rows, BadRows(bad_rows), count_duplicates)
+        report, keys = _build(Path(tmp), rows, BadRows(bad_rows), count_duplicates)
         if check is not None:
             check(report)
         os.replace(tmp, arrow)
+        save_keys(hashes_file(arrow), keys)  # before the sidecar: a cache with a sidecar has its keys
         write_text_atomic(sidecar, json.dumps(asdict(report), indent=1))
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -235,11 +237,14 @@ def _build_cache(
 
 def _build(
     tmp: Path, rows: Callable[[BadRows], Iterator[dict[str, list[str]]]], bad: BadRows, count_duplicates: str | None
-) -> Report:
-    """Write the checked rows to ``tmp`` in Arrow batches; the report of what was read."""
+) -> tuple[Report, np.ndarray]:
+    """Write the checked rows to ``tmp`` in Arrow batches; the report of what was read and
+    the rows' sentence keys (:func:`simcse_kit.data.overlap.row_hashes` of the text columns),
+    computed on the way, so the contamination guard never reads the corpus again."""
     start = time.perf_counter()
     writer: pa.ipc.RecordBatchStreamWriter | None = None
     hashes: list[np.ndarray] = []  # 8 bytes a row: the one per-row cost, for the duplicate count
+    keys: list[np.ndarray] = []  # 8 bytes a text: its normalised sentence's key
     pending: list[pa.RecordBatch] = []  # Arrow batches not yet written, fewer than RECORD_ROWS rows
     n = 0
     columns: list[str] = []
@@ -255,6 +260,7 @@ def _build(
                 _write_together(writer, pending)
             if count_duplicates is not None:
                 hashes.append(np.fromiter(map(hash, batch[count_duplicates]), dtype=np.int64))
+            keys.append(row_hashes(batch[c] for c, k in zip(columns, kinds, strict=True) if k == pa.string()))
             n += len(batch[columns[0]])
         if writer is not None:
             _write_together(writer, pending)
@@ -265,7 +271,8 @@ def _build(
         hashes.clear()
         every.sort()
         duplicates = int(np.count_nonzero(every[1:] == every[:-1]))
-    return Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start)
+    report = Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start)
+    return report, np.concatenate(keys) if keys else np.empty((0, 0), dtype=np.uint64)
 
 
 def _write_together(writer: pa.ipc.RecordBatchStreamWriter, pending: list[pa.RecordBatch]) -> None:

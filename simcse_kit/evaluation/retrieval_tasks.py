@@ -8,7 +8,9 @@ id is its own document's id, so the evaluator drops the self-match (see
 its partners relevant. A pair whose two sentences are the same text is skipped (its
 partner would be the dropped self-match).
 
-Tasks (all test splits; none is training data of a recipe):
+Tasks (all test splits; none is a recipe's training file, but STS-B train holds 22% of
+``mrpc-paraphrase``'s pairs and SICK train 49% of ``sick-related``'s: ``simcse-kit overlap
+FILE --retrieval-tasks``, docs/contamination.md):
 
 * ``mrpc-paraphrase`` — MRPC test (``senteval/MRPC/msr_paraphrase_test.txt``), pairs with
   Quality 1 (paraphrases); document ids are MRPC's own sentence ids.

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from simcse_kit.config.run import DEFAULT_MODEL
-from simcse_kit.evaluation import format_table
+from simcse_kit.evaluation.contamination import format_marked_table
 from simcse_kit.export.folder import COMPAT_TESTED, ST_CLASS_PREFIX
 from simcse_kit.export.source import ExportSource
 from simcse_kit.export.sts_gate import MAX_INT8_STS_DROP
@@ -199,6 +199,8 @@ def model_card(source: ExportSource, result: ExportResult, dim: int) -> str:
     else:
         similarity = f"cosine (embeddings are not normalised: {reason})"
     sts = metrics.get("sts")
+    # Each task the training data also holds marked, with the clean tasks' average (data.decontaminate).
+    sts_table = format_marked_table(sts, metrics.get("contamination")) if sts else None
     card = fill(
         "card",
         onnx_tag="- onnx" if result.onnx_files else None,
@@ -217,7 +219,7 @@ def model_card(source: ExportSource, result: ExportResult, dim: int) -> str:
         training_data=training_data,
         training_rows=training_rows(source) or None,
         recipe=fill("recipe", config=yaml.safe_dump(cfg, sort_keys=False).rstrip()) if cfg else None,
-        evaluation=fill("sts_table", table=format_table(sts)) if sts else fill("no_sts_table"),
+        evaluation=fill("sts_table", table=sts_table) if sts_table else fill("no_sts_table"),
         onnx_usage=onnx_usage(result, dim),
         st_class_prefix=ST_CLASS_PREFIX,
         compat=", ".join(dict.fromkeys([*COMPAT_TESTED, result.st_version])),

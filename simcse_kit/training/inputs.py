@@ -23,10 +23,13 @@ from transformers import AutoConfig, AutoTokenizer
 from simcse_kit.config.run import GUIDE_IS_TEACHER, RunConfig
 from simcse_kit.core import modes
 from simcse_kit.core.batch import view_columns
+from simcse_kit.data.overlap import dataset_keys, text_columns
 from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of, scored_dataset
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.evaluation.contamination import Guard, dev_set, suite_sets
 from simcse_kit.evaluation.sts_readers import PAIR_READERS
+from simcse_kit.evaluation.suite import default_suite, stsb_split_path
 from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, check_weights
 from simcse_kit.model.families import max_tokens, prepare_tokenizer
 from simcse_kit.model.inference import load_encoder
@@ -37,19 +40,20 @@ from simcse_kit.training.teacher import TeacherTable, aligned_projection, load_t
 logger = logging.getLogger(__name__)
 
 
-def load_training_data(cfg: RunConfig, tokenizer: Any = None) -> datasets.Dataset:
+def load_training_data(cfg: RunConfig, tokenizer: Any = None, guard: Guard | None = None) -> datasets.Dataset:
     """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
     that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
     unlabelled text; in ``scored`` its pairs and scores, checked against
     ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
     memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`). With
     ``loss.distill`` the rows' teacher scores are read too (and required); with ``tokenizer``,
-    each file's token table beside it (:mod:`simcse_kit.data.tokens`)."""
+    each file's token table beside it (:mod:`simcse_kit.data.tokens`); with ``guard``, each file checked
+    against the evaluation sets (:func:`guarded`)."""
     data = cfg.data
     tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, data.prompts)
-    dataset = read_training_file(cfg, data.train_file, data.train_format, data.mode, data.max_train_samples, tokens)
+    dataset = read_training_file(cfg, data.train_file, data.train_format, data.mode, data.max_train_samples, tokens, guard)
     if data.mix_file is not None and data.mix_ratio > 0:
-        general = read_training_file(cfg, data.mix_file, "auto", data.mode, None, tokens)
+        general = read_training_file(cfg, data.mix_file, "auto", data.mode, None, tokens, guard)
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     if data.mode == "scored" and cfg.loss.score_weight > 0:
         check_graded_scores(dataset, data.train_file, cfg.loss.score_weight)
@@ -77,7 +81,17 @@ def check_graded_scores(dataset: datasets.Dataset, source: str, weight: float) -
     logger.warning("%s: its term (loss.score_weight %g) is 0 at every step; only InfoNCE trains", what, weight)
 
 
-def load_training_sets(cfg: RunConfig, tokenizer: Any = None) -> dict[str, datasets.Dataset]:
+def contamination_guard(cfg: RunConfig) -> Guard:
+    """The run's contamination guard (``data.decontaminate``): the STS suite's test splits
+    (with ``train.final_eval``) and the dev split, as sentence keys."""
+    data = cfg.data
+    sets = suite_sets(data.eval_data_dir, default_suite()) if cfg.train.final_eval else []
+    dev = data.dev_file if data.dev_file is not None else stsb_split_path(data.eval_data_dir, "dev")
+    sets.append(dev_set(dev, data.dev_format))
+    return Guard(sets, data.decontaminate, data.decontaminate_dev)
+
+
+def load_training_sets(cfg: RunConfig, tokenizer: Any = None, guard: Guard | None = None) -> dict[str, datasets.Dataset]:
     """``data.datasets``, each read as a single-file run reads its ``train_file``
     (:func:`read_training_file` with the entry's file, format, mode, sample limit and prompts), by name."""
     if cfg.data.datasets is None:
@@ -86,17 +100,42 @@ def load_training_sets(cfg: RunConfig, tokenizer: Any = None) -> dict[str, datas
     for spec in cfg.data.datasets:
         prompts = spec.prompts or cfg.data.prompts  # as the mixture's collators prompt it
         tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, prompts)
-        sets[spec.name] = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples, tokens)
+        sets[spec.name] = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples, tokens, guard)
         logger.info("dataset %r: %d examples (%s) from %s", spec.name, len(sets[spec.name]), spec.mode, spec.file)
     return sets
 
 
 def read_training_file(
-    cfg: RunConfig, path: str, fmt: str, mode: str, max_samples: int | None, tokens: Tokenization | None = None
+    cfg: RunConfig,
+    path: str,
+    fmt: str,
+    mode: str,
+    max_samples: int | None,
+    tokens: Tokenization | None = None,
+    guard: Guard | None = None,
 ) -> datasets.Dataset:
     """One training file in ``mode``: with ``fmt`` stsb/sick a scored pair file (its pairs
     and scores in ``scored``, else its distinct sentences), otherwise by suffix
-    (:func:`~simcse_kit.data.readers.load_train_dataset`); with ``tokens``, its token table."""
+    (:func:`~simcse_kit.data.readers.load_train_dataset`); with ``tokens``, its token table;
+    with ``guard``, checked against the evaluation sets (:func:`guarded`)."""
+    return guarded(_read_training_file(cfg, path, fmt, mode, max_samples, tokens), guard, path)
+
+
+def guarded(dataset: datasets.Dataset, guard: Guard | None, path: str) -> datasets.Dataset:
+    """``dataset`` (the file ``path``'s rows) through the contamination guard: its texts' keys
+    recorded (read from beside its cache), and under ``data.decontaminate: drop`` the rows
+    that share a sentence with a test set left out; a clean file's dataset is returned as it is."""
+    if guard is None:
+        return dataset
+    columns = text_columns(dataset)
+    local = Path(path) if not path.startswith("hub:") and Path(path).is_file() else None
+    keep = guard.check(path, dataset_keys(dataset), lambda row: [dataset[row][c] for c in columns], local)
+    return dataset if keep is None else dataset.select(keep)
+
+
+def _read_training_file(
+    cfg: RunConfig, path: str, fmt: str, mode: str, max_samples: int | None, tokens: Tokenization | None
+) -> datasets.Dataset:
     data = cfg.data
     sentences = None
     if fmt != "auto" and mode == "scored":

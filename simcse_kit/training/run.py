@@ -34,7 +34,8 @@ from simcse_kit.data.pipeline import ShuffledIndices, loader_options
 from simcse_kit.data.readers import ContrastiveCollator, negatives_of, skipped_rows
 from simcse_kit.data.tokens import Tokenization, id_columns, with_tokens
 from simcse_kit.errors import ConfigError
-from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, format_table, plot_trajectory
+from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, plot_trajectory
+from simcse_kit.evaluation.contamination import format_marked_table
 from simcse_kit.evaluation.encoding import Encode, encode_once, prompted
 from simcse_kit.evaluation.plots import plot_training_curves
 from simcse_kit.evaluation.quantization import VectorPrecision, calibration_ranges
@@ -57,6 +58,7 @@ from simcse_kit.training.folder import (
 )
 from simcse_kit.training.guards import AfterTrainingSignals, StopSignals
 from simcse_kit.training.inputs import (
+    contamination_guard,
     load_checked_tokenizer,
     load_guide,
     load_teacher,
@@ -122,6 +124,7 @@ class Run(Prepared):
     tf32: bool
     skipped_rows: int = 0
     guide: TeacherTable | None = None
+    contamination: dict[str, Any] | None = None
 
 
 def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict[str, Any]:
@@ -175,9 +178,11 @@ def build_run(
     """
     from_files = dataset is None
     tokenizer = load_checked_tokenizer(cfg)
+    # Every text trained on against every evaluation set reported (data.decontaminate).
+    guard = contamination_guard(cfg) if evaluate and from_files else None
     # With each file's token table: tokenised once, ahead of the loader (simcse_kit.data.tokens).
-    sets = load_training_sets(cfg, tokenizer) if from_files and cfg.data.datasets is not None else None
-    dataset = (load_training_data(cfg, tokenizer) if sets is None else None) if dataset is None else dataset
+    sets = load_training_sets(cfg, tokenizer, guard) if from_files and cfg.data.datasets is not None else None
+    dataset = (load_training_data(cfg, tokenizer, guard) if sets is None else None) if dataset is None else dataset
     # Legal, but every step would be the whole set: surely a typo. (A dataset given in code,
     # a benchmark's few sentences repeated in one batch, is the caller's choice.) Of a mixture,
     # every dataset must fill a batch: each batch is one dataset's.
@@ -216,6 +221,9 @@ def build_run(
     texts = training_texts(cfg, dataset, sets) if cfg.loss.teacher is not None or cfg.loss.guide is not None else []
     teacher = load_teacher(cfg, texts)
     guide = load_guide(cfg, texts, teacher[1] if teacher else None)  # vets negatives
+    if guard is not None and texts:
+        guard.add_texts("the teacher's and the guide's sentences", texts)
+    contamination = guard.report() if guard is not None else None
     out = Path(cfg.train.output_dir)
     heap = apply_mmap_threshold(cfg.train.mmap_threshold_mib)
     logger.info("memory: %s", heap.reason)
@@ -332,7 +340,7 @@ def build_run(
         teacher=teacher[1] if teacher else None,
         tf32=tf32,
         skipped_rows=sum(skipped_rows(part) for part in (sets or {}).values()) if dataset is None else skipped_rows(dataset),
-        guide=guide[1] if guide else None,
+        guide=guide[1] if guide else None, contamination=contamination,
     )
 
 
@@ -363,6 +371,8 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
     )
     metrics["memory"] = asdict(run.heap)
     metrics["skipped_rows"] = run.skipped_rows  # data.bad_rows: skip (0 otherwise: a bad row stops the run)
+    if run.contamination is not None:
+        metrics["contamination"] = run.contamination
     if run.teacher is not None:
         table = run.teacher
         metrics["teacher"] = {
@@ -424,7 +434,8 @@ def finish(run: Run, state: LoopState, out: Path) -> dict[str, Any]:
                 {f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step
             )
             write_json_atomic(out / "metrics.json", metrics)
-            logger.info("STS table of the best model:\n%s", format_table(metrics["sts"]))  # the CLI prints it too
+            marked = format_marked_table(metrics["sts"], metrics.get("contamination"))
+            logger.info("STS table of the best model:\n%s", marked)  # the CLI prints it too
         if have_best:  # the last line names only a folder that exists
             best_at = (state.best_step, evaluator.metric_label, state.best_score, evaluator.evaluator.path.name, out / BEST_MODEL)
             logger.info("best model (step %d, %s %.2f on %s) at %s", *best_at)
