@@ -1,0 +1,155 @@
+"""The interval rule: a difference is "better" or "worse" only where its 95% interval excludes 0.
+
+Two bootstraps, both paired (both rows are resampled with the same indices, so what the
+two share, the hard test pairs and the easy ones, cancels in the difference):
+
+* :func:`spearman_difference`: two rows of the quality tables, each the per-seed, per-pair
+  predicted similarities of every STS task. A replicate draws each row's seeds with
+  replacement (a seed is one trained model: its draw holds across the tasks; the two rows'
+  seeds are separate models, so they are drawn separately), then each task's test pairs
+  with replacement (the same indices for both rows), and recomputes the average over the
+  tasks of the mean over the drawn seeds of Spearman x 100. The difference of the two
+  averages is the replicate's value.
+* :func:`mean_difference`: per-query values of two systems on the same queries (nDCG@10 of
+  a model and of BM25): the queries drawn with replacement, the difference of the means.
+
+The interval is the 2.5th and 97.5th percentiles of the replicates (the percentile
+bootstrap); the difference reported is the one on the data as they are. The draws are
+made in a fixed order from ``numpy.random.default_rng(seed)`` (per replicate: row a's
+seeds, row b's seeds, then each task's pair indices in the tasks' order), so a naive loop
+with the same generator reproduces them (``tests/test_stats.py`` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import rankdata
+
+__all__ = ["REPLICATES", "Interval", "mean_difference", "spearman_difference", "verdict"]
+
+REPLICATES = 2000
+"""Bootstrap replicates by default: the 2.5% tails then rest on 50 replicates each."""
+
+Predictions = Mapping[str, np.ndarray]  # task -> (seeds, pairs) predicted similarities of one row
+Gold = Mapping[str, np.ndarray]  # task -> (pairs,) gold scores
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A difference (a - b) and its 95% bootstrap interval.
+
+    Attributes:
+        difference: a - b on the data as they are.
+        low: The 2.5th percentile of the replicates.
+        high: The 97.5th percentile.
+        replicates: How many replicates the interval rests on.
+    """
+
+    difference: float
+    low: float
+    high: float
+    replicates: int
+
+    @property
+    def verdict(self) -> str:
+        """``better`` (the interval is above 0), ``worse`` (below 0), else ``no difference measured``."""
+        if self.low > 0:
+            return "better"
+        if self.high < 0:
+            return "worse"
+        return "no difference measured"
+
+    def __str__(self) -> str:
+        return f"{self.difference:+.2f} (95% interval {self.low:+.2f} to {self.high:+.2f}): {self.verdict}"
+
+
+def _rank_pearson(ranked_predictions: np.ndarray, ranked_gold: np.ndarray) -> np.ndarray:
+    """Pearson correlation of each row of ``(S, N)`` ranks with ``(N,)`` ranks: Spearman's rho with ties averaged."""
+    x = ranked_predictions - ranked_predictions.mean(axis=-1, keepdims=True)
+    y = ranked_gold - ranked_gold.mean()
+    return (x @ y) / np.sqrt((x * x).sum(axis=-1) * (y @ y))
+
+
+def spearman_average(predictions: Predictions, gold: Gold) -> float:
+    """The average over the tasks of the mean over the seeds of Spearman x 100 (what the tables show)."""
+    per_task = [100 * _rank_pearson(rankdata(np.atleast_2d(predictions[t]), axis=-1), rankdata(gold[t])).mean() for t in gold]
+    return float(np.mean(per_task))
+
+
+def _checked(a: Predictions, b: Predictions, gold: Gold) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    out = {}
+    for task, g in gold.items():
+        if task not in a or task not in b:
+            raise ValueError(f"task {task!r} has gold scores but no predictions in {'a' if task not in a else 'b'}")
+        pa, pb, g = np.atleast_2d(a[task]).astype(np.float64), np.atleast_2d(b[task]).astype(np.float64), np.asarray(g)
+        if not pa.shape[1] == pb.shape[1] == len(g):
+            raise ValueError(f"task {task!r}: {pa.shape[1]} and {pb.shape[1]} predictions for {len(g)} gold scores")
+        out[task] = (pa, pb, g.astype(np.float64))
+    seeds = {len({v[0].shape[0] for v in out.values()}), len({v[1].shape[0] for v in out.values()})}
+    if seeds != {1}:
+        raise ValueError("a row must have the same seeds on every task")
+    return out
+
+
+def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: int = REPLICATES, seed: int = 0) -> Interval:
+    """Row a's Spearman-based average minus row b's, with a paired bootstrap over test pairs and seeds.
+
+    Args:
+        a: Task -> ``(seeds_a, pairs)`` predicted similarities of row a (one seed: ``(pairs,)``).
+        b: The same for row b (its own number of seeds).
+        gold: Task -> ``(pairs,)`` gold scores; its tasks are the ones averaged.
+        replicates: Bootstrap replicates.
+        seed: The generator's seed.
+
+    Returns:
+        The difference of the averages and its 95% interval.
+    """
+    tasks = _checked(a, b, gold)
+    observed = spearman_average({t: v[0] for t, v in tasks.items()}, gold) - spearman_average(
+        {t: v[1] for t, v in tasks.items()}, gold
+    )
+    seeds_a, seeds_b = (next(iter(tasks.values()))[i].shape[0] for i in (0, 1))
+    rng = np.random.default_rng(seed)
+    values = np.empty(replicates)
+    for r in range(replicates):
+        pick_a, pick_b = rng.integers(0, seeds_a, seeds_a), rng.integers(0, seeds_b, seeds_b)
+        diffs = []
+        for pa, pb, g in tasks.values():
+            idx = rng.integers(0, len(g), len(g))
+            ranked_gold = rankdata(g[idx])
+            rho_a = _rank_pearson(rankdata(pa[np.ix_(pick_a, idx)], axis=-1), ranked_gold).mean()
+            rho_b = _rank_pearson(rankdata(pb[np.ix_(pick_b, idx)], axis=-1), ranked_gold).mean()
+            diffs.append(100 * (rho_a - rho_b))
+        values[r] = np.mean(diffs)
+    return _interval(observed, values)
+
+
+def mean_difference(a: np.ndarray, b: np.ndarray, replicates: int = REPLICATES, seed: int = 0) -> Interval:
+    """mean(a) - mean(b) of per-query values on the same queries, with a paired bootstrap over the queries.
+
+    Args:
+        a: ``(queries,)`` values of system a.
+        b: ``(queries,)`` values of system b, query for query.
+        replicates: Bootstrap replicates.
+        seed: The generator's seed.
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"paired values need the same 1-d shape, got {a.shape} and {b.shape}")
+    diff = a - b
+    rng = np.random.default_rng(seed)
+    values = np.array([diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(replicates)])
+    return _interval(float(diff.mean()), values)
+
+
+def _interval(observed: float, values: np.ndarray) -> Interval:
+    low, high = np.percentile(values, [2.5, 97.5])
+    return Interval(float(observed), float(low), float(high), len(values))
+
+
+def verdict(a: Predictions, b: Predictions, gold: Gold, replicates: int = REPLICATES) -> str:
+    """ "better", "worse" or "no difference measured": row a against row b by :func:`spearman_difference`."""
+    return spearman_difference(a, b, gold, replicates).verdict
