@@ -4,19 +4,21 @@ Two bootstraps, both paired (both rows are resampled with the same indices, so w
 two share, the hard test pairs and the easy ones, cancels in the difference):
 
 * :func:`spearman_difference`: two rows of the quality tables, each the per-seed, per-pair
-  predicted similarities of every STS task. A replicate draws each row's seeds with
-  replacement (a seed is one trained model: its draw holds across the tasks; the two rows'
-  seeds are separate models, so they are drawn separately), then each task's test pairs
+  predicted similarities of every STS task. A replicate draws the seeds with replacement (a
+  seed is one trained model: its draw holds across the tasks), then each task's test pairs
   with replacement (the same indices for both rows), and recomputes the average over the
   tasks of the mean over the drawn seeds of Spearman x 100. The difference of the two
-  averages is the replicate's value.
+  averages is the replicate's value. Rows with as many seeds are paired by seed too (the
+  tables run every row with the same seeds, in order: the same data order and the same
+  initialisation of what is initialised), so one draw picks seed i of both; rows with
+  different seed counts get a draw each.
 * :func:`mean_difference`: per-query values of two systems on the same queries (nDCG@10 of
   a model and of BM25): the queries drawn with replacement, the difference of the means.
 
 The interval is the 2.5th and 97.5th percentiles of the replicates (the percentile
 bootstrap); the difference reported is the one on the data as they are. The draws are
 made in a fixed order from ``numpy.random.default_rng(seed)`` (per replicate: row a's
-seeds, row b's seeds, then each task's pair indices in the tasks' order), so a naive loop
+seeds, row b's seeds unless paired by seed, then each task's pair indices in the tasks' order), so a naive loop
 with the same generator reproduces them (``tests/test_stats.py`` does).
 """
 
@@ -99,7 +101,7 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
 
     Args:
         a: Task -> ``(seeds_a, pairs)`` predicted similarities of row a (one seed: ``(pairs,)``).
-        b: The same for row b (its own number of seeds).
+        b: The same for row b (the same seeds in the same order, or its own number of seeds).
         gold: Task -> ``(pairs,)`` gold scores; its tasks are the ones averaged.
         replicates: Bootstrap replicates.
         seed: The generator's seed.
@@ -115,7 +117,8 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
     rng = np.random.default_rng(seed)
     values = np.empty(replicates)
     for r in range(replicates):
-        pick_a, pick_b = rng.integers(0, seeds_a, seeds_a), rng.integers(0, seeds_b, seeds_b)
+        pick_a = rng.integers(0, seeds_a, seeds_a)
+        pick_b = pick_a if seeds_a == seeds_b else rng.integers(0, seeds_b, seeds_b)
         diffs = []
         for pa, pb, g in tasks.values():
             idx = rng.integers(0, len(g), len(g))
