@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, machine, setup_run
+from benchmarks._common import REPO, add_allow_dirty, machine, refuse_dirty, save_results, setup_run
 from benchmarks.st_peers import dev_curve, resolve_precision, retrieval_row, run_settings, run_st
 from simcse_kit.config.run import DEFAULT_MODEL
 from simcse_kit.training.selection import dev_selection
@@ -638,6 +638,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")
     p.add_argument("--output-dir", type=Path, default=None, help="default: runs/benchmarks/<table>")
     p.add_argument("--job", type=Path, default=None, help=argparse.SUPPRESS)
+    add_allow_dirty(p)
     return p
 
 
@@ -664,11 +665,12 @@ def main() -> None:
         if wanted and not value:
             raise SystemExit(f"the {args.table} table's rows {args.rows} need {flag}")
     args.output_dir = args.output_dir or REPO / "runs" / "benchmarks" / args.table
+    refuse_dirty(args.allow_dirty)  # before hours of runs, not after them
     prepare(args, spec)
     start = time.perf_counter()
     record = build(args.table, args)
     out = args.output_dir / f"{args.table}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    save_results(out, record, allow_dirty=args.allow_dirty)
     views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
     views |= {"multi": report.MULTI, "scores": report.SCORES, "lora": report.LORA, "scored": report.SCORED}
     spec_view = views.get(args.table, report.DOMAIN)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import DATA, REPO, machine, save_results, setup_run
+from benchmarks._common import DATA, REPO, add_allow_dirty, machine, refuse_dirty, save_results, setup_run
 from benchmarks.stats import mean_difference
 
 MARGIN = 2.0
@@ -68,7 +68,9 @@ def main() -> None:
     parser.add_argument("--data-root", type=Path, default=DATA)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "retrieval_baseline-cpu.json")
+    add_allow_dirty(parser)
     args = parser.parse_args()
+    refuse_dirty(args.allow_dirty)
     setup_run(args.threads)
     with tempfile.TemporaryDirectory() as out:
         tasks = measure(args.model, args.data_root, Path(out))
@@ -78,7 +80,7 @@ def main() -> None:
         "args": {"model": args.model, "threads": args.threads, "margin": MARGIN},
         "tasks": tasks,
     }
-    save_results(args.output, record)
+    save_results(args.output, record, allow_dirty=args.allow_dirty)
 
 
 if __name__ == "__main__":
