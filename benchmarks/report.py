@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import REPO
+from benchmarks.stats import load_rows, spearman_difference
 
 RESULTS = REPO / "benchmarks" / "results"
 BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
@@ -46,6 +47,28 @@ LEGACY = frozenset({
     "train_throughput-avx512_bf16",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
+
+
+NO_INTERVAL = "no interval (record predates per-pair data)"
+
+
+def interval_verdict(rec: Record, a: str, b: str) -> str:
+    """The interval rule on rows ``a`` - ``b`` of ``rec``: their 7-task averages' difference with its 95% interval
+    (a paired bootstrap over the test pairs and the seeds, ``benchmarks.stats``) and "better", "worse" or "no
+    difference measured"; where the record has no per-pair sidecar (``results/<record>.npz``), it says so."""
+    path = RESULTS / f"{rec.get('_file', '')}.npz"
+    if not path.is_file():
+        return NO_INTERVAL
+    rows, gold = _sidecar(path)
+    missing = [r for r in (a, b) if r not in rows]
+    if missing:
+        return f"no interval (no per-pair data for `{missing[0]}`)"
+    return f"interval rule, 7-task average: {spearman_difference(rows[a], rows[b], gold)}"
+
+
+@functools.lru_cache(maxsize=8)
+def _sidecar(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    return load_rows(path)
 
 
 def provenance_note(rec: Record) -> str:
@@ -430,7 +453,8 @@ def _quality_verdict(kept: list[Record]) -> list[str]:
         best, peer = max(kit, key=lambda n: kit[n]["best_stsb_dev"]), res[f"st-{family}"]["mean"]["avg"]
         lines.append(
             f"- {family}: the simcse-kit recipe best on STS-B dev, `{best}`, averages {kit[best]['avg']:.2f} "
-            f"against sentence-transformers' {peer:.2f} ({kit[best]['avg'] - peer:+.2f})."
+            f"against sentence-transformers' {peer:.2f} ({kit[best]['avg'] - peer:+.2f}; "
+            f"{interval_verdict(kept[0], best, f'st-{family}')})."
         )
     return lines
 
@@ -475,7 +499,8 @@ def _domain_verdict(kept: list[Record]) -> list[str]:
         peer, score = max(peers, key=peers.__getitem__), kit[best][target]
         lines.append(
             f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {score - base:+.2f} over the base, "
-            f"{score - peers[peer]:+.2f} over the best peer `{peer}`; 7-task average {kit[best]['avg']:.2f}."
+            f"{score - peers[peer]:+.2f} over the best peer `{peer}` ({interval_verdict(kept[0], best, peer)}); "
+            f"7-task average {kit[best]['avg']:.2f}."
         )
     return lines
 
@@ -495,7 +520,7 @@ def _gaps(kept: list[Record], ours: str, others: Mapping[str, str]) -> list[str]
         return []
     return [
         f"- `{ours}` − `{o}`{f' ({note})' if note else ''}: {m[ours]['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
-        f"{m[ours]['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
+        f"{m[ours]['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10; {interval_verdict(kept[0], ours, o)}"
         for o, note in others.items()
         if o in m
     ]
@@ -508,8 +533,9 @@ def _mining_verdict(kept: list[Record]) -> list[str]:
 def _negatives_verdict(kept: list[Record]) -> list[str]:
     m = {n: s["mean"] for n, s in kept[0]["results"].items()}
     k3, k1 = m["hardneg-k3"], m["hardneg-k1"]
+    rule = interval_verdict(kept[0], "hardneg-k3", "hardneg-k1")
     return [f"- k = 3 − k = 1 (the same rows): {k3['avg'] - k1['avg']:+.2f} on the 7-task average, "
-            f"{k3['retrieval:avg'] - k1['retrieval:avg']:+.2f} nDCG@10"]  # fmt: skip
+            f"{k3['retrieval:avg'] - k1['retrieval:avg']:+.2f} nDCG@10; {rule}"]  # fmt: skip
 
 
 GUIDE_TASKS = ("mrpc-paraphrase", "stsb-similar", "sick-related")  # simcse_kit.evaluation.retrieval_tasks.RETRIEVAL_TASKS
@@ -596,7 +622,8 @@ def _lora_verdict(kept: list[Record]) -> list[str]:
         for mode in ("unsup", "hardneg"):
             ours = f"kit-lora-{mode}"
             if ours in avg:
-                versus = [f"{avg[ours] - avg[o]:+.2f} against `{o}`" for o in (f"kit-{mode}", f"st-lora-{mode}") if o in avg]
+                versus = [f"{avg[ours] - avg[o]:+.2f} against `{o}`, {interval_verdict(rec, ours, o)}"
+                          for o in (f"kit-{mode}", f"st-lora-{mode}") if o in avg]  # fmt: skip
                 lines.append(f"- {Path(rec['model']).name}, {mode}: `{ours}` averages {avg[ours]:.2f} ({', '.join(versus)}).")
     return lines
 
@@ -685,13 +712,14 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
                 f"- {loss}: STS-B test {kit['STSBenchmark']:.2f} (simcse-kit) against {st['STSBenchmark']:.2f} "
                 f"(sentence-transformers), {kit['STSBenchmark'] - st['STSBenchmark']:+.2f}; over the base ({base:.2f}) "
                 f"{kit['STSBenchmark'] - base:+.2f} and {st['STSBenchmark'] - base:+.2f}; 7-task average "
-                f"{kit['avg']:.2f} against {st['avg']:.2f}."
+                f"{kit['avg']:.2f} against {st['avg']:.2f} ({interval_verdict(kept[0], f'kit-{loss}', f'st-{loss}')})."
             )
         fp32 = m.get(f"kit-{loss}-fp32")
         if fp32 and st:  # the same precision as the peer on a CPU
             lines.append(
                 f"- {loss}, simcse-kit in fp32: STS-B test {fp32['STSBenchmark']:.2f} against {st['STSBenchmark']:.2f}, "
-                f"{fp32['STSBenchmark'] - st['STSBenchmark']:+.2f}; 7-task average {fp32['avg']:.2f}."
+                f"{fp32['STSBenchmark'] - st['STSBenchmark']:+.2f}; 7-task average {fp32['avg']:.2f} "
+                f"({interval_verdict(kept[0], f'kit-{loss}-fp32', f'st-{loss}')})."
             )
     return lines
 

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy.stats import rankdata
 
-__all__ = ["REPLICATES", "Interval", "mean_difference", "spearman_difference", "verdict"]
+__all__ = ["REPLICATES", "Interval", "load_rows", "mean_difference", "save_rows", "spearman_difference", "verdict"]
 
 REPLICATES = 2000
 """Bootstrap replicates by default: the 2.5% tails then rest on 50 replicates each."""
 
+BLOCK = 100  # replicates at once: a few (BLOCK, pairs) float64 arrays, 4 MB each for 5,000 pairs
 Predictions = Mapping[str, np.ndarray]  # task -> (seeds, pairs) predicted similarities of one row
 Gold = Mapping[str, np.ndarray]  # task -> (pairs,) gold scores
 
@@ -69,10 +71,44 @@ class Interval:
 
 
 def _rank_pearson(ranked_predictions: np.ndarray, ranked_gold: np.ndarray) -> np.ndarray:
-    """Pearson correlation of each row of ``(S, N)`` ranks with ``(N,)`` ranks: Spearman's rho with ties averaged."""
+    """Pearson correlation along the last axis of ranks (gold broadcast against the predictions): Spearman's rho
+    with ties averaged; ``(..., S, N)`` with ``(..., N)`` or ``(..., 1, N)`` gives ``(..., S)``."""
     x = ranked_predictions - ranked_predictions.mean(axis=-1, keepdims=True)
-    y = ranked_gold - ranked_gold.mean()
-    return (x @ y) / np.sqrt((x * x).sum(axis=-1) * (y @ y))
+    y = ranked_gold - ranked_gold.mean(axis=-1, keepdims=True)
+    return (x * y).sum(axis=-1) / np.sqrt((x * x).sum(axis=-1) * (y * y).sum(axis=-1))
+
+
+def _counts(draws: np.ndarray, n: int) -> np.ndarray:
+    """``(B, n)``: how often each pair is in each replicate's sample (``draws``: ``(B, n)`` indices)."""
+    flat = (np.arange(len(draws))[:, None] * n + draws).ravel()
+    return np.bincount(flat, minlength=len(draws) * n).reshape(len(draws), n).astype(np.float64)
+
+
+def _groups(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each value's tie group (the index of its distinct value, ascending) and the number of groups."""
+    distinct, group = np.unique(values, return_inverse=True)
+    return group.ravel(), len(distinct)
+
+
+def _sample_ranks(groups: tuple[np.ndarray, int], counts: np.ndarray) -> np.ndarray:
+    """``(B, n)``: the rank (ties averaged, as ``rankdata``) each pair's value has within each replicate's sample.
+
+    A value's rank in a sample is the count of sampled values below it plus (its tie group's count + 1) / 2, so
+    it comes from the counts per tie group (:func:`_groups`) in O(n), without sorting each sample.
+    """
+    group, distinct = groups
+    flat = (np.arange(len(counts))[:, None] * distinct + group[None, :]).ravel()
+    per_group = np.bincount(flat, weights=counts.ravel(), minlength=len(counts) * distinct).reshape(len(counts), -1)
+    ranks = np.cumsum(per_group, axis=1) - per_group + (per_group + 1) / 2
+    return ranks[:, group]
+
+
+def _weighted_pearson(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``(B,)``: Pearson correlation of each row of ``x`` and ``y`` (``(B, n)``) with each pair counted ``w`` times."""
+    total = w.sum(axis=1, keepdims=True)
+    dx = x - (w * x).sum(axis=1, keepdims=True) / total
+    dy = y - (w * y).sum(axis=1, keepdims=True) / total
+    return (w * dx * dy).sum(axis=1) / np.sqrt((w * dx * dx).sum(axis=1) * (w * dy * dy).sum(axis=1))
 
 
 def spearman_average(predictions: Predictions, gold: Gold) -> float:
@@ -114,19 +150,29 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
         {t: v[1] for t, v in tasks.items()}, gold
     )
     seeds_a, seeds_b = (next(iter(tasks.values()))[i].shape[0] for i in (0, 1))
+    # The draws in the documented order, one replicate at a time (cheap); the Spearmans in blocks of replicates,
+    # from each sample's counts per pair (a rank needs no sort of the sample: _sample_ranks).
     rng = np.random.default_rng(seed)
-    values = np.empty(replicates)
+    picks_a, picks_b = np.empty((replicates, seeds_a), np.int64), np.empty((replicates, seeds_b), np.int64)
+    draws = {t: np.empty((replicates, len(v[2])), np.int64) for t, v in tasks.items()}
     for r in range(replicates):
-        pick_a = rng.integers(0, seeds_a, seeds_a)
-        pick_b = pick_a if seeds_a == seeds_b else rng.integers(0, seeds_b, seeds_b)
-        diffs = []
-        for pa, pb, g in tasks.values():
-            idx = rng.integers(0, len(g), len(g))
-            ranked_gold = rankdata(g[idx])
-            rho_a = _rank_pearson(rankdata(pa[np.ix_(pick_a, idx)], axis=-1), ranked_gold).mean()
-            rho_b = _rank_pearson(rankdata(pb[np.ix_(pick_b, idx)], axis=-1), ranked_gold).mean()
-            diffs.append(100 * (rho_a - rho_b))
-        values[r] = np.mean(diffs)
+        picks_a[r] = rng.integers(0, seeds_a, seeds_a)
+        picks_b[r] = picks_a[r] if seeds_a == seeds_b else rng.integers(0, seeds_b, seeds_b)
+        for t, (_, _, g) in tasks.items():
+            draws[t][r] = rng.integers(0, len(g), len(g))
+    groups = {t: (_groups(g), [_groups(x) for x in pa], [_groups(x) for x in pb]) for t, (pa, pb, g) in tasks.items()}
+    values = np.zeros(replicates)
+    for start in range(0, replicates, BLOCK):
+        block = slice(start, start + BLOCK)
+        for t, (_, _, g) in tasks.items():
+            counts = _counts(draws[t][block], len(g))
+            of_gold, of_a, of_b = groups[t]
+            ranked_gold = _sample_ranks(of_gold, counts)
+            rho_a = np.stack([_weighted_pearson(_sample_ranks(x, counts), ranked_gold, counts) for x in of_a], axis=1)
+            rho_b = np.stack([_weighted_pearson(_sample_ranks(x, counts), ranked_gold, counts) for x in of_b], axis=1)
+            rows = np.arange(len(counts))[:, None]
+            mean_a, mean_b = rho_a[rows, picks_a[block]].mean(axis=1), rho_b[rows, picks_b[block]].mean(axis=1)
+            values[block] += 100 * (mean_a - mean_b) / len(tasks)
     return _interval(observed, values)
 
 
@@ -156,3 +202,35 @@ def _interval(observed: float, values: np.ndarray) -> Interval:
 def verdict(a: Predictions, b: Predictions, gold: Gold, replicates: int = REPLICATES) -> str:
     """ "better", "worse" or "no difference measured": row a against row b by :func:`spearman_difference`."""
     return spearman_difference(a, b, gold, replicates).verdict
+
+
+# --------------------------------------------------------------------------- per-pair predictions beside a record
+
+
+def save_rows(path: Path, rows: Mapping[str, Mapping[int, Mapping[str, np.ndarray]]], gold: Gold) -> None:
+    """A record's sidecar: each row's per-seed, per-pair cosines (float16: 2 bytes a pair) and the gold scores.
+
+    Args:
+        path: The ``.npz`` to write (beside the record: ``<record stem>.npz``).
+        rows: Row name -> seed -> task -> ``(pairs,)`` cosines.
+        gold: Task -> ``(pairs,)`` gold scores.
+    """
+    arrays = {f"gold/{t}": np.asarray(g, dtype=np.float32) for t, g in gold.items()}
+    for row, seeds in rows.items():
+        for seed, tasks in seeds.items():
+            arrays |= {f"{row}/{seed}/{t}": np.asarray(v, dtype=np.float16) for t, v in tasks.items()}
+    np.savez_compressed(path, **arrays)  # type: ignore[arg-type]
+
+
+def load_rows(path: Path) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """What :func:`save_rows` wrote: row -> task -> ``(seeds, pairs)`` (seeds in ascending order), and the gold."""
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    gold = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("gold/")}
+    by_row: dict[str, dict[str, dict[int, np.ndarray]]] = {}
+    for key, value in arrays.items():
+        if not key.startswith("gold/"):
+            row, seed, task = key.rsplit("/", 2)
+            by_row.setdefault(row, {}).setdefault(task, {})[int(seed)] = value
+    rows = {r: {t: np.stack([v[s] for s in sorted(v)]) for t, v in tasks.items()} for r, tasks in by_row.items()}
+    return rows, gold

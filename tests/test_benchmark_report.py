@@ -23,6 +23,7 @@ RESULTS = REPO / "benchmarks" / "results"
 HARNESS = ("train_throughput", "encode_throughput", "memory", "train_lora")
 MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
 MACHINE |= {"versions": {"torch": "2.13.0"}}
+NO = report.NO_INTERVAL  # the verdicts of records without per-pair data
 CLEAN = {"commit": "abc1234" + "0" * 33, "dirty": False, "threads": 2}
 
 
@@ -213,7 +214,8 @@ def test_lora_tables_known_answer() -> None:
     averages = {"kit-unsup": 80.0, "kit-lora-unsup": 79.5, "st-lora-unsup": 79.0}
     results = {name: {"mean": {"avg": avg}} for name, avg in averages.items()}
     assert report._lora_verdict([{"model": "/models/all-MiniLM-L6-v2", "results": results}]) == [
-        "- all-MiniLM-L6-v2, unsup: `kit-lora-unsup` averages 79.50 (-0.50 against `kit-unsup`, +0.50 against `st-lora-unsup`)."
+        f"- all-MiniLM-L6-v2, unsup: `kit-lora-unsup` averages 79.50 (-0.50 against `kit-unsup`, {NO}, +0.50 against "
+        f"`st-lora-unsup`, {NO})."
     ]
 
 
@@ -232,11 +234,11 @@ def test_scored_table_known_answer() -> None:
     assert rows[0][:3] == ["base", "–", "1"] and rows[2][3] == "83.50 ± 0.50"
     assert report._scored_verdict([{"results": results}]) == [
         "- cosent: STS-B test 84.00 (simcse-kit) against 83.50 (sentence-transformers), +0.50; over the base (82.00) "
-        "+2.00 and +1.50; 7-task average 80.00 against 79.00."
+        f"+2.00 and +1.50; 7-task average 80.00 against 79.00 ({NO})."
     ]
     results["kit-cosent-fp32"] = row | {"learning_rate": 2e-5, "mean": cols | {"STSBenchmark": 83.25, "avg": 79.5}}
     assert report._scored_verdict([{"results": results}])[1] == (
-        "- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50."
+        f"- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50 ({NO})."
     )
 
 
@@ -258,7 +260,7 @@ def test_multi_verdict_known_answer() -> None:
     }}  # fmt: skip
     gpu = {"machine": {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}, "results": {"kit-multi-teacher": row(80.7)}}
     assert report._multi_verdict([cpu, gpu]) == [
-        "- CPU: `kit-multi` − `kit-unsup`: +0.10 on the 7-task average, -0.40 nDCG@10",
+        f"- CPU: `kit-multi` − `kit-unsup`: +0.10 on the 7-task average, -0.40 nDCG@10; {NO}",
         "- CPU: `kit-multi-teacher-t0.1` averages 80.50 ± 0.10 over 3 seeds (seeds: 80.60, 80.30, 80.60): reaches 80.5; "
         "nDCG@10 89.50 against the base's 89.77, below it",
         "- CPU: `kit-multi-teacher` averages 80.49 ± 0.10 over 3 seeds: misses 80.5; "

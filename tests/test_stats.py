@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from benchmarks.stats import Interval, mean_difference, spearman_average, spearman_difference, verdict
+from benchmarks.stats import (
+    Interval,
+    load_rows,
+    mean_difference,
+    save_rows,
+    spearman_average,
+    spearman_difference,
+    verdict,
+)
 
 
 def _rows(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -99,3 +110,88 @@ def test_interval_verdicts_and_bad_input() -> None:
         spearman_difference(a, {"T1": b["T1"]}, gold)
     with pytest.raises(ValueError, match="predictions for 40 gold scores"):
         spearman_difference({**a, "T1": a["T1"][:, :39]}, b, gold)
+
+
+def _fake_evaluator(cosines: dict[str, np.ndarray], gold: dict[str, np.ndarray]) -> SimpleNamespace:
+    """What save_sts_pairs reads of an STSEvaluator after a call: its specs and per-split (cosines, gold)."""
+    specs = {t: SimpleNamespace(format="sick", subsets=()) for t in gold}
+    return SimpleNamespace(specs=specs, scored={t: {"test": (cosines[t], gold[t])} for t in gold})
+
+
+def test_the_runs_pairs_reach_the_records_sidecar(tmp_path: Path) -> None:
+    """A run's predictions.npz (st_peers.save_sts_pairs) -> quality.sidecar -> stats.save_rows / load_rows:
+    the cosines come back as float16, per row, seeds in order, with the gold."""
+    from benchmarks.quality import sidecar
+    from benchmarks.st_peers import PREDICTIONS, save_sts_pairs
+
+    a, b, gold = _rows()
+    folders: dict[str, dict[int, Path]] = {"kit": {}, "st": {}, "lost": {1: tmp_path / "lost"}}
+    for name, row in (("kit", a), ("st", b)):
+        for seed in range(len(row["T1"])):
+            folder = tmp_path / name / f"seed-{seed + 1}"
+            save_sts_pairs(folder / PREDICTIONS, _fake_evaluator({t: p[seed] for t, p in row.items()}, gold))
+            folders[name][seed + 1] = folder
+    rows, kept_gold = sidecar(folders)
+    assert set(rows) == {"kit", "st"}  # a row with a seed without predictions has no interval, not a partial one
+    save_rows(tmp_path / "table.npz", rows, kept_gold)
+    loaded, loaded_gold = load_rows(tmp_path / "table.npz")
+    for name, row in (("kit", a), ("st", b)):
+        for t in gold:
+            assert loaded[name][t].dtype == np.float16
+            np.testing.assert_array_equal(loaded[name][t], row[t].astype(np.float16))
+    assert {t: g.tolist() for t, g in loaded_gold.items()} == {t: g.astype(np.float32).tolist() for t, g in gold.items()}
+
+
+def test_report_verdicts_use_the_interval_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    a, b, gold = _rows()
+    perfect = {t: np.stack([g, g, g]) for t, g in gold.items()}
+    mean = {"avg": 80.0, "best_stsb_dev": 85.0}
+    results = {n: {"mean": mean} for n in ("kit-unsup", "st-unsup", "kit-hardneg", "st-hardneg")}
+    rec = {"_file": "sts-cpu", "results": results}
+    assert report.interval_verdict(rec, "kit-unsup", "st-unsup") == report.NO_INTERVAL  # no sidecar: never "better"
+    save_rows(tmp_path / "sts-cpu.npz", {"kit-unsup": _by_seed(perfect), "st-unsup": _by_seed(b),
+                                         "kit-hardneg": _by_seed(a), "st-hardneg": _by_seed(a)}, gold)  # fmt: skip
+    lines = report._quality_verdict([rec])
+    assert lines[0].endswith(": better).") and "interval rule, 7-task average: +" in lines[0]
+    assert lines[1].endswith("+0.00 (95% interval +0.00 to +0.00): no difference measured).")
+    assert report.interval_verdict(rec, "kit-unsup", "nope") == "no interval (no per-pair data for `nope`)"
+
+
+def _by_seed(row: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+    return {seed: {t: p[seed] for t, p in row.items()} for seed in range(len(next(iter(row.values()))))}
+
+
+def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quality.build finds the runs of each row's chosen rate and every seed, and the base's, where run_job left
+    their predictions.npz; the record's sidecar then holds exactly those rows."""
+    import argparse
+
+    from benchmarks import quality
+    from benchmarks.st_peers import PREDICTIONS, save_sts_pairs
+
+    a, b, gold = _rows()
+    out = tmp_path / "out"
+    args = argparse.Namespace(
+        rows=["kit-unsup", "st-unsup"], learning_rates="3e-5", output_dir=out, eval_data_dir=tmp_path, data_root=tmp_path,
+        model=None, tasks=[], task_names=[], seeds=[1, 2], steps=2, threads=1, st_precision="fp32", teacher=None,
+        guide=None, teacher_cache_dir=None, eval_steps=25,
+    )  # fmt: skip
+    runs = {"kit-unsup": out / "kit-unsup" / "lr3e-05", "st-unsup": out / "st-unsup" / "lr3e-05"}
+    for folder, row in zip(runs.values(), (a, b), strict=True):
+        for seed in (1, 2):
+            pairs = _fake_evaluator({t: p[seed - 1] for t, p in row.items()}, gold)
+            save_sts_pairs(folder / f"seed-{seed}" / PREDICTIONS, pairs)
+    save_sts_pairs(out / "base" / PREDICTIONS, _fake_evaluator({t: g for t, g in gold.items()}, gold))
+    per_seed = {1: {"avg": 80.0}, 2: {"avg": 81.0}}
+    made = quality.TableResults(sweep={}, chosen=dict.fromkeys(runs, 3e-5), rows=dict.fromkeys(runs, per_seed),
+                                extra={"base": {"avg": 78.0}}, lost=[])  # fmt: skip
+    monkeypatch.setattr(quality, "sweep_and_run", lambda *_, **__: made)
+    record = quality.build("sts", args)
+    assert set(record["results"]) == {"base", "kit-unsup", "st-unsup"}
+    rows, kept_gold = args.sidecar
+    assert set(rows) == {"base", "kit-unsup", "st-unsup"} and set(rows["kit-unsup"]) == {1, 2}
+    np.testing.assert_array_equal(rows["st-unsup"][2]["T1"], b["T1"][1].astype(np.float16))
+    assert set(kept_gold) == set(gold)
