@@ -26,7 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import REPO, add_allow_dirty, machine, refuse_dirty, save_results, setup_run
-from benchmarks.st_peers import PREDICTIONS, dev_curve, resolve_precision, retrieval_row, run_settings, run_st, save_sts_pairs
+from benchmarks.st_peers import (
+    MADE_AT,
+    PREDICTIONS,
+    dev_curve,
+    resolve_precision,
+    retrieval_row,
+    run_settings,
+    run_st,
+    save_sts_pairs,
+    stamp_run,
+)
 from benchmarks.stats import save_rows
 from simcse_kit.config.run import DEFAULT_MODEL
 from simcse_kit.training.selection import dev_selection
@@ -255,6 +265,7 @@ def base_scores(job: Job) -> dict[str, float]:
         save_sts_pairs(out / PREDICTIONS, evaluator)
         saved = {"sts": sts, "eval_data_dir": job.eval_data_dir, "model": job.model}
         write_json_atomic(done, saved)
+        stamp_run(out)
     row = dict(saved["sts"])
     if job.retrieval:
         row |= score_retrieval(job.model, job.retrieval, 256, out / "retrieval.json")
@@ -322,6 +333,7 @@ def run_job(job: Job) -> dict[str, float]:
             logger.warning("removing the unfinished run in %s", folder)
             shutil.rmtree(folder)
         run_seeds(cfg, [job.seed])
+        stamp_run(folder)
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
     row = {
         **metrics.get("sts", {}),
@@ -347,6 +359,19 @@ def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> None:
     evaluator = STSEvaluator(cfg.data.eval_data_dir)
     evaluator(load_encoder(model, max_seq_len=cfg.model.eval_max_seq_len, device=str(resolve_device("auto"))).encode)
     save_sts_pairs(path, evaluator)
+
+
+def runs_commits(folders: Mapping[str, Mapping[int, Path]]) -> dict[str, list[str]]:
+    """Each row's commits its runs were made at ("unknown": a run made before runs were stamped; "+dirty": from a
+    dirty tree), so the report can mark a record that reuses runs of another commit."""
+    out = {}
+    for row, seeds in folders.items():
+        made = set()
+        for folder in seeds.values():
+            stamp = json.loads((folder / MADE_AT).read_text(encoding="utf-8")) if (folder / MADE_AT).is_file() else None
+            made.add("unknown" if stamp is None else stamp["commit"] + ("+dirty" if stamp["dirty"] else ""))
+        out[row] = sorted(made)
+    return out
 
 
 def sidecar(folders: Mapping[str, Mapping[int, Path]]) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any]]:
@@ -619,6 +644,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     folders |= {label: {seed: Path(rows[d, r](made.chosen[label], seed, False).out) / f"seed-{seed}" for seed in made.rows[label]}
                 for (d, r), label in labels.items() if label in made.rows}  # fmt: skip
     args.sidecar = sidecar({name: f for name, f in folders.items() if name in results})
+    made_at = runs_commits({name: f for name, f in folders.items() if name in results})
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     # The runs' threads (--threads), not this coordinating process's (it encodes on all the workers' cores).
     where = machine() | {"torch_threads": args.threads}
@@ -635,6 +661,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "lost": made.lost,
         "results": results,
         "predictions": "per-pair cosines of each row's seeds: the .npz of the same name beside this record",
+        "runs_made_at": made_at,
     }
 
 

@@ -77,7 +77,10 @@ def provenance_note(rec: Record) -> str:
     if not stamp:
         legacy = rec.get("_file") in LEGACY
         return " (record predates provenance; to be re-run)" if legacy else " (no provenance: report --check refuses it)"
-    return " (written from a dirty tree: not evidence; to be re-run)" if stamp.get("dirty") else ""
+    if stamp.get("dirty"):
+        return " (written from a dirty tree: not evidence; to be re-run)"
+    other = sorted({c for made in (rec.get("runs_made_at") or {}).values() for c in made if c != stamp.get("commit")})
+    return f" (reuses runs made at another commit: {', '.join(c[:12] for c in other)})" if other else ""
 
 
 def provenance_problems() -> list[str]:

@@ -288,6 +288,16 @@ def st_train(
 
 
 PREDICTIONS = "predictions.npz"  # a run's per-pair cosines of the STS tasks, beside its metrics.json
+MADE_AT = "made_at.json"  # the commit a run was made at, beside its metrics.json (a reused run keeps its own)
+
+
+def stamp_run(folder: Path) -> None:
+    """Record the commit (and dirty flag) a run was just made at, so a record reusing it later can say so."""
+    from benchmarks._common import provenance
+    from simcse_kit.files import write_json_atomic
+
+    stamp = provenance(None)
+    write_json_atomic(folder / MADE_AT, {"commit": stamp["commit"], "dirty": stamp["dirty"]})
 
 
 def save_sts_pairs(path: Path, evaluator: Any) -> None:
@@ -376,6 +386,7 @@ def run_st(
                 done.parent.mkdir(parents=True, exist_ok=True)
                 Path(pairs).replace(done.parent / PREDICTIONS)
             write_json_atomic(done, metrics)
+            stamp_run(done.parent)
         curve = {"evals": [{"step": step, "stsb_dev": score} for step, score in metrics["evals"]]}
         scored = metrics.get("retrieval") or {}
         row = retrieval_row(scored, retrieval) if retrieval and scored else {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -185,6 +186,10 @@ def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, m
             pairs = _fake_evaluator({t: p[seed - 1] for t, p in row.items()}, gold)
             save_sts_pairs(folder / f"seed-{seed}" / PREDICTIONS, pairs)
     save_sts_pairs(out / "base" / PREDICTIONS, _fake_evaluator({t: g for t, g in gold.items()}, gold))
+    # The kit row's runs were made at this commit and at another; the peer's before runs were stamped.
+    for seed, commit in ((1, "c" * 40), (2, "d" * 40)):
+        (runs["kit-unsup"] / f"seed-{seed}" / "made_at.json").write_text(json.dumps({"commit": commit, "dirty": seed == 2}))
+    (out / "base" / "made_at.json").write_text(json.dumps({"commit": "c" * 40, "dirty": False}))
     per_seed = {1: {"avg": 80.0}, 2: {"avg": 81.0}}
     made = quality.TableResults(sweep={}, chosen=dict.fromkeys(runs, 3e-5), rows=dict.fromkeys(runs, per_seed),
                                 extra={"base": {"avg": 78.0}}, lost=[])  # fmt: skip
@@ -195,3 +200,20 @@ def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, m
     assert set(rows) == {"base", "kit-unsup", "st-unsup"} and set(rows["kit-unsup"]) == {1, 2}
     np.testing.assert_array_equal(rows["st-unsup"][2]["T1"], b["T1"][1].astype(np.float16))
     assert set(kept_gold) == set(gold)
+    assert record["runs_made_at"] == {"base": ["c" * 40], "kit-unsup": ["c" * 40, "d" * 40 + "+dirty"], "st-unsup": ["unknown"]}
+    from benchmarks import report
+
+    note = report.provenance_note(record | {"provenance": {"commit": "c" * 40, "dirty": False, "threads": 1}})
+    assert note == f" (reuses runs made at another commit: {'d' * 12}, unknown)"
+    assert report.provenance_note({"provenance": {"commit": "c" * 40, "dirty": False}, "runs_made_at": {"x": ["c" * 40]}}) == ""
+
+
+def test_a_run_is_stamped_with_the_commit_it_was_made_at(tmp_path: Path) -> None:
+    import subprocess
+
+    from benchmarks._common import REPO, tree_dirty
+    from benchmarks.st_peers import MADE_AT, stamp_run
+
+    stamp_run(tmp_path)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert json.loads((tmp_path / MADE_AT).read_text()) == {"commit": head, "dirty": tree_dirty()}
