@@ -17,7 +17,7 @@ partner scored 3 to 3.9 earns most of the gain of one scored 4 or more rather th
 counting as wrong. A partner scored at the floor (gain 0) changes no metric here and is
 not written. A sentence is a query when its best partner scores at least
 :data:`QUERY_MIN_GOLD` (4: "mostly equivalent" on STS-B's scale, "strongly related" on
-SICK's): only then is finding a judged partner a fair question, since the judgements are
+SICK's; compared as gains, so 3.95 counts): only then is finding a judged partner a fair question, since the judgements are
 the test split's pairs and a weaker partner may well rank below unjudged sentences that
 are closer. Recall, MAP and MRR count every written judgement (gain >= 1) as relevant.
 MRPC has no graded score: a paraphrase pair has gain 1.
