@@ -265,8 +265,51 @@ def paired_ratios(runs: list[dict[str, Any]], ours: str, theirs: str, metric: st
     return spread(ratios) if ratios else None
 
 
-def save_results(path: Path, record: dict[str, Any]) -> None:
-    """Write a benchmark's record (machine, arguments, every round, summary) as JSON."""
+RESULTS_DIR = "benchmarks/results/"
+
+
+def tree_dirty() -> bool:
+    """Whether the checkout differs from its commit (``git status --porcelain`` says anything), leaving
+    out untracked files under ``benchmarks/results/``: the records being written."""
+    # Every untracked file by name: a new results/ folder would otherwise show as one "?? benchmarks/" line.
+    command = ["git", "status", "--porcelain", "--untracked-files=all"]
+    status = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True).stdout
+    changed = [line for line in status.splitlines() if line.strip()]
+    return any(not (line.startswith("?? ") and line[3:].startswith(RESULTS_DIR)) for line in changed)
+
+
+def provenance(threads: int | None) -> dict[str, Any]:
+    """What :func:`save_results` stamps on every record: the full commit, whether the tree was dirty,
+    and the thread count the runs used (``report --check`` refuses a record without it)."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    return {"commit": commit, "dirty": tree_dirty(), "threads": threads, "writer": "benchmarks._common.save_results"}
+
+
+def add_allow_dirty(parser: Any) -> None:
+    """``--allow-dirty``: write a record from a checkout with changes (marked dirty in the tables)."""
+    parser.add_argument(
+        "--allow-dirty", action="store_true", help="keep the record even though the checkout has changes; the tables mark it"
+    )
+
+
+def refuse_dirty(allow_dirty: bool) -> None:
+    """Stop before the runs, not after them, where :func:`save_results` would refuse the record."""
+    if tree_dirty() and not allow_dirty:
+        raise SystemExit(
+            "the checkout has uncommitted changes (git status --porcelain): a record must name the code it ran. "
+            "Commit first, or pass --allow-dirty to keep a record marked dirty."
+        )
+
+
+def save_results(path: Path, record: dict[str, Any], allow_dirty: bool = False) -> None:
+    """Write a benchmark's record (machine, arguments, every round, summary) as JSON, stamped with
+    :func:`provenance` (the threads: the record's ``machine.torch_threads``).
+
+    Raises:
+        SystemExit: The checkout has changes and ``allow_dirty`` is not set.
+    """
+    refuse_dirty(allow_dirty)
+    record["provenance"] = provenance((record.get("machine") or {}).get("torch_threads"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(f"wrote {path}")

@@ -12,7 +12,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import ISA_LIMITS, REPO, check_quiet, cpu_class, cpu_flags, machine, save_results, spread
+from benchmarks._common import (
+    ISA_LIMITS,
+    REPO,
+    add_allow_dirty,
+    check_quiet,
+    cpu_class,
+    cpu_flags,
+    machine,
+    refuse_dirty,
+    save_results,
+    spread,
+)
 
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -24,6 +35,7 @@ def add_options(parser: argparse.ArgumentParser, name: str, rounds: int = 3) -> 
     parser.add_argument("--isa", choices=("native", "avx2"), default="native", help="avx2: limit the kernels to AVX2")
     parser.add_argument("--allow-busy", action="store_true", help="run on a busy machine; rounds are flagged")
     parser.add_argument("--json", type=Path, default=None, help=f"default: benchmarks/results/{name}-<cpu class>.json")
+    add_allow_dirty(parser)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
 
@@ -46,6 +58,8 @@ def start(args: argparse.Namespace) -> dict[str, str]:
     """Refuse a busy machine (unless ``--allow-busy``)."""
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
+    if args.worker is None:  # the parent writes the record: refuse a dirty tree before the rounds
+        refuse_dirty(args.allow_dirty)
     check_quiet(args.allow_busy)
     return dict(ISA_LIMITS) if args.isa == "avx2" else {}
 
@@ -61,7 +75,7 @@ def keep(name: str, args: argparse.Namespace, record: dict[str, Any], stem: str 
     out = args.json or RESULTS / f"{stem}-{klass}.json"
     command = " ".join(["python -m benchmarks." + name, shlex.join(sys.argv[1:])]).strip()
     full = {"machine": info, "args": vars(args), "command": command, **record}
-    save_results(out, full)
+    save_results(out, full, allow_dirty=args.allow_dirty)
     from benchmarks import report  # the summary is the table BENCHMARKS.md will show
 
     for spec in (s for s in report.SPECS if s.script == stem):

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._common import REPO, emit, machine, peak_rss_mib, run_rounds, save_results, spread
+from benchmarks._common import REPO, add_allow_dirty, emit, machine, peak_rss_mib, run_rounds, save_results, spread
 
 VARIANTS = {"full": (0, False), "full-gc": (0, True), "lora8": (8, False), "lora8-gc": (8, True)}  # (LoRA rank, checkpointing)
 BASE: dict[str, Any] = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256, help="sentences per step (twice as many rows: unsup)")
     parser.add_argument("--max-seq-len", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    add_allow_dirty(parser)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant and round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (>= 1: the peak includes AdamW's state)")
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
@@ -113,7 +114,7 @@ def main() -> None:
     out = args.out or REPO / "benchmarks" / "results" / f"backbone_memory-{device}-{kind}.json"
     where = machine()
     command = f"python -m benchmarks.backbone_memory --family {args.family} --batch-size {args.batch_size}"
-    save_results(out, {
+    save_results(out, allow_dirty=args.allow_dirty, record={
         "machine": where, "args": vars(args) | {"out": str(out)}, "device": where.get("gpu", device), "model": kind,
         "runs": runs, "summary": summary, "command": command,
     })  # fmt: skip

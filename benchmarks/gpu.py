@@ -18,6 +18,7 @@ from typing import Any, cast
 from benchmarks._common import (
     WIKI,
     CpuActivity,
+    add_allow_dirty,
     emit,
     machine,
     paired_ratios,
@@ -360,6 +361,7 @@ def main() -> None:
     parser.add_argument("--workers", nargs="*", type=int, default=None, help="DataLoader workers to compare (GPU: 0 4)")
     parser.add_argument("--variants", nargs="*", default=None, help="explicit variants, e.g. kit-padc-w4 st-w4")
     parser.add_argument("--sync-debug", action="store_true", help="count device-to-host syncs in the timed kit steps")
+    add_allow_dirty(parser)
     parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (GPU: 3)")
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
@@ -398,7 +400,8 @@ def main() -> None:
         else:
             runs = run_rounds(SCRIPT, variants, common, args.rounds, args.threads)
         record["jobs"][job.name] = {"runs": runs, "summary": summarise(runs, variants, args.workers)}
-        save_results(args.out, record)  # after every job: a run stopped at a time limit keeps what it finished
+        # After every job: a run stopped at a time limit keeps what it finished.
+        save_results(args.out, record, allow_dirty=args.allow_dirty)
 
 
 if __name__ == "__main__":

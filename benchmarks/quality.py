@@ -25,8 +25,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, machine, setup_run
-from benchmarks.st_peers import dev_curve, resolve_precision, retrieval_row, run_settings, run_st
+from benchmarks._common import REPO, add_allow_dirty, machine, refuse_dirty, save_results, setup_run
+from benchmarks.st_peers import (
+    MADE_AT,
+    PREDICTIONS,
+    dev_curve,
+    resolve_precision,
+    retrieval_row,
+    run_settings,
+    run_st,
+    save_sts_pairs,
+    stamp_run,
+)
+from benchmarks.stats import save_rows
 from simcse_kit.config.run import DEFAULT_MODEL
 from simcse_kit.training.selection import dev_selection
 
@@ -247,10 +258,14 @@ def base_scores(job: Job) -> dict[str, float]:
     out = Path(job.out)
     done = out / "metrics.json"
     saved = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {}
-    if saved.get("eval_data_dir") != job.eval_data_dir or saved.get("model") != job.model or "sts" not in saved:
-        sts = STSEvaluator(job.eval_data_dir)(load_encoder(job.model, device=str(resolve_device("auto"))).encode)
+    fresh = saved.get("eval_data_dir") == job.eval_data_dir and saved.get("model") == job.model and "sts" in saved
+    if not fresh or not (out / PREDICTIONS).is_file():
+        evaluator = STSEvaluator(job.eval_data_dir)
+        sts = evaluator(load_encoder(job.model, device=str(resolve_device("auto"))).encode)
+        save_sts_pairs(out / PREDICTIONS, evaluator)
         saved = {"sts": sts, "eval_data_dir": job.eval_data_dir, "model": job.model}
         write_json_atomic(done, saved)
+        stamp_run(out)
     row = dict(saved["sts"])
     if job.retrieval:
         row |= score_retrieval(job.model, job.retrieval, 256, out / "retrieval.json")
@@ -318,6 +333,7 @@ def run_job(job: Job) -> dict[str, float]:
             logger.warning("removing the unfinished run in %s", folder)
             shutil.rmtree(folder)
         run_seeds(cfg, [job.seed])
+        stamp_run(folder)
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
     row = {
         **metrics.get("sts", {}),
@@ -329,7 +345,51 @@ def run_job(job: Job) -> dict[str, float]:
         row["guide_masked"] = float(metrics["guide"]["masked"])
     if job.retrieval and not job.dev_only:
         row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
+    if not job.dev_only and not (folder / PREDICTIONS).is_file():
+        kit_sts_pairs(folder / "best_model", cfg, folder / PREDICTIONS)
     return row
+
+
+def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> None:
+    """The per-pair cosines of a kit run's best model (as its final evaluation scores it: fp32, the eval length)."""
+    from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.model.devices import resolve_device
+    from simcse_kit.model.inference import load_encoder
+
+    evaluator = STSEvaluator(cfg.data.eval_data_dir)
+    evaluator(load_encoder(model, max_seq_len=cfg.model.eval_max_seq_len, device=str(resolve_device("auto"))).encode)
+    save_sts_pairs(path, evaluator)
+
+
+def runs_commits(folders: Mapping[str, Mapping[int, Path]]) -> dict[str, list[str]]:
+    """Each row's commits its runs were made at ("unknown": a run made before runs were stamped; "+dirty": from a
+    dirty tree), so the report can mark a record that reuses runs of another commit."""
+    out = {}
+    for row, seeds in folders.items():
+        made = set()
+        for folder in seeds.values():
+            stamp = json.loads((folder / MADE_AT).read_text(encoding="utf-8")) if (folder / MADE_AT).is_file() else None
+            made.add("unknown" if stamp is None else stamp["commit"] + ("+dirty" if stamp["dirty"] else ""))
+        out[row] = sorted(made)
+    return out
+
+
+def sidecar(folders: Mapping[str, Mapping[int, Path]]) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any]]:
+    """Each row's per-seed cosines and the gold, from the runs' ``predictions.npz``; a row with a seed
+    without them is left out (its verdicts then say they have no interval)."""
+    import numpy as np
+
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    gold: dict[str, Any] = {}
+    for row, seeds in folders.items():
+        if not all((f / PREDICTIONS).is_file() for f in seeds.values()):
+            logger.warning("%s: a seed has no %s: no interval for this row", row, PREDICTIONS)
+            continue
+        for seed, folder in seeds.items():
+            with np.load(folder / PREDICTIONS) as data:
+                rows.setdefault(row, {})[seed] = {k[4:]: data[k] for k in data.files if k.startswith("cos/")}
+                gold |= {k[5:]: data[k] for k in data.files if k.startswith("gold/")}
+    return rows, gold
 
 
 def finished(job: Job) -> bool:
@@ -580,6 +640,11 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
                 results[label] = stats(label, d, kind, made.rows[label], made.chosen[label])
                 if table in ("mining", "negatives", "scores"):
                     results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
+    folders = {f"{domain}-{u.name}" if domain else u.name: {0: Path(u.out)} for domain in spec.domains for u in untouched}
+    folders |= {label: {seed: Path(rows[d, r](made.chosen[label], seed, False).out) / f"seed-{seed}" for seed in made.rows[label]}
+                for (d, r), label in labels.items() if label in made.rows}  # fmt: skip
+    args.sidecar = sidecar({name: f for name, f in folders.items() if name in results})
+    made_at = runs_commits({name: f for name, f in folders.items() if name in results})
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     # The runs' threads (--threads), not this coordinating process's (it encodes on all the workers' cores).
     where = machine() | {"torch_threads": args.threads}
@@ -595,6 +660,8 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "sweep": sweep,
         "lost": made.lost,
         "results": results,
+        "predictions": "per-pair cosines of each row's seeds: the .npz of the same name beside this record",
+        "runs_made_at": made_at,
     }
 
 
@@ -638,6 +705,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")
     p.add_argument("--output-dir", type=Path, default=None, help="default: runs/benchmarks/<table>")
     p.add_argument("--job", type=Path, default=None, help=argparse.SUPPRESS)
+    add_allow_dirty(p)
     return p
 
 
@@ -664,16 +732,19 @@ def main() -> None:
         if wanted and not value:
             raise SystemExit(f"the {args.table} table's rows {args.rows} need {flag}")
     args.output_dir = args.output_dir or REPO / "runs" / "benchmarks" / args.table
+    refuse_dirty(args.allow_dirty)  # before hours of runs, not after them
     prepare(args, spec)
     start = time.perf_counter()
     record = build(args.table, args)
     out = args.output_dir / f"{args.table}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    save_results(out, record, allow_dirty=args.allow_dirty)
+    save_rows(out.with_suffix(".npz"), *args.sidecar)  # report.py's intervals (benchmarks.stats)
     views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
     views |= {"multi": report.MULTI, "scores": report.SCORES, "lora": report.LORA, "scored": report.SCORED}
     spec_view = views.get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
-    print(f"{time.perf_counter() - start:.0f} s; kept in {out} (copy to benchmarks/results/ for BENCHMARKS.md)")
+    print(f"{time.perf_counter() - start:.0f} s; kept in {out} and {out.with_suffix('.npz').name} (copy both to "
+          "benchmarks/results/ under one name for BENCHMARKS.md)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 A block sits between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->`` and is
 replaced whole from its :class:`Spec`; ``--check`` exits 1 where a block is missing, empty
-or stale (``tests/test_benchmark_report.py`` runs it). Edit the JSON's producer, never a block.
+or stale, or where a kept record has no provenance (the commit, a dirty-tree flag and the threads that
+``_common.save_results`` stamps; only :data:`LEGACY` records are let through, and marked) (``tests/test_benchmark_report.py``
+runs it). Edit the JSON's producer, never a block.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import REPO
+from benchmarks.stats import load_rows, spearman_difference
 
 RESULTS = REPO / "benchmarks" / "results"
 BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
@@ -28,6 +31,73 @@ STS_HEAD = "STS12|STS13|STS14|STS15|STS16|STS-B|SICK-R|Avg."
 SPREAD = "A difference is claimed only where it exceeds the run-to-run spread (the larger range of the two)."
 Record = dict[str, Any]
 Row = list[str]
+
+# Records kept before save_results stamped provenance (commit, dirty flag, threads): the check tolerates them
+# and the tables mark them "record predates provenance; to be re-run". sts-cpu and teacher_general-cpu were
+# typed in by hand ("transcribed"). This list may only shrink: a re-run record has provenance and must leave
+# it (the check says so), and no new name may join it (issue 49: records that cannot drift).
+LEGACY = frozenset({
+    "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "corpus_scale-avx512_bf16",
+    "corpus_scale_warm-avx512_bf16", "domain-h100", "encode_throughput-avx512_bf16", "gpu-h100-bertbase-l32",
+    "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip", "gpu-h100-minilm", "gpu-h100-syncs-1-before",
+    "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "guide-cpu", "lora-h100-minilm",
+    "lora-h100-mpnet", "memory-avx512_bf16", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
+    "negatives-cpu", "onnx_speed-avx512_bf16", "pipeline-avx512_bf16", "scored-cpu", "scores-h100", "sts-cpu",
+    "teacher-cpu", "teacher_general-cpu", "train_lora-avx512_bf16", "train_throughput-avx2-limited",
+    "train_throughput-avx512_bf16",
+})  # fmt: skip
+PROVENANCE_KEYS = ("commit", "dirty", "threads")
+
+
+NO_INTERVAL = "no interval (record predates per-pair data)"
+
+
+def interval_verdict(rec: Record, a: str, b: str) -> str:
+    """The interval rule on rows ``a`` - ``b`` of ``rec``: their 7-task averages' difference with its 95% interval
+    (a paired bootstrap over the test pairs and the seeds, ``benchmarks.stats``) and "better", "worse" or "no
+    difference measured"; where the record has no per-pair sidecar (``results/<record>.npz``), it says so."""
+    path = RESULTS / f"{rec.get('_file', '')}.npz"
+    if not path.is_file():
+        return NO_INTERVAL
+    rows, gold = _sidecar(path)
+    missing = [r for r in (a, b) if r not in rows]
+    if missing:
+        return f"no interval (no per-pair data for `{missing[0]}`)"
+    return f"interval rule, 7-task average: {spearman_difference(rows[a], rows[b], gold)}"
+
+
+@functools.lru_cache(maxsize=8)
+def _sidecar(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    return load_rows(path)
+
+
+def provenance_note(rec: Record) -> str:
+    """What a table says of a record's provenance: nothing where it is clean, else why it is not evidence."""
+    stamp = rec.get("provenance")
+    if not stamp:
+        legacy = rec.get("_file") in LEGACY
+        return " (record predates provenance; to be re-run)" if legacy else " (no provenance: report --check refuses it)"
+    if stamp.get("dirty"):
+        return " (written from a dirty tree: not evidence; to be re-run)"
+    other = sorted({c for made in (rec.get("runs_made_at") or {}).values() for c in made if c != stamp.get("commit")})
+    return f" (reuses runs made at another commit: {', '.join(c[:12] for c in other)})" if other else ""
+
+
+def provenance_problems() -> list[str]:
+    """Kept records the check refuses: no provenance (unless in :data:`LEGACY`), an incomplete one, and
+    :data:`LEGACY` names that no longer apply (the list only shrinks)."""
+    out = []
+    for path in sorted(RESULTS.glob("*.json")):
+        stamp = json.loads(path.read_text()).get("provenance")
+        if stamp is None and path.stem not in LEGACY:
+            out.append(f"{path.name}: no provenance (commit, dirty, threads): re-run it; only its runner writes a record")
+        elif stamp is not None and path.stem in LEGACY:
+            out.append(f"{path.name}: has provenance now: remove {path.stem!r} from report.LEGACY")
+        elif stamp is not None and (missing := [k for k in PROVENANCE_KEYS if k not in stamp]):
+            out.append(f"{path.name}: provenance lacks {missing}: re-run it")
+    present = {path.stem for path in RESULTS.glob("*.json")}
+    out += [f"report.LEGACY names {name!r}, which has no record: remove it" for name in sorted(LEGACY - present)]
+    return out
 
 
 def records(script: str) -> list[Record]:
@@ -114,7 +184,7 @@ def machine_line(rec: Record, label: str = "") -> str:
     libs = ", ".join(f"{k} {v}" for k, v in versions.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
     note = " (transcribed from the measurement log)" if rec.get("transcribed") else ""
-    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec['command']}`{note}"
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec['command']}`{note}{provenance_note(rec)}"
 
 
 # --------------------------------------------------------------------------- the renderer
@@ -386,7 +456,8 @@ def _quality_verdict(kept: list[Record]) -> list[str]:
         best, peer = max(kit, key=lambda n: kit[n]["best_stsb_dev"]), res[f"st-{family}"]["mean"]["avg"]
         lines.append(
             f"- {family}: the simcse-kit recipe best on STS-B dev, `{best}`, averages {kit[best]['avg']:.2f} "
-            f"against sentence-transformers' {peer:.2f} ({kit[best]['avg'] - peer:+.2f})."
+            f"against sentence-transformers' {peer:.2f} ({kit[best]['avg'] - peer:+.2f}; "
+            f"{interval_verdict(kept[0], best, f'st-{family}')})."
         )
     return lines
 
@@ -431,7 +502,8 @@ def _domain_verdict(kept: list[Record]) -> list[str]:
         peer, score = max(peers, key=peers.__getitem__), kit[best][target]
         lines.append(
             f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {score - base:+.2f} over the base, "
-            f"{score - peers[peer]:+.2f} over the best peer `{peer}`; 7-task average {kit[best]['avg']:.2f}."
+            f"{score - peers[peer]:+.2f} over the best peer `{peer}` ({interval_verdict(kept[0], best, peer)}); "
+            f"7-task average {kit[best]['avg']:.2f}."
         )
     return lines
 
@@ -451,7 +523,7 @@ def _gaps(kept: list[Record], ours: str, others: Mapping[str, str]) -> list[str]
         return []
     return [
         f"- `{ours}` − `{o}`{f' ({note})' if note else ''}: {m[ours]['avg'] - m[o]['avg']:+.2f} on the 7-task average, "
-        f"{m[ours]['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10"
+        f"{m[ours]['retrieval:avg'] - m[o]['retrieval:avg']:+.2f} nDCG@10; {interval_verdict(kept[0], ours, o)}"
         for o, note in others.items()
         if o in m
     ]
@@ -464,8 +536,9 @@ def _mining_verdict(kept: list[Record]) -> list[str]:
 def _negatives_verdict(kept: list[Record]) -> list[str]:
     m = {n: s["mean"] for n, s in kept[0]["results"].items()}
     k3, k1 = m["hardneg-k3"], m["hardneg-k1"]
+    rule = interval_verdict(kept[0], "hardneg-k3", "hardneg-k1")
     return [f"- k = 3 − k = 1 (the same rows): {k3['avg'] - k1['avg']:+.2f} on the 7-task average, "
-            f"{k3['retrieval:avg'] - k1['retrieval:avg']:+.2f} nDCG@10"]  # fmt: skip
+            f"{k3['retrieval:avg'] - k1['retrieval:avg']:+.2f} nDCG@10; {rule}"]  # fmt: skip
 
 
 GUIDE_TASKS = ("mrpc-paraphrase", "stsb-similar", "sick-related")  # simcse_kit.evaluation.retrieval_tasks.RETRIEVAL_TASKS
@@ -552,7 +625,8 @@ def _lora_verdict(kept: list[Record]) -> list[str]:
         for mode in ("unsup", "hardneg"):
             ours = f"kit-lora-{mode}"
             if ours in avg:
-                versus = [f"{avg[ours] - avg[o]:+.2f} against `{o}`" for o in (f"kit-{mode}", f"st-lora-{mode}") if o in avg]
+                versus = [f"{avg[ours] - avg[o]:+.2f} against `{o}`, {interval_verdict(rec, ours, o)}"
+                          for o in (f"kit-{mode}", f"st-lora-{mode}") if o in avg]  # fmt: skip
                 lines.append(f"- {Path(rec['model']).name}, {mode}: `{ours}` averages {avg[ours]:.2f} ({', '.join(versus)}).")
     return lines
 
@@ -641,13 +715,14 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
                 f"- {loss}: STS-B test {kit['STSBenchmark']:.2f} (simcse-kit) against {st['STSBenchmark']:.2f} "
                 f"(sentence-transformers), {kit['STSBenchmark'] - st['STSBenchmark']:+.2f}; over the base ({base:.2f}) "
                 f"{kit['STSBenchmark'] - base:+.2f} and {st['STSBenchmark'] - base:+.2f}; 7-task average "
-                f"{kit['avg']:.2f} against {st['avg']:.2f}."
+                f"{kit['avg']:.2f} against {st['avg']:.2f} ({interval_verdict(kept[0], f'kit-{loss}', f'st-{loss}')})."
             )
         fp32 = m.get(f"kit-{loss}-fp32")
         if fp32 and st:  # the same precision as the peer on a CPU
             lines.append(
                 f"- {loss}, simcse-kit in fp32: STS-B test {fp32['STSBenchmark']:.2f} against {st['STSBenchmark']:.2f}, "
-                f"{fp32['STSBenchmark'] - st['STSBenchmark']:+.2f}; 7-task average {fp32['avg']:.2f}."
+                f"{fp32['STSBenchmark'] - st['STSBenchmark']:+.2f}; 7-task average {fp32['avg']:.2f} "
+                f"({interval_verdict(kept[0], f'kit-{loss}-fp32', f'st-{loss}')})."
             )
     return lines
 
@@ -749,16 +824,22 @@ def problems(texts: dict[Path, str]) -> list[str]:
             out.append(f"{home.name}: the block {name} is missing (<!-- generated:{name} --> ... <!-- /generated:{name} -->)")
         elif not found.group(2).strip():
             out.append(f"{home.name}: the block {name} is empty")
-    return out + [f"{path.name}: stale generated blocks" for path, text in texts.items() if render(text) != text]
+    out += [f"{path.name}: stale generated blocks" for path, text in texts.items() if render(text) != text]
+    return out + provenance_problems()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check: exit 1 where a block is missing, empty or stale")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="only check: exit 1 where a block is missing, empty or stale, or a record has no provenance",
+    )
     texts = {path: path.read_text() for path in FILES}
     if parser.parse_args().check:
         for problem in (found := problems(texts)):
-            print(f"{problem}: run python -m benchmarks.report", file=sys.stderr)
+            print(problem if "LEGACY" in problem or "provenance" in problem else f"{problem}: run python -m benchmarks.report",
+                  file=sys.stderr)  # fmt: skip
         return 1 if found else 0
     for path, old in texts.items():
         if (new := render(old)) != old:

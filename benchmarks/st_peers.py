@@ -278,11 +278,41 @@ def st_train(
             add_lora(best, cfg.model)
         best.load_state_dict(selection.state)
         sts = final_sts(encoder(best, eval_len, eval_len))
+        pairs_file = Path(tempfile.mkdtemp()) / PREDICTIONS  # run_st moves it beside metrics.json
+        save_sts_pairs(pairs_file, final_sts)
         scored = score_tasks(best, retrieval, eval_len, device)
     return {
         "loss": loss, "best_step": selection.best_step, "best_stsb_dev": selection.best, "dev_file": str(dev.path),
         "evals": selection.evals, "train_seconds": train_seconds, "device": device, "sts": sts, "retrieval": scored,
-    }
+    } | ({"sts_pairs_file": str(pairs_file)} if not dev_only and selection.best_step != 0 else {})
+
+
+PREDICTIONS = "predictions.npz"  # a run's per-pair cosines of the STS tasks, beside its metrics.json
+MADE_AT = "made_at.json"  # the commit a run was made at, beside its metrics.json (a reused run keeps its own)
+
+
+def stamp_run(folder: Path) -> None:
+    """Record the commit (and dirty flag) a run was just made at, so a record reusing it later can say so."""
+    from benchmarks._common import provenance
+    from simcse_kit.files import write_json_atomic
+
+    stamp = provenance(None)
+    write_json_atomic(folder / MADE_AT, {"commit": stamp["commit"], "dirty": stamp["dirty"]})
+
+
+def save_sts_pairs(path: Path, evaluator: Any) -> None:
+    """The per-pair cosines (float16) and gold scores behind each task's figure of the last call of an
+    ``STSEvaluator`` (``main_split``: STS12-16 all subsets concatenated), for ``benchmarks.stats``'s intervals."""
+    import numpy as np
+
+    from simcse_kit.evaluation.sts import main_split
+
+    arrays: dict[str, Any] = {}
+    for task, spec in evaluator.specs.items():
+        cosines, gold = main_split(spec, evaluator.scored[task])
+        arrays |= {f"cos/{task}": np.asarray(cosines, dtype=np.float16), f"gold/{task}": np.asarray(gold, dtype=np.float32)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)
 
 
 @functools.lru_cache(maxsize=4)
@@ -350,7 +380,13 @@ def run_st(
             logger.info("reusing the finished run in %s", done.parent)
         else:
             metrics = st_train(cfg, seed, loss, precision, retrieval, dev_only) | {"settings": settings}
+            pairs = metrics.pop("sts_pairs_file", None)
+            (done.parent / PREDICTIONS).unlink(missing_ok=True)  # an older run's, if any
+            if pairs:
+                done.parent.mkdir(parents=True, exist_ok=True)
+                Path(pairs).replace(done.parent / PREDICTIONS)
             write_json_atomic(done, metrics)
+            stamp_run(done.parent)
         curve = {"evals": [{"step": step, "stsb_dev": score} for step, score in metrics["evals"]]}
         scored = metrics.get("retrieval") or {}
         row = retrieval_row(scored, retrieval) if retrieval and scored else {}

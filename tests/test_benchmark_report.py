@@ -23,6 +23,8 @@ RESULTS = REPO / "benchmarks" / "results"
 HARNESS = ("train_throughput", "encode_throughput", "memory", "train_lora")
 MACHINE = {"cpu": "Test CPU", "cpu_class": "avx2", "commit": "abc1234", "date_utc": "2026-11-24 07:00 UTC"}
 MACHINE |= {"versions": {"torch": "2.13.0"}}
+NO = report.NO_INTERVAL  # the verdicts of records without per-pair data
+CLEAN = {"commit": "abc1234" + "0" * 33, "dirty": False, "threads": 2}
 
 
 def test_generated_blocks_match_the_kept_json() -> None:
@@ -111,6 +113,7 @@ def keep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, args: dic
     """Write ``record`` as the script's kept JSON in a results folder of its own."""
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     full = {"machine": MACHINE, "args": {"threads": 2, "rounds": 3} | args, "command": f"python -m benchmarks.{script}"}
+    full["provenance"] = CLEAN
     (tmp_path / f"{script}-avx2.json").write_text(json.dumps(full | record))
 
 
@@ -175,7 +178,7 @@ def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> 
     summary printed as BENCHMARKS.md's table."""
     out = tmp_path / "encode.json"
     argv = ["--rounds", "2", "--variants", "kit-fp32", "--limit", "64", "--batch-size", "16", "--threads", "1"]
-    argv += ["--allow-busy", "--json", str(out)]
+    argv += ["--allow-busy", "--allow-dirty", "--json", str(out)]  # a test runs in a checkout being edited
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.encode_throughput", *argv], capture_output=True, text=True, timeout=300, cwd=REPO
     )
@@ -185,6 +188,8 @@ def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> 
     assert all({"other_cpu_share", "busy", "load_avg_before", "load_avg_after"} <= set(r["activity"]) for r in record["runs"])
     assert record["command"] == "python -m benchmarks.encode_throughput " + " ".join(argv)
     assert record["machine"]["torch_threads"] == 1 and record["args"]["rounds"] == 2
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert record["provenance"]["commit"] == head and record["provenance"]["threads"] == 1
     speeds = [r["sentences_per_s"] for r in record["runs"]]
     assert record["summary"]["kit-fp32"]["sentences_per_s"] == pytest.approx(
         {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds), "n": 2}
@@ -209,7 +214,8 @@ def test_lora_tables_known_answer() -> None:
     averages = {"kit-unsup": 80.0, "kit-lora-unsup": 79.5, "st-lora-unsup": 79.0}
     results = {name: {"mean": {"avg": avg}} for name, avg in averages.items()}
     assert report._lora_verdict([{"model": "/models/all-MiniLM-L6-v2", "results": results}]) == [
-        "- all-MiniLM-L6-v2, unsup: `kit-lora-unsup` averages 79.50 (-0.50 against `kit-unsup`, +0.50 against `st-lora-unsup`)."
+        f"- all-MiniLM-L6-v2, unsup: `kit-lora-unsup` averages 79.50 (-0.50 against `kit-unsup`, {NO}, +0.50 against "
+        f"`st-lora-unsup`, {NO})."
     ]
 
 
@@ -228,11 +234,11 @@ def test_scored_table_known_answer() -> None:
     assert rows[0][:3] == ["base", "–", "1"] and rows[2][3] == "83.50 ± 0.50"
     assert report._scored_verdict([{"results": results}]) == [
         "- cosent: STS-B test 84.00 (simcse-kit) against 83.50 (sentence-transformers), +0.50; over the base (82.00) "
-        "+2.00 and +1.50; 7-task average 80.00 against 79.00."
+        f"+2.00 and +1.50; 7-task average 80.00 against 79.00 ({NO})."
     ]
     results["kit-cosent-fp32"] = row | {"learning_rate": 2e-5, "mean": cols | {"STSBenchmark": 83.25, "avg": 79.5}}
     assert report._scored_verdict([{"results": results}])[1] == (
-        "- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50."
+        f"- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50 ({NO})."
     )
 
 
@@ -254,7 +260,7 @@ def test_multi_verdict_known_answer() -> None:
     }}  # fmt: skip
     gpu = {"machine": {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}, "results": {"kit-multi-teacher": row(80.7)}}
     assert report._multi_verdict([cpu, gpu]) == [
-        "- CPU: `kit-multi` − `kit-unsup`: +0.10 on the 7-task average, -0.40 nDCG@10",
+        f"- CPU: `kit-multi` − `kit-unsup`: +0.10 on the 7-task average, -0.40 nDCG@10; {NO}",
         "- CPU: `kit-multi-teacher-t0.1` averages 80.50 ± 0.10 over 3 seeds (seeds: 80.60, 80.30, 80.60): reaches 80.5; "
         "nDCG@10 89.50 against the base's 89.77, below it",
         "- CPU: `kit-multi-teacher` averages 80.49 ± 0.10 over 3 seeds: misses 80.5; "
@@ -262,3 +268,73 @@ def test_multi_verdict_known_answer() -> None:
         "- H100: `kit-multi-teacher` averages 80.70 ± 0.10 over 3 seeds: reaches 80.5; nDCG@10 not measured",
     ]
     assert list(report._multi_rows(gpu))[0][:2] == ["H100", "kit-multi-teacher"]
+
+
+def _write(folder: Path, stem: str, record: dict[str, Any]) -> None:
+    (folder / f"{stem}.json").write_text(json.dumps({"machine": MACHINE, "command": "python -m benchmarks.memory"} | record))
+
+
+def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49: only the runner writes a record, stamped; a record without the stamp fails the check unless it is
+    one of the LEGACY records (tolerated, and marked in its table), and LEGACY can only shrink."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "LEGACY", frozenset({"old-cpu", "gone-cpu"}))
+    _write(tmp_path, "old-cpu", {})
+    _write(tmp_path, "typed-cpu", {"transcribed": True})
+    _write(tmp_path, "clean-cpu", {"provenance": CLEAN})
+    _write(tmp_path, "dirty-cpu", {"provenance": CLEAN | {"dirty": True}})
+    assert report.provenance_problems() == [
+        "typed-cpu.json: no provenance (commit, dirty, threads): re-run it; only its runner writes a record",
+        "report.LEGACY names 'gone-cpu', which has no record: remove it",
+    ]
+    _write(tmp_path, "old-cpu", {"provenance": {"commit": "abc"}})  # re-run: it must leave LEGACY
+    assert report.provenance_problems()[0] == "old-cpu.json: has provenance now: remove 'old-cpu' from report.LEGACY"
+    assert any(p.startswith("typed-cpu.json: no provenance") for p in report.problems({}))  # what --check runs
+    # The tables say which records are not evidence.
+    line = {stem: report.machine_line(json.loads((tmp_path / f"{stem}.json").read_text()) | {"_file": stem})
+            for stem in ("clean-cpu", "dirty-cpu", "typed-cpu")}  # fmt: skip
+    assert line["clean-cpu"].endswith("`python -m benchmarks.memory`")
+    assert line["dirty-cpu"].endswith("`python -m benchmarks.memory` (written from a dirty tree: not evidence; to be re-run)")
+    assert line["typed-cpu"].endswith("(transcribed from the measurement log) (no provenance: report --check refuses it)")
+    legacy = report.machine_line({"machine": MACHINE, "command": "c", "_file": "gone-cpu"})
+    assert legacy.endswith("`c` (record predates provenance; to be re-run)")
+
+
+def test_the_kept_records_without_provenance_are_exactly_the_legacy_list() -> None:
+    lacking = {p.stem for p in RESULTS.glob("*.json") if "provenance" not in json.loads(p.read_text())}
+    assert lacking == report.LEGACY  # every legacy record still lacks it; no other record does
+    assert report.provenance_problems() == []
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True)
+
+
+def test_save_results_stamps_provenance_and_refuses_a_dirty_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import _common
+
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    (repo / "code.py").write_text("x = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c", "--allow-empty")
+    _git(repo, "add", "code.py")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "code")
+    monkeypatch.setattr(_common, "REPO", repo)
+    out = repo / "benchmarks" / "results" / "x-cpu.json"
+    _common.save_results(out, {"machine": {"torch_threads": 3}})
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    stamp = json.loads(out.read_text())["provenance"]
+    assert stamp == {"commit": head, "dirty": False, "threads": 3, "writer": "benchmarks._common.save_results"}
+    # The untracked record just written does not make the tree dirty; a changed file does, and so does a new one.
+    assert not _common.tree_dirty()
+    (repo / "code.py").write_text("x = 2\n")
+    assert _common.tree_dirty()
+    with pytest.raises(SystemExit, match="uncommitted changes"):
+        _common.save_results(out, {"machine": {"torch_threads": 3}})
+    assert json.loads(out.read_text())["provenance"]["dirty"] is False  # refused: the old record stays
+    _common.save_results(out, {"machine": {"torch_threads": 3}}, allow_dirty=True)
+    assert json.loads(out.read_text())["provenance"]["dirty"] is True
+    _git(repo, "checkout", "code.py")
+    (repo / "new.py").write_text("")
+    assert _common.tree_dirty()

@@ -285,7 +285,7 @@ def test_the_domain_table_has_the_chosen_rate_the_seeds_and_the_verdict_chosen_o
     assert rows[1] == ["sick-domain", "1e-05", "2", "77.00 ± 0.00", "78.00 ± 0.00", "79.00 ± 0.00", "12 (25, 0)", "87.00 ± 1.41"]
     assert report._domain_verdict([record]) == [
         "- sick: chosen on dev `sick-domain`, SICKRelatedness 77.00: +0.00 over the base, +0.50 over the best peer "
-        "`sick-st-mnrl`; 7-task average 78.00."
+        "`sick-st-mnrl` (no interval (record predates per-pair data)); 7-task average 78.00."
     ]
 
 
@@ -344,7 +344,8 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
     record = {"results": {n: {"mean": m} for n, m in means.items()}}
     assert (
         report._mining_verdict([record])[0]
-        == "- `sup+mined` − `sup-4509` (the same rows): +0.50 on the 7-task average, -1.00 nDCG@10"
+        == "- `sup+mined` − `sup-4509` (the same rows): +0.50 on the 7-task average, -1.00 nDCG@10; "
+        "no interval (record predates per-pair data)"
     )
 
 

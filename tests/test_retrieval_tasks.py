@@ -10,26 +10,47 @@ import pytest
 from simcse_kit.cli import main
 from simcse_kit.evaluation.beir import read_beir, write_beir
 from simcse_kit.evaluation.retrieval import RetrievalEvaluator
-from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks, pair_task
+from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks, gain, pair_task
 from simcse_kit.evaluation.sts_readers import read_sick, read_stsb
 from simcse_kit.model.inference import load_encoder
 
 pytest.importorskip("pytrec_eval")
 
 
-def test_pair_task_queries_both_sides_and_skips_identical_pairs() -> None:
-    corpus = {"a": "x", "b": "y", "c": "z", "d": "x"}
-    pairs = [("a", "x", "b", "y"), ("a", "x", "c", "z"), ("a", "x", "d", "x")]
-    queries, qrels = pair_task(corpus, pairs)
-    assert queries == {"a": "x", "b": "y", "c": "z"}  # the a/d pair (same text) is skipped
-    assert qrels == {"a": {"b": 1, "c": 1}, "b": {"a": 1}, "c": {"a": 1}}
+def test_pair_task_grades_partners_and_keeps_queries_with_a_strong_one() -> None:
+    corpus = {"a": "x", "b": "y", "c": "z", "d": "x", "e": "w"}
+    pairs = [
+        ("a", "x", "b", "y", 40),  # a strong pair: both sides are queries
+        ("a", "x", "c", "z", 26),  # a weaker partner of a: graded, not dropped
+        ("a", "x", "d", "x", 50),  # same text: skipped
+        ("c", "z", "e", "w", 12),  # c's and e's best partners are below 30: not queries
+        ("b", "y", "a", "x", 35),  # the same pair again keeps the larger gain
+        ("e", "w", "b", "y", 0),  # gain 0: not written
+    ]
+    queries, qrels = pair_task(corpus, pairs, query_min_gain=30)
+    assert queries == {"a": "x", "b": "y"}
+    assert qrels == {"a": {"b": 40, "c": 26}, "b": {"a": 40}}
 
 
-def _pair_set(s1: list[str], s2: list[str], keep: list[bool]) -> set[frozenset[str]]:
-    return {frozenset((a, b)) for a, b, k in zip(s1, s2, keep, strict=True) if k and a != b}
+def test_gain_is_tenths_above_the_floor() -> None:
+    assert [gain(g, 0.0) for g in (0.0, 0.2, 3.6, 3.95, 5.0)] == [0, 2, 36, 40, 50]  # 39.5 rounds to even
+    assert [gain(g, 1.0) for g in (1.0, 3.6, 4.0, 5.0, 0.9)] == [0, 26, 30, 40, 0]
 
 
-def test_built_tasks_are_the_positive_pairs_and_deterministic(tmp_path: Path, data_dir: Path) -> None:
+def _graded(s1: list[str], s2: list[str], scores: list[float], floor: float) -> dict[str, dict[str, int]]:
+    """The expected qrels by text, from a naive pass over the pairs: every pair both ways with its gain
+    (the larger for a repeated pair), then the sentences whose best partner scores >= 4."""
+    partners: dict[str, dict[str, int]] = {}
+    for a, b, s in zip(s1, s2, scores, strict=True):
+        g = round(10 * (s - floor))
+        if a == b or g <= 0:
+            continue
+        for x, y in ((a, b), (b, a)):
+            partners.setdefault(x, {})[y] = max(g, partners.get(x, {}).get(y, 0))
+    return {q: p for q, p in partners.items() if max(p.values()) >= round(10 * (4.0 - floor))}
+
+
+def test_built_tasks_are_graded_pairs_and_deterministic(tmp_path: Path, data_dir: Path) -> None:
     first = build_retrieval_tasks(tmp_path / "a", data_dir)
     second = build_retrieval_tasks(tmp_path / "b", data_dir)
     for name, folder in first.items():
@@ -38,19 +59,23 @@ def test_built_tasks_are_the_positive_pairs_and_deterministic(tmp_path: Path, da
     stsb = read_stsb(data_dir / "stsbenchmark" / "sts-test.csv")
     sick = read_sick(data_dir / "sick" / "SICK.txt", semeval_set="TEST")
     expected = {
-        "stsb-similar": _pair_set(stsb.sentences1, stsb.sentences2, list(stsb.scores >= 4)),
-        "sick-related": _pair_set(sick.sentences1, sick.sentences2, list(sick.scores >= 4)),
+        "stsb-similar": _graded(stsb.sentences1, stsb.sentences2, list(stsb.scores), 0.0),
+        "sick-related": _graded(sick.sentences1, sick.sentences2, list(sick.scores), 1.0),
     }
-    for name, pairs in expected.items():
+    for name, judged in expected.items():
         task = read_beir(first[name])
-        found = {frozenset((task.corpus[q], task.corpus[d])) for q, docs in task.qrels.items() for d in docs}
-        assert found == pairs, name
+        found = {task.corpus[q]: {task.corpus[d]: g for d, g in docs.items()} for q, docs in task.qrels.items()}
+        assert found == judged, name
         # Every sentence of the test split is a candidate.
         source = stsb if name == "stsb-similar" else sick
         assert set(task.corpus.values()) == {*source.sentences1, *source.sentences2}
+    # The gold score is the gain: SICK's partners of 3 to 3.9 are judged (gain 20-29), not dropped.
+    sick_task = read_beir(first["sick-related"])
+    assert any(20 <= g < 30 for docs in sick_task.qrels.values() for g in docs.values())
     mrpc = read_beir(first["mrpc-paraphrase"])
     n_judgements = sum(len(docs) for docs in mrpc.qrels.values())
     assert n_judgements == 2 * 1147  # MRPC test: 1147 of 1725 pairs are paraphrases, each asked both ways
+    assert {g for docs in mrpc.qrels.values() for g in docs.values()} == {1}
     assert len(mrpc.corpus) == 3395  # distinct sentence ids of MRPC test's 1725 pairs
     assert all(q not in docs for q, docs in mrpc.qrels.items())
 

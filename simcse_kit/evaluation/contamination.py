@@ -122,12 +122,13 @@ def beir_set(folder: str | Path, kind: str = "test", name: str | None = None) ->
 
 def retrieval_sets(data_root: str | Path) -> list[EvalSet]:
     """The built-in retrieval tasks (:mod:`simcse_kit.evaluation.retrieval_tasks`) from the data
-    root: each one's documents, and its positive pairs."""
+    root: each one's documents, and its judged pairs (gain > 0, the pairs its qrels hold)."""
     sets = []
     for name, build in RETRIEVAL_TASKS.items():
-        corpus, pairs = build(Path(data_root))
-        base = pair_set(name, "test", data_root, [p[1] for p in pairs], [p[3] for p in pairs])
-        sets.append(EvalSet(name, "test", base.source, base.pairs, np.unique(text_hashes(list(corpus.values())))))
+        task = build(Path(data_root))
+        judged = [p for p in task.pairs if p[4] > 0]
+        base = pair_set(name, "test", data_root, [p[1] for p in judged], [p[3] for p in judged])
+        sets.append(EvalSet(name, "test", base.source, base.pairs, np.unique(text_hashes(list(task.corpus.values())))))
     return sets
 
 

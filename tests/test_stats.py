@@ -1,0 +1,219 @@
+"""benchmarks/stats.py: the paired bootstraps behind every verdict, against naive loops and known cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from benchmarks.stats import (
+    Interval,
+    load_rows,
+    mean_difference,
+    save_rows,
+    spearman_average,
+    spearman_difference,
+    verdict,
+)
+
+
+def _rows(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Two tasks of 40 and 25 pairs; row a with 3 seeds, row b with 2, both gold plus noise (b noisier)."""
+    rng = np.random.default_rng(seed)
+    gold = {"T1": rng.uniform(0, 5, 40).round(1), "T2": rng.uniform(1, 5, 25).round(1)}
+    a = {t: g + rng.normal(0, 1.0, (3, len(g))) for t, g in gold.items()}
+    b = {t: g + rng.normal(0, 2.0, (2, len(g))) for t, g in gold.items()}
+    return a, b, gold
+
+
+def _naive(a: dict[str, np.ndarray], b: dict[str, np.ndarray], gold: dict[str, np.ndarray], replicates: int) -> np.ndarray:
+    """The documented draw order, one scipy Spearman at a time."""
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(replicates):
+        sa = rng.integers(0, len(a["T1"]), len(a["T1"]))
+        sb = sa if len(a["T1"]) == len(b["T1"]) else rng.integers(0, len(b["T1"]), len(b["T1"]))
+        per_task = []
+        for t, g in gold.items():
+            idx = rng.integers(0, len(g), len(g))
+            rho_a = np.mean([spearmanr(a[t][s][idx], g[idx]).statistic for s in sa])
+            rho_b = np.mean([spearmanr(b[t][s][idx], g[idx]).statistic for s in sb])
+            per_task.append(100 * (rho_a - rho_b))
+        out.append(np.mean(per_task))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("seeds_b", [2, 3])  # a draw of its own; paired with row a's seeds
+def test_spearman_difference_matches_a_naive_loop(seeds_b: int) -> None:
+    a, b, gold = _rows()
+    b = {t: np.vstack([p, p[:1] + 0.5])[:seeds_b] for t, p in b.items()}
+    got = spearman_difference(a, b, gold, replicates=60)
+    values = _naive(a, b, gold, 60)
+    low, high = np.percentile(values, [2.5, 97.5])
+    assert (got.low, got.high) == pytest.approx((low, high), abs=1e-9)
+    observed = np.mean([100 * (np.mean([spearmanr(p, gold[t]).statistic for p in a[t]])
+                               - np.mean([spearmanr(p, gold[t]).statistic for p in b[t]])) for t in gold])  # fmt: skip
+    assert got.difference == pytest.approx(observed, abs=1e-9)
+    assert spearman_average(a, gold) - spearman_average(b, gold) == pytest.approx(observed, abs=1e-9)
+
+
+def test_identical_rows_measure_no_difference() -> None:
+    a, _, gold = _rows()
+    got = spearman_difference(a, a, gold, replicates=200)
+    # Paired by pair and by seed: every replicate compares a row with itself.
+    assert (got.low, got.high, got.difference) == (0.0, 0.0, 0.0)
+    assert got.verdict == "no difference measured"
+    # Two seeds against the same two swapped: still no difference, but now an interval from the seed draw.
+    swapped = {t: p[[1, 0, 2]] for t, p in a.items()}
+    loose = spearman_difference(a, swapped, gold, replicates=200)
+    assert loose.low < 0 < loose.high and loose.verdict == "no difference measured"
+
+
+def test_gold_against_noise_is_better_and_the_reverse_worse() -> None:
+    _, b, gold = _rows()
+    perfect = {t: g[None, :] for t, g in gold.items()}
+    assert verdict(perfect, b, gold, replicates=300) == "better"
+    assert verdict(b, perfect, gold, replicates=300) == "worse"
+
+
+def test_two_rows_of_the_same_noise_on_few_pairs_measure_no_difference() -> None:
+    rng = np.random.default_rng(3)
+    gold = {"T": rng.uniform(0, 5, 30)}
+    a = {"T": gold["T"] + rng.normal(0, 1.5, (3, 30))}
+    b = {"T": gold["T"] + rng.normal(0, 1.5, (3, 30))}
+    got = spearman_difference(a, b, gold, replicates=300)
+    assert got.verdict == "no difference measured" and got.low < 0 < got.high
+
+
+def test_mean_difference_matches_a_naive_loop() -> None:
+    rng = np.random.default_rng(1)
+    a, b = rng.uniform(0, 1, 50), rng.uniform(0, 1, 50)
+    got = mean_difference(a, b, replicates=100, seed=7)
+    draw = np.random.default_rng(7)
+    values = []
+    for _ in range(100):
+        idx = draw.integers(0, 50, 50)
+        values.append(sum(a[i] - b[i] for i in idx) / 50)
+    assert (got.low, got.high) == pytest.approx(tuple(np.percentile(values, [2.5, 97.5])), abs=1e-12)
+    assert got.difference == pytest.approx(a.mean() - b.mean())
+    assert mean_difference(a + 1, a, replicates=50).verdict == "better"
+
+
+def test_interval_verdicts_and_bad_input() -> None:
+    assert [Interval(0.5, lo, hi, 10).verdict for lo, hi in ((0.1, 1), (-1, -0.1), (-0.1, 1))] == [
+        "better", "worse", "no difference measured"]  # fmt: skip
+    a, b, gold = _rows()
+    with pytest.raises(ValueError, match="task 'T2'"):
+        spearman_difference(a, {"T1": b["T1"]}, gold)
+    with pytest.raises(ValueError, match="predictions for 40 gold scores"):
+        spearman_difference({**a, "T1": a["T1"][:, :39]}, b, gold)
+
+
+def _fake_evaluator(cosines: dict[str, np.ndarray], gold: dict[str, np.ndarray]) -> SimpleNamespace:
+    """What save_sts_pairs reads of an STSEvaluator after a call: its specs and per-split (cosines, gold)."""
+    specs = {t: SimpleNamespace(format="sick", subsets=()) for t in gold}
+    return SimpleNamespace(specs=specs, scored={t: {"test": (cosines[t], gold[t])} for t in gold})
+
+
+def test_the_runs_pairs_reach_the_records_sidecar(tmp_path: Path) -> None:
+    """A run's predictions.npz (st_peers.save_sts_pairs) -> quality.sidecar -> stats.save_rows / load_rows:
+    the cosines come back as float16, per row, seeds in order, with the gold."""
+    from benchmarks.quality import sidecar
+    from benchmarks.st_peers import PREDICTIONS, save_sts_pairs
+
+    a, b, gold = _rows()
+    folders: dict[str, dict[int, Path]] = {"kit": {}, "st": {}, "lost": {1: tmp_path / "lost"}}
+    for name, row in (("kit", a), ("st", b)):
+        for seed in range(len(row["T1"])):
+            folder = tmp_path / name / f"seed-{seed + 1}"
+            save_sts_pairs(folder / PREDICTIONS, _fake_evaluator({t: p[seed] for t, p in row.items()}, gold))
+            folders[name][seed + 1] = folder
+    rows, kept_gold = sidecar(folders)
+    assert set(rows) == {"kit", "st"}  # a row with a seed without predictions has no interval, not a partial one
+    save_rows(tmp_path / "table.npz", rows, kept_gold)
+    loaded, loaded_gold = load_rows(tmp_path / "table.npz")
+    for name, row in (("kit", a), ("st", b)):
+        for t in gold:
+            assert loaded[name][t].dtype == np.float16
+            np.testing.assert_array_equal(loaded[name][t], row[t].astype(np.float16))
+    assert {t: g.tolist() for t, g in loaded_gold.items()} == {t: g.astype(np.float32).tolist() for t, g in gold.items()}
+
+
+def test_report_verdicts_use_the_interval_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    a, b, gold = _rows()
+    perfect = {t: np.stack([g, g, g]) for t, g in gold.items()}
+    mean = {"avg": 80.0, "best_stsb_dev": 85.0}
+    results = {n: {"mean": mean} for n in ("kit-unsup", "st-unsup", "kit-hardneg", "st-hardneg")}
+    rec = {"_file": "sts-cpu", "results": results}
+    assert report.interval_verdict(rec, "kit-unsup", "st-unsup") == report.NO_INTERVAL  # no sidecar: never "better"
+    save_rows(tmp_path / "sts-cpu.npz", {"kit-unsup": _by_seed(perfect), "st-unsup": _by_seed(b),
+                                         "kit-hardneg": _by_seed(a), "st-hardneg": _by_seed(a)}, gold)  # fmt: skip
+    lines = report._quality_verdict([rec])
+    assert lines[0].endswith(": better).") and "interval rule, 7-task average: +" in lines[0]
+    assert lines[1].endswith("+0.00 (95% interval +0.00 to +0.00): no difference measured).")
+    assert report.interval_verdict(rec, "kit-unsup", "nope") == "no interval (no per-pair data for `nope`)"
+
+
+def _by_seed(row: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+    return {seed: {t: p[seed] for t, p in row.items()} for seed in range(len(next(iter(row.values()))))}
+
+
+def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quality.build finds the runs of each row's chosen rate and every seed, and the base's, where run_job left
+    their predictions.npz; the record's sidecar then holds exactly those rows."""
+    import argparse
+
+    from benchmarks import quality
+    from benchmarks.st_peers import PREDICTIONS, save_sts_pairs
+
+    a, b, gold = _rows()
+    out = tmp_path / "out"
+    args = argparse.Namespace(
+        rows=["kit-unsup", "st-unsup"], learning_rates="3e-5", output_dir=out, eval_data_dir=tmp_path, data_root=tmp_path,
+        model=None, tasks=[], task_names=[], seeds=[1, 2], steps=2, threads=1, st_precision="fp32", teacher=None,
+        guide=None, teacher_cache_dir=None, eval_steps=25,
+    )  # fmt: skip
+    runs = {"kit-unsup": out / "kit-unsup" / "lr3e-05", "st-unsup": out / "st-unsup" / "lr3e-05"}
+    for folder, row in zip(runs.values(), (a, b), strict=True):
+        for seed in (1, 2):
+            pairs = _fake_evaluator({t: p[seed - 1] for t, p in row.items()}, gold)
+            save_sts_pairs(folder / f"seed-{seed}" / PREDICTIONS, pairs)
+    save_sts_pairs(out / "base" / PREDICTIONS, _fake_evaluator({t: g for t, g in gold.items()}, gold))
+    # The kit row's runs were made at this commit and at another; the peer's before runs were stamped.
+    for seed, commit in ((1, "c" * 40), (2, "d" * 40)):
+        (runs["kit-unsup"] / f"seed-{seed}" / "made_at.json").write_text(json.dumps({"commit": commit, "dirty": seed == 2}))
+    (out / "base" / "made_at.json").write_text(json.dumps({"commit": "c" * 40, "dirty": False}))
+    per_seed = {1: {"avg": 80.0}, 2: {"avg": 81.0}}
+    made = quality.TableResults(sweep={}, chosen=dict.fromkeys(runs, 3e-5), rows=dict.fromkeys(runs, per_seed),
+                                extra={"base": {"avg": 78.0}}, lost=[])  # fmt: skip
+    monkeypatch.setattr(quality, "sweep_and_run", lambda *_, **__: made)
+    record = quality.build("sts", args)
+    assert set(record["results"]) == {"base", "kit-unsup", "st-unsup"}
+    rows, kept_gold = args.sidecar
+    assert set(rows) == {"base", "kit-unsup", "st-unsup"} and set(rows["kit-unsup"]) == {1, 2}
+    np.testing.assert_array_equal(rows["st-unsup"][2]["T1"], b["T1"][1].astype(np.float16))
+    assert set(kept_gold) == set(gold)
+    assert record["runs_made_at"] == {"base": ["c" * 40], "kit-unsup": ["c" * 40, "d" * 40 + "+dirty"], "st-unsup": ["unknown"]}
+    from benchmarks import report
+
+    note = report.provenance_note(record | {"provenance": {"commit": "c" * 40, "dirty": False, "threads": 1}})
+    assert note == f" (reuses runs made at another commit: {'d' * 12}, unknown)"
+    assert report.provenance_note({"provenance": {"commit": "c" * 40, "dirty": False}, "runs_made_at": {"x": ["c" * 40]}}) == ""
+
+
+def test_a_run_is_stamped_with_the_commit_it_was_made_at(tmp_path: Path) -> None:
+    import subprocess
+
+    from benchmarks._common import REPO, tree_dirty
+    from benchmarks.st_peers import MADE_AT, stamp_run
+
+    stamp_run(tmp_path)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert json.loads((tmp_path / MADE_AT).read_text()) == {"commit": head, "dirty": tree_dirty()}
