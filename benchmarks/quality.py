@@ -295,7 +295,7 @@ PRECISION_KEYS = ("mixed_precision", "bf16_weights", "fast_dropout")
 
 def check_same_run(cfg: Any, folder: Path) -> None:
     """Refuse a finished run in ``folder`` made with another config than ``cfg`` (an ``auto``
-    precision key matches whatever the run decided: a bf16 probe on a busy CPU may differ)."""
+    precision key matches whatever the run decided from the hardware: another machine may differ)."""
     from simcse_kit.config.run import load_config
     from simcse_kit.errors import ConfigError
     from simcse_kit.training.folder import config_differences

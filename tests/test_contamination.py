@@ -361,3 +361,21 @@ def test_the_teachers_texts_are_hashed_in_a_run(tiny_run: TinyRun, tmp_path: Pat
     holders = {name: t["training"] for name, t in report["tasks"].items() if t["sentences_seen"]}
     assert holders and all(h == ["the teacher's and the guide's sentences"] for h in holders.values())
     assert "STS16" in holders
+
+
+def test_a_headerless_table_read_as_text_is_named(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SICK's ``SICK_train.txt`` has no header, so it reads as one sentence a line, and whole
+    tab-joined lines match no evaluation sentence: a clean 0% that is wrong. The reader says
+    so, naming the file; a text file of sentences says nothing."""
+    table = tmp_path / "SICK_train.txt"
+    table.write_text("".join(f"{i}\tA dog runs {i}\tA dog is running {i}\t4.5\tENTAILMENT\n" for i in range(20)))
+    with caplog.at_level("WARNING"):
+        file_keys(table, cache_dir=tmp_path / "cache")
+    assert [r.getMessage() for r in caplog.records if "20 of its first 20 lines hold tabs" in r.getMessage()], caplog.text
+    assert str(table) in caplog.text
+    caplog.clear()
+    text = tmp_path / "sentences.txt"
+    text.write_text("".join(f"A dog runs {i}\n" for i in range(20)) + "one\tline with a tab\n")
+    with caplog.at_level("WARNING"):
+        file_keys(text, cache_dir=tmp_path / "cache")
+    assert "hold tabs" not in caplog.text

@@ -342,10 +342,29 @@ def file_keys(path: str | Path, fmt: str = "auto", cache_dir: str | Path | None 
         return fmt, np.stack([text_hashes(pairs.sentences1), text_hashes(pairs.sentences2)], axis=1)
     if fmt == "text":
         mode = "unsup"
+        warn_if_tabular(path)
     else:
         lines = read_lines(path)
         mode = "hardneg" if lines and "hard_neg" in lines[0][1] else "sup"
     return fmt, dataset_keys(read_train_file(path, mode, cache_dir=cache_dir).dataset)
+
+
+def warn_if_tabular(path: Path, sample: int = 1000) -> None:
+    """A text file is one sentence a line; one whose lines mostly hold tabs is more likely a
+    headerless table (SICK's ``SICK_train.txt``: ``id, sentence A, sentence B, score, label``),
+    whose whole lines would be compared and match nothing: said, not guessed."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [line for _, line in zip(range(sample), f)]
+    tabbed = sum("\t" in line for line in lines)
+    if lines and tabbed * 2 > len(lines):
+        logger.warning(
+            "%s: read as one sentence a line, but %d of its first %d lines hold tabs: a table without a header? "
+            "each whole line is compared, so its sentences match nothing; give it a header, sent0 and sent1 "
+            "(a CSV or JSONL table), or SICK's own header line with --format sick",
+            path,
+            tabbed,
+            len(lines),
+        )
 
 
 def format_overlap(overlaps: Sequence[TaskOverlap]) -> str:

@@ -1,6 +1,6 @@
 """Quantized vectors: int8/uint8 with per-dimension ranges, binary/ubinary, Hamming search.
 
-The codes are sentence-transformers' :func:`quantize_embeddings`, called directly, so a
+The codes are sentence-transformers' ``quantize_embeddings``, called directly, so a
 vector quantized here is the vector a sentence-transformers user gets with the same
 ranges:
 

@@ -44,6 +44,7 @@ OUTPUT = "sentence_embedding"
 QUANTIZATION_FILE = "quantization.json"
 """The export's int8 calibration (per-dimension ranges; docs/export.md)."""
 PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+"""What :meth:`OnnxEncoder.encode` can return: float vectors, or int8/uint8/binary/ubinary codes."""
 
 __all__ = ["FP32_FILE", "INT8_FILE", "ONNX_INFO", "OUTPUT", "PRECISIONS", "QUANTIZATION_FILE", "OnnxEncoder", "quantize"]
 

@@ -70,9 +70,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The probe warns when the low-precision matmul measures below this many times fp32: where
-# the flags say native it is several-fold faster, so "slower than fp32" twice in a row
-# means a kernel missing from this build (or a machine far too busy to train fast anyway).
+#: The probe warns when the low-precision matmul measures below this many times fp32: where
+#: the flags say native it is several-fold faster, so "slower than fp32" twice in a row
+#: means a kernel missing from this build (or a machine far too busy to train fast anyway).
 PROBE_WARN_BELOW = 1.0
 # [tokens, hidden] @ [hidden, 4 x hidden] of all-MiniLM-L6-v2's feed-forward with 32
 # tokens: a millisecond or less on one core, more where bf16 is emulated.
