@@ -270,12 +270,13 @@ RESULTS_DIR = "benchmarks/results/"
 
 def tree_dirty() -> bool:
     """Whether the checkout differs from its commit (``git status --porcelain`` says anything), leaving
-    out untracked files under ``benchmarks/results/``: the records being written."""
+    out the records under ``benchmarks/results/``, new or rewritten: they are what the runs write, not
+    the code they ran (one script's record must not stop the next script of the same sweep)."""
     # Every untracked file by name: a new results/ folder would otherwise show as one "?? benchmarks/" line.
     command = ["git", "status", "--porcelain", "--untracked-files=all"]
     status = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True).stdout
-    changed = [line for line in status.splitlines() if line.strip()]
-    return any(not (line.startswith("?? ") and line[3:].startswith(RESULTS_DIR)) for line in changed)
+    changed = [line[3:] for line in status.splitlines() if line.strip()]
+    return any(not path.startswith(RESULTS_DIR) for path in changed)
 
 
 def provenance(threads: int | None) -> dict[str, Any]:

@@ -326,7 +326,12 @@ def test_save_results_stamps_provenance_and_refuses_a_dirty_tree(tmp_path: Path,
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
     stamp = json.loads(out.read_text())["provenance"]
     assert stamp == {"commit": head, "dirty": False, "threads": 3, "writer": "benchmarks._common.save_results"}
-    # The untracked record just written does not make the tree dirty; a changed file does, and so does a new one.
+    # The untracked record just written does not make the tree dirty, nor does a committed record
+    # rewritten by the next run; a changed file does, and so does a new one.
+    assert not _common.tree_dirty()
+    _git(repo, "add", str(out))
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "record")
+    _common.save_results(out, {"machine": {"torch_threads": 2}})
     assert not _common.tree_dirty()
     (repo / "code.py").write_text("x = 2\n")
     assert _common.tree_dirty()
