@@ -354,7 +354,7 @@ def warn_if_tabular(path: Path, sample: int = 1000) -> None:
     headerless table (SICK's ``SICK_train.txt``: ``id, sentence A, sentence B, score, label``),
     whose whole lines would be compared and match nothing: said, not guessed."""
     with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [line for _, line in zip(range(sample), f)]
+        lines = [line for _, line in zip(range(sample), f, strict=False)]
     tabbed = sum("\t" in line for line in lines)
     if lines and tabbed * 2 > len(lines):
         logger.warning(
