@@ -19,7 +19,8 @@ from simcse_kit.core.batch import (
     view_rows,
     views_per_example,
 )
-from simcse_kit.data.readers import COLUMNS, ContrastiveCollator, load_train_dataset, read_rows, read_sentences
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.readers import COLUMNS, load_train_dataset, read_rows, read_sentences
 from simcse_kit.errors import DataError
 
 EXAMPLES = [

@@ -21,7 +21,8 @@ from transformers import AutoConfig, AutoTokenizer
 
 from simcse_kit.config.run import DataConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
 from simcse_kit.core.modes import TABLE as MODES
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.model.checks import load_checked_tokenizer
 from simcse_kit.model.families import is_decoder, prepare_tokenizer
 from simcse_kit.model.modeling import ADAPTER_CONFIG, SimCSEModel, base_encoder

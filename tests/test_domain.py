@@ -16,7 +16,7 @@ from conftest import REPO, TinyRun, toy_sentences
 
 import simcse_kit.training.run
 from simcse_kit.config.run import load_config
-from simcse_kit.data.readers import mix_datasets
+from simcse_kit.data.mixture import mix_datasets
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation import DevEvaluator
 from simcse_kit.export.card import training_rows

@@ -21,7 +21,8 @@ from transformers import AutoTokenizer
 
 from simcse_kit.config.run import MODES, POOLERS, DataConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
 from simcse_kit.core.batch import model_inputs
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.errors import ConfigError
 from simcse_kit.model import families
 from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel

@@ -227,7 +227,7 @@ def toy_pieces(model_dir: str, shard: Callable[[torch.nn.Module], None] | None =
     from transformers import AutoTokenizer, get_linear_schedule_with_warmup
 
     from simcse_kit.config.run import LossConfig, ModelConfig
-    from simcse_kit.data.readers import ContrastiveCollator
+    from simcse_kit.data.collate import ContrastiveCollator
     from simcse_kit.model.modeling import SimCSEModel
     from simcse_kit.training.loop import make_optimizer
     from simcse_kit.training.objectives import SimCSEObjective

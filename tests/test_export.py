@@ -24,7 +24,7 @@ from transformers import AutoModel, AutoTokenizer
 from simcse_kit import export as export_mod
 from simcse_kit.cli import main
 from simcse_kit.config.run import LossConfig, ModelConfig, RunConfig, save_config
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import format_table
 from simcse_kit.export import EXPORT_INFO, ExportError, export_model, exporter, folder, sts_gate

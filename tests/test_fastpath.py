@@ -14,7 +14,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from simcse_kit.config.run import LossConfig, ModelConfig
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.fastpath import LEVELS, FastDropout, enable_fast_dropout, fast_dropout, quantized_drop_rate
 from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
 from simcse_kit.model.modeling import SimCSEModel

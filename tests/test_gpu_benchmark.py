@@ -15,7 +15,8 @@ from benchmarks import gpu
 
 def test_gpu_benchmark_smoke_writes_its_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "gpu.json"
-    monkeypatch.setattr(sys, "argv", ["gpu.py", "--cpu-smoke", "--allow-dirty", "--out", str(out)])  # a smoke record, not evidence
+    # A smoke record, not evidence: written from any tree.
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--cpu-smoke", "--allow-dirty", "--out", str(out)])
     threads = torch.get_num_threads()
     try:
         gpu.main()

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from simcse_kit.config.run import LoopConfig, LossConfig, ModelConfig
 from simcse_kit.core.batch import views_per_example
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.gradcache import chunk_slices, effective_negatives
 from simcse_kit.training.loop import fit, prepare

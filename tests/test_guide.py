@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from simcse_kit.config.run import GUIDE_MARGIN_STRATEGIES, LossConfig, ModelConfig
 from simcse_kit.core import masks
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.momentum_queue import MomentumQueue

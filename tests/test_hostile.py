@@ -27,7 +27,8 @@ from transformers import AutoTokenizer
 from simcse_kit.cli import main as cli_main
 from simcse_kit.config.run import ModelConfig
 from simcse_kit.core import losses
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset, read_rows, read_sentences
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.readers import load_train_dataset, read_rows, read_sentences
 from simcse_kit.errors import DataError
 from simcse_kit.evaluation import read_sick, read_sts_subset, read_stsb
 from simcse_kit.model.inference import Encoder

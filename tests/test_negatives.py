@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core.batch import text_ids
 from simcse_kit.core.masks import false_negative_mask, similar_candidate_mask
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.momentum_queue import MomentumQueue
 from simcse_kit.training.objectives import SimCSEObjective

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core.batch import PLAN_INPUTS, model_inputs
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.model.packing import pack, plan, plan_batch
 from simcse_kit.training.objectives import SimCSEObjective

@@ -17,7 +17,8 @@ from transformers import AutoTokenizer
 
 from simcse_kit.config.run import LoopConfig, LossConfig, ModelConfig, load_config
 from simcse_kit.core.batch import views_per_example
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.evaluation import STSEvaluator
 from simcse_kit.model.inference import Encoder, load_encoder
 from simcse_kit.model.modeling import SimCSEModel

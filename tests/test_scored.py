@@ -16,7 +16,8 @@ from transformers import AutoTokenizer
 from simcse_kit.cli import main
 from simcse_kit.config.run import SCORE_LOSSES, LossConfig, RunConfig, load_config
 from simcse_kit.core import score_losses
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.training.inputs import load_training_data
 from simcse_kit.training.objectives import SimCSEObjective

@@ -24,7 +24,9 @@ from transformers import AutoTokenizer
 from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core import losses, modes
 from simcse_kit.core.batch import batch_texts, model_inputs, text_ids, views_per_example
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset, mix_datasets, negatives_of
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.mixture import mix_datasets
+from simcse_kit.data.readers import load_train_dataset, negatives_of
 from simcse_kit.errors import DataError
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.gradcache import effective_negatives

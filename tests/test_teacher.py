@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core import losses
-from simcse_kit.data.readers import ContrastiveCollator
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.objectives import SimCSEObjective, TeacherTargets

@@ -20,7 +20,8 @@ from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassificatio
 from simcse_kit.cli import main
 from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core.modes import hard_negative_columns
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset, read_rows
+from simcse_kit.data.collate import ContrastiveCollator
+from simcse_kit.data.readers import load_train_dataset, read_rows
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.training.objectives import SimCSEObjective

@@ -22,8 +22,9 @@ from transformers import AutoTokenizer
 
 from simcse_kit.core.batch import batch_texts, text_ids, view_prompts, view_rows, views_per_example
 from simcse_kit.data import tokens
+from simcse_kit.data.collate import ContrastiveCollator, repeat_tokens
 from simcse_kit.data.corpus import SUBFOLDER
-from simcse_kit.data.readers import ContrastiveCollator, load_train_dataset, repeat_tokens
+from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.model.packing import plan_batch
 

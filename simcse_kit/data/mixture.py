@@ -1,4 +1,4 @@
-"""Several training datasets in one run (``data.datasets``), each batch drawn from one of them.
+"""Several training datasets in one run: ``data.datasets``, each batch drawn from one of them.
 
 A batch's in-batch negatives are the other examples of the same batch. Drawn from one
 dataset, they share its domain and its mode: the batch has one layout (``V`` views per
@@ -15,10 +15,14 @@ gather combines rows of one dataset. The order is drawn from the loader's genera
 one a checkpoint saves at each epoch's start, so ``--resume`` redraws it and continues at
 the same example. :class:`Mixture` indexes the datasets as one and tags each example with
 its dataset's name; :class:`MixtureCollator` hands a batch to its dataset's collator.
+
+The older way to train on two datasets at once, ``data.mix_file`` beside ``train_file``,
+is :func:`mix_datasets`: one dataset of both, so a batch mixes them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -28,8 +32,12 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from simcse_kit.config.sections import SAMPLINGS
+from simcse_kit.data.readers import negatives_of
+from simcse_kit.errors import DataError
 
-__all__ = ["DATASET_KEY", "Mixture", "MixtureBatches", "MixtureCollator", "batches_per_dataset", "epoch_batches"]
+__all__ = ["DATASET_KEY", "Mixture", "MixtureBatches", "MixtureCollator", "batches_per_dataset", "epoch_batches", "mix_datasets"]
+
+logger = logging.getLogger(__name__)
 
 DATASET_KEY = "dataset"
 """The key of an example (and a collated batch) naming the dataset it comes from."""
@@ -187,3 +195,33 @@ class MixtureCollator:
             raise ValueError(f"a batch must come from one dataset, this one mixes {sorted(names)}")
         (name,) = names
         return dict(self.collators[name](examples)) | {DATASET_KEY: name}
+
+
+def mix_datasets(domain: datasets.Dataset, general: datasets.Dataset, ratio: float, seed: int) -> datasets.Dataset:
+    """All of ``domain`` plus a seeded sample of ``general`` making up ``ratio`` of the result.
+
+    Concatenation of an exact-size sample, not ``interleave_datasets``: its probabilities
+    give the ratio only in expectation, and its length depends on which side runs out.
+    The DataLoader shuffles, so the order here does not matter.
+
+    Args:
+        domain: the in-domain examples, all kept.
+        general: the general corpus, same columns.
+        ratio: share of the result from ``general``, in [0, 1).
+        seed: the sample's seed (the run seed).
+
+    Raises:
+        DataError: ``general`` has too few examples for the ratio.
+    """
+    if negatives_of(domain.column_names) != negatives_of(general.column_names):
+        raise DataError(
+            f"mix_file: {negatives_of(general.column_names)} hard negative(s) per example, the train_file "
+            f"{negatives_of(domain.column_names)}; both need the same number"
+        )
+    wanted = round(len(domain) * ratio / (1 - ratio))
+    if wanted > len(general):
+        raise DataError(f"mix_ratio {ratio}: needs {wanted} general examples, the mix file has {len(general)}")
+    picked = torch.randperm(len(general), generator=torch.Generator().manual_seed(seed))[:wanted]
+    mixed = datasets.concatenate_datasets([domain, general.select(sorted(picked.tolist()))])
+    logger.info("mixed %d in-domain + %d general examples (ratio %.2f)", len(domain), wanted, ratio)
+    return mixed

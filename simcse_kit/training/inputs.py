@@ -23,8 +23,9 @@ from transformers import AutoConfig, AutoTokenizer
 from simcse_kit.config.run import GUIDE_IS_TEACHER, RunConfig
 from simcse_kit.core import modes
 from simcse_kit.core.batch import view_columns
+from simcse_kit.data.mixture import mix_datasets
 from simcse_kit.data.overlap import dataset_keys, text_columns
-from simcse_kit.data.readers import load_train_dataset, mix_datasets, negatives_of, scored_dataset
+from simcse_kit.data.readers import load_train_dataset, negatives_of, scored_dataset
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation.contamination import Guard, dev_set, suite_sets

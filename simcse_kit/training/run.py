@@ -29,9 +29,10 @@ from torch.utils.data import DataLoader
 
 from simcse_kit.config.run import RunConfig
 from simcse_kit.core.batch import view_prompts, views_per_example
+from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.data.mixture import Mixture, MixtureBatches, MixtureCollator
 from simcse_kit.data.pipeline import ShuffledIndices, loader_options
-from simcse_kit.data.readers import ContrastiveCollator, negatives_of, skipped_rows
+from simcse_kit.data.readers import negatives_of, skipped_rows
 from simcse_kit.data.tokens import Tokenization, id_columns, with_tokens
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, plot_trajectory
