@@ -510,15 +510,20 @@ def test_int8_gate_takes_fp32_from_the_run(tiny_run: object, tmp_path: Path, mon
             return super().__call__(encode)  # type: ignore[arg-type]
 
     result = export_model(run, tmp_path / "x", quantize="int8", sts_evaluator=CountingDev(senteval))
-    assert len(calls) == 1 and result.sts["simcse-kit fp32"] == recorded and result.sts_fp32_from == "run record"
+    # The gate scores once (int8); the card's compact-vector table scores float32, int8 and
+    # binary vectors (3 more). A gate that re-scored fp32 would make it 5.
+    assert len(calls) == 1 + 3 and result.sts["simcse-kit fp32"] == recorded and result.sts_fp32_from == "run record"
     assert json.loads((tmp_path / "x" / EXPORT_INFO).read_text())["sts_fp32_from"] == "run record"
+    card = (tmp_path / "x" / "README.md").read_text()
+    float_row = next(line for line in card.splitlines() if line.startswith("| float32 |"))
+    assert float_row.endswith(f"| {recorded:.2f} |")  # the card's float32 is the run's own figure
 
     # Another STS-B dev file (other pairs) is not the measurement the run recorded.
     other = tmp_path / "other"
     write_tiny_senteval(other, pairs=20)
     calls.clear()
     result = export_model(run, tmp_path / "y", quantize="int8", sts_evaluator=CountingDev(other))
-    assert len(calls) == 2 and result.sts["simcse-kit fp32"] != recorded and result.sts_fp32_from == "computed"
+    assert len(calls) == 2 + 3 and result.sts["simcse-kit fp32"] != recorded and result.sts_fp32_from == "computed"
 
 
 def test_onnx_cli_and_refusals(
