@@ -1,10 +1,13 @@
-"""Regenerate every table of BENCHMARKS.md and the README's figures from ``benchmarks/results/*.json``.
+"""Regenerate every table of BENCHMARKS.md, docs/benchmark_details.md and the README's figures from
+``benchmarks/results/*.json``.
 
 A block sits between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->`` and is
-replaced whole from its :class:`Spec`; ``--check`` exits 1 where a block is missing, empty
-or stale, or where a kept record has no provenance (the commit, a dirty-tree flag and the threads that
-``_common.save_results`` stamps; only :data:`LEGACY` records are let through, and marked) (``tests/test_benchmark_report.py``
-runs it). Edit the JSON's producer, never a block.
+replaced whole from its :class:`Spec`. BENCHMARKS.md keeps one headline table a section (issue 47:
+under 30 KB); the full tables (every row, seed and round) and the reasoning live in
+docs/benchmark_details.md. ``--check`` exits 1 where a block is missing, empty or stale, or where a
+kept record has no provenance (the commit, a dirty-tree flag and the threads that
+``_common.save_results`` stamps; only :data:`LEGACY` records are let through, and marked)
+(``tests/test_benchmark_report.py`` runs it). Edit the JSON's producer, never a block.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from benchmarks._common import REPO
 from benchmarks.stats import load_rows, spearman_difference
 
 RESULTS = REPO / "benchmarks" / "results"
-BENCH, README = REPO / "BENCHMARKS.md", REPO / "README.md"
-FILES = (BENCH, README)
+BENCH, README, DETAILS = REPO / "BENCHMARKS.md", REPO / "README.md", REPO / "docs" / "benchmark_details.md"
+FILES = (BENCH, README, DETAILS)
 CLASS_ORDER = ("avx2", "avx2-limited", "avx512_bf16", "amx")  # the CPU classes in table order
 STS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg")
 STS_HEAD = "STS12|STS13|STS14|STS15|STS16|STS-B|SICK-R|Avg."
@@ -202,8 +205,9 @@ class Spec:
     intro: str | Callable[[list[Record]], str] = ""
     after: Callable[[list[Record]], list[str]] | None = None
     machines: bool = True
-    home: Path = BENCH
+    home: Path = DETAILS
     command: str = ""  # what makes a record, where it is not `python -m benchmarks.<script>`
+    files: tuple[str, ...] = ()  # only these records (file stems), where a headline needs one of several
 
 
 def md_table(head: str | Sequence[str], rows: Iterable[Row]) -> list[str]:
@@ -212,7 +216,7 @@ def md_table(head: str | Sequence[str], rows: Iterable[Row]) -> list[str]:
 
 
 def render_spec(spec: Spec) -> str:
-    kept = records(spec.script)
+    kept = [r for r in records(spec.script) if not spec.files or r["_file"] in spec.files]
     if not kept:
         command = spec.command or f"python -m benchmarks.{spec.script}"
         copy = ""
@@ -255,6 +259,7 @@ THROUGHPUT = Spec(
     "Sentences/s, median of the rounds (range); ratios paired within each round. Unsup SimCSE, all-MiniLM-L6-v2, "
     'batch 64, max length 32, gradient clipping at 1.0 on both sides. "ST best": the faster sentence-transformers '
     "setting on that CPU.",
+    home=BENCH,
 )  # fmt: skip
 ENCODE = Spec(
     "encode-throughput", "encode_throughput",
@@ -262,6 +267,7 @@ ENCODE = Spec(
     _encode_rows,
     lambda kept: f"The STS-B dev + test sentences at batch {_a(kept, 'batch_size')}, max length "
     f"{_a(kept, 'max_seq_len')}: median of the rounds (range).",
+    home=BENCH,
 )  # fmt: skip
 MEMORY = Spec(
     "memory", "memory", "CPU class|point|peak RSS MiB|sentences/s|runs busy",
@@ -758,6 +764,189 @@ ONNX = Spec(
     after=lambda kept: md_table("encoder|import → first vector|with interpreter start|peak RSS", (
         [n, f"{c['cold_start_s']:.2f} s", f"{c['cold_start_with_interpreter_s']:.2f} s", f"{c['peak_rss_mib']:.0f} MiB"]
         for n, c in kept[0]["cold_start_median"].items())),
+    home=BENCH,
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- BENCHMARKS.md's headlines
+# One table a section (issue 47): a few columns of the full table above, or one cell per variant; the full
+# table, with every row, seed and round, is the block of the same record in docs/benchmark_details.md.
+
+
+def _pick(rows: Callable[[Record], Iterable[Row]], *columns: int) -> Callable[[Record], Iterable[Row]]:
+    """``rows`` with only the cells at ``columns``."""
+    return lambda rec: ([row[i] for i in columns] for row in rows(rec))
+
+
+def _pivot(rows: Iterable[Row], key: int, value: int, columns: Sequence[str]) -> Iterable[Row]:
+    """One row per distinct first ``key`` cells, with the ``value`` cell of the row whose cell ``key`` names each
+    of ``columns`` (``–`` where none); a row whose cell ``key`` is not in ``columns`` is left to the full table."""
+    table: dict[tuple[str, ...], dict[str, str]] = {}
+    for row in rows:
+        table.setdefault(tuple(row[:key]), {})[row[key]] = row[value]
+    return ([*k, *(cells.get(c, "–") for c in columns)] for k, cells in table.items())
+
+
+def _or_no_interval(verdict: Callable[[list[Record]], list[str]]) -> Callable[[list[Record]], list[str]]:
+    """``verdict``'s lines, or one line where none of them has an interval: the headline table holds the
+    numbers, and the full lines stay under the full table."""
+
+    def lines(kept: list[Record]) -> list[str]:
+        out = verdict(kept)
+        if out and all(NO_INTERVAL in line for line in out):
+            return ["- No interval on these differences: the record predates per-pair data."]
+        return out
+
+    return lines
+
+
+def _seeds(s: Record) -> int:
+    return int(s["n"]) if "n" in s else len(s.get("per_seed") or {}) or 1
+
+
+def _means(*keys: str) -> Callable[[Record], Iterable[Row]]:
+    """Per row of a quality record: its name, its seeds and ``keys`` as mean ± sample std."""
+    return lambda rec: ([n, str(_seeds(s)), *(_ms(s["mean"], s["std"], k, _seeds(s)) for k in keys)]
+                        for n, s in rec["results"].items())  # fmt: skip
+
+
+def _domain_pivot(columns: Sequence[str]) -> Callable[[Record], Iterable[Row]]:
+    """Per domain, its test set's score for each row (``sick-st-mnrl``: column ``st-mnrl``)."""
+
+    def rows(rec: Record) -> Iterable[Row]:
+        cells = ([f"{s['domain']}: {s['target']}", n.removeprefix(f"{s['domain']}-"),
+                  _ms(s["mean"], s["std"], s["target"], _seeds(s))] for n, s in _domain_tables(rec).items())  # fmt: skip
+        return _pivot(cells, 1, 2, columns)
+
+    return rows
+
+
+def _lora_pivot(rec: Record) -> Iterable[Row]:
+    """Per backbone and recipe, the 7-task average of full fine-tuning and LoRA, simcse-kit and the peer."""
+    cells = ([Path(rec["model"]).name, *n.rsplit("-", 1)[::-1], _ms(s["mean"], s["std"], "avg", _seeds(s))]
+             for n, s in rec["results"].items() if n != "base")  # fmt: skip
+    return _pivot(cells, 2, 3, ("kit", "kit-lora", "st", "st-lora"))
+
+
+def _scored_pivot(rec: Record) -> Iterable[Row]:
+    """Per score loss, STS-B test of simcse-kit (auto, and fp32) and of the sentence-transformers trainer."""
+    cells = ([n.split("-")[1], n.replace(f"-{n.split('-')[1]}", ""), _ms(s["mean"], s["std"], "STSBenchmark", _seeds(s))]
+             for n, s in rec["results"].items() if n != "base")  # fmt: skip
+    return _pivot(cells, 1, 2, ("kit", "st", "kit-fp32"))
+
+
+def _interval(d: Record) -> str:
+    return f"{d['ndcg@10']:+.2f} ({d['low']:+.2f} to {d['high']:+.2f})"
+
+
+def _bm25_rows(rec: Record) -> Iterable[Row]:
+    for task, t in rec["tasks"].items():
+        yield [task, f"{t['bm25']['ndcg@10']:.2f}", f"{t['model']['ndcg@10']:.2f}", _interval(t["difference"]), t["verdict"]]
+
+
+def _bm25_verdict(kept: list[Record]) -> list[str]:
+    """Which tasks an nDCG@10 claim may rest on."""
+    tasks = kept[0]["tasks"]
+    named = {v: ", ".join(f"`{n}`" for n, t in tasks.items() if t["verdict"] == v) for v in ("sound", "smoke test")}
+    return [f"- Sound: {named['sound'] or 'none'}. Smoke test (no retrieval claim rests on it): {named['smoke test'] or 'none'}."]
+
+
+def _gpu_pivot(rec: Record) -> Iterable[Row]:
+    """Per file, job and workers: each kit variant's sentences/s over the peer's with the same workers."""
+    # A variant without the peer beside it (no ratio) is left to the full table.
+    cells = (
+        [row[0], row[1], row[2].rpartition("-w")[2], row[2].split("-")[1], row[4]] for row in _gpu_rows(rec) if row[4] != "–"
+    )
+    return _pivot(cells, 3, 4, ("pad", "pack", "padc"))
+
+
+MEMORY_SUMMARY = Spec(
+    "memory-summary", "memory", "CPU class|difference|peak RSS",
+    lambda rec: ([_class(rec), n, _claim(d)] for n, d in rec["comparisons"].items()),
+    lambda kept: f"Peak RSS of the unsup recipe's training loop ({_a(kept, 'precision')}, max length "
+    f"{_a(kept, 'max_seq_len')}), `b<batch>` plain, `b<batch>-gc<chunk>` GradCache. " + SPREAD,
+    home=BENCH,
+)  # fmt: skip
+QUALITY_SUMMARY = Spec(
+    "quality-summary", "sts", "config|seeds|Avg.|STS-B dev (selection)", _means("avg", "best_stsb_dev"),
+    after=_or_no_interval(_quality_verdict), home=BENCH,
+)  # fmt: skip
+DOMAIN_SUMMARY = Spec(
+    "domain-summary", "domain", "domain: test set|base|domain (simcse-kit)|st-mnrl|st-tsdae|st-ct",
+    _domain_pivot(("base", "domain", "st-mnrl", "st-tsdae", "st-ct")),
+    "The domain's test set:", after=_or_no_interval(_domain_verdict), home=BENCH,
+)  # fmt: skip
+MINING_SUMMARY = Spec(
+    "mining-summary", "mining", "config|seeds|7-task avg|nDCG@10 avg", _means("avg", "retrieval:avg"),
+    after=_or_no_interval(_mining_verdict), home=BENCH,
+)  # fmt: skip
+MULTI_SUMMARY = Spec(
+    "multi-summary", "multi", "config|seeds|Avg.|nDCG@10 avg", _means("avg", "retrieval:avg"),
+    "The 3-seed CPU record (the other mixtures, the H100: the full table):",
+    after=_multi_verdict, files=("multi-cpu",), home=BENCH,
+)  # fmt: skip
+SCORED_SUMMARY = Spec(
+    "scored-summary", "scored", "loss|simcse-kit (auto)|sentence-transformers|simcse-kit fp32", _scored_pivot,
+    "STS-B test:", after=_or_no_interval(_scored_verdict), home=BENCH,
+)  # fmt: skip
+GUIDE_SUMMARY = Spec(
+    "guide-summary", "guide", "row|seeds|7-task avg|nDCG@10 avg", _means("avg", "retrieval:avg"),
+    after=_or_no_interval(_guide_verdict), home=BENCH,
+)  # fmt: skip
+SCORES_SUMMARY = Spec(
+    "scores-summary", "scores", "config|seeds|7-task avg|STS-B test", _means("avg", "STSBenchmark"),
+    home=BENCH,
+)  # fmt: skip
+TEACHER_SUMMARY = Spec(
+    "teacher-summary", "teacher",
+    "domain: test set|base|teacher|kit-unsup|kit-similarity|kit-embedding|kit-similarity+simcse|st-mse",
+    _domain_pivot(("base", "teacher", "kit-unsup", "kit-similarity", "kit-embedding", "kit-similarity+simcse", "st-mse")),
+    "The domain's test set:", after=_or_no_interval(_domain_verdict), home=BENCH,
+)  # fmt: skip
+PIPELINE_SUMMARY = Spec(
+    "pipeline-summary", "pipeline",
+    "CPU class|mode|token table / baseline (paired)|first epoch with the build, examples/CPU-s|runs busy",
+    _pick(_pipeline_rows, 0, 1, 4, 6, 7),
+    lambda kept: f"Examples per CPU-second from the run's loader, against the tokenizer called per batch (commit "
+    f"{kept[0]['baseline']}); median of the rounds (range), the ratio paired within each round:",
+    home=BENCH,
+)  # fmt: skip
+CORPUS_SUMMARY = Spec(
+    "corpus-summary", "corpus_scale_warm", "lines|variant|first step at s|peak RSS MiB|private MiB",
+    _pick(_corpus_rows, 0, 1, 6, 7, 8),
+    "Warm cache, a fresh process each:",
+    after=_corpus_checks, home=BENCH,
+)  # fmt: skip
+GPU_SUMMARY = dataclasses.replace(
+    GPU, name="gpu-summary", head="file|job|workers|kit pad|kit pack|kit padc (compiled)", rows=_gpu_pivot,
+    intro=lambda kept: f"simcse-kit's sentences/s over the peer's with the same DataLoader workers, median of "
+    f"{_a(kept, 'rounds')} paired rounds (range):",
+    home=BENCH,
+)  # fmt: skip
+BACKBONE_SUMMARY = dataclasses.replace(
+    BACKBONE, name="backbone-summary", head="model|variant|peak MiB|s/step", rows=_pick(_backbone_rows, 1, 2, 4, 5),
+    intro=lambda kept: f"One unsup step at batch {_a(kept, 'batch_size')} on CUDA; `lora8`: LoRA r 8; `-gc`: "
+    "gradient checkpointing:",
+    home=BENCH,
+)  # fmt: skip
+LORA_SUMMARY = Spec(
+    "lora-summary", "lora", "model|recipe|kit full|kit LoRA|st full|st LoRA", _lora_pivot,
+    "7-task average, each row at its rate chosen on STS-B dev:",
+    after=_or_no_interval(_lora_verdict), command=LORA.command, home=BENCH,
+)  # fmt: skip
+LORA_STEPS_SUMMARY = Spec(
+    "lora-steps-summary", "train_lora", "backbone|recipe|kit LoRA|st full|st LoRA",
+    lambda rec: _pivot(_pick(_lora_step_rows, 0, 1, 2, 6)(rec), 2, 3, ("kit-lora", "st-full", "st-lora")),
+    "CPU seconds per step over simcse-kit's full fine-tuning, paired within each round, median (range):",
+    home=BENCH,
+)  # fmt: skip
+BM25 = Spec(
+    "bm25", "retrieval_baseline", "task|BM25 nDCG@10|model nDCG@10|model − BM25 (95% interval)|verdict", _bm25_rows,
+    lambda kept: f"{_a(kept, 'model')} untouched (exact search, fp32) against BM25 (bm25s defaults, not tuned), x 100; "
+    f"the difference is paired over the queries ({next(iter(kept[0]['tasks'].values()))['difference']['replicates']} "
+    f"bootstrap replicates). Sound: the model leads by at least {_a(kept, 'margin'):g} points and the interval "
+    "excludes 0; else a smoke test.",
+    after=_bm25_verdict, home=BENCH,
 )  # fmt: skip
 
 
@@ -796,6 +985,9 @@ def gpu_headline() -> str:
 SPECS: tuple[Spec, ...] = (QUALITY, LORA, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, SCORED, TEACHER)
 SPECS += (TEACHER_GENERAL, THROUGHPUT, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, GPU, GPU_SYNCS, RETRIEVAL)
 SPECS += (ONNX, BACKBONE, LORA_STEPS)
+SPECS += (QUALITY_SUMMARY, DOMAIN_SUMMARY, MINING_SUMMARY, MULTI_SUMMARY, SCORED_SUMMARY, GUIDE_SUMMARY, SCORES_SUMMARY)
+SPECS += (TEACHER_SUMMARY, PIPELINE_SUMMARY, CORPUS_SUMMARY, GPU_SUMMARY, BACKBONE_SUMMARY, LORA_SUMMARY)
+SPECS += (LORA_STEPS_SUMMARY, BM25, MEMORY_SUMMARY)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (functools.partial(render_spec, s), s.home) for s in SPECS}
 BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
 

@@ -54,24 +54,68 @@ def test_every_block_is_present_and_every_result_has_three_rounds() -> None:
             assert key in record["machine"], (path.name, key)
 
 
-def test_a_missing_or_empty_block_fails_the_check() -> None:
-    bench, readme = report.BENCH, report.README
+def _provenance_ok(problems: list[str]) -> list[str]:
+    """``problems`` without the records the check refuses for their provenance (a test of its own below)."""
+    return [p for p in problems if "provenance" not in p and "LEGACY" not in p]
+
+
+@pytest.mark.parametrize(("home", "name"), [(report.BENCH, "memory-summary"), (report.DETAILS, "memory")])
+def test_a_missing_or_empty_block_fails_the_check(home: Path, name: str) -> None:
+    """In BENCHMARKS.md and in docs/benchmark_details.md alike (issue 47: one generator, one check)."""
     texts = {path: report.render(path.read_text()) for path in report.FILES}
-    assert report.problems(texts) == []
-    start, end = "<!-- generated:memory -->\n", "<!-- /generated:memory -->"
-    before, rest = texts[bench].split(start, 1)
+    assert _provenance_ok(report.problems(texts)) == []
+    start, end = f"<!-- generated:{name} -->\n", f"<!-- /generated:{name} -->"
+    before, rest = texts[home].split(start, 1)
     emptied = before + start + end + rest.split(end, 1)[1]
-    assert report.problems({bench: emptied, readme: texts[readme]}) == [
-        "BENCHMARKS.md: the block memory is empty",
-        "BENCHMARKS.md: stale generated blocks",
+    assert _provenance_ok(report.problems(texts | {home: emptied})) == [
+        f"{home.name}: the block {name} is empty",
+        f"{home.name}: stale generated blocks",
     ]
-    removed = texts[bench].replace(start, "")
-    assert report.problems({bench: removed, readme: texts[readme]}) == [
-        "BENCHMARKS.md: the block memory is missing (<!-- generated:memory --> ... <!-- /generated:memory -->)"
+    removed = texts[home].replace(start, "")
+    assert _provenance_ok(report.problems(texts | {home: removed})) == [
+        f"{home.name}: the block {name} is missing (<!-- generated:{name} --> ... <!-- /generated:{name} -->)"
     ]
     # A filled block that disagrees with the JSON (a number edited by hand) is stale.
-    edited = texts[readme].replace("<!-- generated:speed-headline -->\n", "<!-- generated:speed-headline -->\n9.99x ")
-    assert report.problems({bench: texts[bench], readme: edited}) == ["README.md: stale generated blocks"]
+    edited = texts[home].replace(start, start + "9.99x ")
+    assert _provenance_ok(report.problems(texts | {home: edited})) == [f"{home.name}: stale generated blocks"]
+    readme = texts[report.README].replace("<!-- generated:speed-headline -->\n", "<!-- generated:speed-headline -->\n9.99x ")
+    assert _provenance_ok(report.problems(texts | {report.README: readme})) == ["README.md: stale generated blocks"]
+
+
+def test_the_check_covers_the_details_page() -> None:
+    """The full tables moved to docs/benchmark_details.md stay generated and checked: the page is one of the
+    files the report writes and checks, it holds blocks, and it is in the site's table of contents."""
+    assert report.DETAILS in report.FILES and report.DETAILS == REPO / "docs" / "benchmark_details.md"
+    homes = {name: home for name, (_, home) in report.BLOCKS.items()}
+    assert {"quality", "multi", "gpu", "lora", "corpus-scale"} <= {n for n, h in homes.items() if h == report.DETAILS}
+    assert {"quality-summary", "bm25", "train-throughput"} <= {n for n, h in homes.items() if h == report.BENCH}
+    details = report.DETAILS.read_text()
+    for name in (n for n, h in homes.items() if h == report.DETAILS):
+        assert f"<!-- generated:{name} -->" in details, name
+    assert "benchmark_details" in (REPO / "docs" / "index.md").read_text()
+
+
+def test_benchmarks_md_stays_under_30_kb() -> None:
+    """Issue 47: a page a reader can take in: one claim and a headline table a section, the rest in docs/."""
+    assert len((REPO / "BENCHMARKS.md").read_bytes()) <= 30_000
+
+
+def test_the_bm25_block_shows_the_record() -> None:
+    """Each task's BM25 and model nDCG@10, the paired difference with its interval and the verdict, as the
+    record of benchmarks/retrieval_baseline.py keeps them, in BENCHMARKS.md's Retrieval section."""
+    record = json.loads((RESULTS / "retrieval_baseline-cpu.json").read_text())
+    task = record["tasks"]["sick-related"]
+    d = task["difference"]
+    row = (
+        f"| sick-related | {task['bm25']['ndcg@10']:.2f} | {task['model']['ndcg@10']:.2f} | "
+        f"{d['ndcg@10']:+.2f} ({d['low']:+.2f} to {d['high']:+.2f}) | {task['verdict']} |"
+    )
+    assert row in report.render_spec(report.BM25)
+    text = report.BENCH.read_text()
+    retrieval = text.split("\n## Retrieval\n", 1)[1].split("\n## ", 1)[0]
+    assert "<!-- generated:bm25 -->" in retrieval and row in retrieval
+    verdicts = {t["verdict"] for t in record["tasks"].values()}
+    assert verdicts <= {"sound", "smoke test"} and f"`{next(iter(record['tasks']))}`" in retrieval
 
 
 @pytest.mark.parametrize(
