@@ -44,5 +44,8 @@ class StoppedAfterTraining(Exception):
 
 
 def where(path: object, line: int | None = None) -> str:
-    """``'file.txt, line 3'`` — the prefix every DataError message starts with."""
-    return f"{path}, line {line}" if line is not None else str(path)
+    """``'file.txt, line 3'`` — the prefix every DataError message starts with; a Parquet
+    file has rows, not lines (``'train-00016-of-00020.parquet, row 3'``, counted from 1)."""
+    if line is None:
+        return str(path)
+    return f"{path}, {'row' if str(path).lower().endswith('.parquet') else 'line'} {line}"

@@ -15,16 +15,18 @@ so colleagues on a shared machine can read a run folder.
 from __future__ import annotations
 
 import errno
+import glob
+import io
 import json
 import math
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from simcse_kit.errors import DataError, StorageError, where
 
@@ -108,6 +110,116 @@ def nul_error(path: str | Path, line: int) -> DataError:
     )
 
 
+#: Compressed training files, by suffix: ``train.jsonl.gz`` is JSONL in a gzip stream. pyarrow
+#: (already the Arrow cache's library) decompresses both, so neither needs another package.
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+#: Names a folder of shards leaves out, as ``pyarrow.dataset`` does: hidden files and the
+#: markers Spark and Hadoop write beside their shards (``_SUCCESS``, ``_committed_*``).
+IGNORED_PREFIXES = (".", "_")
+GLOB_CHARS = "*?["
+
+
+def compression_of(path: str | Path) -> str | None:
+    """The codec of a compressed file by its suffix (:data:`COMPRESSIONS`), else None."""
+    return COMPRESSIONS.get(Path(path).suffix.lower())
+
+
+def data_suffix(path: str | Path) -> str:
+    """The suffix that says a file's format, lower-cased, its compression suffix left off:
+    ``.jsonl`` for ``train.JSONL.gz``, ``.txt`` for ``wiki.txt``."""
+    path = Path(path)
+    if compression_of(path) is not None:
+        path = path.with_suffix("")
+    return path.suffix.lower()
+
+
+class _Decompressed(io.RawIOBase):
+    """A compressed file's bytes, read through pyarrow's decompressing stream; a stream that
+    is not what its suffix says (a ``.gz`` that is not gzip, a truncated ``.zst``) is a
+    DataError naming the file."""
+
+    def __init__(self, path: Path, codec: str) -> None:
+        import pyarrow as pa
+
+        self.path, self.codec = path, codec
+        self._stream = pa.input_stream(str(path), compression=codec)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        try:
+            data = self._stream.read(len(buffer))
+        except OSError as exc:  # pyarrow reports a bad stream as an OSError ("zlib inflate failed: ...")
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DataError(f"{where(self.path)}: not a valid {self.codec} file ({reason})") from None
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._stream.close()
+        super().close()
+
+
+def open_binary(path: str | Path, what: str = "file") -> IO[bytes]:
+    """``path`` opened for reading bytes, decompressed where its suffix says so
+    (:data:`COMPRESSIONS`): every reader of training files opens them here, so each
+    format reads the same compressed or not.
+
+    Raises:
+        DataError: as :func:`check_readable`.
+    """
+    path = check_readable(path, what)
+    codec = compression_of(path)
+    if codec is None:
+        return path.open("rb")
+    return io.BufferedReader(_Decompressed(path, codec), buffer_size=1 << 20)
+
+
+def is_glob(source: str | Path) -> bool:
+    """``source`` is a glob pattern (``data/train-*.parquet``), not a file's name."""
+    return any(c in str(source) for c in GLOB_CHARS) and not Path(source).exists()
+
+
+def shard_paths(source: str | Path | Sequence[str | Path], what: str = "training file") -> list[Path]:
+    """The files a dataset is read from, in the order they are read: its shards.
+
+    One path through the readers: a file is a list of one shard. A folder is its files
+    (not its subfolders, nor the names of :data:`IGNORED_PREFIXES`), a glob pattern the files
+    it matches, both sorted by path, so the order never depends on the file system's; a
+    list is each entry so resolved, in the list's order. Every shard must have the same
+    format (:func:`data_suffix`): a README in a folder of Parquet shards is an error, not a shard.
+
+    Raises:
+        DataError: a missing file, a folder or pattern without files, shards of two formats.
+    """
+    if not isinstance(source, str | Path):
+        paths = [path for entry in source for path in shard_paths(entry, what)]
+        if not paths:
+            raise DataError(f"an empty list of {what}s; give at least one")
+    elif Path(source).is_dir():
+        folder = Path(source)
+        paths = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(IGNORED_PREFIXES))
+        if not paths:
+            raise DataError(f"{where(folder)}: a folder without files; expected the {what}'s shards")
+    elif is_glob(source):
+        matched = sorted(Path(p) for p in glob.glob(str(source), recursive=True))
+        paths = [p for p in matched if p.is_file()]
+        if not paths:
+            raise DataError(f"{where(source)}: no file matches this pattern; expected the {what}'s shards")
+    else:
+        return [check_readable(source, what)]
+    formats = {data_suffix(p) for p in paths}
+    if len(formats) > 1:
+        first = next(p for p in paths if data_suffix(p) == data_suffix(paths[0]))
+        other = next(p for p in paths if data_suffix(p) != data_suffix(paths[0]))
+        raise DataError(
+            f"{where(source if isinstance(source, str | Path) else other)}: shards of two formats ({first.name} and "
+            f"{other.name}); every shard of a dataset must have the same format"
+        )
+    return [check_readable(p, what) for p in paths]
+
+
 class LineStream:
     """The lines of a text file as :func:`read_lines` reads them, streamed: one line in
     memory at a time, so a corpus of any size is read in constant memory.
@@ -131,7 +243,7 @@ class LineStream:
     def __iter__(self) -> Iterator[tuple[int, str]]:
         # Binary iteration splits on b"\n" only (not on form feeds or U+2028, which occur
         # inside scraped sentences), exactly as read_lines splits the decoded text.
-        with self.path.open("rb") as fh:
+        with open_binary(self.path) as fh:
             for number, raw in enumerate(fh, start=1):
                 if number == 1 and raw.startswith(BOM.encode("utf-8")):
                     raw = raw[3:]

@@ -8,7 +8,8 @@ maps the same file, and a process touches only the pages of the examples it read
 
 The cache is keyed on what the rows depend on: the file's absolute path, size and
 modification time, a hash of its first and last MiB, the columns asked for, how bad rows
-are handled and :data:`FORMAT`. A second run with the same file starts from the cache
+are handled and :data:`FORMAT`. A dataset of several shards (:func:`simcse_kit.files.shard_paths`)
+is one cache of their rows in order, keyed on each shard's path, size, time and ends, in that order. A second run with the same file starts from the cache
 without reading the file; an edited file gets a new key and is read again. Each cache
 file has a JSON sidecar with what the read found (rows, skipped rows and the first few
 reasons, duplicates, ``k``), written last: a cache without its sidecar is incomplete and
@@ -25,7 +26,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,21 +116,31 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE)
 
 
-def cache_key(path: Path, what: dict[str, object]) -> str:
-    """The cache key of ``path`` read as ``what`` (module docstring)."""
-    stat = path.stat()
+def cache_key(paths: Path | Sequence[Path], what: dict[str, object]) -> str:
+    """The cache key of the shards ``paths`` (a file: a list of one) read as ``what`` (module docstring)."""
+    paths = [paths] if isinstance(paths, Path) else list(paths)
+    stats = [path.stat() for path in paths]
+    ids = [[str(path.resolve()), stat.st_size, stat.st_mtime_ns] for path, stat in zip(paths, stats, strict=True)]
+    # One file keeps the key it always had (its cache is reused); shards list theirs in order.
+    head = [FORMAT, *ids[0], what] if len(ids) == 1 else [FORMAT, ids, what]
     digest = hashlib.blake2b(digest_size=16)
-    digest.update(json.dumps([FORMAT, str(path.resolve()), stat.st_size, stat.st_mtime_ns, what], sort_keys=True).encode())
-    with path.open("rb") as fh:
-        digest.update(fh.read(EDGE_BYTES))
-        if stat.st_size > EDGE_BYTES:
-            fh.seek(max(EDGE_BYTES, stat.st_size - EDGE_BYTES))
-            digest.update(fh.read())
+    digest.update(json.dumps(head, sort_keys=True).encode())
+    for path, stat in zip(paths, stats, strict=True):
+        with path.open("rb") as fh:
+            digest.update(fh.read(EDGE_BYTES))
+            if stat.st_size > EDGE_BYTES:
+                fh.seek(max(EDGE_BYTES, stat.st_size - EDGE_BYTES))
+                digest.update(fh.read())
     return digest.hexdigest()
 
 
+def shown(paths: Sequence[Path]) -> str:
+    """How a log line names a dataset's files: the file, or the first shard and how many there are."""
+    return str(paths[0]) if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1} more shard(s)"
+
+
 def cached_corpus(
-    path: Path,
+    paths: Path | Sequence[Path],
     rows: Callable[[BadRows], Iterator[dict[str, list[str]]]],
     what: dict[str, object],
     bad_rows: str = "error",
@@ -137,10 +148,10 @@ def cached_corpus(
     count_duplicates: str | None = None,
     check: Callable[[Report], None] | None = None,
 ) -> Corpus:
-    """``path`` as a memory-mapped dataset: from the cache, or read with ``rows`` and cached.
+    """The rows of ``paths`` as a memory-mapped dataset: from the cache, or read with ``rows`` and cached.
 
     Args:
-        path: the training file.
+        paths: the training file, or its shards in the order ``rows`` reads them.
         rows: ``rows(bad) -> checked rows`` as column batches (:func:`batched`); each
             bad row goes to ``bad`` (which raises or counts it), file-level problems raise.
         what: how the file is read (columns, mode): part of the cache key.
@@ -156,10 +167,11 @@ def cached_corpus(
     """
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = folder / SUBFOLDER
-    key = cache_key(path, what | {"bad_rows": bad_rows})
-    name = f"{path.stem[:40]}-{key}"
+    paths = [paths] if isinstance(paths, Path) else list(paths)
+    key = cache_key(paths, what | {"bad_rows": bad_rows})
+    name = f"{paths[0].stem[:40]}-{key}"
     arrow, sidecar = folder / f"{name}.arrow", folder / f"{name}.json"
-    if arrow.is_file() and sidecar.is_file() and (found := _hit(path, arrow, sidecar, check)) is not None:
+    if arrow.is_file() and sidecar.is_file() and (found := _hit(paths, arrow, sidecar, check)) is not None:
         return found
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -171,17 +183,19 @@ def cached_corpus(
     # a bad row stops each of them in turn with the same error.
     try:
         if arrow.is_file() and sidecar.is_file():
-            found = _hit(path, arrow, sidecar, check, warn=True)
+            found = _hit(paths, arrow, sidecar, check, warn=True)
             if found is not None:
                 return found
             sidecar.unlink(missing_ok=True)  # first: a cache without its sidecar is never used
-        return _build_cache(path, rows, folder, arrow, sidecar, bad_rows, count_duplicates, check)
+        return _build_cache(paths, rows, folder, arrow, sidecar, bad_rows, count_duplicates, check)
     finally:
         lock.release()
 
 
-def _hit(path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None] | None, warn: bool = False) -> Corpus | None:
-    """The cache of ``path``, or None where it is damaged (a truncated Arrow file, a broken
+def _hit(
+    paths: list[Path], arrow: Path, sidecar: Path, check: Callable[[Report], None] | None, warn: bool = False
+) -> Corpus | None:
+    """The cache of ``paths``, or None where it is damaged (a truncated Arrow file, a broken
     sidecar, fewer rows than the sidecar says): the caller rebuilds it under the lock, where
     ``warn`` names it in one warning line."""
     try:
@@ -192,16 +206,16 @@ def _hit(path: Path, arrow: Path, sidecar: Path, check: Callable[[Report], None]
     except (OSError, ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors
         if warn:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            logger.warning("the training data's cache %s is damaged (%s); rebuilding it from %s", arrow, reason, path)
+            logger.warning("the training data's cache %s is damaged (%s); rebuilding it from %s", arrow, reason, shown(paths))
         return None
     if check is not None:
         check(report)
-    _log_skipped(path, report)
+    _log_skipped(paths, report)
     return Corpus(dataset, report, arrow, cache_hit=True)
 
 
 def _build_cache(
-    path: Path,
+    paths: list[Path],
     rows: Callable[[BadRows], Iterator[dict[str, list[str]]]],
     folder: Path,
     arrow: Path,
@@ -225,13 +239,13 @@ def _build_cache(
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         # A write that failed (full disk, read-only folder); not a read of the training file.
-        if isinstance(exc, OSError) and not (exc.filename and Path(exc.filename) == path):
+        if isinstance(exc, OSError) and not (exc.filename and Path(exc.filename) in paths):
             raise _cache_error(exc, folder) from None
         raise
     if report.skipped:
-        logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", path, report.skipped)
+        logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", shown(paths), report.skipped)
     rate = report.rows / max(report.seconds, 1e-9)
-    logger.info("%s: %d rows cached in %.1f s (%.0f rows/s) at %s", path, report.rows, report.seconds, rate, arrow)
+    logger.info("%s: %d rows cached in %.1f s (%.0f rows/s) at %s", shown(paths), report.rows, report.seconds, rate, arrow)
     return Corpus(datasets.Dataset.from_file(str(arrow)), report, arrow, cache_hit=False)
 
 
@@ -309,12 +323,12 @@ def batched(rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, list[Any]]]:
         yield batch
 
 
-def _log_skipped(path: Path, report: Report) -> None:
+def _log_skipped(paths: list[Path], report: Report) -> None:
     """On a cache hit, what the build said of the skipped rows."""
     for message in report.shown:
         logger.warning("skipped bad row: %s", message)
     if report.skipped:
-        logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", path, report.skipped)
+        logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", shown(paths), report.skipped)
 
 
 def _cache_error(exc: OSError, folder: Path) -> StorageError:

@@ -20,6 +20,15 @@ memory. Formats, by training mode:
     (``score_neg`` beside ``hard_neg``, ``score_neg_1 .. score_neg_k`` beside
     ``hard_neg_1 .. hard_neg_k``). The dataset's column :data:`TEACHER_SCORES` holds the list.
   * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
+
+The table formats are CSV (``.csv``), TSV (``.tsv``: CSV's rules, tab-separated), JSONL
+(``.jsonl``, ``.json``) and Parquet (``.parquet``: one row an example, the JSONL keys as
+its columns; a ``hard_neg`` column may hold lists). A text, CSV, TSV or JSONL file may be
+gzip- or zstd-compressed (``train.jsonl.gz``, ``wiki.txt.zst``: :func:`simcse_kit.files.open_binary`).
+A dataset may be several files, its *shards* (:func:`simcse_kit.files.shard_paths`: a glob
+pattern, a folder, or a list; a single file is a list of one): they are read in that order,
+one after the other, as one dataset of rows, and an error names the shard and its line
+(a Parquet file's row). ``k`` is then the first shard's, and every shard's rows must have it.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,36 +46,47 @@ import datasets
 
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS
-from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus
+from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus, shown
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import DataError, where
-from simcse_kit.files import BOM, LineStream, check_readable, json_object, nul_error
+from simcse_kit.files import BOM, LineStream, data_suffix, json_object, nul_error, open_binary, shard_paths
+
+#: A dataset's files: a file, a glob pattern or a folder of shards, or a list of them
+#: (:func:`simcse_kit.files.shard_paths`).
+Source = str | Path | Sequence[str | Path]
 
 logger = logging.getLogger(__name__)
 
 # The columns a training file of each mode must have: those its views are read from.
 COLUMNS: dict[str, tuple[str, ...]] = {mode: tuple(dict.fromkeys(cols)) for mode, cols in VIEW_COLUMNS.items()}
+#: The suffixes (:func:`simcse_kit.files.data_suffix`) of table formats; any other file is text, one sentence a line.
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
 
 
-def read_sentences(path: str | Path) -> list[str]:
+def read_sentences(path: Source) -> list[str]:
     """One sentence a line; blank lines skipped; an empty file is an error.
 
     A list, for small files; training reads the same rows into the Arrow cache
     (:func:`read_train_file`)."""
-    path = Path(path)
-    sentences = [s for batch in sentence_batches(path, BadRows()) for s in batch["sent0"]]
-    _enough_sentences(path, len(sentences))
+    paths = shard_paths(path)
+    sentences = [s for shard in paths for batch in sentence_batches(shard, BadRows()) for s in batch["sent0"]]
+    _enough_sentences(_named(path, paths), len(sentences))
     return sentences
 
 
-def _enough_sentences(path: Path, n: int) -> None:
+def _named(source: Source, paths: list[Path]) -> str:
+    """How a whole-dataset message names ``source``: as given, or (a list) by its shards."""
+    return str(source) if isinstance(source, str | Path) else shown(paths)
+
+
+def _enough_sentences(path: object, n: int) -> None:
     if not n:
         raise DataError(f"{path}: no sentences (the file is empty or blank)")
     if n < 2:
         raise DataError(f"{path}: only one sentence; contrastive training needs at least two (in-batch negatives)")
 
 
-def _enough_rows(path: Path, n: int) -> None:
+def _enough_rows(path: object, n: int) -> None:
     if n < 2:
         raise DataError(f"{path}: {n} usable row(s); contrastive training needs at least two")
 
@@ -85,7 +105,7 @@ def sentence_batches(path: Path, bad: BadRows) -> Iterator[dict[str, list[str]]]
     """
     lines_before = 0
     rest = b""
-    with check_readable(path).open("rb") as fh:
+    with open_binary(path) as fh:
         while True:
             chunk = fh.read(BLOCK_BYTES)
             data = rest + chunk
@@ -272,11 +292,14 @@ def check_teacher_scores(value: object, path: object, number: int | None, k: int
     return [check_score(v, path, number, f"{TEACHER_SCORES}[{i}]", None) for i, v in enumerate(value)]
 
 
-def _with_negatives(path: Path, number: int, row: dict[str, str], values: list[object], k: int) -> dict[str, str]:
-    """``row`` plus its ``k`` hard negatives under :func:`modes.hard_negative_columns`, checked."""
+def _with_negatives(
+    path: Path, number: int, row: dict[str, str], values: list[object], k: int, first: str = "the file's first row has"
+) -> dict[str, str]:
+    """``row`` plus its ``k`` hard negatives under :func:`modes.hard_negative_columns`, checked
+    (``first``: the row ``k`` was read from, for the message)."""
     if len(values) != k:
         raise DataError(
-            f"{where(path, number)}: {len(values)} hard negative(s), the file's first row has {k}; "
+            f"{where(path, number)}: {len(values)} hard negative(s), {first} {k}; "
             "every row needs the same number (mine more with simcse-kit mine --num-negatives, or drop the row)"
         )
     names = modes.hard_negative_columns(k)
@@ -310,10 +333,26 @@ def read_rows(
     A list, for small files; training reads the same rows into the Arrow cache
     (:func:`read_train_file`).
     """
-    path = Path(path)
-    rows = list(table_rows(path, columns, hard_negatives, BadRows(), score_column, score_range, teacher_scores))
-    _enough_rows(path, len(rows))
+    paths = shard_paths(path)
+
+    def read(shard: Path, bad: BadRows, k: int) -> Iterator[dict[str, Any]]:
+        return table_rows(shard, columns, hard_negatives, bad, score_column, score_range, teacher_scores, k)
+
+    rows = list(shard_rows(paths, BadRows(), read))
+    _enough_rows(_named(path, paths), len(rows))
     return rows
+
+
+def shard_rows(
+    paths: Sequence[Path], bad: BadRows, read: Callable[[Path, BadRows, int], Iterator[dict[str, Any]]]
+) -> Iterator[dict[str, Any]]:
+    """The rows of each shard in turn, ``read(shard, bad, k)`` with ``k`` the hard negatives
+    per row of the rows read so far (0 before the first): every shard must have the first's."""
+    k = 0
+    for path in paths:
+        for row in read(path, bad, k):
+            k = k or negatives_of(list(row))
+            yield row
 
 
 def table_rows(
@@ -324,16 +363,21 @@ def table_rows(
     score_column: str | None = None,
     score_range: Sequence[float] | None = None,
     teacher_scores: bool = False,
+    k: int = 0,
 ) -> Iterator[dict[str, Any]]:
-    """The checked rows of a CSV or JSONL file (:func:`read_rows`), streamed; a bad row
-    goes to ``bad``, a problem of the whole file (no header, a header without the
-    columns) raises."""
+    """The checked rows of a CSV, TSV, JSONL or Parquet file (:func:`read_rows`), streamed; a
+    bad row goes to ``bad``, a problem of the whole file (no header, a header without the
+    columns) raises. ``k``: the hard negatives per row an earlier shard had (0: the file's own)."""
     if teacher_scores and not hard_negatives:
         raise ValueError("teacher scores are of a row's positive and hard negatives: read them with hard_negatives")
     score = (score_column, score_range)
-    if path.suffix.lower() in (".jsonl", ".json"):
-        return _jsonl_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores)
-    return _csv_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores)
+    suffix = data_suffix(path)
+    if suffix in (".jsonl", ".json"):
+        return _jsonl_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k)
+    if suffix == ".parquet":
+        return _parquet_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k)
+    delimiter = "\t" if suffix == ".tsv" else ","
+    return _csv_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k, delimiter=delimiter)
 
 
 def _scored(
@@ -346,14 +390,38 @@ def _scored(
     return row
 
 
+def _object_row(
+    path: Path, number: int, obj: dict[str, Any], columns: tuple[str, ...], hard_negatives: bool, score: Any, k: int, first: str
+) -> tuple[dict[str, Any], int]:
+    """A JSONL object's or a Parquet row's checked row, and ``k`` (this row's where it was 0)."""
+    row = _scored(path, number, dict(_check_row(path, number, obj, columns)), obj, score[:2])
+    if hard_negatives:
+        values = _json_negatives(path, number, obj)
+        k = k or len(values)
+        row = dict(_with_negatives(path, number, row, values, k, first))
+        if score[2]:
+            row[TEACHER_SCORES] = check_teacher_scores(obj.get(TEACHER_SCORES), path, number, k)
+    return row, k
+
+
+EARLIER_SHARD = "the first shard's rows have"  # where k came from when an earlier shard set it
+FIRST_ROW = "the file's first row has"
+
+
 def _jsonl_rows(
-    path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any, teacher_scores: bool = False
+    path: Path,
+    columns: tuple[str, ...],
+    hard_negatives: bool,
+    bad: BadRows,
+    *score: Any,
+    teacher_scores: bool = False,
+    k: int = 0,
 ) -> Iterator[dict[str, Any]]:
     required = [*columns, score[0]] if score and score[0] else list(columns)
     required += [NEGATIVE] if hard_negatives else []
     keys = f" with keys {[*required, TEACHER_SCORES] if teacher_scores else required}"
     lines = LineStream(path, keep_bad=bad.policy == "skip")
-    k = 0
+    first = EARLIER_SHARD if k else FIRST_ROW
     for number, text in lines:
         if lines.bad is not None:
             error, lines.bad = lines.bad, None
@@ -363,25 +431,69 @@ def _jsonl_rows(
             continue
         try:
             obj = json_object(text, path, number, keys)
-            row = _scored(path, number, dict(_check_row(path, number, obj, columns)), obj, score)
-            if hard_negatives:
-                values = _json_negatives(path, number, obj)
-                k = k or len(values)
-                row = dict(_with_negatives(path, number, row, values, k))
-                if teacher_scores:
-                    row[TEACHER_SCORES] = check_teacher_scores(obj.get(TEACHER_SCORES), path, number, k)
+            row, k = _object_row(path, number, obj, columns, hard_negatives, (*score, teacher_scores), k, first)
         except DataError as exc:
             bad(exc)
             continue
         yield row
 
 
+PARQUET_BATCH_ROWS = 10_000  #: rows of a Parquet file decoded at once
+
+
+def _parquet_rows(
+    path: Path,
+    columns: tuple[str, ...],
+    hard_negatives: bool,
+    bad: BadRows,
+    *score: Any,
+    teacher_scores: bool = False,
+    k: int = 0,
+) -> Iterator[dict[str, Any]]:
+    """A Parquet file's rows, each checked as a JSONL object (:func:`_object_row`), numbered from 1."""
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DataError(f"{where(path)}: not a Parquet file ({reason})") from None
+    names = parquet.schema_arrow.names
+    required = [*columns, score[0]] if score and score[0] else list(columns)
+    missing = [c for c in required if c not in names]
+    if hard_negatives and NEGATIVE not in names and not any(_NUMBERED.fullmatch(n) for n in names):
+        missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
+    if teacher_scores and TEACHER_SCORES not in names:
+        missing.append(TEACHER_SCORES)
+    if missing:
+        raise DataError(f"{where(path)}: columns {names} lack {missing}")
+    first = EARLIER_SHARD if k else FIRST_ROW
+    number = 0
+    with parquet:
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for obj in batch.to_pylist():
+                number += 1
+                try:
+                    row, k = _object_row(path, number, obj, columns, hard_negatives, (*score, teacher_scores), k, first)
+                except DataError as exc:
+                    bad(exc)
+                    continue
+                yield row
+
+
 def _csv_rows(
-    path: Path, columns: tuple[str, ...], hard_negatives: bool, bad: BadRows, *score: Any, teacher_scores: bool = False
+    path: Path,
+    columns: tuple[str, ...],
+    hard_negatives: bool,
+    bad: BadRows,
+    *score: Any,
+    teacher_scores: bool = False,
+    k: int = 0,
+    delimiter: str = ",",
 ) -> Iterator[dict[str, Any]]:
     required = (*columns, score[0]) if score and score[0] else columns
     lines = LineStream(path, keep_bad=bad.policy == "skip")
-    reader = csv.reader(text + "\n" for _, text in lines)
+    reader = csv.reader((text + "\n" for _, text in lines), delimiter=delimiter)
     records = _csv_records(reader, path)
     try:
         header = [h.strip() for h in next(records)]
@@ -402,6 +514,11 @@ def _csv_rows(
     missing += [c for c in teacher_columns if c not in header]
     if missing:
         raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
+    if k and negative_names and len(negative_names) != k:
+        raise DataError(
+            f"{where(path, 1)}: {len(negative_names)} hard-negative column(s), {EARLIER_SHARD} {k}; "
+            "every shard needs the same number"
+        )
     while True:
         try:
             record = next(reader)
@@ -434,19 +551,20 @@ def _csv_rows(
 
 
 def read_train_file(
-    source: str | Path,
+    source: Source,
     mode: str,
     bad_rows: str = "error",
     cache_dir: str | Path | None = None,
     score_range: Sequence[float] | None = None,
     teacher_scores: bool = False,
 ) -> Corpus:
-    """A local training file for ``mode``, checked, as a memory-mapped dataset (the Arrow
-    cache of :mod:`simcse_kit.data.corpus`: built on the first read, reused while the
-    file is unchanged).
+    """A local training file (or its shards) for ``mode``, checked, as a memory-mapped
+    dataset (the Arrow cache of :mod:`simcse_kit.data.corpus`: built on the first read,
+    reused while the files are unchanged).
 
     Args:
-        source: the file (text, CSV or JSONL; module docstring).
+        source: the file, or its shards: a glob pattern, a folder or a list
+            (text, CSV, TSV, JSONL or Parquet, compressed or not; module docstring).
         mode: ``unsup``, ``sup`` or ``hardneg``.
         bad_rows: ``error``: a bad row stops the read, naming the file, the line and
             the problem; ``skip``: bad rows are left out, counted and the first few logged.
@@ -457,31 +575,36 @@ def read_train_file(
     Raises:
         DataError: a bad row (``error``), a bad file, or fewer than two rows.
     """
-    path = check_readable(source)
+    paths = shard_paths(source)
+    name = _named(source, paths)
     columns = COLUMNS[mode]
     negatives = mode == modes.NEGATIVES_MODE
-    if mode == "unsup" and path.suffix.lower() not in (".csv", ".jsonl", ".json"):
+    if mode == "unsup" and data_suffix(paths[0]) not in TABLE_SUFFIXES:
         return cached_corpus(
-            path,
-            lambda bad: sentence_batches(path, bad),
+            paths,
+            lambda bad: (batch for path in paths for batch in sentence_batches(path, bad)),
             {"rows": "sentences"},
             bad_rows,
             cache_dir,
             count_duplicates="sent0",
-            check=lambda report: _enough_sentences(Path(source), report.rows),
+            check=lambda report: _enough_sentences(name, report.rows),
         )
     base = tuple(c for c in columns if c != NEGATIVE) if negatives else columns
     score = modes.mode(mode).score_column
     ranged = list(score_range) if score_range is not None else None
     what: dict[str, object] = {"rows": "table", "columns": list(base), "hard_negatives": negatives, "score": score}
     what |= {"score_range": ranged} | ({TEACHER_SCORES: True} if teacher_scores else {})  # the old key without scores
+
+    def read(path: Path, bad: BadRows, k: int) -> Iterator[dict[str, Any]]:
+        return table_rows(path, base, negatives, bad, score, score_range, teacher_scores, k)
+
     return cached_corpus(
-        path,
-        lambda bad: batched(table_rows(path, base, negatives, bad, score, score_range, teacher_scores)),
+        paths,
+        lambda bad: batched(shard_rows(paths, bad, read)),
         what,
         bad_rows,
         cache_dir,
-        check=lambda report: _enough_rows(Path(source), report.rows),
+        check=lambda report: _enough_rows(name, report.rows),
     )
 
 
@@ -511,7 +634,7 @@ def scored_dataset(
 
 
 def load_train_dataset(
-    source: str,
+    source: Source,
     mode: str,
     max_samples: int | None = None,
     sentences: Sequence[str] | None = None,
@@ -542,7 +665,7 @@ def load_train_dataset(
         if mode != "unsup":
             raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
         ds = datasets.Dataset.from_dict({"sent0": list(sentences)})
-    elif source.startswith("hub:"):
+    elif isinstance(source, str) and source.startswith("hub:"):
         try:
             ds = datasets.load_dataset(source[4:], split="train")
         except Exception as exc:  # offline, unknown id, no train split: many exception types
