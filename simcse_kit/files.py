@@ -181,7 +181,7 @@ def is_glob(source: str | Path) -> bool:
     return any(c in str(source) for c in GLOB_CHARS) and not Path(source).exists()
 
 
-def shard_paths(source: str | Path | Sequence[str | Path], what: str = "training file") -> list[Path]:
+def shard_paths(source: str | Path | Sequence[str | Path], what: str = "file") -> list[Path]:
     """The files a dataset is read from, in the order they are read: its shards.
 
     One path through the readers: a file is a list of one shard. A folder is its files
@@ -196,17 +196,17 @@ def shard_paths(source: str | Path | Sequence[str | Path], what: str = "training
     if not isinstance(source, str | Path):
         paths = [path for entry in source for path in shard_paths(entry, what)]
         if not paths:
-            raise DataError(f"an empty list of {what}s; give at least one")
+            raise DataError("an empty list of files; give at least one file, folder or pattern")
     elif Path(source).is_dir():
         folder = Path(source)
         paths = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(IGNORED_PREFIXES))
         if not paths:
-            raise DataError(f"{where(folder)}: a folder without files; expected the {what}'s shards")
+            raise DataError(f"{where(folder)}: is a folder without files; a folder is read as a dataset's files (its shards)")
     elif is_glob(source):
         matched = sorted(Path(p) for p in glob.glob(str(source), recursive=True))
         paths = [p for p in matched if p.is_file()]
         if not paths:
-            raise DataError(f"{where(source)}: no file matches this pattern; expected the {what}'s shards")
+            raise DataError(f"{where(source)}: no file matches this pattern; expected a dataset's files (its shards)")
     else:
         return [check_readable(source, what)]
     formats = {data_suffix(p) for p in paths}

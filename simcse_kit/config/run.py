@@ -46,8 +46,8 @@ from simcse_kit.config.sections import (
     raise_first,
 )
 from simcse_kit.config.values import RecipeShapeError, UniqueKeyLoader, parse_value
-from simcse_kit.errors import ConfigError
-from simcse_kit.files import write_text_atomic
+from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.files import is_glob, shard_paths, write_text_atomic
 
 # The sections (simcse_kit.config.sections) are imported from here, with the run they make up.
 __all__ = [
@@ -153,6 +153,9 @@ class RunConfig:
                 continue
             path = Path(getattr(self.data, key))
             folder = key == "eval_data_dir"
+            if key in SHARDED_PATHS and is_glob(path):  # a pattern: the shards it matches (docs/data.md)
+                _check_shards(f"config key 'data.{key}'", path)
+                continue
             if not (path.is_dir() if folder else path.exists()):
                 hint = (
                     f"the data root is {self.data.data_root}: {DATA_ROOT_HINT}"
@@ -161,8 +164,8 @@ class RunConfig:
                 )
                 raise ConfigError(f"config key 'data.{key}': {path}: {'folder' if folder else 'file'} not found ({hint})")
         for spec in self.data.datasets or []:
-            if not spec.file.startswith(HUB_PREFIX) and not Path(spec.file).is_file():
-                raise ConfigError(f"config key 'data.datasets' entry {spec.name!r}: {spec.file}: file not found")
+            if not spec.file.startswith(HUB_PREFIX):
+                _check_shards(f"config key 'data.datasets' entry {spec.name!r}", spec.file)
         # Folders the run will create: one under a file could never be made (NotADirectoryError
         # after the data and model were loaded), and a cache folder that is a file never written.
         for key, value in (
@@ -176,6 +179,18 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: The data keys that name a training dataset: a file, or its shards (a glob pattern or a folder).
+SHARDED_PATHS = ("train_file", "mix_file")
+
+
+def _check_shards(what: str, source: str | Path) -> None:
+    """Raise a ConfigError naming ``what`` where ``source`` names no readable training file or shards."""
+    try:
+        shard_paths(source)
+    except DataError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 SECTIONS: dict[str, type] = {f.name: typing.get_type_hints(RunConfig)[f.name] for f in fields(RunConfig)}

@@ -9,8 +9,9 @@ maps the same file, and a process touches only the pages of the examples it read
 The cache is keyed on what the rows depend on: the file's absolute path, size and
 modification time, a hash of its first and last MiB, the columns asked for, how bad rows
 are handled and :data:`FORMAT`. A dataset of several shards (:func:`simcse_kit.files.shard_paths`)
-is one cache of their rows in order, keyed on each shard's path, size, time and ends, in that order. A second run with the same file starts from the cache
-without reading the file; an edited file gets a new key and is read again. Each cache
+is one cache of their rows in order, keyed on each shard's path, size, time and ends, in that
+order. A second run with the same file starts from the cache without reading the file; an
+edited file gets a new key and is read again. Each cache
 file has a JSON sidecar with what the read found (rows, skipped rows and the first few
 reasons, duplicates, ``k``), written last: a cache without its sidecar is incomplete and
 is not used. Both are renamed into place, and a lock file beside them lets one process

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 
 from simcse_kit.data.corpus import BadRows
-from simcse_kit.data.readers import sentence_batches, table_rows
-from simcse_kit.errors import ConfigError
+from simcse_kit.data.readers import TABLE_SUFFIXES, sentence_batches, table_rows
+from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation.encoding import Encode
 from simcse_kit.evaluation.quantization import VectorPrecision, calibration_ranges
 from simcse_kit.export.source import ExportSource
+from simcse_kit.files import data_suffix, shard_paths
 
 __all__ = ["CALIBRATION_LIMIT", "Calibration", "calibrate", "calibration_sentences", "precision_scores"]
 
@@ -32,7 +33,6 @@ logger = logging.getLogger(__name__)
 CALIBRATION_LIMIT = 10_000
 """Sentences encoded for the ranges: a min/max per dimension settles long before (and the
 export must not encode a million-line corpus)."""
-TABLE_SUFFIXES = (".csv", ".jsonl", ".json")
 
 
 @dataclass(frozen=True)
@@ -45,12 +45,13 @@ class Calibration:
 
 
 def _sentences(path: Path) -> Iterator[str]:
-    if path.suffix.lower() in TABLE_SUFFIXES:
-        for row in table_rows(path, ("sent0",), False, BadRows()):
-            yield row["sent0"]
-    else:
-        for batch in sentence_batches(path, BadRows()):
-            yield from batch["sent0"]
+    for shard in shard_paths(path):  # a training set of shards: theirs, in the order training reads them
+        if data_suffix(shard) in TABLE_SUFFIXES:
+            for row in table_rows(shard, ("sent0",), False, BadRows()):
+                yield row["sent0"]
+        else:
+            for batch in sentence_batches(shard, BadRows()):
+                yield from batch["sent0"]
 
 
 def calibration_sentences(path: str | Path, limit: int = CALIBRATION_LIMIT) -> list[str]:
@@ -64,7 +65,11 @@ def _training_file(source: ExportSource) -> Path | None:
     if not train_file or str(train_file).startswith("hub:"):
         return None
     path = Path(str(train_file))
-    return path if path.is_file() else None
+    try:
+        shard_paths(path)
+    except DataError:
+        return None
+    return path
 
 
 def calibrate(
@@ -92,7 +97,7 @@ def calibrate(
     if path is None:
         logger.warning("no calibration set (the run's training file is not here): no quantization.json in the export")
         return None
-    if not path.is_file():
+    if calibration is not None and not path.is_file():
         raise ConfigError(f"--calibration {path}: no such file")
     sentences = calibration_sentences(path, limit)
     if len(sentences) < 2:

@@ -24,8 +24,8 @@ from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
 from simcse_kit.config.run import AUTO, HUB_PREFIX, RunConfig, TrainConfig, load_config, save_config
-from simcse_kit.errors import ConfigError, StorageError
-from simcse_kit.files import folder_contents, remove_dir, write_json_atomic
+from simcse_kit.errors import ConfigError, DataError, StorageError
+from simcse_kit.files import folder_contents, remove_dir, shard_paths, write_json_atomic
 from simcse_kit.model.precision import PrecisionChoice, resolve_precision
 from simcse_kit.training.checkpoints import latest_checkpoint
 from simcse_kit.training.guards import LOCK_FILE, RunLock
@@ -165,12 +165,26 @@ def training_files(cfg: RunConfig) -> list[str]:
 def data_fingerprints(cfg: RunConfig) -> dict[str, dict[str, object]]:
     """``{path: {"bytes": size, "sha256": digest}}`` of the files the run reads
     (:func:`training_files`) that exist. The whole content is hashed, every time: an edit
-    keeping the size, the ends and the modification time (``touch -r``) still differs."""
-    return {
-        value: {"bytes": Path(value).stat().st_size, "sha256": file_sha256(Path(value))}
-        for value in training_files(cfg)
-        if Path(value).is_file()
-    }
+    keeping the size, the ends and the modification time (``touch -r``) still differs.
+
+    A dataset of shards (a glob pattern or a folder: :func:`simcse_kit.files.shard_paths`)
+    is recorded as ``{"shards": [{"file": shard, "bytes": ..., "sha256": ...}, ...]}`` in the
+    order they are read: a shard added, removed, reordered or edited changes the record."""
+    out: dict[str, dict[str, object]] = {}
+    for value in training_files(cfg):
+        try:
+            shards = shard_paths(value)
+        except DataError:  # gone (or never there): nothing to record
+            continue
+        if shards == [Path(value)]:
+            out[value] = _fingerprint(shards[0])
+        else:
+            out[value] = {"shards": [{"file": str(shard)} | _fingerprint(shard) for shard in shards]}
+    return out
+
+
+def _fingerprint(path: Path) -> dict[str, object]:
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
 
 
 def file_sha256(path: Path) -> str:
@@ -217,6 +231,8 @@ def check_data_unchanged(out: Path, cfg: RunConfig) -> None:
             continue
         if new is None:
             change = "is gone"
+        elif "shards" in new or "shards" in was:
+            change = shard_change(was, new)
         elif new["bytes"] != was.get("bytes"):
             change = f"changed since the run started ({was.get('bytes')} -> {new['bytes']} bytes)"
         else:
@@ -226,6 +242,33 @@ def check_data_unchanged(out: Path, cfg: RunConfig) -> None:
             f"--resume: {path} {change}; the checkpoint's data position would continue in other data: "
             "restore the file, or start a new run in another --output-dir"
         )
+
+
+def shard_change(was: dict[str, object], new: dict[str, object]) -> str:
+    """How a dataset's recorded shards (:func:`data_fingerprints`) differ from its shards now,
+    naming the first shard that does."""
+    before, after = was.get("shards"), new.get("shards")
+    if not isinstance(before, list) or not isinstance(after, list):
+        then, now = ("one file", "shards") if isinstance(after, list) else ("shards", "one file")
+        return f"changed since the run started (it was {then}, it is {now})"
+    count = f"{len(before)} -> {len(after)} shards"
+    old = {str(s.get("file")): s for s in before if isinstance(s, dict)}
+    names = [str(s["file"]) for s in after]
+    if added := [name for name in names if name not in old]:
+        return f"changed since the run started: shard {added[0]} is new ({count})"
+    if gone := [name for name in old if name not in names]:
+        return f"changed since the run started: shard {gone[0]} is gone ({count})"
+    if names != list(old):
+        return "changed since the run started: its shards are read in another order"
+    for shard in after:
+        name, was_shard = str(shard["file"]), old[str(shard["file"])]
+        if shard == was_shard:
+            continue
+        if shard["bytes"] != was_shard.get("bytes"):
+            return f"changed since the run started: shard {name} ({was_shard.get('bytes')} -> {shard['bytes']} bytes)"
+        digests = f"sha256 {str(was_shard.get('sha256'))[:12]}... -> {str(shard['sha256'])[:12]}..."
+        return f"changed since the run started: shard {name} (same size, other content: {digests})"
+    return "changed since the run started"
 
 
 def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = False, held: ExitStack | None = None) -> Path:
