@@ -1,0 +1,230 @@
+"""Sharded and compressed training data (issue 50): a dataset's file may be a glob, a folder
+or a list of shards, in text, CSV, TSV, JSONL or Parquet, text formats gzip- or zstd-compressed;
+the shards are read in sorted order as one dataset, errors name the shard and its row, and
+``--resume`` refuses a run whose shards changed."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import TinyRun, toy_sentences
+
+from simcse_kit.cli import main as cli_main
+from simcse_kit.data.readers import read_rows, read_train_file
+from simcse_kit.errors import ConfigError, DataError
+from simcse_kit.files import shard_paths
+
+N = 40  # examples: 5 batches of 8
+
+
+def pair_rows(n: int = N) -> list[dict[str, str]]:
+    sents = toy_sentences(2 * n)
+    return [{"sent0": sents[i], "sent1": sents[i + n]} for i in range(n)]
+
+
+def jsonl_bytes(rows: list[dict[str, str]]) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode("utf-8")
+
+
+def text_bytes(rows: list[dict[str, str]]) -> bytes:
+    return "".join(row["sent0"] + "\n" for row in rows).encode("utf-8")
+
+
+def csv_bytes(rows: list[dict[str, str]], delimiter: str = ",") -> bytes:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), delimiter=delimiter, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().encode("utf-8")
+
+
+def zstd(data: bytes, path: Path) -> None:
+    with pa.CompressedOutputStream(str(path), "zstd") as out:
+        out.write(data)
+
+
+def parquet(rows: list[dict[str, str]], path: Path) -> None:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def chunks(rows: list[dict[str, str]], n: int) -> list[list[dict[str, str]]]:
+    size = -(-len(rows) // n)
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def write_form(form: str, d: Path, rows: list[dict[str, str]]) -> str:
+    """``rows`` written under folder ``d`` in ``form``; what ``data.train_file`` names them by."""
+    if form == "parquet":
+        parquet(rows, d / "train.parquet")
+        return str(d / "train.parquet")
+    if form in ("jsonl.gz", "jsonl.zst", "txt.gz", "txt.zst"):
+        data = jsonl_bytes(rows) if form.startswith("jsonl") else text_bytes(rows)
+        path = d / f"train.{form}"
+        if form.endswith(".gz"):
+            path.write_bytes(gzip.compress(data))
+        else:
+            zstd(data, path)
+        return str(path)
+    if form == "tsv":
+        (d / "train.tsv").write_bytes(csv_bytes(rows, "\t"))
+        return str(d / "train.tsv")
+    if form == "folder of parquet":
+        # Written out of order, named so that their sorted order is the rows'; beside them the
+        # marker a Spark job leaves.
+        for i, part in reversed(list(enumerate(chunks(rows, 4)))):
+            parquet(part, d / f"train-{i:05d}-of-00004.parquet")
+        (d / "_SUCCESS").write_text("")
+        return str(d)
+    if form == "folder of txt":
+        for i, part in enumerate(chunks(rows, 5)):
+            (d / f"wiki-{i:02d}.txt").write_bytes(text_bytes(part))
+        return str(d)
+    assert form == "glob of csv.gz", form
+    for i, part in enumerate(chunks(rows, 3)):
+        (d / f"part-{i}.csv.gz").write_bytes(gzip.compress(csv_bytes(part)))
+    (d / "notes.md").write_text("not a shard")
+    return str(d / "part-*.csv.gz")
+
+
+FORMS = ["parquet", "jsonl.gz", "jsonl.zst", "tsv", "folder of parquet", "glob of csv.gz"]
+TEXT_FORMS = ["txt.gz", "txt.zst", "folder of txt", "parquet"]
+
+
+def batches(tiny_run: TinyRun, train_file: str, mode: str) -> list[dict[str, list]]:
+    """One epoch of the run's loader over ``train_file``: each step's tensors as lists."""
+    from simcse_kit.training.inputs import load_checked_tokenizer, load_training_data
+    from simcse_kit.training.run import make_loader
+
+    cfg = tiny_run.config("shards", train_file=train_file, mode=mode, cache_dir=tiny_run.folder / "cache")
+    tokenizer = load_checked_tokenizer(cfg)
+    loader = make_loader(cfg, load_training_data(cfg, tokenizer), tokenizer, 1)
+    steps = [{k: v.tolist() for k, v in batch.items() if isinstance(v, torch.Tensor)} for batch in loader]
+    assert len(steps) == N // 8 and all(steps)
+    return steps
+
+
+@pytest.mark.parametrize(("mode", "form"), [("sup", form) for form in FORMS] + [("unsup", form) for form in TEXT_FORMS])
+def test_compressed_parquet_and_sharded_data_train_to_the_batches_of_one_plain_file(
+    tiny_run: TinyRun, mode: str, form: str
+) -> None:
+    rows = pair_rows() if mode == "sup" else [{"sent0": s} for s in toy_sentences(N)]
+    plain = tiny_run.folder / ("plain.jsonl" if mode == "sup" else "plain.txt")
+    plain.write_bytes(jsonl_bytes(rows) if mode == "sup" else text_bytes(rows))
+    folder = tiny_run.folder / "data"
+    folder.mkdir()
+    source = write_form(form, folder, rows)
+    assert batches(tiny_run, source, mode) == batches(tiny_run, str(plain), mode)
+
+
+def test_shards_are_read_in_sorted_order_as_one_cached_dataset(tmp_path: Path) -> None:
+    rows = pair_rows(30)
+    for i, part in enumerate(chunks(rows, 3)):
+        parquet(part, tmp_path / f"s-{i}.parquet")
+    listed = [tmp_path / "s-2.parquet", str(tmp_path / "s-[01].parquet")]  # a list keeps its own order
+    assert shard_paths(listed) == [tmp_path / f"s-{i}.parquet" for i in (2, 0, 1)]
+    assert [r["sent0"] for r in read_rows(listed, ("sent0", "sent1"))] == [r["sent0"] for r in rows[20:] + rows[:20]]
+    cache = tmp_path / "cache"
+    first = read_train_file(tmp_path, "sup", cache_dir=cache)
+    assert first.dataset.to_list() == rows and not first.cache_hit
+    assert read_train_file(str(tmp_path / "s-*.parquet"), "sup", cache_dir=cache).cache_hit  # the same shards
+    parquet(list(reversed(chunks(rows, 3)[1])), tmp_path / "s-1.parquet")  # one shard edited
+    again = read_train_file(tmp_path, "sup", cache_dir=cache)
+    assert not again.cache_hit and again.dataset["sent0"][10:20] == [r["sent0"] for r in reversed(rows[10:20])]
+
+
+@pytest.mark.parametrize(
+    ("suffix", "where"), [(".parquet", "row 3"), (".jsonl.gz", "line 3"), (".jsonl.zst", "line 3"), (".csv", "line 4")]
+)
+def test_a_bad_row_in_shard_17_of_20_is_named_by_its_shard_and_row(tmp_path: Path, suffix: str, where: str) -> None:
+    rows = pair_rows(100)
+    for i, part in enumerate(chunks(rows, 20)):
+        if i == 16:
+            part = [dict(row, sent1=" ") if j == 2 else row for j, row in enumerate(part)]
+        path = tmp_path / "data" / f"train-{i:05d}-of-00020{suffix}"
+        path.parent.mkdir(exist_ok=True)
+        if suffix == ".parquet":
+            parquet(part, path)
+        elif suffix == ".csv":
+            path.write_bytes(csv_bytes(part))  # the header is line 1
+        else:
+            write = gzip.compress if suffix.endswith(".gz") else None
+            (path.write_bytes(write(jsonl_bytes(part))) if write else zstd(jsonl_bytes(part), path))
+    bad = rf"train-00016-of-00020{suffix}, {where}: empty value in column 'sent1'"
+    with pytest.raises(DataError, match=bad.replace(".", r"\.")):
+        read_train_file(tmp_path / "data", "sup", cache_dir=tmp_path / "cache")
+    skipped = read_train_file(str(tmp_path / "data" / f"*{suffix}"), "sup", "skip", cache_dir=tmp_path / "cache")
+    assert skipped.report.skipped == 1 and len(skipped.dataset) == 99 and bad.split(":")[0] in skipped.report.shown[0]
+
+
+def test_damaged_or_mixed_shards_are_named(tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match=r"a\.jsonl\.gz: not a valid gzip file"):
+        read_train_file(tmp_path / "a.jsonl.gz", "sup", cache_dir=tmp_path / "cache")
+    (tmp_path / "b.parquet").write_bytes(b"not parquet")
+    with pytest.raises(DataError, match=r"b\.parquet: not a Parquet file"):
+        read_train_file(tmp_path / "b.parquet", "sup", cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError, match=r"shards of two formats \(a\.jsonl\.gz and b\.parquet\)"):
+        shard_paths(tmp_path)
+    with pytest.raises(DataError, match=r"no file matches this pattern"):
+        shard_paths(str(tmp_path / "train-*.parquet"))
+    (tmp_path / "k").mkdir()
+    parquet([{"sent0": "a", "sent1": "b", "hard_neg": "c"}] * 2, tmp_path / "k" / "0.parquet")
+    parquet([{"sent0": "a", "sent1": "b", "hard_neg": ["c", "d"]}] * 2, tmp_path / "k" / "1.parquet")
+    with pytest.raises(DataError, match=r"1\.parquet, row 1: 2 hard negative\(s\), the first shard's rows have 1"):
+        read_train_file(tmp_path / "k", "hardneg", cache_dir=tmp_path / "cache")
+
+
+def test_resume_refuses_a_run_whose_shards_changed(tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.folder import prepare_run_dir
+
+    shards = tiny_run.folder / "wiki"
+    shards.mkdir()
+    sents = toy_sentences(64)
+    for i in range(4):
+        (shards / f"wiki-{i:02d}.txt.gz").write_bytes(
+            gzip.compress("".join(s + "\n" for s in sents[16 * i : 16 * i + 16]).encode())
+        )
+    recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=4, save_steps=2)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["train_file"] = str(shards / "wiki-*.txt.gz")
+    recipe.write_text(yaml.safe_dump(raw))
+    assert cli_main(["train", str(recipe), "--final-eval", "false"]) == 0
+    out = tiny_run.folder / "run"
+    (out / "metrics.json").unlink()  # as if killed after its last checkpoint
+    resume = ["train", str(recipe), "--final-eval", "false", "--resume"]
+
+    # Shard 2 rewritten with its modification time put back: same name, another content.
+    shard = shards / "wiki-02.txt.gz"
+    original, stamp = shard.read_bytes(), shard.stat()
+    shard.write_bytes(gzip.compress("".join(s + "\n" for s in reversed(sents[32:48])).encode()))
+    os.utime(shard, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert cli_main(resume) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {shards / 'wiki-*.txt.gz'} changed since the run started: shard {shard}" in err, err
+    shard.write_bytes(original)
+
+    def refused() -> str:
+        with pytest.raises(ConfigError) as caught:
+            prepare_run_dir(load_config(recipe, {"final_eval": "false"}), resume=True)
+        return str(caught.value)
+
+    extra = shards / "wiki-04.txt.gz"
+    extra.write_bytes(gzip.compress(b"one more sentence\n"))
+    assert f"shard {extra} is new (4 -> 5 shards)" in refused()
+    extra.unlink()
+    (shards / "wiki-03.txt.gz").rename(tiny_run.folder / "aside.gz")
+    assert f"shard {shards / 'wiki-03.txt.gz'} is gone (4 -> 3 shards)" in refused()
+    (tiny_run.folder / "aside.gz").rename(shards / "wiki-03.txt.gz")
+    prepare_run_dir(load_config(recipe, {"final_eval": "false"}), resume=True)  # the same shards again: resumes
