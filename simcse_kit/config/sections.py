@@ -189,7 +189,11 @@ class DatasetSpec:
     """
 
     name: str = option("", "the dataset's name in logs and metrics.json (default: the mapping's key, else the file's stem)")
-    file: str = option("", 'file path ("{data_root}/..." or relative to the recipe), or "hub:<dataset id>"')
+    file: str = option(
+        "",
+        'file path ("{data_root}/..." or relative to the recipe), its shards (a folder, or a glob pattern: '
+        '"data/train-*.parquet"; docs/data.md), or "hub:<dataset id>"',
+    )
     format: str = option("auto", '"auto" (by mode and suffix), or "stsb" / "sick": a scored pair file read as its sentences')
     mode: str = option("unsup", one_of(MIXTURE_MODES))
     prompts: dict[str, str] | None = option(None, "this dataset's training prompts (default: data.prompts)")
@@ -223,7 +227,10 @@ class DataConfig:
     mode: str = option("unsup", one_of(MODES))
     # Data paths: "{data_root}" stands for the data root; other relative paths are read from
     # the recipe's folder (on the command line, from the current one). Saved absolute.
-    train_file: str = option("{data_root}/train/wiki1m_head.txt", 'file path, or "hub:<dataset id>"')
+    train_file: str = option(
+        "{data_root}/train/wiki1m_head.txt",
+        'file path, its shards (a folder, or a glob pattern: "data/train-*.parquet"; docs/data.md), or "hub:<dataset id>"',
+    )
     eval_data_dir: str = option("{data_root}/senteval", "SentEval-layout STS folder: STS-B dev selection and the final table")
     data_root: str | None = option(
         None,
