@@ -169,6 +169,13 @@ def test_damaged_or_mixed_shards_are_named(tmp_path: Path) -> None:
     (tmp_path / "a.jsonl.gz").write_bytes(b"not gzip")
     with pytest.raises(DataError, match=r"a\.jsonl\.gz: not a valid gzip file"):
         read_train_file(tmp_path / "a.jsonl.gz", "sup", cache_dir=tmp_path / "cache")
+    whole = tmp_path / "whole.txt.zst"
+    zstd(b"".join(b"line %d\n" % i for i in range(20_000)), whole)
+    (tmp_path / "a.txt.zst").write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])  # cut short: not a shorter corpus
+    whole.unlink()
+    with pytest.raises(DataError, match=r"a\.txt\.zst: not a valid zstd file \(Truncated compressed stream\)"):
+        read_train_file(tmp_path / "a.txt.zst", "unsup", cache_dir=tmp_path / "cache")
+    (tmp_path / "a.txt.zst").unlink()
     (tmp_path / "b.parquet").write_bytes(b"not parquet")
     with pytest.raises(DataError, match=r"b\.parquet: not a Parquet file"):
         read_train_file(tmp_path / "b.parquet", "sup", cache_dir=tmp_path / "cache")
