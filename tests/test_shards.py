@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -235,3 +236,52 @@ def test_resume_refuses_a_run_whose_shards_changed(tiny_run: TinyRun, capsys: py
     assert f"shard {shards / 'wiki-03.txt.gz'} is gone (4 -> 3 shards)" in refused()
     (tiny_run.folder / "aside.gz").rename(shards / "wiki-03.txt.gz")
     prepare_run_dir(load_config(recipe, {"final_eval": "false"}), resume=True)  # the same shards again: resumes
+
+
+def test_a_recipe_names_a_datasets_shards_by_a_list_a_folder_or_a_pattern(tiny_run: TinyRun) -> None:
+    import yaml
+
+    from simcse_kit.config.run import load_config
+    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
+    from simcse_kit.training.inputs import load_training_data, load_training_sets
+
+    sents = toy_sentences(48)
+    (tiny_run.folder / "more").mkdir()
+    for i in range(3):
+        (tiny_run.folder / "more" / f"m-{i}.txt").write_text("".join(s + "\n" for s in sents[8 * i + 24 : 8 * i + 32]))
+    (tiny_run.folder / "first.txt.gz").write_bytes(gzip.compress("".join(s + "\n" for s in sents[:24]).encode()))
+    recipe = tiny_run.recipe("listed")
+    raw = yaml.safe_load(recipe.read_text())
+    raw["data"]["train_file"] = ["first.txt.gz", "more/m-*.txt"]  # relative to the recipe, read in the list's order
+    recipe.write_text(yaml.safe_dump(raw))
+    cfg = load_config(recipe)
+    assert cfg.data.train_file == [str(tiny_run.folder / "first.txt.gz"), str(tiny_run.folder / "more" / "m-*.txt")]
+    assert list(load_training_data(cfg)["sent0"]) == sents
+
+    # The same from the command line, and as a dataset of a mixture (named by its first file).
+    listed = f"[{tiny_run.folder / 'more'}, {tiny_run.folder / 'first.txt.gz'}]"
+    assert list(load_training_data(load_config(recipe, {"train_file": listed}))["sent0"]) == sents[24:] + sents[:24]
+    raw["data"]["datasets"] = [{"file": ["more", "first.txt.gz"]}, {"name": "one", "file": "first.txt.gz"}]
+    recipe.write_text(yaml.safe_dump(raw))
+    sets = load_training_sets(load_config(recipe))
+    assert list(sets) == ["more", "one"] and list(sets["more"]["sent0"]) == sents[24:] + sents[:24]
+
+    raw["data"]["datasets"][0]["file"] = ["more", "nope.txt"]
+    recipe.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"entry 'more': .*nope\.txt: file not found"):
+        load_config(recipe).check_data()
+    raw["data"]["datasets"][0]["file"] = []
+    recipe.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"file = \[\] is not a valid str \| list\[str\]"):
+        load_config(recipe)
+
+    # --resume checks a list's shards as a pattern's.
+    del raw["data"]["datasets"]
+    recipe.write_text(yaml.safe_dump(raw))
+    out = prepare_run_dir(load_config(recipe))
+    label = ", ".join(load_config(recipe).data.train_file)
+    recorded = json.loads((out / DATA_FINGERPRINTS).read_text())[label]["shards"]
+    assert [Path(s["file"]).name for s in recorded] == ["first.txt.gz", "m-0.txt", "m-1.txt", "m-2.txt"]
+    (tiny_run.folder / "more" / "m-1.txt").write_text("another sentence\n" * 8)
+    with pytest.raises(ConfigError, match=rf"--resume: {re.escape(label)} changed since the run started: shard .*m-1\.txt \("):
+        prepare_run_dir(load_config(recipe), resume=True)

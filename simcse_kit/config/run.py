@@ -42,6 +42,8 @@ from simcse_kit.config.sections import (
     ModelConfig,
     TrainConfig,
     check_pooling,
+    files_label,
+    is_hub,
     option,
     raise_first,
 )
@@ -58,6 +60,8 @@ __all__ = [
     "GUIDE_IS_TEACHER",
     "GUIDE_MARGIN_STRATEGIES",
     "HUB_PREFIX",
+    "files_label",
+    "is_hub",
     "MLP_MODES",
     "MODES",
     "OPTIONAL_DATA_PATHS",
@@ -151,11 +155,12 @@ class RunConfig:
         for key in self.data.path_keys():
             if key == "train_file" and self.data.datasets is not None:  # unused: the datasets' files are checked below
                 continue
-            path = Path(getattr(self.data, key))
-            folder = key == "eval_data_dir"
-            if key in SHARDED_PATHS and is_glob(path):  # a pattern: the shards it matches (docs/data.md)
-                _check_shards(f"config key 'data.{key}'", path)
+            value = getattr(self.data, key)
+            if key in SHARDED_PATHS and (isinstance(value, list) or is_glob(value)):  # shards (docs/data.md)
+                _check_shards(f"config key 'data.{key}'", value)
                 continue
+            path = Path(value)
+            folder = key == "eval_data_dir"
             if not (path.is_dir() if folder else path.exists()):
                 hint = (
                     f"the data root is {self.data.data_root}: {DATA_ROOT_HINT}"
@@ -164,7 +169,7 @@ class RunConfig:
                 )
                 raise ConfigError(f"config key 'data.{key}': {path}: {'folder' if folder else 'file'} not found ({hint})")
         for spec in self.data.datasets or []:
-            if not spec.file.startswith(HUB_PREFIX):
+            if not is_hub(spec.file):
                 _check_shards(f"config key 'data.datasets' entry {spec.name!r}", spec.file)
         # Folders the run will create: one under a file could never be made (NotADirectoryError
         # after the data and model were loaded), and a cache folder that is a file never written.
@@ -185,7 +190,7 @@ class RunConfig:
 SHARDED_PATHS = ("train_file", "mix_file")
 
 
-def _check_shards(what: str, source: str | Path) -> None:
+def _check_shards(what: str, source: str | list[str]) -> None:
     """Raise a ConfigError naming ``what`` where ``source`` names no readable training file or shards."""
     try:
         shard_paths(source)
@@ -300,11 +305,12 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
     base = recipe_keys.get
     keys = data.path_keys()
     for key in keys:
-        if not getattr(data, key).strip():  # "" would resolve to the current folder
+        if not files_label(getattr(data, key)).strip():  # "" would resolve to the current folder
             raise ConfigError(f"config key 'data.{key}' = '': an empty path; give a file or folder")
     # data.datasets' files are resolved as train_file is, from the recipe's folder where it lists them.
-    specs = [spec for spec in data.datasets or [] if not spec.file.startswith(HUB_PREFIX)]
-    if any(DATA_ROOT in getattr(data, key) for key in keys) or any(DATA_ROOT in spec.file for spec in specs):
+    specs = [spec for spec in data.datasets or [] if not is_hub(spec.file)]
+    given = [files_label(getattr(data, key)) for key in keys] + [files_label(spec.file) for spec in specs]
+    if any(DATA_ROOT in value for value in given):
         # --data-root (a command-line override) > SIMCSE_KIT_DATA > the recipe's > the default.
         root: Path | None
         if data.data_root is not None and "data.data_root" not in recipe_keys:
@@ -315,18 +321,25 @@ def _resolve_paths(cfg: RunConfig, recipe_keys: dict[str, Path | None]) -> None:
             root = absolute(data.data_root, base("data.data_root"))
         else:
             root = default_data_root()
-        named = [(f"data.{key}", getattr(data, key)) for key in keys]
-        named += [(f"data.datasets' entry {spec.name!r} file", spec.file) for spec in specs]
+        named = [(f"data.{key}", files_label(getattr(data, key))) for key in keys]
+        named += [(f"data.datasets' entry {spec.name!r} file", files_label(spec.file)) for spec in specs]
         for what, value in named:
             if DATA_ROOT in value and root is None:
                 raise ConfigError(f"config key '{what}' = {value!r} needs a data root, and none is set: {DATA_ROOT_HINT}")
         data.data_root = str(root)
     elif data.data_root is not None:
         data.data_root = str(absolute(data.data_root, base("data.data_root")))
+
+    def resolved(value: str, folder: Path | None) -> str:
+        return str(absolute(value.replace(DATA_ROOT, data.data_root or ""), folder))
+
     for key in keys:
-        setattr(data, key, str(absolute(getattr(data, key).replace(DATA_ROOT, data.data_root or ""), base(f"data.{key}"))))
+        value = getattr(data, key)
+        folder = base(f"data.{key}")
+        setattr(data, key, [resolved(v, folder) for v in value] if isinstance(value, list) else resolved(value, folder))
     for spec in specs:
-        spec.file = str(absolute(spec.file.replace(DATA_ROOT, data.data_root or ""), base("data.datasets")))
+        folder = base("data.datasets")
+        spec.file = [resolved(v, folder) for v in spec.file] if isinstance(spec.file, list) else resolved(spec.file, folder)
     name = cfg.model.name_or_path
     folder = base("model.name_or_path") or Path.cwd()
     if name.startswith((".", "~")) or (folder / name).exists():

@@ -24,6 +24,16 @@ AUTO = "auto"  # decided at start-up from the hardware (simcse_kit.model.precisi
 OPTIONAL_DATA_PATHS = ("mix_file", "dev_file")  # data keys that are paths when set, resolved as train_file
 HUB_PREFIX = "hub:"  # data.train_file naming a hub dataset, not a path
 
+
+def is_hub(files: str | list[str] | None) -> bool:
+    """``files`` (a dataset's ``file``) name a hub dataset, not local files."""
+    return isinstance(files, str) and files.startswith(HUB_PREFIX)
+
+
+def files_label(files: str | list[str]) -> str:
+    """How logs, records and errors name a dataset's ``file``: the path, or a list's paths joined by commas."""
+    return files if isinstance(files, str) else ", ".join(files)
+
 # The values a key allows, each beside its section below. Read by the modules that act on
 # them (simcse_kit.model.modeling, simcse_kit.model.precision, simcse_kit.evaluation.sts_readers,
 # simcse_kit.training.objectives), which sit above the config and so import them from here.
@@ -189,10 +199,10 @@ class DatasetSpec:
     """
 
     name: str = option("", "the dataset's name in logs and metrics.json (default: the mapping's key, else the file's stem)")
-    file: str = option(
+    file: str | list[str] = option(
         "",
-        'file path ("{data_root}/..." or relative to the recipe), its shards (a folder, or a glob pattern: '
-        '"data/train-*.parquet"; docs/data.md), or "hub:<dataset id>"',
+        'file path ("{data_root}/..." or relative to the recipe), its shards (a folder, a glob pattern: '
+        '"data/train-*.parquet", or a list of these; docs/data.md), or "hub:<dataset id>"',
     )
     format: str = option("auto", '"auto" (by mode and suffix), or "stsb" / "sick": a scored pair file read as its sentences')
     mode: str = option("unsup", one_of(MIXTURE_MODES))
@@ -203,7 +213,7 @@ class DatasetSpec:
     def problems(self) -> list[str]:
         """What is wrong with the spec's values, each as ``key ...: must be ...``; empty when none."""
         out = []
-        if not self.file.strip():
+        if not files_label(self.file).strip():
             out.append("file: missing; give the dataset's file (or hub:<id>)")
         if self.mode not in MIXTURE_MODES:
             out.append(f"mode {self.mode!r}: must be one of {MIXTURE_MODES}")
@@ -211,6 +221,8 @@ class DatasetSpec:
             out.append(f"format {self.format!r}: must be 'auto' or one of {PAIR_FORMATS}")
         elif self.format != AUTO and self.mode != "unsup":
             out.append(f"format {self.format!r}: only with mode 'unsup' (the pair file's sentences)")
+        elif self.format != AUTO and not isinstance(self.file, str):
+            out.append(f"format {self.format!r}: reads one pair file; give file as one path")
         if self.weight is not None and not (math.isfinite(self.weight) and self.weight > 0):
             out.append(f"weight {self.weight!r}: must be > 0")
         if self.max_train_samples is not None and self.max_train_samples < 2:
@@ -227,9 +239,10 @@ class DataConfig:
     mode: str = option("unsup", one_of(MODES))
     # Data paths: "{data_root}" stands for the data root; other relative paths are read from
     # the recipe's folder (on the command line, from the current one). Saved absolute.
-    train_file: str = option(
+    train_file: str | list[str] = option(
         "{data_root}/train/wiki1m_head.txt",
-        'file path, its shards (a folder, or a glob pattern: "data/train-*.parquet"; docs/data.md), or "hub:<dataset id>"',
+        'file path, its shards (a folder, a glob pattern: "data/train-*.parquet", or a list of these; docs/data.md), '
+        'or "hub:<dataset id>"',
     )
     eval_data_dir: str = option("{data_root}/senteval", "SentEval-layout STS folder: STS-B dev selection and the final table")
     data_root: str | None = option(
@@ -276,7 +289,9 @@ class DataConfig:
         'sentence with a test set; "error": refuse the run, naming the file, its line and the task (docs/contamination.md).',
     )
     decontaminate_dev: bool = option(False, "with decontaminate drop or error, the dev split's sentences count as a test set's")
-    mix_file: str | None = option(None, "a second (general) corpus mixed into train_file, in data.mode's format")
+    mix_file: str | list[str] | None = option(
+        None, "a second (general) corpus mixed into train_file, in data.mode's format (a file or its shards, as train_file)"
+    )
     mix_ratio: float = option(0.0, "share of the mixed training set drawn from mix_file, in [0, 1)")
     dev_file: str | None = option(None, "dev split for checkpoint selection (None: STS-B dev of eval_data_dir)")
     dev_format: str = option(
@@ -307,7 +322,7 @@ class DataConfig:
     def path_keys(self) -> list[str]:
         """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""
         keys = ("train_file", "eval_data_dir", *OPTIONAL_DATA_PATHS)
-        return [key for key in keys if getattr(self, key) is not None and not getattr(self, key).startswith(HUB_PREFIX)]
+        return [key for key in keys if getattr(self, key) is not None and not is_hub(getattr(self, key))]
 
     def check(self) -> None:
         """Raise :class:`~simcse_kit.errors.ConfigError` naming the first key whose value is not allowed."""
@@ -328,6 +343,8 @@ class DataConfig:
         if self.train_format != AUTO:
             ok = self.mode in ("unsup", "scored")
             rules.append(("mode", ok, "'unsup' (the file's sentences) or 'scored' (its pairs) with data.train_format"))
+            one_file = isinstance(self.train_file, str)
+            rules.append(("train_file", one_file, "one path (a pair file) with data.train_format, not a list"))
         if self.score_range is not None:
             low_high = self.score_range
             ok = len(low_high) == 2 and all(math.isfinite(v) for v in low_high) and low_high[0] < low_high[1]

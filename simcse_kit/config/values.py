@@ -23,6 +23,7 @@ from simcse_kit.errors import ConfigError
 __all__ = ["DuplicateKeyError", "RecipeShapeError", "UniqueKeyLoader", "check_type", "parse_value", "yaml_scalar"]
 
 NULL_WORDS = ("none", "null", "~")
+PATHS = (str, list[str])  # the types of a key that takes a path or a list of paths (a dataset's shards)
 """An optional key's "no value" as text: YAML's null words, and ``none`` as the help says it."""
 
 
@@ -67,6 +68,12 @@ def check_type(value: Any, kind: Any) -> Any:
         raise _Mismatch("must be a mapping of names to texts, e.g. {query: 'query: '}")
     if typing.get_origin(kind) is list and typing.get_args(kind) == (DatasetSpec,):
         return dataset_specs(value)
+    if kind == PATHS:  # a dataset's file: a path, or a list of them (its shards)
+        if not isinstance(value, list):
+            return check_type(value, str)
+        if not value or not all(isinstance(v, str) and v.strip() for v in value):
+            raise _Mismatch("must be a path or a non-empty list of paths")
+        return list(value)
     if typing.get_origin(kind) is list:  # a YAML list, or "a,b" on the command line
         (item,) = typing.get_args(kind)
         what = "names" if item is str else f"{item.__name__}s"
@@ -123,6 +130,8 @@ def parse_value(value: Any, annotation: Any, declared: str, key: str, source: st
     # Text stays text for a text key (`--mixed-precision no` is "no", not YAML's false); a list
     # reads its own "a,b" form.
     text_key = kind is str or typing.get_origin(kind) is list
+    # A path stays text, and a list of paths is written as one, "[a.txt, b.txt]".
+    text_key |= kind == PATHS and not (isinstance(value, str) and value.strip().startswith("["))
     parsed = yaml_scalar(value) if isinstance(value, str) and not text_key else value
     try:
         return check_type(parsed, kind)
@@ -161,7 +170,9 @@ def dataset_specs(value: Any) -> list[DatasetSpec]:
             raise _Mismatch(f"unknown key(s) {unknown}; a dataset has {list(DATASET_KEYS)}", label)
         if name is not None and spec.get("name", name) != name:
             raise _Mismatch(f"name {spec['name']!r} differs from its key; give the name once", label)
-        values: dict[str, Any] = {"name": name or Path(str(spec.get("file", ""))).stem} | {
+        first = spec.get("file", "")
+        first = first[0] if isinstance(first, list) and first else first
+        values: dict[str, Any] = {"name": name or Path(str(first)).stem} | {
             k: v for k, v in spec.items() if k != "name" or name is None
         }
         fields = {f.name: str(f.type) for f in dataclasses.fields(DatasetSpec)}

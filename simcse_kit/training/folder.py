@@ -23,7 +23,7 @@ import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import broadcast_object_list
 
-from simcse_kit.config.run import AUTO, HUB_PREFIX, RunConfig, TrainConfig, load_config, save_config
+from simcse_kit.config.run import AUTO, RunConfig, TrainConfig, files_label, is_hub, load_config, save_config
 from simcse_kit.errors import ConfigError, DataError, StorageError
 from simcse_kit.files import folder_contents, remove_dir, shard_paths, write_json_atomic
 from simcse_kit.model.precision import PrecisionChoice, resolve_precision
@@ -150,16 +150,19 @@ def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
     return out
 
 
-def training_files(cfg: RunConfig) -> list[str]:
+def training_files(cfg: RunConfig) -> list[str | list[str]]:
     """The local files the run reads its examples from, whether or not they exist now: each
     ``data.datasets`` entry's file (else ``data.train_file``, unused beside them), ``data.mix_file``
     and ``data.dev_file`` when it is a file (a ``hub:`` dataset has none; a BEIR folder is not
-    one). The teacher's and the guide's texts are these files' sentences."""
-    files = [spec.file for spec in cfg.data.datasets] if cfg.data.datasets is not None else [cfg.data.train_file]
+    one). The teacher's and the guide's texts are these files' sentences. A dataset of shards
+    is its ``file`` as given (a folder, a pattern or a list: :func:`simcse_kit.files.shard_paths`)."""
+    datasets = cfg.data.datasets
+    files: list[str | list[str]] = [spec.file for spec in datasets] if datasets is not None else [cfg.data.train_file]
     files += [cfg.data.mix_file] if cfg.data.mix_file is not None else []
     if cfg.data.dev_file is not None and not Path(cfg.data.dev_file).is_dir():
         files.append(cfg.data.dev_file)
-    return list(dict.fromkeys(f for f in files if not f.startswith(HUB_PREFIX)))
+    once = {files_label(f): f for f in reversed(files) if not is_hub(f)}  # each once, at its first place
+    return list(reversed(once.values()))
 
 
 def data_fingerprints(cfg: RunConfig) -> dict[str, dict[str, object]]:
@@ -169,17 +172,18 @@ def data_fingerprints(cfg: RunConfig) -> dict[str, dict[str, object]]:
 
     A dataset of shards (a glob pattern or a folder: :func:`simcse_kit.files.shard_paths`)
     is recorded as ``{"shards": [{"file": shard, "bytes": ..., "sha256": ...}, ...]}`` in the
-    order they are read: a shard added, removed, reordered or edited changes the record."""
+    order they are read: a shard added, removed, reordered or edited changes the record (a
+    list of files under its paths joined by commas: :func:`simcse_kit.config.run.files_label`)."""
     out: dict[str, dict[str, object]] = {}
     for value in training_files(cfg):
         try:
             shards = shard_paths(value)
         except DataError:  # gone (or never there): nothing to record
             continue
-        if shards == [Path(value)]:
+        if isinstance(value, str) and shards == [Path(value)]:
             out[value] = _fingerprint(shards[0])
         else:
-            out[value] = {"shards": [{"file": str(shard)} | _fingerprint(shard) for shard in shards]}
+            out[files_label(value)] = {"shards": [{"file": str(shard)} | _fingerprint(shard) for shard in shards]}
     return out
 
 
@@ -222,7 +226,7 @@ def check_data_unchanged(out: Path, cfg: RunConfig) -> None:
         kind = type(saved).__name__
         raise ConfigError(f"{record}: expected a JSON object of files, got {kind}; the run's data cannot be checked")
     now = data_fingerprints(cfg)
-    for path in training_files(cfg):
+    for path in map(files_label, training_files(cfg)):
         was, new = saved.get(path), now.get(path)
         if not isinstance(was, dict):
             logger.warning("--resume: %s does not record %s; that file is not checked", record, path)

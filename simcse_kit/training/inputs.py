@@ -20,7 +20,7 @@ import torch
 from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
 
-from simcse_kit.config.run import GUIDE_IS_TEACHER, RunConfig
+from simcse_kit.config.run import GUIDE_IS_TEACHER, RunConfig, files_label, is_hub
 from simcse_kit.core import modes
 from simcse_kit.core.batch import view_columns
 from simcse_kit.data.mixture import mix_datasets
@@ -57,7 +57,7 @@ def load_training_data(cfg: RunConfig, tokenizer: Any = None, guard: Guard | Non
         general = read_training_file(cfg, data.mix_file, "auto", data.mode, None, tokens, guard)
         dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
     if data.mode == "scored" and cfg.loss.score_weight > 0:
-        check_graded_scores(dataset, data.train_file, cfg.loss.score_weight)
+        check_graded_scores(dataset, files_label(data.train_file), cfg.loss.score_weight)
     return dataset
 
 
@@ -108,7 +108,7 @@ def load_training_sets(cfg: RunConfig, tokenizer: Any = None, guard: Guard | Non
 
 def read_training_file(
     cfg: RunConfig,
-    path: str,
+    path: str | list[str],
     fmt: str,
     mode: str,
     max_samples: int | None,
@@ -122,23 +122,26 @@ def read_training_file(
     return guarded(_read_training_file(cfg, path, fmt, mode, max_samples, tokens), guard, path)
 
 
-def guarded(dataset: datasets.Dataset, guard: Guard | None, path: str) -> datasets.Dataset:
+def guarded(dataset: datasets.Dataset, guard: Guard | None, path: str | list[str]) -> datasets.Dataset:
     """``dataset`` (the file ``path``'s rows) through the contamination guard: its texts' keys
     recorded (read from beside its cache), and under ``data.decontaminate: drop`` the rows
     that share a sentence with a test set left out; a clean file's dataset is returned as it is."""
     if guard is None:
         return dataset
     columns = text_columns(dataset)
-    local = Path(path) if not path.startswith("hub:") and Path(path).is_file() else None
-    keep = guard.check(path, dataset_keys(dataset), lambda row: [dataset[row][c] for c in columns], local)
+    # One file's rows are named by their line; shards' by the dataset's row.
+    local = Path(path) if isinstance(path, str) and not is_hub(path) and Path(path).is_file() else None
+    keep = guard.check(files_label(path), dataset_keys(dataset), lambda row: [dataset[row][c] for c in columns], local)
     return dataset if keep is None else dataset.select(keep)
 
 
 def _read_training_file(
-    cfg: RunConfig, path: str, fmt: str, mode: str, max_samples: int | None, tokens: Tokenization | None
+    cfg: RunConfig, path: str | list[str], fmt: str, mode: str, max_samples: int | None, tokens: Tokenization | None
 ) -> datasets.Dataset:
     data = cfg.data
     sentences = None
+    if fmt != "auto" and not isinstance(path, str):  # the config refuses it: a pair format reads one file
+        raise ValueError(f"format {fmt!r} reads one pair file, not a list of files {path}")
     if fmt != "auto" and mode == "scored":
         pairs = PAIR_READERS[fmt](path, bounds=data.score_range)
         dataset = scored_dataset(pairs.sentences1, pairs.sentences2, pairs.scores.tolist(), data.score_range)

@@ -27,7 +27,7 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from simcse_kit.config.run import RunConfig
+from simcse_kit.config.run import RunConfig, files_label
 from simcse_kit.core.batch import view_prompts, views_per_example
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.data.mixture import Mixture, MixtureBatches, MixtureCollator
@@ -250,7 +250,8 @@ def build_run(
     )
     model = build_model(cfg)
     if from_files:  # a dataset given in code, a benchmark's few sentences in one batch, is the caller's choice
-        warn_if_a_batch_is_a_whole_set(cfg, base_encoder(model.encoder).config, sets or {cfg.data.train_file: dataset})
+        parts = sets or {files_label(cfg.data.train_file): dataset}
+        warn_if_a_batch_is_a_whole_set(cfg, base_encoder(model.encoder).config, parts)
     objective: SimCSEObjective | MixtureObjective
     if dataset is not None:
         negatives = negatives_of(dataset.column_names)  # k hard negatives per example: the data's
