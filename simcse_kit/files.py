@@ -3,7 +3,9 @@
 In: :func:`read_lines` is the one reader of line-based text (training corpora, STS and
 SentEval files, CSV/JSONL before parsing): UTF-8, a leading byte-order mark dropped (as
 Excel and Notepad write it), ``\\r\\n`` or ``\\n`` line ends, and a bad byte reported
-with the file and line.
+with the file and line. A training set's files are :func:`shard_paths` (a file, a folder, a
+glob pattern or a list, in one sorted order), each opened by :func:`open_binary`, which
+decompresses gzip and zstd.
 
 Out: nothing is ever half-written. A file goes to a temp name beside its target and
 is renamed into place (:func:`write_text_atomic`); a folder is built in a temp folder

@@ -180,6 +180,10 @@ def test_damaged_or_mixed_shards_are_named(tmp_path: Path) -> None:
     (tmp_path / "b.parquet").write_bytes(b"not parquet")
     with pytest.raises(DataError, match=r"b\.parquet: not a Parquet file"):
         read_train_file(tmp_path / "b.parquet", "sup", cache_dir=tmp_path / "cache")
+    (tmp_path / "c.parquet.gz").write_bytes(gzip.compress(b"PAR1"))
+    with pytest.raises(DataError, match=r"c\.parquet\.gz: a Parquet file compresses its own columns"):
+        read_train_file(tmp_path / "c.parquet.gz", "sup", cache_dir=tmp_path / "cache")
+    (tmp_path / "c.parquet.gz").unlink()
     with pytest.raises(DataError, match=r"shards of two formats \(a\.jsonl\.gz and b\.parquet\)"):
         shard_paths(tmp_path)
     with pytest.raises(DataError, match=r"no file matches this pattern"):

@@ -49,7 +49,7 @@ from simcse_kit.core.batch import VIEW_COLUMNS
 from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus, shown
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import DataError, where
-from simcse_kit.files import BOM, LineStream, data_suffix, json_object, nul_error, open_binary, shard_paths
+from simcse_kit.files import BOM, LineStream, compression_of, data_suffix, json_object, nul_error, open_binary, shard_paths
 
 #: A dataset's files: a file, a glob pattern or a folder of shards, or a list of them
 #: (:func:`simcse_kit.files.shard_paths`).
@@ -308,17 +308,17 @@ def _with_negatives(
 
 
 def read_rows(
-    path: str | Path,
+    path: Source,
     columns: tuple[str, ...],
     hard_negatives: bool = False,
     score_column: str | None = None,
     score_range: Sequence[float] | None = None,
     teacher_scores: bool = False,
 ) -> list[dict[str, Any]]:
-    """Read CSV (header row) or JSONL (one object a line) and check the columns.
+    """Read CSV or TSV (header row), JSONL (one object a line) or Parquet and check the columns.
 
     Args:
-        path: the file.
+        path: the file, or its shards (:func:`simcse_kit.files.shard_paths`).
         columns: the text columns each row must have (non-empty strings).
         hard_negatives: each row also gets its ``k`` hard negatives (``k`` read off the
             file, the same in every row; module docstring), named
@@ -453,6 +453,8 @@ def _parquet_rows(
     """A Parquet file's rows, each checked as a JSONL object (:func:`_object_row`), numbered from 1."""
     import pyarrow.parquet as pq
 
+    if compression_of(path) is not None:
+        raise DataError(f"{where(path)}: a Parquet file compresses its own columns; give it uncompressed (.parquet)")
     try:
         parquet = pq.ParquetFile(path)
     except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
