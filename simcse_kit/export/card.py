@@ -19,7 +19,7 @@ from string import Template
 import torch
 import yaml
 
-from simcse_kit.config.run import DEFAULT_MODEL
+from simcse_kit.config.run import DEFAULT_MODEL, files_label
 from simcse_kit.evaluation.contamination import format_marked_table
 from simcse_kit.export.folder import COMPAT_TESTED, ST_CLASS_PREFIX
 from simcse_kit.export.source import ExportSource
@@ -180,18 +180,23 @@ def int8_cost(result: ExportResult) -> str | None:
     return fill("int8_cost", int8_sts=f"{q:.2f}", fp32_sts=f"{ref:.2f}", change=f"{q - ref:+.2f}", max_drop=MAX_INT8_STS_DROP)
 
 
+def _files(value: object) -> str:
+    """A recorded dataset file as the card names it: its path, or a list's paths (its shards) joined."""
+    return files_label([str(v) for v in value]) if isinstance(value, list) else str(value)
+
+
 def model_card(source: ExportSource, result: ExportResult, dim: int) -> str:
     """README.md for the export: base model, recipe, data, STS table, usage, checks."""
     meta, cfg, metrics = source.meta, source.run_config, source.metrics
     data_cfg = cfg.get("data", {})
     base = source.base_model or "unknown"
     mode = str(data_cfg.get("mode", meta.get("mode", "unknown")))
-    train_file = str(data_cfg.get("train_file", meta.get("train_file", "unknown")))
+    train_file = _files(data_cfg.get("train_file", meta.get("train_file", "unknown")))
     limit = data_cfg.get("max_train_samples")
     training_data = f"`{train_file}`" + (f" (first {limit} examples)" if limit else "")
     if data_cfg.get("datasets"):  # several datasets (data.datasets): theirs, not the unused train_file's
         mode = " + ".join(dict.fromkeys(str(d["mode"]) for d in data_cfg["datasets"]))
-        training_data = ", ".join(f"{d['name']} (`{d['file']}`, {d['mode']})" for d in data_cfg["datasets"])
+        training_data = ", ".join(f"{d['name']} (`{_files(d['file'])}`, {d['mode']})" for d in data_cfg["datasets"])
     hub = hub_id(base)
     reason = result.normalize_reason
     if result.normalize:
