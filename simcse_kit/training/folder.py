@@ -161,8 +161,11 @@ def training_files(cfg: RunConfig) -> list[str | list[str]]:
     files += [cfg.data.mix_file] if cfg.data.mix_file is not None else []
     if cfg.data.dev_file is not None and not Path(cfg.data.dev_file).is_dir():
         files.append(cfg.data.dev_file)
-    once = {files_label(f): f for f in reversed(files) if not is_hub(f)}  # each once, at its first place
-    return list(reversed(once.values()))
+    once: dict[str, str | list[str]] = {}  # each once, at its first place
+    for f in files:
+        if not is_hub(f):
+            once.setdefault(files_label(f), f)
+    return list(once.values())
 
 
 def data_fingerprints(cfg: RunConfig) -> dict[str, dict[str, object]]:
