@@ -23,8 +23,9 @@ from simcse_kit.errors import ConfigError
 __all__ = ["DuplicateKeyError", "RecipeShapeError", "UniqueKeyLoader", "check_type", "parse_value", "yaml_scalar"]
 
 NULL_WORDS = ("none", "null", "~")
-PATHS = (str, list[str])  # the types of a key that takes a path or a list of paths (a dataset's shards)
 """An optional key's "no value" as text: YAML's null words, and ``none`` as the help says it."""
+PATHS = (str, list[str])
+"""The types of a key that takes a path or a list of paths (a dataset's file, or its shards)."""
 
 
 class _Mismatch(ValueError):
