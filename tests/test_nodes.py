@@ -1,0 +1,234 @@
+"""Several nodes: ``torchrun --nnodes 2 --nproc-per-node 1`` twice on this host, as two
+machines would run it (static rendezvous: ``--node-rank``, ``--master-addr``,
+``--master-port``), each "node" with its own data cache folder (``--cache-dir``), the run
+folder shared.
+
+Two nodes of one process train exactly as one node of two processes (the same loss at
+every step and the same final weights, fp32, 1e-6), each node builds its own cache, and
+across the nodes every example is seen once an epoch. A node killed mid-run (its torchrun
+agent and its worker, SIGKILL) ends the survivor within seconds with the kit's one line
+naming the lost rank and node and the ``--resume`` command; that command on both nodes
+finishes bit for bit as the uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TinyRun, write_train_data
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow  # every test launches torchrun: 4 to 8 fresh interpreters each
+
+ENV_EXTRA = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+TOL = 1e-6
+EXAMPLES, BATCH, EPOCHS = 32, 8, 3  # 4 steps an epoch, 12 in all; a checkpoint every 2
+STEPS = EXAMPLES // BATCH * EPOCHS
+LAUNCH_TIMEOUT_S = 240  # a tiny run takes ~15 s alone; generous for a loaded 2-core machine
+SURVIVOR_BOUND_S = 30  # gloo fails the survivor's next collective at once on the closed socket
+
+# The torchrun worker in place of ``-m simcse_kit.cli``: the CLI itself, with the loader's
+# collate wrapped to record (one JSON line a batch, per rank) the examples each rank gets,
+# and, with KILL_NODE_AT_BATCH, the whole "node" SIGKILLed (its torchrun agent, then this
+# worker) when this rank collates that batch: a node lost mid-run, at a known point.
+WORKER = """
+import json, os, signal, sys, time
+from pathlib import Path
+from simcse_kit.cli import main
+from simcse_kit.training import run as run_module
+
+rank = os.environ["RANK"]
+record = Path(os.environ["RECORD_DIR"], f"rank{rank}.jsonl")
+kill_at = int(os.environ.get(f"KILL_NODE_AT_BATCH_RANK{rank}", "0"))
+build_run, batches = run_module.build_run, 0
+
+
+def recorded(collate):
+    def collate_and_record(features):
+        global batches
+        batches += 1
+        if batches == kill_at:
+            Path(os.environ["RECORD_DIR"], "killed_at").write_text(repr(time.time()))
+            os.kill(os.getppid(), signal.SIGKILL)  # the node's torchrun agent
+            os.kill(os.getpid(), signal.SIGKILL)
+        with record.open("a") as fh:
+            fh.write(json.dumps([f["sent0"] for f in features]) + "\\n")
+        return collate(features)
+
+    return collate_and_record
+
+
+run_module.build_run = lambda cfg, **kwargs: build_run(cfg, **kwargs, wrap_collate=recorded)
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def options(runs: TinyRun, name: str) -> dict[str, object]:
+    """The run's config keys: unsup, dropout on (the ranks draw their own masks), fp32."""
+    data = runs.folder / "data"
+    data.mkdir(exist_ok=True)
+    return {
+        "train_file": write_train_data(data, "unsup", n=EXAMPLES),
+        "output_dir": runs.folder / name,
+        "pooler": "avg",
+        "batch_size": BATCH,
+        "learning_rate": 1e-3,
+        "num_epochs": EPOCHS,
+        "warmup_ratio": 0.1,
+        "eval_steps": 0,  # only at the end: best_model holds the final weights
+        "eval_at_start": "false",
+        "save_steps": 2,
+        "final_eval": "false",
+        "log_steps": 1,
+        "mixed_precision": "no",
+        "progress_bar": "false",
+    }
+
+
+def node_commands(runs: TinyRun, name: str, nnodes: int, nproc: int, *extra: str) -> list[list[str]]:
+    """Each node's command: ``torchrun`` with static rendezvous on a free local port, the
+    node's own cache folder ``name-cache-N``."""
+    worker = runs.folder / "worker.py"
+    worker.write_text(WORKER)
+    port = free_port()
+    train = ["train", str(runs.recipe("recipe")), *[t for k, v in options(runs, name).items() for t in (f"--{k}", str(v))]]
+    return [
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
+         "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), str(worker),
+         *train, "--cache-dir", str(runs.folder / f"{name}-cache-{node}"), *extra]
+        for node in range(nnodes)
+    ]  # fmt: skip
+
+
+def start(commands: list[list[str]], record: Path, **env: str) -> list[subprocess.Popen[str]]:
+    record.mkdir(parents=True, exist_ok=True)
+    env_all = os.environ | ENV_EXTRA | {"RECORD_DIR": str(record)} | env
+    return [subprocess.Popen(c, env=env_all, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+
+
+def finish(procs: list[subprocess.Popen[str]], timeout: float = LAUNCH_TIMEOUT_S) -> list[str]:
+    """Every launcher's output once all have ended; each that is still running after
+    ``timeout`` is killed and the test fails."""
+    try:
+        return [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
+def launch(commands: list[list[str]], record: Path) -> list[str]:
+    procs = start(commands, record)
+    outputs = finish(procs)
+    assert all(p.returncode == 0 for p in procs), outputs[0][-4000:] + outputs[-1][-4000:]
+    assert "optimiser steps on 2 process(es)" in "".join(outputs), outputs[0][-4000:]
+    return outputs
+
+
+def results(out: Path) -> tuple[list[tuple[int, float]], dict[str, torch.Tensor]]:
+    """``(loss per step, final weights)`` of a finished run."""
+    losses = [(int(s), float(v)) for s, v in json.loads((out / "metrics.json").read_text())["losses"]]
+    weights = load_file(str(out / "best_model" / "model.safetensors"))
+    head = out / "best_model" / "simcse_head.safetensors"
+    if head.exists():
+        weights |= {f"head.{k}": v for k, v in load_file(str(head)).items()}
+    return losses, weights
+
+
+def seen(record: Path, rank: int) -> list[list[str]]:
+    return [json.loads(line) for line in (record / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> TinyRun:
+    return TinyRun(tmp_path_factory.mktemp("nodes"), tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(runs: TinyRun) -> Path:
+    """The uninterrupted run on two nodes of one process each (trained once per module)."""
+    outputs = launch(node_commands(runs, "nodes", 2, 1), runs.folder / "nodes-record")
+    assert all("error" not in o.lower() for o in outputs), outputs[0][-4000:]
+    return runs.folder / "nodes"
+
+
+def test_two_nodes_train_as_one_node_of_two_processes(runs: TinyRun, two_nodes: Path) -> None:
+    launch(node_commands(runs, "one-node", 1, 2), runs.folder / "one-node-record")
+    got_loss, got_w = results(two_nodes)
+    want_loss, want_w = results(runs.folder / "one-node")
+    assert [s for s, _ in got_loss] == [s for s, _ in want_loss] == list(range(1, STEPS + 1))
+    for (step, loss), (_, ref) in zip(got_loss, want_loss, strict=True):
+        assert abs(loss - ref) <= TOL * max(1.0, abs(ref)), f"loss at step {step}: {loss} != {ref}"
+    assert got_w.keys() == want_w.keys()
+    for key, ref in want_w.items():
+        assert torch.allclose(got_w[key], ref, atol=TOL, rtol=0), (key, (got_w[key] - ref).abs().max())
+    start_w = load_file(str(runs.model_dir / "model.safetensors"))
+    assert start_w.keys() & got_w.keys() and any(not torch.equal(v, got_w[k]) for k, v in start_w.items() if k in got_w)
+
+    # Each node built its own cache (nothing read through the other's folder).
+    for node in (0, 1):
+        assert list((runs.folder / f"nodes-cache-{node}").rglob("*.arrow")), f"node {node} built no cache"
+
+    # Across the nodes, every example once an epoch; and the ranks got the same batches
+    # as the two processes of one node did.
+    sentences = write_train_data(runs.folder / "data", "unsup", n=EXAMPLES).read_text().splitlines()
+    per_epoch = EXAMPLES // BATCH
+    ranks = [seen(runs.folder / "nodes-record", r) for r in (0, 1)]
+    assert all(len(r) == STEPS for r in ranks), [len(r) for r in ranks]
+    for epoch in range(EPOCHS):
+        batches = [b for r in ranks for b in r[epoch * per_epoch : (epoch + 1) * per_epoch]]
+        assert all(len(b) == BATCH // 2 for b in batches)
+        assert sorted(s for b in batches for s in b) == sorted(sentences), f"epoch {epoch}"
+    assert ranks == [seen(runs.folder / "one-node-record", r) for r in (0, 1)]
+
+
+def test_a_killed_node_ends_the_survivor_and_resume_finishes_as_uninterrupted(runs: TinyRun, two_nodes: Path) -> None:
+    record = runs.folder / "killed-record"
+    commands = node_commands(runs, "killed", 2, 1)
+    # Rank 1's 7th batch is collated while step 6 runs (the loader fetches one ahead): the
+    # checkpoint of step 4 is whole, step 6's may be half-written.
+    procs = start(commands, record, KILL_NODE_AT_BATCH_RANK1="7")
+    survivor, _ = finish(procs)
+    ended = time.time()
+    took = ended - float((record / "killed_at").read_text())
+    assert procs[0].returncode != 0 and procs[1].returncode != 0
+    assert took < SURVIVOR_BOUND_S, f"the survivor ended {took:.1f} s after node 1 was killed"
+    print(f"node 0 ended {took:.1f} s after node 1 was killed")
+    out = runs.folder / "killed"
+    assert not (out / "metrics.json").exists()
+    lines = [line for line in survivor.splitlines() if line.startswith("simcse-kit train: error:")]
+    assert len(lines) == 1, survivor[-4000:]
+    print(lines[0])
+    assert re.search(r"lost rank 1 \(node 1\)", lines[0]), lines[0]
+    resume = re.search(r"resume with: (.*)$", lines[0])
+    assert resume, lines[0]
+    argv = shlex.split(resume.group(1))
+    assert argv[: len(commands[0])] == commands[0] and argv[len(commands[0]) :] == ["--resume"], argv
+
+    # The same command with --resume on each node (node 1's own --node-rank), a new port.
+    port = str(free_port())
+    resumed = [[port if w == c[c.index("--master-port") + 1] else w for w in c] + ["--resume"] for c in commands]
+    procs = start(resumed, runs.folder / "resumed-record")
+    outputs = finish(procs)
+    assert all(p.returncode == 0 for p in procs) and "resumed from" in outputs[0], outputs[0][-4000:]
+    got_loss, got_w = results(out)
+    want_loss, want_w = results(two_nodes)
+    assert got_loss == want_loss
+    assert got_w.keys() == want_w.keys() and all(torch.equal(got_w[k], want_w[k]) for k in want_w)
