@@ -28,7 +28,9 @@ import torch
 from conftest import REPO, TinyRun, write_train_data
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.slow  # every test launches torchrun: 4 to 8 fresh interpreters each
+from simcse_kit.cli import resume_command
+from simcse_kit.errors import PeerLost
+from simcse_kit.training.peers import Peer, Peers
 
 ENV_EXTRA = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
 TOL = 1e-6
@@ -169,6 +171,7 @@ def two_nodes(runs: TinyRun) -> Path:
     return runs.folder / "nodes"
 
 
+@pytest.mark.slow  # two torchrun launches of two processes each (~1 min on 2 busy cores)
 def test_two_nodes_train_as_one_node_of_two_processes(runs: TinyRun, two_nodes: Path) -> None:
     launch(node_commands(runs, "one-node", 1, 2), runs.folder / "one-node-record")
     got_loss, got_w = results(two_nodes)
@@ -199,6 +202,7 @@ def test_two_nodes_train_as_one_node_of_two_processes(runs: TinyRun, two_nodes: 
     assert ranks == [seen(runs.folder / "one-node-record", r) for r in (0, 1)]
 
 
+@pytest.mark.slow  # two 2-node launches: killed, resumed
 def test_a_killed_node_ends_the_survivor_and_resume_finishes_as_uninterrupted(runs: TinyRun, two_nodes: Path) -> None:
     record = runs.folder / "killed-record"
     commands = node_commands(runs, "killed", 2, 1)
@@ -232,3 +236,110 @@ def test_a_killed_node_ends_the_survivor_and_resume_finishes_as_uninterrupted(ru
     want_loss, want_w = results(two_nodes)
     assert got_loss == want_loss
     assert got_w.keys() == want_w.keys() and all(torch.equal(got_w[k], want_w[k]) for k in want_w)
+
+
+# --------------------------------------------------------------------------- the line, the timeout
+
+
+def peers_of_four() -> Peers:
+    """Rank 0 on node 0 (host a), ranks 1 and 2 on node 1 (host b), rank 3 on node 2 (host c)."""
+    peers = Peers()
+    peers.all = [
+        Peer(0, 0, "a", ("10.0.0.1",)),
+        Peer(1, 1, "b", ("10.0.0.2",)),
+        Peer(2, 1, "b", ("10.0.0.2",)),
+        Peer(3, 2, "c", ("10.0.0.3",)),
+    ]
+    peers.me = peers.all[0]
+    return peers
+
+
+def gloo(message: str) -> RuntimeError:
+    return RuntimeError(f"[../third_party/gloo/gloo/transport/tcp/pair.cc:534] {message}")
+
+
+def test_the_lost_peer_is_named_as_far_as_the_error_tells() -> None:
+    peers = peers_of_four()
+    one = peers.lost(gloo("Connection closed by peer [10.0.0.3]:41893"))
+    assert str(one) == "rank 0 (node 0) lost rank 3 (node 2, c) at 10.0.0.3: Connection closed by peer [10.0.0.3]:41893"
+    # Two ranks behind one address: both named, not a guess.
+    two = peers.lost(gloo("Connection reset by peer [10.0.0.2]:5000"))
+    assert str(two).startswith("rank 0 (node 0) lost one of ranks 1, 2 (node 1) at 10.0.0.2: Connection reset by peer")
+    # A timeout names no address: every other rank is a candidate, and the key to raise.
+    late = peers.lost(gloo("Timed out waiting 300000ms for recv operation to complete"))
+    assert str(late) == (
+        "rank 0 (node 0) heard nothing from one of ranks 1, 2, 3 (nodes 1, 2): "
+        "Timed out waiting 300000ms for recv operation to complete (train.collective_timeout_s)"
+    )
+    # On one host every process is 127.0.0.1: the peers on this host.
+    peers.all = [Peer(0, 0, "a", ("10.0.0.1",)), Peer(1, 1, "a", ("10.0.0.1",)), Peer(2, 2, "b", ("10.0.0.2",))]
+    local = peers.lost(gloo("Connection closed by peer [127.0.0.1]:41893"))
+    assert str(local).startswith("rank 0 (node 0) lost rank 1 (node 1) at 127.0.0.1:")
+
+
+def test_only_a_failed_collective_becomes_the_line() -> None:
+    with pytest.raises(PeerLost, match="lost rank 3"), peers_of_four():
+        raise gloo("Connection closed by peer [10.0.0.3]:41893")
+    with pytest.raises(RuntimeError, match="CUDA out of memory") as caught, peers_of_four():
+        raise RuntimeError("CUDA out of memory")
+    assert not isinstance(caught.value, PeerLost)
+
+
+def test_the_resume_command_is_the_launchers_own() -> None:
+    launch = ["/usr/bin/python", "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1", "-m",
+              "simcse_kit.cli", "train", "r.yaml", "--overwrite", "--output-dir", "runs/a b"]  # fmt: skip
+    assert resume_command(["train", "r.yaml"], launch) == (
+        "/usr/bin/python -m torch.distributed.run --nnodes 2 --node-rank 1 -m simcse_kit.cli train r.yaml "
+        "--output-dir 'runs/a b' --resume"
+    )
+    assert resume_command(["train", "r.yaml", "--overwrite"]) == "simcse-kit train r.yaml --resume"
+
+
+SILENT_PEER = """
+import json, os, sys, time
+import torch.distributed as dist
+from simcse_kit.config.sections import LoopConfig
+from simcse_kit.errors import PeerLost
+from simcse_kit.training.loop import start_processes
+from simcse_kit.training.peers import Peers
+
+start_processes(LoopConfig(collective_timeout_s=float(sys.argv[1])), cpu=True)
+with Peers() as peers:
+    peers.meet()
+if os.environ["RANK"] == "1":  # alive, connected, silent
+    time.sleep(60)
+    os._exit(0)
+began = time.monotonic()
+try:
+    with peers:
+        dist.barrier()
+except PeerLost as exc:
+    print(json.dumps({"seconds": time.monotonic() - began, "line": str(exc)}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow  # two fresh interpreters importing torch (~10 s)
+def test_a_silent_peer_fails_the_collective_after_collective_timeout_s(tmp_path: Path) -> None:
+    """Rank 1 alive but silent: rank 0's barrier fails after ``train.collective_timeout_s``
+    (2 s here; torch's gloo default is 30 min), as the kit's line naming rank 1."""
+    script = tmp_path / "silent.py"
+    script.write_text(SILENT_PEER)
+    port = str(free_port())
+    env = os.environ | ENV_EXTRA | {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    procs = [
+        subprocess.Popen([sys.executable, str(script), "2"], env=env | {"RANK": str(r), "LOCAL_RANK": "0", "GROUP_RANK": str(r)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in (0, 1)
+    ]  # fmt: skip
+    try:
+        out, err = procs[0].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert out.strip(), err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert 1.5 < got["seconds"] < 30, got
+    assert got["line"].startswith("rank 0 (node 0) heard nothing from rank 1 (node 1)"), got
+    assert got["line"].endswith("(train.collective_timeout_s)"), got
