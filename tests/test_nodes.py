@@ -343,3 +343,61 @@ def test_a_silent_peer_fails_the_collective_after_collective_timeout_s(tmp_path:
     assert 1.5 < got["seconds"] < 30, got
     assert got["line"].startswith("rank 0 (node 0) heard nothing from rank 1 (node 1)"), got
     assert got["line"].endswith("(train.collective_timeout_s)"), got
+
+
+# --------------------------------------------------------------------------- the teacher's cache per node
+
+TEACHER_WORKER = """
+import json, os, sys, time
+from pathlib import Path
+from types import SimpleNamespace
+from simcse_kit.config.sections import LoopConfig
+from simcse_kit.core.distributed import close_process_group
+from simcse_kit.training.inputs import sentence_table
+from simcse_kit.training.loop import start_processes
+
+teacher, cache, record = sys.argv[1], sys.argv[2].replace("NODE", os.environ["GROUP_RANK"]), Path(sys.argv[3])
+start_processes(LoopConfig(), cpu=True)
+cfg = SimpleNamespace(loss=SimpleNamespace(teacher_cache_dir=cache), train=SimpleNamespace(progress_bar=False))
+table, _ = sentence_table(cfg, json.loads((record / "texts.json").read_text()), teacher, "loss.teacher")
+(record / f"rank{os.environ['RANK']}.json").write_text(json.dumps([table.cache_hit, table.vectors.tolist()]))
+# Leave only when every rank has its table: a rank that closes its connections while another
+# is still finishing the last barrier fails that one ("Connection closed by peer").
+deadline = time.monotonic() + 120
+while len(list(record.glob("rank*.json"))) < 4 and time.monotonic() < deadline:
+    time.sleep(0.1)
+close_process_group()
+"""
+
+
+@pytest.mark.slow  # two launches of 2 nodes x 2 processes (~40 s)
+@pytest.mark.parametrize("caches", ["node-local", "shared"])
+def test_the_teachers_vectors_are_encoded_once_a_node_or_once(tmp_path: Path, caches: str) -> None:
+    """2 nodes of 2 processes: with a teacher cache folder per node, rank 0 and node 1's
+    local main process (rank 2) encode and ranks 1 and 3 read their node's cache; with one
+    folder for all, rank 0 alone encodes. Every rank gets the same vectors."""
+    from conftest import toy_sentences
+    from test_teacher import save_teacher
+
+    teacher = save_teacher(tmp_path / "teacher", hidden=16)
+    record = tmp_path / "record"
+    record.mkdir()
+    (record / "texts.json").write_text(json.dumps(toy_sentences(20)))
+    worker = tmp_path / "teacher_worker.py"
+    worker.write_text(TEACHER_WORKER)
+    cache = str(tmp_path / ("cache-NODE" if caches == "node-local" else "cache"))
+    port = str(free_port())
+    commands = [
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
+         "--master-addr", "127.0.0.1", "--master-port", port, str(worker), str(teacher), cache, str(record)]
+        for node in (0, 1)
+    ]  # fmt: skip
+    procs = start(commands, record)
+    outputs = finish(procs)
+    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    got = [json.loads((record / f"rank{r}.json").read_text()) for r in range(4)]
+    hits = [hit for hit, _ in got]
+    assert hits == ([False, True, False, True] if caches == "node-local" else [False, True, True, True])
+    want = torch.tensor(got[0][1])
+    for rank, (_, vectors) in enumerate(got):
+        assert torch.equal(torch.tensor(vectors), want), (rank, (torch.tensor(vectors) - want).abs().max())

@@ -229,7 +229,8 @@ def sentence_table(cfg: RunConfig, texts: list[str], model: str, key: str) -> tu
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return load(device), device
     state = PartialState()
-    device = str(state.device)
+    # Accelerate names a CPU process's device "cpu:0", which the encoders' --device refuses.
+    device = "cpu" if state.device.type == "cpu" else str(state.device)
     table = None
     with state.main_process_first():
         if state.is_main_process:
