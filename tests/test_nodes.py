@@ -238,6 +238,34 @@ def test_a_killed_node_ends_the_survivor_and_resume_finishes_as_uninterrupted(ru
     assert got_w.keys() == want_w.keys() and all(torch.equal(got_w[k], want_w[k]) for k in want_w)
 
 
+@pytest.mark.slow  # two 2-node launches (~1 min)
+def test_a_resume_that_a_node_cannot_read_fails_on_every_node(runs: TinyRun, two_nodes: Path) -> None:
+    """Node 1 with a run folder of its own (what a folder not on shared storage is): the
+    run trains, but on ``--resume`` node 1's process does not see rank 0's checkpoint, and
+    every process ends with the same one line (exit 2), instead of rank 0 resuming while
+    rank 1 starts over (or resumes without its RNG file, which Accelerate only logs)."""
+    commands = node_commands(runs, "unshared", 2, 1)
+    elsewhere = str(runs.folder / "unshared-node1")
+    at = commands[1].index("--output_dir") + 1
+    commands[1][at] = elsewhere
+    procs = start(commands, runs.folder / "unshared-record")
+    outputs = finish(procs)
+    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    assert not list(Path(elsewhere, "checkpoints").glob("step-*"))  # only rank 0 keeps checkpoints
+    (runs.folder / "unshared" / "metrics.json").unlink()  # as if killed after its last checkpoint
+    port = str(free_port())
+    resumed = [[port if w == c[c.index("--master-port") + 1] else w for w in c] + ["--resume"] for c in commands]
+    procs = start(resumed, runs.folder / "unshared-resumed-record")
+    outputs = finish(procs)
+    assert [p.returncode for p in procs] != [0, 0]
+    for output in outputs:
+        lines = [line for line in output.splitlines() if line.startswith("simcse-kit train: error: --resume from")]
+        # On one host node 1 sees rank 0's folder by its path, but not its own RNG file there
+        # (on two machines: "rank 1 does not see it").
+        assert len(lines) == 1 and "rank 1 sees no random_states_1.pkl in it" in lines[0], output[-3000:]
+        assert "--output-dir must be the same folder on every node" in lines[0]
+
+
 # --------------------------------------------------------------------------- the line, the timeout
 
 
