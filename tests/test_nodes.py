@@ -231,7 +231,10 @@ def test_a_killed_node_ends_the_survivor_and_resume_finishes_as_uninterrupted(ru
     resumed = [[port if w == c[c.index("--master-port") + 1] else w for w in c] + ["--resume"] for c in commands]
     procs = start(resumed, runs.folder / "resumed-record")
     outputs = finish(procs)
-    assert all(p.returncode == 0 for p in procs) and "resumed from" in outputs[0], outputs[0][-4000:]
+    assert all(p.returncode == 0 for p in procs), outputs[0][-4000:]
+    resumed_at = re.search(r"resumed from \S+step-(\d+)", outputs[0])
+    assert resumed_at and 2 <= int(resumed_at.group(1)) < STEPS, outputs[0][-4000:]
+    print(f"resumed from step {resumed_at.group(1)}")
     got_loss, got_w = results(out)
     want_loss, want_w = results(two_nodes)
     assert got_loss == want_loss

@@ -532,10 +532,10 @@ class LoopConfig:
     # is alive but silent (hung, or cut off without a reset), where torch waits 30 min (gloo)
     # or 10 min (NCCL) on every node. 5 min is still far over the longest wait the kit puts
     # a process through inside a collective: the main process's dev evaluation and saves
-    # (seconds), one node still building its data cache while the others wait (about a
-    # minute for SimCSE's 1M-sentence wiki file), the others' start while one node is
-    # still loading. The teacher's vectors are encoded on the main process first while the
-    # others wait: raise it for a big teacher's first run (later runs read the cache).
+    # (seconds); a node still building its data caches while the others wait to start the
+    # group (the text cache of a 1M-line file: ~3 s, docs/contamination.md; its token table
+    # longer). The teacher's vectors are encoded on rank 0 first while the others wait:
+    # raise it for a big teacher's first run (later runs read the cache).
     collective_timeout_s: float = option(
         300.0,
         "Several processes: a collective that hears nothing from a peer for this many seconds fails the run, naming "
