@@ -551,6 +551,20 @@ class LoopConfig:
     log_steps: int = option(10, "record the loss every N steps")
     save_steps: int = option(0, "full training state every N steps for --resume (0: off)")
     progress_bar: bool = option(True, "tqdm bar on the main process")
+    # A dead peer (its process killed, its node down) closes its sockets, and gloo and NCCL
+    # fail the survivors' next collective at once, whatever this says; it bounds a peer that
+    # is alive but silent (hung, or cut off without a reset), where torch waits 30 min (gloo)
+    # or 10 min (NCCL) on every node. 5 min is still far over the longest wait the kit puts
+    # a process through inside a collective: the main process's dev evaluation and saves
+    # (seconds); a node still building its data caches while the others wait to start the
+    # group (the text cache of a 1M-line file: ~3 s, docs/contamination.md; its token table
+    # longer). The teacher's vectors are encoded on rank 0 first while the others wait:
+    # raise it for a big teacher's first run (later runs read the cache).
+    collective_timeout_s: float = option(
+        300.0,
+        "Several processes: a collective that hears nothing from a peer for this many seconds fails the run, naming "
+        "the peer, with the --resume command (a peer that dies fails it at once)",
+    )
     report_to: list[str] = field(
         default_factory=list,
         metadata={
@@ -576,6 +590,7 @@ class LoopConfig:
             ("eval_steps", self.eval_steps >= 0, ">= 0 (0: evaluate only at the end)"),
             ("save_steps", self.save_steps >= 0, ">= 0 (0: no periodic checkpoints)"),
             ("log_steps", self.log_steps >= 1, ">= 1"),
+            ("collective_timeout_s", 0 < self.collective_timeout_s < math.inf, "> 0 and finite"),
             # numpy's seed (accelerate's set_seed seeds it too) is a uint32.
             ("seed", 0 <= self.seed < 2**32, "in [0, 2**32 - 1] (numpy's seed range)"),
             # Negative decay pushes weights away from zero: never a regulariser, always a typo.

@@ -278,13 +278,52 @@ class Checkpoints:
         accelerator.wait_for_everyone()
         return final
 
+    def agreed(self, accelerator: Accelerator) -> Path | None:
+        """The checkpoint rank 0 resumes from (:meth:`intact` there), on every process; a
+        collective. Every process reads it (the weights, the optimizer, its own RNG file
+        ``random_states_R.pkl``, which Accelerate skips with an INFO line where it is
+        missing, going on with other random numbers), so every process must see it: one
+        that does not (a run folder not shared between nodes, a process count changed)
+        fails every process with the same line, rather than training a resume that is not one.
+
+        Raises:
+            ConfigError: :meth:`intact`'s on rank 0, or a process that does not see rank 0's checkpoint.
+        """
+        rank = accelerator.process_index
+        try:
+            mine: tuple[str | None, str | None] = (str(self.intact() or "") or None, None)
+        except ConfigError as exc:
+            mine = (None, str(exc))
+        views: list[tuple[str | None, str | None] | None] = [None] * accelerator.num_processes
+        torch.distributed.all_gather_object(views, mine)
+        chosen, error = views[0] or (None, None)
+        if error is not None:
+            raise ConfigError(error)
+        rng = f"random_states_{rank}.pkl"
+        blind = []
+        for other, view in enumerate(views):
+            if chosen is None and view is not None and view[0] is not None:
+                blind.append(f"rank {other} sees {view[0]}, rank 0 no checkpoint")
+        if chosen is not None:
+            seen = [(Path(chosen) / LOOP_STATE).is_file(), (Path(chosen) / rng).is_file()]
+            flags: list[list[bool] | None] = [None] * accelerator.num_processes
+            torch.distributed.all_gather_object(flags, seen)
+            blind += [f"rank {r} {'sees no random_states_' + str(r) + '.pkl in it' if f[0] else 'does not see it'}"
+                      for r, f in enumerate(flags) if f is not None and not all(f)]  # fmt: skip
+        if blind:
+            raise ConfigError(
+                f"--resume from {chosen or self.folder}: {'; '.join(blind)}. Every process reads the checkpoint: "
+                "--output-dir must be the same folder on every node (shared storage), and the launch as many processes"
+            )
+        return None if chosen is None else Path(chosen)
+
     def restore(self, accelerator: Accelerator, state: LoopState, generator: torch.Generator | None) -> Path | None:
         """Load the newest checkpoint into the prepared objects, ``state`` and the shuffling
         ``generator``, and put ``best_dir`` back to its snapshot; None if there is none."""
         if accelerator.is_main_process and self.folder.is_dir():
             for stale in self.folder.glob(".step-*"):  # a failed save's leftovers (they may fill the disk)
                 shutil.rmtree(stale, ignore_errors=True)
-        ckpt = self.intact()
+        ckpt = self.intact() if accelerator.num_processes == 1 else self.agreed(accelerator)
         if ckpt is None:
             logger.info("no checkpoint in %s: starting from the beginning", self.folder)
             return None

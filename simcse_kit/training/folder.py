@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 RESUME_MAY_DIFFER = (
     "train.output_dir",
     "train.progress_bar",
+    "train.collective_timeout_s",
+    "data.cache_dir",  # a node's own cache folder: each node of a launch may name another
     "data.num_workers",
     "train.save_steps",
     "train.report_to",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -213,15 +212,14 @@ def load_teacher(cfg: RunConfig, texts: list[str]) -> tuple[TeacherTargets, Teac
 
 def sentence_table(cfg: RunConfig, texts: list[str], model: str, key: str) -> tuple[TeacherTable, str]:
     """``model``'s vectors of the distinct training sentences ``texts`` (cached; the teacher's and
-    the guide's alike), with the device it ran on. Several processes: the main process encodes
-    (or reads the cache) first, the others then read its cache."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    order = nullcontext()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        state = PartialState()
-        device, order = str(state.device), state.main_process_first()
-    with order:
-        table = load_teacher_table(
+    the guide's alike), with the device it ran on. Several processes: the main process (global
+    rank 0) encodes (or reads the cache) first; then each node's local main process, which
+    reads that cache where ``loss.teacher_cache_dir`` is on storage all nodes share, or encodes
+    into its node's own; then the others, who read their node's cache. Each node encodes at
+    most once, and with a shared cache only rank 0 does."""
+
+    def load(device: str) -> TeacherTable:
+        return load_teacher_table(
             model,
             texts,
             cache_dir=cfg.loss.teacher_cache_dir,
@@ -229,6 +227,20 @@ def sentence_table(cfg: RunConfig, texts: list[str], model: str, key: str) -> tu
             show_progress=cfg.train.progress_bar,
             config_key=key,
         )
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return load(device), device
+    state = PartialState()
+    # Accelerate names a CPU process's device "cpu:0", which the encoders' --device refuses.
+    device = "cpu" if state.device.type == "cpu" else str(state.device)
+    table = None
+    with state.main_process_first():
+        if state.is_main_process:
+            table = load(device)
+    with state.local_main_process_first():
+        if table is None:
+            table = load(device)
     return table, device
 
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate import state as accelerate_state
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs, ProjectConfiguration, set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -97,6 +99,7 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
     if accelerate_state.is_initialized() and str(accelerate_state.AcceleratorState().mixed_precision) != precision:
         reset_accelerate_state()
     return Accelerator(
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.collective_timeout_s))],
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.grad_accum,
         cpu=cpu,
@@ -105,6 +108,17 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
         log_with=trackers or None,
         project_config=ProjectConfiguration(logging_dir=str(logging_dir)) if logging_dir is not None else None,
     )
+
+
+def start_processes(cfg: LoopConfig, cpu: bool | None = None) -> None:
+    """Under a launcher (``WORLD_SIZE`` > 1: torchrun, ``accelerate launch``), join the
+    launch's process group now, with ``cfg.collective_timeout_s`` as every collective's
+    timeout; one process: nothing. Whatever starts the group first sets its timeout (the
+    precision's agreement, the teacher's cache, the Accelerator all reuse it), so a text
+    run calls this before any of them."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        cpu = not torch.cuda.is_available() if cpu is None else cpu
+        accelerate_state.PartialState(cpu=cpu, timeout=timedelta(seconds=cfg.collective_timeout_s))
 
 
 def make_optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:

@@ -67,10 +67,11 @@ from simcse_kit.training.inputs import (
     load_training_sets,
     training_texts,
 )
-from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare
+from simcse_kit.training.loop import Prepared, fit, make_accelerator, prepare, start_processes
 from simcse_kit.training.mixture import MixtureObjective
 from simcse_kit.training.momentum_queue import MomentumQueue
 from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.peers import Peers
 from simcse_kit.training.selection import LEGACY_DEV_LABEL, LEGACY_DEV_METRIC, metric_label
 from simcse_kit.training.steps import GradCacheStep, MomentumQueueStep, Step
 from simcse_kit.training.teacher import TeacherTable
@@ -137,8 +138,11 @@ def train(cfg: RunConfig, overwrite: bool = False, resume: bool = False) -> dict
     is locked (:class:`~simcse_kit.training.guards.RunLock`) from before anything in it changes
     until this returns or raises.
     """
-    with ExitStack() as held:
+    # A collective failed by a lost peer (killed, crashed, its node down, or silent past
+    # train.collective_timeout_s) leaves as errors.PeerLost: one line naming it.
+    with ExitStack() as held, Peers() as peers:
         run = build_run(cfg)  # every input checked before the run folder is touched
+        peers.meet()  # who runs where, for that line
         out = prepare_run_dir_once(run.accelerator, run.recorded, overwrite, resume, held)  # the main process writes
         start_tracking(run.accelerator, run.cfg, run_name=out.name)  # the whole resolved config as hyper-parameters
         # SIGTERM/SIGUSR1/SIGINT during training: a checkpoint, then guards.Stopped. During the
@@ -214,6 +218,7 @@ def build_run(
     # every process), before the run folder records the config: config.yaml says what ran,
     # and a resume on another machine that would decide differently is refused rather than
     # silently mixed.
+    start_processes(cfg.train, cpu)  # the collectives' timeout is set where the process group starts
     train_cfg, precision = with_concrete_precision(cfg.train, cpu)
     cfg = replace(cfg, train=train_cfg)
     # The teacher's vectors too (encoded once, or read from the cache): a teacher that
