@@ -13,6 +13,10 @@ job trained with ``loss.quantization``; ``--seed`` labels the trained ones) is e
   ``--calibration-lines`` sentences of the Wikipedia file (``docs/quantization.md``). The
   per-pair scores go to a sidecar (``<record>.npz``, :mod:`benchmarks.stats`): the report's
   intervals over seeds and pairs;
+* nDCG@10 x 100 on the retrieval tasks the BM25 baseline keeps sound (``--retrieval-tasks``,
+  default ``stsb-similar`` and ``sick-related``: BENCHMARKS.md, Retrieval), searched at the
+  precision as ``simcse-kit evaluate --precision`` searches (binary + rescore: ``--rescore``
+  Hamming candidates re-ranked by the float query);
 * recall@10 against the model's own float32 top 10, ``--queries`` queries over ``--recall-corpus``
   documents (search at the precision as ``simcse-kit evaluate --precision`` does it);
 * search time per 1,000 queries over ``--search-corpus`` vectors (100,000 by default; the first
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -208,8 +213,9 @@ Rows = list[dict[str, Any]]
 Pairs = dict[str, dict[str, np.ndarray]]  # row -> task -> per-pair scores
 
 
-def evaluate_model(name: str, path: str, sts: Any, args: argparse.Namespace) -> tuple[Rows, Pairs, Any]:
+def evaluate_model(name: str, path: str, sts: Any, retrieval: Any, args: argparse.Namespace) -> tuple[Rows, Pairs, Any]:
     """Every (dimension, precision) row of one model, its per-pair STS scores by row, and its encode."""
+    from simcse_kit.evaluation.quantization import VectorPrecision
     from simcse_kit.evaluation.sts import spearman100
     from simcse_kit.model.inference import load_encoder
 
@@ -232,15 +238,19 @@ def evaluate_model(name: str, path: str, sts: Any, args: argparse.Namespace) -> 
         pairs[f"{name} {dim} {precision}"] = per_pair
         search, truth = searched(queries[:, :dim], corpus[:, :dim], precision, ranges[:, :dim], args.rescore)
         kind = precision.split("+")[0]
+        rescore = args.rescore if precision == "binary+rescore" else 0
+        retrieval.vectors = VectorPrecision(kind, ranges[:, :dim] if kind == "int8" else None, rescore)
+        ndcg = {t: v for t, v in retrieval(prefix).items() if "/" not in t}
         rows.append(
             {"model": name, "path": path, "seed": args.seed if name != "base" else None, "dim": dim, "precision": precision}
             | {"bytes_per_vector": {"float32": 4 * dim, "int8": dim}.get(kind, (dim + 7) // 8)}
             | {"sts_avg": float(np.mean(list(tasks.values()))), "sts": tasks}
+            | {"retrieval_ndcg@10": ndcg}
             | {"recall@10_vs_float": recall(search(), truth), "recall_corpus": len(corpus), "queries": len(queries)}
             | {"int8_calibration": calibration}
         )
         row = rows[-1]
-        print(f"{name} {dim} {precision}: STS avg {row['sts_avg']:.2f}, R@10 {row['recall@10_vs_float']:.2f}", flush=True)
+        print(f"{name} {dim} {precision}: STS avg {row['sts_avg']:.2f}, nDCG@10 {ndcg}, R@10 {row['recall@10_vs_float']:.2f}")
     return rows, pairs, encode
 
 
@@ -260,6 +270,15 @@ def search_times(encode: Callable[[list[str]], np.ndarray], path: str, args: arg
     return out
 
 
+class _NoRetrieval:
+    """``--retrieval-tasks`` with none: no retrieval figures."""
+
+    vectors: Any = None
+
+    def __call__(self, encode: Any) -> dict[str, float]:
+        return {}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -269,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--dims", default="full,128", help="comma-separated: 'full' and Matryoshka prefix sizes")
     p.add_argument("--tasks", nargs="+", default=None, help="STS tasks (default: the 7)")
     p.add_argument("--queries", type=int, default=1000, help="queries searched")
+    p.add_argument(
+        "--retrieval-tasks", nargs="*", default=["stsb-similar", "sick-related"], help="built-in retrieval tasks (none: skip)"
+    )
     p.add_argument("--recall-corpus", type=int, default=10_000, help="documents of each model's recall@10")
     p.add_argument("--search-corpus", type=int, default=100_000, help="vectors the search is timed over (0: not timed)")
     p.add_argument("--rounds", type=int, default=3, help="timed searches per row (the median is reported)")
@@ -289,13 +311,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.error("--models: give NAME=PATH pairs, e.g. base=all-MiniLM-L6-v2")
     from simcse_kit.config.recipes import senteval_dir
     from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.evaluation.retrieval import RetrievalEvaluator
+    from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks
 
     sts = STSEvaluator(senteval_dir(None, None), tasks=args.tasks, batch_size=args.batch_size)
+    folders = build_retrieval_tasks(Path(tempfile.mkdtemp(prefix="compact-")), DATA, args.retrieval_tasks or [])
+    retrieval = RetrievalEvaluator(list(folders.values()), batch_size=args.batch_size) if folders else _NoRetrieval()
     rows: list[dict[str, Any]] = []
     pairs: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     timing: list[dict[str, Any]] = []
     for i, (name, path) in enumerate(specs):
-        model_rows, model_pairs, encode = evaluate_model(name, path, sts, args)
+        model_rows, model_pairs, encode = evaluate_model(name, path, sts, retrieval, args)
         rows += model_rows
         pairs |= {row: {args.seed if name != "base" else 0: tasks} for row, tasks in model_pairs.items()}
         if i == 0 and args.search_corpus:
