@@ -90,12 +90,18 @@ def machine() -> dict[str, Any]:
     except OSError:
         commit = "?"
     return {
-        "cpu": cpu, "cpu_class": cpu_class(flags), "cores": os.cpu_count(),
+        "cpu": cpu,
+        "cpu_class": cpu_class(flags),
+        "cores": os.cpu_count(),
         "isa_flags": sorted(f for f in flags if f in {"avx2", "avx512f", "avx512_bf16", "avx512_vnni"} or f.startswith("amx")),
-        "amx": any(f.startswith("amx") for f in flags), "avx512_bf16": "avx512_bf16" in flags,
-        "kernel_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ}, "torch_threads": torch.get_num_threads(),
+        "amx": any(f.startswith("amx") for f in flags),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "kernel_limits": {k: os.environ[k] for k in ISA_LIMITS if k in os.environ},
+        "torch_threads": torch.get_num_threads(),
         "versions": {n: _version(n) for n in ("torch", "transformers", "sentence-transformers", "accelerate", "simcse-kit")},
-        "torch": torch.__version__, "python": platform.python_version(), "commit": commit,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "commit": commit,
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load_avg_1min": (round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None),
     } | gpu_record()
@@ -147,8 +153,10 @@ class CpuActivity:
         others = (busy - self.busy) / tick - (_own_cpu_seconds() - self.own)
         cores = os.cpu_count() or 1
         self.record = {
-            "load_avg_before": round(self.load_before, 2), "load_avg_after": round(os.getloadavg()[0], 2),
-            "wall_s": round(wall, 2), "other_cpu_share": round(max(0.0, others) / (wall * cores), 4),
+            "load_avg_before": round(self.load_before, 2),
+            "load_avg_after": round(os.getloadavg()[0], 2),
+            "wall_s": round(wall, 2),
+            "other_cpu_share": round(max(0.0, others) / (wall * cores), 4),
             "steal_share": round((steal - self.steal) / tick / (wall * cores), 4),
         }
         self.record["busy"] = self.record["other_cpu_share"] > self.BUSY_SHARE
@@ -204,7 +212,9 @@ class TimedCollator:
         sentences = sum(self.sentences[warmup : warmup + steps])
         tokens = sum(self.tokens[warmup : warmup + steps])
         return {
-            "seconds": seconds, "sentences": sentences, "sentences_per_s": (sentences / seconds),
+            "seconds": seconds,
+            "sentences": sentences,
+            "sentences_per_s": (sentences / seconds),
             "padded_tokens_per_s": (tokens / seconds),
         }
 
@@ -226,7 +236,12 @@ def run_worker(script: Path, args: list[str], threads: int, env: dict[str, str] 
 
 
 def run_rounds(
-    script: Path, variants: list[str], common: list[str], rounds: int, threads: int, env: dict[str, str] | None = None,
+    script: Path,
+    variants: list[str],
+    common: list[str],
+    rounds: int,
+    threads: int,
+    env: dict[str, str] | None = None,
     metric: str = "sentences_per_s",
 ) -> list[dict[str, Any]]:
     """Each variant in a fresh interpreter (:func:`run_worker` with ``--worker=VARIANT``),
@@ -251,8 +266,11 @@ def spread(values: list[float]) -> dict[str, float]:
 
     med = statistics.median(values)
     return {
-        "median": med, "min": min(values), "max": max(values),
-        "half_range_pct": (100 * (max(values) - min(values)) / 2 / med if med else float("nan")), "n": len(values),
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "half_range_pct": (100 * (max(values) - min(values)) / 2 / med if med else float("nan")),
+        "n": len(values),
     }
 
 
@@ -322,14 +340,14 @@ def kit_recipe_run(
     """A run of the repo's recipe ``recipe`` (``unsup``, ...) on ``sentences`` (or the columns
     its mode reads: ``sent0``, ``sent1``, ``hard_neg``) with
     ``overrides`` (``train.`` / ``model.`` keys by their short names, as on the command
-    line), on the CPU, built as a text run is (``simcse_kit.training.run.build_run``: "auto"
+    line), on the CPU, built as a text run is (``simcse_kit.training.wiring.run.build_run``: "auto"
     precision decided, ``mmap_threshold_mib`` applied) without dev selection or run folder;
     ``fit(run, run.step, run.cfg.train)`` trains it; ``timer`` stamps every batch it collates."""
     import datasets
 
     from simcse_kit.config.recipes import find_recipe
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.wiring.run import build_run
 
     opts = {"eval_steps": 0, "eval_at_start": False, "log_steps": 10**9, "progress_bar": False, "report_to": "none"}
     opts |= {"output_dir": tempfile.mkdtemp()} | overrides
@@ -344,8 +362,16 @@ def emit(result: dict[str, Any]) -> None:
 
 
 def st_pair_trainer(
-    model: Any, sents: list[str] | Any, batch_size: int, max_steps: int, loss: Any, *, bf16: bool, cpu: bool,
-    workers: int = 0, callbacks: Sequence[Any] = (),
+    model: Any,
+    sents: list[str] | Any,
+    batch_size: int,
+    max_steps: int,
+    loss: Any,
+    *,
+    bf16: bool,
+    cpu: bool,
+    workers: int = 0,
+    callbacks: Sequence[Any] = (),
 ) -> Any:
     """sentence-transformers' trainer on ``(s, s)`` pairs (its documented unsupervised SimCSE), or on
     ``sents`` as given where a ``datasets.Dataset``, with its own defaults otherwise (fused AdamW, clipping
@@ -354,16 +380,29 @@ def st_pair_trainer(
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
     train_args = SentenceTransformerTrainingArguments(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch_size, max_steps=max_steps, learning_rate=3e-5,
-        bf16=bf16, use_cpu=cpu, dataloader_num_workers=workers, save_strategy="no", report_to="none", logging_steps=10**9,
-        disable_tqdm=True, dataloader_drop_last=True, seed=42,
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=batch_size,
+        max_steps=max_steps,
+        learning_rate=3e-5,
+        bf16=bf16,
+        use_cpu=cpu,
+        dataloader_num_workers=workers,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10**9,
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+        seed=42,
     )
     pairs = sents if isinstance(sents, datasets.Dataset) else datasets.Dataset.from_dict({"anchor": sents, "positive": sents})
     return SentenceTransformerTrainer(model=model, args=train_args, train_dataset=pairs, loss=loss, callbacks=list(callbacks))
 
 
 def st_pair_throughput(
-    args: Any, sents: list[str] | Any, make_loss: Callable[[Any], Any], path: str = "all-MiniLM-L6-v2",
+    args: Any,
+    sents: list[str] | Any,
+    make_loss: Callable[[Any], Any],
+    path: str = "all-MiniLM-L6-v2",
     adapt: Callable[[Any], None] | None = None,
 ) -> dict[str, float]:
     """Train sentence-transformers' ``path`` (``adapt(model)`` first: an adapter) on ``(s, s)`` pairs, or

@@ -40,7 +40,7 @@ def one_variant(
     from simcse_kit.config.run import LossConfig, ModelConfig
     from simcse_kit.model.checkpointing import enable_gradient_checkpointing
     from simcse_kit.model.modeling import SimCSEModel, base_encoder
-    from simcse_kit.training.objectives import SimCSEObjective
+    from simcse_kit.training.objective.objectives import SimCSEObjective
 
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(path), pooler="avg", lora_r=lora, packing=False))
     how = enable_gradient_checkpointing(base_encoder(model.encoder)) if checkpointing else "off"

@@ -45,7 +45,7 @@ from benchmarks._harness import RESULTS, add_options, keep, start
 VARIANTS = ("kit", "st", "lists")
 LISTS_MAX = 1_000_000  # the old lists need ~2.5 GB a million lines
 DEV_PAIRS = 100
-# The kit's log lines that end each phase (simcse_kit.data.readers, simcse_kit.training.loop).
+# The kit's log lines that end each phase (simcse_kit.data.readers, simcse_kit.training.engine.loop).
 PHASES = {"started_s": " INFO ", "data_s": "loaded ", "ready_s": "optimiser steps on"}
 
 

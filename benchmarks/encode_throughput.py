@@ -86,8 +86,12 @@ def worker(args: argparse.Namespace) -> None:
     np.save(Path(args.emb_dir) / f"{args.worker}-{args.offset}.npy", emb)
     emit(
         {
-            "variant": args.worker, "sentences": len(sentences), "seconds": seconds,
-            "sentences_per_s": (len(sentences) / seconds), "stsb_test": sts_b(emb, pairs), "peak_rss_mib": peak_rss_mib(),
+            "variant": args.worker,
+            "sentences": len(sentences),
+            "seconds": seconds,
+            "sentences_per_s": (len(sentences) / seconds),
+            "stsb_test": sts_b(emb, pairs),
+            "peak_rss_mib": peak_rss_mib(),
         }
     )
 

@@ -175,8 +175,8 @@ def run_kit(
 
     from simcse_kit.config.recipes import find_recipe
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.loop import fit
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.engine.loop import fit
+    from simcse_kit.training.wiring.run import build_run
 
     total = args.warmup + args.steps + 1
     overrides = {
@@ -216,9 +216,11 @@ def run_kit(
     fit(run, step, run.cfg.train)
     model = run.accelerator.unwrap_model(run.model)
     return {
-        "seconds": clock.seconds(), "sentences": (2 * job.batch_size * args.steps),
+        "seconds": clock.seconds(),
+        "sentences": (2 * job.batch_size * args.steps),
         "flops": step_flops(model.encoder.config, real_lengths(run.tokenizer, sents, job, args)),
-        "precision": run.cfg.train.mixed_precision, "packing_active": bool(model.packing),
+        "precision": run.cfg.train.mixed_precision,
+        "packing_active": bool(model.packing),
         "syncs": (None if syncs is None else syncs.where),
     }
 
@@ -244,15 +246,24 @@ def run_st(job: Job, folder: str, sents: list[str], workers: int, args: argparse
             clock.at(state.global_step)  # the start of the step after global_step finished ones
 
     trainer = st_pair_trainer(
-        model, sents, job.batch_size, total, MultipleNegativesRankingLoss(model),
-        bf16=on_gpu, cpu=not on_gpu, workers=workers, callbacks=[Clock()],
+        model,
+        sents,
+        job.batch_size,
+        total,
+        MultipleNegativesRankingLoss(model),
+        bf16=on_gpu,
+        cpu=not on_gpu,
+        workers=workers,
+        callbacks=[Clock()],
     )
     reset_peak()
     trainer.train()
     return {
-        "seconds": clock.seconds(), "sentences": (2 * job.batch_size * args.steps),
+        "seconds": clock.seconds(),
+        "sentences": (2 * job.batch_size * args.steps),
         "flops": step_flops(cast(Any, model[0]).auto_model.config, real_lengths(model.tokenizer, sents, job, args)),
-        "precision": ("bf16" if on_gpu else "no"), "packing_active": False,
+        "precision": ("bf16" if on_gpu else "no"),
+        "packing_active": False,
     }
 
 
@@ -277,10 +288,19 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     device, peak = device_peak()
     flops_per_s = res["flops"] / res["seconds"]
     return {
-        "variant": args.worker, "job": job.name, "device": device, "workers": workers, "packing": res["packing_active"],
-        "precision": res["precision"], "steps": args.steps, "seconds": res["seconds"],
-        "sentences_per_s": (res["sentences"] / res["seconds"]), "peak_memory_mib": peak_mib, "memory_kind": kind_of_memory,
-        "model_tflops_per_s": (flops_per_s / 1e12), "mfu": (None if peak is None else flops_per_s / peak),
+        "variant": args.worker,
+        "job": job.name,
+        "device": device,
+        "workers": workers,
+        "packing": res["packing_active"],
+        "precision": res["precision"],
+        "steps": args.steps,
+        "seconds": res["seconds"],
+        "sentences_per_s": (res["sentences"] / res["seconds"]),
+        "peak_memory_mib": peak_mib,
+        "memory_kind": kind_of_memory,
+        "model_tflops_per_s": (flops_per_s / 1e12),
+        "mfu": (None if peak is None else flops_per_s / peak),
         "syncs": res.get("syncs"),
     }
 
@@ -389,8 +409,12 @@ def main() -> None:
     jobs = [parse_job(j) for j in args.jobs] if args.jobs else SMOKE_JOBS if smoke else GPU_JOBS
     variants = args.variants or [f"{kind}-w{w}" for w in args.workers for kind in ("kit-pack", "kit-pad", "st")]
     record: dict[str, Any] = {
-        "command": " ".join(["python -m benchmarks.gpu", *sys.argv[1:]]), "machine": machine(), "device": device_peak()[0],
-        "smoke": smoke, "args": (vars(args) | {"out": str(args.out)}), "jobs": {},
+        "command": " ".join(["python -m benchmarks.gpu", *sys.argv[1:]]),
+        "machine": machine(),
+        "device": device_peak()[0],
+        "smoke": smoke,
+        "args": (vars(args) | {"out": str(args.out)}),
+        "jobs": {},
     }
     for job in jobs:
         folder = model_folder(job)

@@ -177,7 +177,8 @@ def main() -> int:
     onnx32 = OnnxEncoder(out, FP32_FILE, threads=args.threads)
     onnx8 = OnnxEncoder(out, INT8_FILE, threads=args.threads)
     backends: dict[str, Any] = {
-        "torch fp32": (lambda s, b: kit.encode(s, b)), "onnx fp32": (lambda s, b: onnx32.encode(s, b)),
+        "torch fp32": (lambda s, b: kit.encode(s, b)),
+        "onnx fp32": (lambda s, b: onnx32.encode(s, b)),
         "onnx int8": (lambda s, b: onnx8.encode(s, b)),
     }
     sts = {
@@ -217,8 +218,14 @@ def main() -> int:
         "command": " ".join(["python -m benchmarks.onnx_speed", *sys.argv[1:]]),
         "machine": (machine() | {"versions": versions(), "threads": args.threads, "load_avg_before": load_before}),
         "export": {"seconds": export_s, "exporter": onnx_info["exporter"], "opset": onnx_info["opset"], "gate_sts": gate_sts},
-        "n_sentences": len(sentences), "latency_sentences": args.latency_sentences, "batch_size": args.batch_size,
-        "rounds": args.rounds, "table_median": table, "cold_start_median": cold_table, "runs": runs, "cold_runs": cold,
+        "n_sentences": len(sentences),
+        "latency_sentences": args.latency_sentences,
+        "batch_size": args.batch_size,
+        "rounds": args.rounds,
+        "table_median": table,
+        "cold_start_median": cold_table,
+        "runs": runs,
+        "cold_runs": cold,
     }
     payload["machine"]["load_avg_after"] = os.getloadavg()
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -40,8 +40,8 @@ def worker(args: argparse.Namespace) -> None:
     import simcse_kit
     from simcse_kit.config.recipes import find_recipe
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.inputs import load_checked_tokenizer, load_training_data
-    from simcse_kit.training.run import make_loader
+    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_data
+    from simcse_kit.training.wiring.loaders import make_loader
 
     torch.set_num_threads(1)
     overrides = {"cache_dir": args.cache_dir, "output_dir": tempfile.mkdtemp(), "report_to": "none"}

@@ -39,7 +39,7 @@ from benchmarks.st_peers import (
 )
 from benchmarks.stats import save_rows
 from simcse_kit.config.run import DEFAULT_MODEL
-from simcse_kit.training.selection import dev_selection
+from simcse_kit.training.engine.selection import dev_selection
 
 DEV_KEY, TIE_KEY = "best_stsb_dev", "dev_trained"  # the only keys the learning-rate choice reads
 TARGET = {"sick": "SICKRelatedness", "stsb": "STSBenchmark", "": "STSBenchmark"}  # each domain's test column
@@ -298,7 +298,7 @@ def check_same_run(cfg: Any, folder: Path) -> None:
     precision key matches whatever the run decided from the hardware: another machine may differ)."""
     from simcse_kit.config.run import load_config
     from simcse_kit.errors import ConfigError
-    from simcse_kit.training.folder import config_differences
+    from simcse_kit.training.wiring.folder import config_differences
 
     auto = {f"train.{k}" for k in PRECISION_KEYS if getattr(cfg.train, k) == "auto"}
     saved = load_config(folder / "config.yaml")
@@ -322,7 +322,7 @@ def run_job(job: Job) -> dict[str, float]:
         return runs[job.seed]
     if job.kind != "kit":
         raise ValueError(f"unknown job kind {job.kind!r}")
-    from simcse_kit.training.experiments import run_seeds
+    from simcse_kit.training.wiring.experiments import run_seeds
 
     cfg = kit_config(job)
     folder = Path(job.out) / f"seed-{job.seed}"
@@ -546,8 +546,8 @@ def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False, teach
     scored by ``simcse-kit score --model teacher``."""
     from simcse_kit.data.readers import read_rows
     from simcse_kit.files import write_text_atomic
-    from simcse_kit.training.mining import mine_file
-    from simcse_kit.training.scoring import score_file
+    from simcse_kit.tools.mining import mine_file
+    from simcse_kit.tools.scoring import score_file
 
     target = out / f"snli_pairs_mined{k if k > 1 else ''}.csv"
     if first:
@@ -577,14 +577,14 @@ def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False, teach
 
 def training_rows(job: Job) -> int:
     """How many examples ``job`` trains on, read as its run reads them."""
-    from simcse_kit.training.run import load_training_data
+    from simcse_kit.training.wiring.run import load_training_data
 
     return len(load_training_data(job_config(job)))
 
 
 def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) -> None:
     """The teacher's and guide's vectors of ``row``'s training sentences on ``domain``, cached before any worker starts."""
-    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_data, load_training_sets, training_texts
+    from simcse_kit.training.wiring.inputs import load_guide, load_teacher, load_training_data, load_training_sets, training_texts
 
     job = row_job(table, domain, row, 3e-5, 0, True, args)
     cfg = job_config(job)
@@ -596,7 +596,7 @@ def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) 
 
 def stats(name: str, domain: str, kind: str, per_seed: Mapping[int, Mapping[str, float]], lr: float | None) -> dict[str, Any]:
     """A row as ``report.py`` reads it: mean and sample std over the seeds, and each seed's table."""
-    from simcse_kit.training.experiments import aggregate
+    from simcse_kit.training.wiring.experiments import aggregate
 
     mean, std = aggregate(list(per_seed.values()))
     seeds = {str(k): dict(v) for k, v in per_seed.items()}
@@ -606,7 +606,7 @@ def stats(name: str, domain: str, kind: str, per_seed: Mapping[int, Mapping[str,
 
 def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run ``table``'s rows (``args.rows``) and untouched models; the record ``report.py`` renders."""
-    from simcse_kit.training.experiments import parse_values
+    from simcse_kit.training.wiring.experiments import parse_values
 
     spec = TABLES[table]
     rates = {r: parse_values("learning rate", args.learning_rates or spec.rows[r].learning_rates or spec.learning_rates)
@@ -670,7 +670,7 @@ def prepare(args: argparse.Namespace, table: Table) -> None:
     the seeds and the retrieval tasks (built under the output folder) in place."""
     from simcse_kit.config.recipes import DATA_ENV, data_root
     from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
-    from simcse_kit.training.experiments import parse_seeds
+    from simcse_kit.training.wiring.experiments import parse_seeds
 
     args.data_root = data_root(args.data_root)
     if args.data_root is None or not args.data_root.is_dir():

@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 LOSSES = ("mnrl", "tsdae", "ct", "mse", "gist", "cosent", "angle")  # mse: from loss.teacher; gist: with loss.guide
 SCORE_PEERS = ("cosent", "angle")  # data.mode scored: the kit's scores (already mapped onto [0, 1]) as the labels
 TSDAE_DELETION = 0.6  # TSDAE's best deletion ratio (Wang et al. 2021, Table 6)
-EVAL_BATCH_SIZE = 128  # as simcse_kit.training.run, so dev and test scores batch alike
+EVAL_BATCH_SIZE = 128  # as simcse_kit.training.wiring.run, so dev and test scores batch alike
 
 logger = logging.getLogger("st_peers")
 
@@ -68,7 +68,7 @@ def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> dat
 
 def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datasets.Dataset:
     """sentence-transformers' model-distillation data."""
-    from simcse_kit.training.teacher import load_teacher_table, pca_projection, teacher_texts
+    from simcse_kit.training.objective.teacher import load_teacher_table, pca_projection, teacher_texts
 
     if cfg.loss.teacher is None or cfg.data.mode != "unsup":
         raise ValueError("the mse peer needs an unsup recipe with loss.teacher")
@@ -211,7 +211,7 @@ def st_train(
 
     from simcse_kit.evaluation import DevEvaluator, STSEvaluator
     from simcse_kit.model.modeling import resolve_model_path
-    from simcse_kit.training.run import load_training_data
+    from simcse_kit.training.wiring.run import load_training_data
 
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))  # the kit's runs mix with their seed
     path = resolve_model_path(cfg.model.name_or_path)
@@ -282,8 +282,15 @@ def st_train(
         save_sts_pairs(pairs_file, final_sts)
         scored = score_tasks(best, retrieval, eval_len, device)
     return {
-        "loss": loss, "best_step": selection.best_step, "best_stsb_dev": selection.best, "dev_file": str(dev.path),
-        "evals": selection.evals, "train_seconds": train_seconds, "device": device, "sts": sts, "retrieval": scored,
+        "loss": loss,
+        "best_step": selection.best_step,
+        "best_stsb_dev": selection.best,
+        "dev_file": str(dev.path),
+        "evals": selection.evals,
+        "train_seconds": train_seconds,
+        "device": device,
+        "sts": sts,
+        "retrieval": scored,
     } | ({"sts_pairs_file": str(pairs_file)} if not dev_only and selection.best_step != 0 else {})
 
 
@@ -351,9 +358,15 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
     if cfg.model.lora_r > 0:  # only then: the settings of the full fine-tuning runs kept before stay equal
         extra |= {k: getattr(cfg.model, k) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")}
     return {
-        **extra, **({"dev_only": True} if dev_only else {}), "loss": loss, "precision": resolve_precision(precision),
-        "model": cfg.model.name_or_path, "max_seq_len": cfg.model.max_seq_len, "eval_max_seq_len": cfg.model.eval_max_seq_len,
-        "temperature": cfg.loss.temperature, **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
+        **extra,
+        **({"dev_only": True} if dev_only else {}),
+        "loss": loss,
+        "precision": resolve_precision(precision),
+        "model": cfg.model.name_or_path,
+        "max_seq_len": cfg.model.max_seq_len,
+        "eval_max_seq_len": cfg.model.eval_max_seq_len,
+        "temperature": cfg.loss.temperature,
+        **({"teacher": cfg.loss.teacher} if loss == "mse" else {}),
         **({k: getattr(cfg.loss, k) for k in ("guide", "guide_margin", "guide_margin_strategy")} if loss == "gist" else {}),
         **({"score_scale": cfg.loss.score_scale, "score_range": data.score_range} if loss in SCORE_PEERS else {}),
         **{k: getattr(data, k) for k in ("mode", "train_file", "train_format", "max_train_samples", "mix_file", "mix_ratio")},
@@ -364,8 +377,14 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
 
 
 def run_st(
-    cfg: Any, seeds: list[int], loss: str, precision: str, out: Path, settings: dict[str, Any] | None = None,
-    retrieval: Sequence[str] = (), dev_only: bool = False,
+    cfg: Any,
+    seeds: list[int],
+    loss: str,
+    precision: str,
+    out: Path,
+    settings: dict[str, Any] | None = None,
+    retrieval: Sequence[str] = (),
+    dev_only: bool = False,
 ) -> dict[int, dict[str, float]]:
     """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its ``settings`` match); per seed its table."""
     from simcse_kit.files import write_json_atomic
@@ -391,8 +410,12 @@ def run_st(
         scored = metrics.get("retrieval") or {}
         row = retrieval_row(scored, retrieval) if retrieval and scored else {}
         per_seed[seed] = {
-            **metrics["sts"], "best_stsb_dev": metrics["best_stsb_dev"], "best_step": metrics["best_step"],
-            "train_seconds": metrics["train_seconds"], **dev_curve(curve), **row,
+            **metrics["sts"],
+            "best_stsb_dev": metrics["best_stsb_dev"],
+            "best_step": metrics["best_step"],
+            "train_seconds": metrics["train_seconds"],
+            **dev_curve(curve),
+            **row,
         }
     return per_seed
 
@@ -410,11 +433,10 @@ def dev_curve(metrics: dict[str, Any]) -> dict[str, float]:
     """From a run's dev evaluations (``metrics["evals"]``, simcse-kit's form): the best
     score of a trained checkpoint (step > 0: what training did, whether or not selection
     kept the base model) and the score at the end of training."""
-    from simcse_kit.training.selection import dev_selection
+    from simcse_kit.training.engine.selection import dev_selection
 
     key = dev_selection(metrics).metric  # the run's dev metric (STS-B dev where unnamed)
     trained = [e for e in metrics["evals"] if e["step"] > 0]
     if not trained:
         return {}
     return {"dev_trained": max(e[key] for e in trained), "dev_end": trained[-1][key]}
-

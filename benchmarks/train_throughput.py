@@ -34,7 +34,8 @@ VARIANTS = ("st-fp32", "kit-fp32", "st-bf16", "kit-bf16", "kit-auto")
 # Precision overrides of the recipe per kit variant ("auto" keeps the recipe's own).
 KIT_PRECISION = {
     "fp32": {"mixed_precision": "no", "bf16_weights": False, "fast_dropout": False},
-    "bf16": {"mixed_precision": "bf16", "bf16_weights": False, "fast_dropout": False}, "auto": {},
+    "bf16": {"mixed_precision": "bf16", "bf16_weights": False, "fast_dropout": False},
+    "auto": {},
 }
 MAX_GRAD_NORM = 1.0  # sentence-transformers' default, applied to both
 LORA_SIDES = ("kit-full", "kit-lora", "st-full", "st-lora")
@@ -68,18 +69,25 @@ def worker_kit(
     args: argparse.Namespace, sents: list[str] | dict[str, list[str]], precision: str, recipe: str = "unsup", **extra: Any
 ) -> dict[str, Any]:
     """The recipe's run (``extra``: more overrides) timed; ``trainable``: the weights it trains."""
-    from simcse_kit.training.loop import fit
+    from simcse_kit.training.engine.loop import fit
 
     overrides: dict[str, Any] = {
-        "batch_size": args.batch_size, "max_seq_len": args.max_seq_len, "max_steps": (args.warmup + args.steps + 2),
-        "max_grad_norm": MAX_GRAD_NORM, "grad_cache_chunk": args.grad_cache_chunk, **KIT_PRECISION[precision], **extra,
+        "batch_size": args.batch_size,
+        "max_seq_len": args.max_seq_len,
+        "max_steps": (args.warmup + args.steps + 2),
+        "max_grad_norm": MAX_GRAD_NORM,
+        "grad_cache_chunk": args.grad_cache_chunk,
+        **KIT_PRECISION[precision],
+        **extra,
     }
     collator = TimedCollator(None, lambda b: (b["input_ids"].shape[0], b["input_ids"].numel()))
     run = kit_recipe_run(recipe, overrides, sents, timer=collator)
     fit(run, run.step, run.cfg.train)
     decided = {
-        "mixed_precision": run.cfg.train.mixed_precision, "bf16_weights": run.cfg.train.bf16_weights,
-        "fast_dropout": run.cfg.train.fast_dropout, "reason": getattr(run.precision, "reason", None),
+        "mixed_precision": run.cfg.train.mixed_precision,
+        "bf16_weights": run.cfg.train.bf16_weights,
+        "fast_dropout": run.cfg.train.fast_dropout,
+        "reason": getattr(run.precision, "reason", None),
     }
     trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
     return collator.rate(args.warmup, args.steps) | {"precision": decided, "trainable": trainable}

@@ -67,18 +67,77 @@ nitpicky = True
 # inventories for the libraries below: references to their names cannot resolve. Ignored by
 # the library's name only; every ``simcse_kit`` name must resolve.
 OTHER_LIBRARIES = (
-    "torch", "transformers", "accelerate", "datasets", "sentence_transformers", "numpy", "np",
-    "scipy", "sklearn", "pyarrow", "faiss", "onnx", "onnxruntime", "tokenizers", "peft",
-    "matplotlib", "yaml", "tqdm", "safetensors", "huggingface_hub", "deepspeed", "filelock",
-    "pytrec_eval", "fastembed", "argparse", "collections", "concurrent", "contextlib", "dataclasses",
-    "enum", "io", "json", "logging", "multiprocessing", "os", "pathlib", "random", "re", "signal",
-    "subprocess", "threading", "types", "typing", "typing_extensions", "abc", "functools", "itertools",
-    "mmap", "queue", "tempfile", "shutil", "hashlib", "importlib", "warnings", "zipfile", "string",
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "sentence_transformers",
+    "numpy",
+    "np",
+    "scipy",
+    "sklearn",
+    "pyarrow",
+    "faiss",
+    "onnx",
+    "onnxruntime",
+    "tokenizers",
+    "peft",
+    "matplotlib",
+    "yaml",
+    "tqdm",
+    "safetensors",
+    "huggingface_hub",
+    "deepspeed",
+    "filelock",
+    "pytrec_eval",
+    "fastembed",
+    "argparse",
+    "collections",
+    "concurrent",
+    "contextlib",
+    "dataclasses",
+    "enum",
+    "io",
+    "json",
+    "logging",
+    "multiprocessing",
+    "os",
+    "pathlib",
+    "random",
+    "re",
+    "signal",
+    "subprocess",
+    "threading",
+    "types",
+    "typing",
+    "typing_extensions",
+    "abc",
+    "functools",
+    "itertools",
+    "mmap",
+    "queue",
+    "tempfile",
+    "shutil",
+    "hashlib",
+    "importlib",
+    "warnings",
+    "zipfile",
+    "string",
 )
 # Annotations name these bare (imported only under TYPE_CHECKING, or by their short name).
 OTHER_NAMES = (
-    "Path", "Tensor", "nn.Module", "Accelerator", "DataLoader", "Dataset", "PreTrainedModel",
-    "PreTrainedTokenizerBase", "LoraConfig", "SentenceTransformer", "Figure", "Axes",
+    "Path",
+    "Tensor",
+    "nn.Module",
+    "Accelerator",
+    "DataLoader",
+    "Dataset",
+    "PreTrainedModel",
+    "PreTrainedTokenizerBase",
+    "LoraConfig",
+    "SentenceTransformer",
+    "Figure",
+    "Axes",
 )
 nitpick_ignore_regex = [
     (r"py:.*", rf"({'|'.join(map(re.escape, OTHER_LIBRARIES))})(\..*)?"),
@@ -138,7 +197,7 @@ def _defined_name(obj: object, attr: str, domain: PythonDomain) -> str | None:
 def resolve_as_python_does(app: Sphinx, env: BuildEnvironment, node: pending_xref, contnode: Element) -> Element | None:
     """Resolve a ``simcse_kit`` reference the py domain missed because it names an object the
     way its module's code does: through a re-export (``simcse_kit.evaluation.DevEvaluator``)
-    or a name the module imported (``losses.contrastive_loss`` in ``training/objectives.py``).
+    or a name the module imported (``losses.contrastive_loss`` in ``training/objective/objectives.py``).
     The object is imported and linked where it is defined; a name that does not exist still
     fails the build."""
     if node.get("refdomain") != "py":
@@ -173,8 +232,9 @@ def restore_prose(app: Sphinx, what: str, name: str, obj: object, options: objec
         lines[:] = _PROSE.pop(name)
 
 
-def readable_defaults(app: Sphinx, what: str, name: str, obj: object, options: object,
-                      signature: str | None, return_annotation: str | None) -> tuple[str | None, str | None] | None:
+def readable_defaults(
+    app: Sphinx, what: str, name: str, obj: object, options: object, signature: str | None, return_annotation: str | None
+) -> tuple[str | None, str | None] | None:
     """A dataclass field with ``default_factory`` shows its default as ``<factory>``, which is
     not Python: the signature then fails to parse and its commas split ``dict[str, float]``
     apart (a broken reference each). Shown as ``...``: a default built per instance."""

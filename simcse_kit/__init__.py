@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from simcse_kit.export.onnx_encoder import OnnxEncoder
     from simcse_kit.model.inference import load_encoder
     from simcse_kit.model.modeling import SimCSEModel
-    from simcse_kit.training.run import build_run, train
+    from simcse_kit.training.wiring.run import build_run, train
 
 __version__ = "0.1.0"
 
@@ -42,8 +42,8 @@ _WHERE = {
     "OnnxEncoder": "simcse_kit.export.onnx_encoder",
     "load_encoder": "simcse_kit.model.inference",
     "SimCSEModel": "simcse_kit.model.modeling",
-    "build_run": "simcse_kit.training.run",
-    "train": "simcse_kit.training.run",
+    "build_run": "simcse_kit.training.wiring.run",
+    "train": "simcse_kit.training.wiring.run",
 }
 __all__ = [
     "OnnxEncoder",

@@ -54,5 +54,5 @@ def where(path: object, line: int | None = None) -> str:
 class PeerLost(RuntimeError):
     """Another process of a run on several processes or nodes is gone (killed, crashed, its
     node down) or silent past ``train.collective_timeout_s``; the message names it as far
-    as torch's error tells (:mod:`simcse_kit.training.peers`). Not a bug: the CLI prints
+    as torch's error tells (:mod:`simcse_kit.training.engine.peers`). Not a bug: the CLI prints
     one line with the command that resumes the run, and exits 1."""

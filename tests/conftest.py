@@ -228,7 +228,7 @@ class TinyRun:
 
     ``recipe(name, **train)`` writes :func:`write_recipe`'s recipe with its run folder
     ``folder/name``; ``config(name, **overrides)`` loads it with CLI-style overrides (any
-    section's key); ``train(name, **overrides)`` runs ``simcse_kit.training.run.train`` on it.
+    section's key); ``train(name, **overrides)`` runs ``simcse_kit.training.wiring.run.train`` on it.
     """
 
     def __init__(self, folder: Path, model_dir: Path) -> None:
@@ -244,7 +244,7 @@ class TinyRun:
         return load_config(self.recipe(name), {k: str(v) for k, v in overrides.items()})
 
     def train(self, name: str = "run", **overrides: object) -> dict:
-        from simcse_kit.training.run import train
+        from simcse_kit.training.wiring.run import train
 
         return train(self.config(name, **overrides))
 

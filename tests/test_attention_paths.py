@@ -299,7 +299,7 @@ def test_a_fast_dropout_run_ends_as_the_eager_run(
     """Three optimiser steps of unsup training at dropout 0.1, fp32, packed or padded: fast
     dropout (as ``auto`` turns it on on a native-bf16 CPU) ends with the vectors and
     weights of the eager-attention run drawing the same masks."""
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     path = decoder_dirs[arch]
     metrics = train(run_config(path, tmp_path / "fast", fast=True, packing=packing, attn="sdpa"))
@@ -372,7 +372,7 @@ def test_two_processes_with_fast_dropout_train_as_eager_attention(
     dropout 0.1 it ends with the weights of 2 eager processes drawing the same masks."""
     import yaml
 
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     path = decoder_dirs[arch]
     reference = run_config(path, tmp_path / "eager", fast=False, packing=False, attn="eager", dropout=1e-9)
@@ -417,7 +417,7 @@ def test_the_issue_48_command_trains_exports_and_loads(
 
     from simcse_kit.cli import main
     from simcse_kit.model.inference import load_encoder
-    from simcse_kit.training import run
+    from simcse_kit.training.wiring import run
 
     routed = []
 

@@ -68,18 +68,19 @@ def test_a_batch_of_the_whole_training_set_is_warned_about_with_its_memory(
     import logging
 
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.run import ACTIVATION_BYTES, build_run
+    from simcse_kit.training.wiring.loaders import ACTIVATION_BYTES
+    from simcse_kit.training.wiring.run import build_run
 
     assert ACTIVATION_BYTES == 86
     expected = 128 * 16 * 32 * 2 * 86 / 1e9
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.run"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.wiring.run"):
         build_run(load_config(tiny_run.recipe("whole", batch_size=64)), evaluate=False)
     data = tiny_run.folder / "train.txt"
     want = f"train.batch_size 64 is the whole of {data} (64 examples): every step is one batch of all of it; "
     want += f"up to about {expected:.3g} GB"
     assert want in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.run"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.wiring.run"):
         build_run(load_config(tiny_run.recipe("half", batch_size=32)), evaluate=False)
     assert "is the whole of" not in caplog.text
 
@@ -319,7 +320,7 @@ def test_resume_refuses_edited_data_and_checkpoints_no_run_writes(
 
     import torch
 
-    from simcse_kit.training.checkpoints import checkpoint_problem
+    from simcse_kit.training.engine.checkpoints import checkpoint_problem
 
     recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=4, save_steps=2)  # 8 steps; checkpoints 4 and 6 kept
     out = tiny_run.folder / "run"
@@ -366,7 +367,7 @@ def test_resume_checks_every_dataset_by_content_even_with_the_time_put_back(tiny
 
     from simcse_kit.config.run import load_config
     from simcse_kit.errors import ConfigError
-    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
+    from simcse_kit.training.wiring.folder import DATA_FINGERPRINTS, prepare_run_dir
 
     recipe = tiny_run.recipe("mix")
     nli = tiny_run.folder / "nli.csv"
@@ -411,7 +412,7 @@ def test_resume_with_a_record_from_before_every_dataset_was_fingerprinted_warns(
     import yaml
 
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
+    from simcse_kit.training.wiring.folder import DATA_FINGERPRINTS, prepare_run_dir
 
     recipe = tiny_run.recipe("old")
     raw = yaml.safe_load(recipe.read_text())
@@ -502,7 +503,7 @@ def test_export_overwrite_keeps_files_it_did_not_write_and_a_live_run_is_not_exp
 ) -> None:
     import json
 
-    from simcse_kit.training.guards import RunLock
+    from simcse_kit.training.engine.guards import RunLock
 
     model = saved_model(tmp_path / "model", tiny_model_dir)
     out = tmp_path / "st"

@@ -126,7 +126,7 @@ def test_train_help_lists_every_config_key(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_progress_bar_shows_small_losses() -> None:
-    from simcse_kit.training.loop import loss_text
+    from simcse_kit.training.engine.loop import loss_text
 
     assert loss_text(1.234e-4) == "0.000123"  # four fixed decimals showed 0.0001 / 0.0000
     assert loss_text(3.2e-6) == "3.2e-06"

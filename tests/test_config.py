@@ -245,7 +245,7 @@ def test_allowed_values_have_one_definition() -> None:
     theirs, where they sit below it), not a copy that could drift."""
     from simcse_kit.core import batch
     from simcse_kit.model import precision
-    from simcse_kit.training import objectives
+    from simcse_kit.training.objective import objectives
 
     assert objectives.TEACHER_LOSSES is TEACHER_LOSSES
     assert precision.PRECISIONS is PRECISIONS

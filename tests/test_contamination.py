@@ -218,7 +218,7 @@ def test_shipped_stsb_and_sick_train_against_their_tests(data_dir: Path) -> None
 def test_the_main_jobs_data_is_clean(data_dir: Path, tmp_path: Path) -> None:
     """train/unsup.yaml reads wiki1m_head.txt: no sentence of the suite or STS-B dev, so
     ``drop`` leaves its dataset as it is (the same object, so the same batches)."""
-    from simcse_kit.training.inputs import guarded
+    from simcse_kit.training.wiring.inputs import guarded
 
     senteval = data_dir / "senteval"
     g = Guard(
@@ -286,7 +286,7 @@ STS_LABELS = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "ST
 
 
 def test_drop_trains_on_the_clean_rows_and_error_refuses_before_the_folder(tiny_run: TinyRun) -> None:
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.wiring.run import build_run
 
     cfg = tiny_run.config("drop", decontaminate="drop", save_steps=0)
     run = build_run(cfg)
@@ -317,7 +317,7 @@ def test_a_clean_run_is_unchanged_by_drop(tiny_run: TinyRun) -> None:
     """Clean data under ``drop``: the same batches, bit for bit, as a run built without the guard."""
     from conftest import toy_sentences
 
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.wiring.run import build_run
 
     tiny_run.recipe("clean")  # writes the tiny senteval and the contaminated train.txt
     tests = naive_test_sentences(tiny_run.folder / "senteval")
@@ -345,7 +345,7 @@ def test_the_teachers_texts_are_hashed_in_a_run(tiny_run: TinyRun, tmp_path: Pat
     """A sentence that only the teacher encodes (planted in the run's teacher texts) is counted."""
     from test_teacher import save_teacher
 
-    from simcse_kit.training import run as run_module
+    from simcse_kit.training.wiring import run as run_module
 
     tiny_run.recipe("t")
     planted = (tiny_run.folder / "senteval" / "STS" / "STS16-en-test" / "STS.input.headlines.txt").read_text().split("\t")[0]

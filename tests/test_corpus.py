@@ -247,8 +247,8 @@ def _train_and_record(rank: int, model_dir: str, folder: str, port: int) -> None
     os.environ |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
     torch.set_num_threads(1)
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.loop import fit
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.engine.loop import fit
+    from simcse_kit.training.wiring.run import build_run
 
     seen: list[list[str]] = []
 
@@ -294,7 +294,7 @@ def test_a_training_files_digest_is_of_its_content_whatever_its_stat_says(tmp_pa
     the modification time put back (``touch -r``) gives another digest (issue 48)."""
     import hashlib
 
-    from simcse_kit.training.folder import file_sha256
+    from simcse_kit.training.wiring.folder import file_sha256
 
     data = tmp_path / "train.txt"
     data.write_bytes(b"a man\nb\n")

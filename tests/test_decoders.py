@@ -26,7 +26,7 @@ from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.model.checks import load_checked_tokenizer
 from simcse_kit.model.families import is_decoder, prepare_tokenizer
 from simcse_kit.model.modeling import ADAPTER_CONFIG, SimCSEModel, base_encoder
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 TEXTS = ["the cat sat on the mat .", "a dog", "the bird sings a song today , and the cat sleeps"]
 
@@ -83,8 +83,8 @@ def test_a_decoder_without_eos_trains_under_avg_and_last_names_the_folder_and_ke
     naming the folder and model.append_eos."""
     from simcse_kit.errors import ConfigError
     from simcse_kit.model.inference import load_encoder
-    from simcse_kit.training.inputs import load_checked_tokenizer as run_tokenizer
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.inputs import load_checked_tokenizer as run_tokenizer
+    from simcse_kit.training.wiring.run import train
 
     path = gpt2_with_a_bert_tokenizer(tmp_path / "gpt2", tiny_model_dir)
     cfg = run_config(path, tmp_path / "run", senteval, "unsup", 0, num_epochs=1, eval_steps=0, save_steps=0)
@@ -207,7 +207,7 @@ def test_train_reload_evaluate_export(
 
     from simcse_kit.export import export_model
     from simcse_kit.model.inference import load_encoder
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     path = tiny_model_dir if arch == "bert" else decoder_dirs[arch]
     metrics = train(run_config(path, tmp_path / "run", senteval, mode, lora))
@@ -236,7 +236,7 @@ def test_train_reload_evaluate_export(
 def test_lora_trains_the_adapter_and_leaves_the_base(decoder_dirs: dict[str, Path], senteval: Path, tmp_path: Path) -> None:
     """After a LoRA run the base weights are untouched and the merged model differs from
     the base only through the adapter: merging by hand (W + B A * alpha / r) gives it."""
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     path = decoder_dirs["qwen3"]
     train(run_config(path, tmp_path / "run", senteval, "unsup", 4, eval_steps=0, eval_at_start=False))
@@ -259,7 +259,7 @@ def test_resume_mid_run_ends_as_the_uninterrupted_run(
     """Cut a finished run back to its step-4 checkpoint and resume: the last checkpoint's
     weights and the metrics equal the uninterrupted run's, bit for bit (packed, the CPU's
     default; also LoRA with bf16 weights, whose saved adapter is the fp32 masters')."""
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     precision = {"mixed_precision": "bf16", "bf16_weights": True, "fast_dropout": False} if bf16 else {}
     cfg = run_config(decoder_dirs["qwen3"], tmp_path / "full" / "run", senteval, "unsup", lora, data=tmp_path, **precision)
@@ -313,7 +313,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(
     from tiny_encoders import build_tiny
 
     from simcse_kit.model.checkpointing import is_checkpointed, transformer_blocks
-    from simcse_kit.training.run import build_model
+    from simcse_kit.training.wiring.run import build_model
 
     folder = tiny_model_dir if arch == "bert" else build_tiny(arch, tmp_path / arch)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -430,7 +430,8 @@ def test_cli_trains_a_packed_decoder_and_resumes(decoder_dirs: dict[str, Path], 
     import yaml
 
     from simcse_kit.cli import main
-    from simcse_kit.training.run import build_model, load_training_data, make_loader
+    from simcse_kit.training.wiring.loaders import make_loader
+    from simcse_kit.training.wiring.run import build_model, load_training_data
 
     cfg = run_config(decoder_dirs["qwen3"], tmp_path / "packed", senteval, "unsup", 0, packing_data := tmp_path)
     recipe = {
@@ -479,7 +480,7 @@ def test_lora_with_bf16_weights_trains_fp32_masters(decoder_dirs: dict[str, Path
     the masters rounded. The step (lr 1e-5) is below bf16's resolution for most weights: a
     bf16 adapter updated in place would have kept them."""
     from simcse_kit.model.fastpath.bf16 import bf16_training
-    from simcse_kit.training.loop import param_groups
+    from simcse_kit.training.engine.loop import param_groups
 
     path = decoder_dirs["qwen3"]
     tokenizer = load_checked_tokenizer(path)

@@ -84,7 +84,7 @@ def test_auto_precision_on_cuda_follows_the_compute_capability(
 ) -> None:
     from simcse_kit.config.run import TrainConfig
     from simcse_kit.model.precision import resolve_eval_precision, resolve_precision
-    from simcse_kit.training.folder import with_concrete_precision
+    from simcse_kit.training.wiring.folder import with_concrete_precision
 
     fake_gpu(monkeypatch, capability)
     choice = resolve_precision("auto", "cuda")
@@ -114,7 +114,7 @@ def test_bf16_masters_are_built_where_the_model_trains(monkeypatch: pytest.Monke
 
     from simcse_kit.config.run import LoopConfig
     from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
-    from simcse_kit.training import loop
+    from simcse_kit.training.engine import loop
 
     events: list[str] = []
     model = Toy(dropout=0.0)
@@ -240,7 +240,7 @@ def test_every_encoding_command_takes_a_device(
 
     from simcse_kit.cli import main
     from simcse_kit.evaluation import api
-    from simcse_kit.training import mining
+    from simcse_kit.tools import mining
 
     seen: list[object] = []
 

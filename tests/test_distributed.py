@@ -27,7 +27,7 @@ from simcse_kit.config.run import LossConfig, ModelConfig
 from simcse_kit.core import distributed, losses
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 WORLD = 2
 PER_RANK = 4  # examples per process

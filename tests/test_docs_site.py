@@ -34,13 +34,13 @@ def test_a_name_is_read_as_its_module_reads_it(conf: ModuleType) -> None:
     from simcse_kit.evaluation import sts
 
     # A module the referring module imported, then an attribute of it.
-    assert conf._lookup("simcse_kit.training.objectives", "masks.guided_mask") is masks.guided_mask
-    assert conf._lookup("simcse_kit.training.objectives", "losses.contrastive_loss") is losses.contrastive_loss
+    assert conf._lookup("simcse_kit.training.objective.objectives", "masks.guided_mask") is masks.guided_mask
+    assert conf._lookup("simcse_kit.training.objective.objectives", "losses.contrastive_loss") is losses.contrastive_loss
     # A full path through a package's re-export.
     assert conf._lookup(None, "simcse_kit.evaluation.DevEvaluator") is sts.DevEvaluator
     assert conf._lookup("simcse_kit.export.verify", "simcse_kit.core.masks") is masks
     # Names that do not exist stay unresolved (the build then fails on them).
-    assert conf._lookup("simcse_kit.training.objectives", "masks.no_such_mask") is None
+    assert conf._lookup("simcse_kit.training.objective.objectives", "masks.no_such_mask") is None
     assert conf._lookup("simcse_kit.data.tokens", "pad_rows") is None
     assert conf._lookup(None, "simcse_kit.no_such_module.thing") is None
 

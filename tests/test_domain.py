@@ -14,14 +14,14 @@ import datasets
 import pytest
 from conftest import REPO, TinyRun, toy_sentences
 
-import simcse_kit.training.run
+import simcse_kit.training.wiring.run
 from simcse_kit.config.run import load_config
 from simcse_kit.data.mixture import mix_datasets
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation import DevEvaluator
 from simcse_kit.export.card import training_rows
 from simcse_kit.export.source import find_source
-from simcse_kit.training.run import load_training_data
+from simcse_kit.training.wiring.run import load_training_data
 
 
 def corpus(prefix: str, n: int) -> datasets.Dataset:
@@ -66,7 +66,7 @@ def test_a_domain_run_trains_on_the_distinct_sentences_and_selects_on_its_dev_sp
     figures: dict[str, tuple] = {}
 
     def recorded(name: str) -> object:
-        draw = getattr(simcse_kit.training.run, name)
+        draw = getattr(simcse_kit.training.wiring.run, name)
 
         def record(*args: object, **kwargs: object) -> object:
             figures[name] = (args, kwargs)
@@ -75,7 +75,7 @@ def test_a_domain_run_trains_on_the_distinct_sentences_and_selects_on_its_dev_sp
         return record
 
     for name in ("plot_training_curves", "plot_trajectory"):  # what the run's figures are drawn with
-        monkeypatch.setattr(simcse_kit.training.run, name, recorded(name))
+        monkeypatch.setattr(simcse_kit.training.wiring.run, name, recorded(name))
     metrics = tiny_run.train(
         "mixed-rep", **overrides, mix_file=tiny_run.folder / "train.txt", mix_ratio=0.5, word_repetition=0.32
     )
@@ -141,7 +141,7 @@ def test_word_repetition_run_resumes_exactly(tiny_run: TinyRun, monkeypatch: pyt
     """The repetitions are drawn from the run seed and each batch's texts, so a crash and
     ``--resume`` redraw exactly those of an uninterrupted run (the loader's order is what
     the checkpoint restores)."""
-    from simcse_kit.training import run
+    from simcse_kit.training.wiring import run
 
     options = {"word_repetition": 0.32, "save_steps": 4}
     ref = tiny_run.train("ref", **options)
@@ -303,7 +303,7 @@ def test_retrieval_rows_and_never_snli(tmp_path: Path) -> None:
 def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The mining table: ``sup-4509`` and ``sup+mined`` read the same rows, those the miner
     kept, in the same order; ``sup`` and ``hardneg`` read every row of the data root's file."""
-    from simcse_kit.training import mining as kit_mining
+    from simcse_kit.tools import mining as kit_mining
 
     quality, report = bench("quality"), bench("report")
     triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
@@ -352,8 +352,8 @@ def test_sup_4509_trains_on_exactly_the_pairs_that_got_a_mined_negative(tmp_path
 def test_the_scores_table_trains_every_row_on_the_same_scored_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scores table: SNLI's pairs mined with 3 negatives, scored by --teacher; every row reads
     those rows, the distill rows with their scores, ``hardneg-k3`` without."""
-    from simcse_kit.training import mining as kit_mining
-    from simcse_kit.training import scoring as kit_scoring
+    from simcse_kit.tools import mining as kit_mining
+    from simcse_kit.tools import scoring as kit_scoring
 
     quality = bench("quality")
     triplets = tmp_path / "data" / "train" / "snli_triplets.csv"
@@ -399,7 +399,7 @@ def test_the_scores_table_trains_every_row_on_the_same_scored_rows(tmp_path: Pat
 def test_the_negatives_table_trains_k1_and_k3_on_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The negatives table: SNLI's pairs mined once with 3 negatives; ``hardneg-k3`` reads all
     three, ``hardneg-k1`` the same rows with each one's first, and the miner runs once."""
-    from simcse_kit.training import mining as kit_mining
+    from simcse_kit.tools import mining as kit_mining
 
     quality = bench("quality")
     triplets = tmp_path / "data" / "train" / "snli_triplets.csv"

@@ -26,7 +26,7 @@ from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.errors import ConfigError
 from simcse_kit.model import families
 from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 # What each architecture supports, measured on the tiny models (docs/families.md
 # holds the same table): attention under "auto", packing (the probe passes), whether
@@ -196,7 +196,7 @@ def test_train_reload_evaluate_export(arch: str, tiny_dirs: dict[str, Path], sen
 
     from simcse_kit.export import export_model
     from simcse_kit.model.inference import load_encoder
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     mode, pooler, mlp = RUNS[arch]
     cfg = RunConfig(

@@ -41,9 +41,9 @@ from test_loop import Toy, mse_step, save_toy, toy_loader
 from simcse_kit.cli import main
 from simcse_kit.config.run import LoopConfig
 from simcse_kit.errors import ConfigError
-from simcse_kit.training.checkpoints import Checkpoints
-from simcse_kit.training.engines import Engine, FullCopy, check_engine, engine_of
-from simcse_kit.training.loop import fit, prepare
+from simcse_kit.training.engine.checkpoints import Checkpoints
+from simcse_kit.training.engine.engines import Engine, FullCopy, check_engine, engine_of
+from simcse_kit.training.engine.loop import fit, prepare
 
 CONFIGS = REPO / "docs" / "accelerate"
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
@@ -146,7 +146,7 @@ def test_cpu_run_refuses_a_sharded_engine_it_would_not_get(
 
 
 def test_plain_accelerator_is_ddp() -> None:
-    from simcse_kit.training.loop import make_accelerator
+    from simcse_kit.training.engine.loop import make_accelerator
 
     assert engine_of(make_accelerator(LoopConfig(), cpu=True)) == Engine()
 
@@ -229,8 +229,8 @@ def toy_pieces(model_dir: str, shard: Callable[[torch.nn.Module], None] | None =
     from simcse_kit.config.run import LossConfig, ModelConfig
     from simcse_kit.data.collate import ContrastiveCollator
     from simcse_kit.model.modeling import SimCSEModel
-    from simcse_kit.training.loop import make_optimizer
-    from simcse_kit.training.objectives import SimCSEObjective
+    from simcse_kit.training.engine.loop import make_optimizer
+    from simcse_kit.training.objective.objectives import SimCSEObjective
 
     torch.manual_seed(0)
     model = SimCSEModel.from_config(ModelConfig(name_or_path=model_dir, pooler="avg", mlp="train", dropout=0.0))
@@ -261,7 +261,7 @@ def fsdp_run(model_dir: str, rank: int, world: int, chunk: int = 0) -> tuple[lis
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from simcse_kit.training.steps import GradCacheStep
+    from simcse_kit.training.engine.steps import GradCacheStep
 
     def shard(model: torch.nn.Module) -> None:
         # TRANSFORMER_BASED_WRAP: each of the model's _no_split_modules its own unit, then the root.

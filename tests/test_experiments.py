@@ -15,7 +15,7 @@ from conftest import TinyRun
 from simcse_kit.cli import main
 from simcse_kit.config.run import RunConfig, load_config
 from simcse_kit.errors import ConfigError
-from simcse_kit.training.experiments import (
+from simcse_kit.training.wiring.experiments import (
     aggregate,
     format_seed_table,
     format_seeds,
@@ -26,7 +26,7 @@ from simcse_kit.training.experiments import (
     run_seeds,
     run_sweep,
 )
-from simcse_kit.training.run import train
+from simcse_kit.training.wiring.run import train
 
 TINY = {"save_steps": 0, "num_epochs": 1, "eval_steps": 4}  # 8 steps, dev every 4
 

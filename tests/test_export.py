@@ -31,7 +31,7 @@ from simcse_kit.export import EXPORT_INFO, ExportError, export_model, exporter, 
 from simcse_kit.export.card import training_rows
 from simcse_kit.model.inference import Encoder, SentenceTransformerEncoder, load_encoder
 from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel, resolve_model_path
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 MAX_LEN = 24
 CASES = [

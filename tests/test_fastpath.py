@@ -18,8 +18,8 @@ from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.fastpath import LEVELS, FastDropout, enable_fast_dropout, fast_dropout, quantized_drop_rate
 from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import GradCacheStep
+from simcse_kit.training.engine.steps import GradCacheStep
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 # --------------------------------------------------------------------------- fast dropout
 
@@ -245,7 +245,7 @@ def test_bf16_training_keeps_embedding_tables_fp32(tiny_model_dir: Path) -> None
     """Lookups gain nothing from bf16: the tables stay fp32 (their own masters), every
     other weight is bf16 with an fp32 master, and saving sees the fp32 tables unrounded."""
     from simcse_kit.model.fastpath.bf16 import bf16_training
-    from simcse_kit.training.loop import param_groups
+    from simcse_kit.training.engine.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": s} for s in toy_sentences(6)])
@@ -283,7 +283,7 @@ def test_sparse_tables_train_like_dense_ones_in_kept_buffers(tiny_model_dir: Pat
     kept across steps; two backward passes a step (GradCache, accumulation) add up; the
     weights follow the dense path's up to the order of additions."""
     from simcse_kit.model.fastpath.bf16 import bf16_training
-    from simcse_kit.training.loop import param_groups
+    from simcse_kit.training.engine.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     collate = ContrastiveCollator(tokenizer, "unsup", 16)
@@ -326,7 +326,7 @@ def test_saving_fp32_weights_leaves_the_model_hooked_to_ddp(tmp_path: Path, tiny
     from torch.nn.parallel import DistributedDataParallel
 
     from simcse_kit.model.fastpath.bf16 import bf16_training
-    from simcse_kit.training.loop import param_groups
+    from simcse_kit.training.engine.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = ContrastiveCollator(tokenizer, "unsup", 16)([{"sent0": s} for s in toy_sentences(4)])
@@ -376,7 +376,7 @@ def test_sparse_embedding_grad_is_refused_with_several_processes(monkeypatch: py
 
     from simcse_kit.config.run import LoopConfig
     from simcse_kit.errors import ConfigError
-    from simcse_kit.training.loop import make_optimizer
+    from simcse_kit.training.engine.loop import make_optimizer
 
     class TwoProcesses:
         num_processes = 2

@@ -134,7 +134,7 @@ def test_a_second_run_into_a_locked_run_folder_fails_at_once_naming_the_holder(
 def test_divergence_stops_at_the_step_keeping_checkpoint_and_best_model(
     tiny_run: TinyRun, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from simcse_kit.training.checkpoints import latest_checkpoint
+    from simcse_kit.training.engine.checkpoints import latest_checkpoint
 
     recipe = tiny_run.recipe("run", save_steps=1, eval_steps=1)
     out = tiny_run.folder / "run"
@@ -166,7 +166,7 @@ def test_a_collapsed_model_is_warned_about_and_never_selected(caplog: pytest.Log
     from torch import nn
 
     from simcse_kit.config.run import LoopConfig
-    from simcse_kit.training.loop import fit, prepare
+    from simcse_kit.training.engine.loop import fit, prepare
 
     class Evaluator:
         primary_metric = "dev"
@@ -205,7 +205,7 @@ def test_sigterm_and_ctrl_c_checkpoint_and_resume_equals_an_uninterrupted_run(tm
 
     from test_resume import ENV, run_metrics, train_cmd
 
-    from simcse_kit.training.checkpoints import latest_checkpoint
+    from simcse_kit.training.engine.checkpoints import latest_checkpoint
 
     STOPPED_STATUS = 75  # the documented status of a run stopped with a checkpoint (docs/bad_inputs.md)
     # --save-steps larger than the run (24 steps): only the stop writes a checkpoint.
@@ -250,7 +250,7 @@ def test_a_second_ctrl_c_stops_at_once() -> None:
     import signal
     import time
 
-    from simcse_kit.training.guards import StopSignals
+    from simcse_kit.training.engine.guards import StopSignals
 
     before = signal.getsignal(signal.SIGINT)
     with StopSignals() as signals:
@@ -294,7 +294,7 @@ def test_overwrite_into_a_new_folder_on_a_process_that_holds_no_lock(tiny_run: T
     # here first finds no folder yet, and --overwrite must not list one (it raised FileNotFoundError).
     from contextlib import ExitStack
 
-    from simcse_kit.training.folder import prepare_run_dir
+    from simcse_kit.training.wiring.folder import prepare_run_dir
 
     monkeypatch.setenv("RANK", "1")
     cfg = tiny_run.config("fresh")
@@ -342,7 +342,7 @@ def test_duplicate_yaml_keys_name_the_key_and_both_lines(tiny_run: TinyRun, caps
 
 
 def test_max_steps_zero_means_no_limit(tiny_run: TinyRun) -> None:
-    from simcse_kit.training.loop import total_steps
+    from simcse_kit.training.engine.loop import total_steps
 
     cfg = tiny_run.config("run")
     assert total_steps(cfg.train.__class__(max_steps=0), 10) == total_steps(cfg.train.__class__(max_steps=None), 10) == 10
@@ -493,16 +493,16 @@ def test_a_pipe_as_training_file_and_an_offline_hub_id_say_so(
 def test_a_run_without_a_usable_evaluation_names_no_missing_folder(
     tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import simcse_kit.training.selection
+    import simcse_kit.training.engine.selection
 
     # Every evaluation collapsed: no best model is ever saved.
-    monkeypatch.setattr(simcse_kit.training.selection, "collapse_reason", lambda metrics, primary: "uniformity 0")
+    monkeypatch.setattr(simcse_kit.training.engine.selection, "collapse_reason", lambda metrics, primary: "uniformity 0")
     recipe = tiny_run.recipe("run", num_epochs=1, eval_steps=4, save_steps=0)
     out = tiny_run.folder / "run"
     with caplog.at_level("INFO"):
         assert cli_main(["train", str(recipe)]) == 0  # final_eval on: skipped, not a crash at the end
     assert not (out / "best_model").exists()
-    last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.training.run"][-1]
+    last = [r.getMessage() for r in caplog.records if r.name == "simcse_kit.training.wiring.run"][-1]
     assert "best_model" not in last and "without a best model" in last
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["best_dev_score"] is None and "best_dev_score = -inf" in metrics["non_finite"]["written_as_null"]

@@ -295,7 +295,7 @@ def test_only_the_main_process_prepares_the_run_folder(
     from contextlib import ExitStack
 
     from simcse_kit.errors import ConfigError
-    from simcse_kit.training import folder
+    from simcse_kit.training.wiring import folder
 
     sent: list[list[object]] = []
 

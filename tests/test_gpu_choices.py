@@ -11,8 +11,8 @@ from conftest import TinyRun
 
 from simcse_kit.errors import ConfigError
 from simcse_kit.model.precision import check_cuda_flags, set_tf32, tf32_wanted
-from simcse_kit.training.momentum_queue import MomentumQueue
-from simcse_kit.training.run import build_model
+from simcse_kit.training.objective.momentum_queue import MomentumQueue
+from simcse_kit.training.wiring.run import build_model
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ class _CudaAccelerator:
 def test_step_guard_on_cuda_reads_the_device_only_on_due_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """One CUDA device: no read-back on ordinary steps (patched .item/.tolist/bool/int
     raise), the first non-finite step named at the next due step, before its update."""
-    from simcse_kit.training.guards import Diverged, StepGuard, StopSignals
+    from simcse_kit.training.engine.guards import Diverged, StepGuard, StopSignals
 
     guard = StepGuard(_CudaAccelerator(), StopSignals(), due=lambda step: step % 5 == 0)
     assert guard.deferred
@@ -102,7 +102,7 @@ def test_step_guard_on_cuda_reads_the_device_only_on_due_steps(monkeypatch: pyte
 
 def test_due_steps_are_the_loops_log_eval_save_and_last_steps() -> None:
     from simcse_kit.config.run import LoopConfig
-    from simcse_kit.training.loop import due_step
+    from simcse_kit.training.engine.loop import due_step
 
     cfg = LoopConfig(log_steps=10, eval_steps=25, save_steps=0)
     due = [s for s in range(1, 61) if due_step(cfg, s, n_steps=57)]

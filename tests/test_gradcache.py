@@ -15,10 +15,10 @@ from simcse_kit.config.run import LoopConfig, LossConfig, ModelConfig
 from simcse_kit.core.batch import views_per_example
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.gradcache import chunk_slices, effective_negatives
-from simcse_kit.training.loop import fit, prepare
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import GradCacheStep
+from simcse_kit.training.engine.loop import fit, prepare
+from simcse_kit.training.engine.steps import GradCacheStep
+from simcse_kit.training.objective.gradcache import chunk_slices, effective_negatives
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 MODES = [("unsup", "cls", "train"), ("sup", "avg", "none"), ("hardneg", "cls", "always"), ("scored", "avg", "none")]
 
@@ -221,7 +221,7 @@ def test_train_run_uses_gradcache(tiny_run: TinyRun, caplog: pytest.LogCaptureFi
     """``train.grad_cache_chunk > 0`` routes a real run through GradCacheStep."""
     import logging
 
-    with caplog.at_level(logging.INFO, logger="simcse_kit.training.steps"):
+    with caplog.at_level(logging.INFO, logger="simcse_kit.training.engine.steps"):
         metrics = tiny_run.train("run", batch_size=16, grad_cache_chunk=6, max_steps=2, eval_steps=0, save_steps=0)
     # 16 examples = 32 rows in chunks of 6 rows (3 sentences x 2 views): 6 chunks;
     # 2N-view InfoNCE over 16 examples: 30 negatives per anchor.
@@ -230,7 +230,7 @@ def test_train_run_uses_gradcache(tiny_run: TinyRun, caplog: pytest.LogCaptureFi
 
 
 def test_chunk_trims_only_all_padding_columns() -> None:
-    from simcse_kit.training.gradcache import model_chunk
+    from simcse_kit.training.objective.gradcache import model_chunk
 
     ids = torch.tensor([[2, 7, 3, 0, 0], [2, 7, 8, 3, 0], [2, 3, 0, 0, 0]])
     batch = {"input_ids": ids, "attention_mask": (ids != 0).long(), "text_ids": torch.arange(3)}

@@ -22,10 +22,10 @@ from simcse_kit.core import masks
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.momentum_queue import MomentumQueue
-from simcse_kit.training.objectives import GuideFilter, SimCSEObjective
-from simcse_kit.training.steps import GradCacheStep, MomentumQueueStep, Queue
-from simcse_kit.training.teacher import teacher_texts
+from simcse_kit.training.engine.steps import GradCacheStep, MomentumQueueStep, Queue
+from simcse_kit.training.objective.momentum_queue import MomentumQueue
+from simcse_kit.training.objective.objectives import GuideFilter, SimCSEObjective
+from simcse_kit.training.objective.teacher import teacher_texts
 
 TAU = 0.05
 # unsup's positive is the anchor's own text (guide score 1): only a wide margin masks anything there.
@@ -141,8 +141,15 @@ def test_guided_mask_by_hand() -> None:
 # --------------------------------------------------------------------------- the naive loop: queue, GradCache, processes
 
 
-def naive_guided(emb: torch.Tensor, rows: torch.Tensor, table: torch.Tensor, mode: str, margin: float, strategy: str,
-                 queue: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[float, int]:
+def naive_guided(
+    emb: torch.Tensor,
+    rows: torch.Tensor,
+    table: torch.Tensor,
+    mode: str,
+    margin: float,
+    strategy: str,
+    queue: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[float, int]:
     """The guided InfoNCE built by hand: anchors, candidates (every other view's rows, block
     after block, then the queue's), each kept candidate's exp in the denominator."""
     v = {"unsup": 2, "sup": 2, "hardneg": 3}[mode]

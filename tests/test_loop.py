@@ -1,4 +1,4 @@
-"""The loop alone (``simcse_kit.training.loop``) on a toy model and a synthetic step: the loss
+"""The loop alone (``simcse_kit.training.engine.loop``) on a toy model and a synthetic step: the loss
 falls, accumulation equals a big batch, evaluations pick the best model, checkpoints keep
 two and own the best model, and a crash + resume ends exactly as an uninterrupted run."""
 
@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from simcse_kit.config.run import LoopConfig
-from simcse_kit.training.checkpoints import LOOP_STATE, Checkpoints, LoopState, latest_checkpoint
-from simcse_kit.training.loop import fit, make_accelerator, prepare
+from simcse_kit.training.engine.checkpoints import LOOP_STATE, Checkpoints, LoopState, latest_checkpoint
+from simcse_kit.training.engine.loop import fit, make_accelerator, prepare
 
 N_EXAMPLES = 40
 
@@ -191,7 +191,7 @@ def test_step_zero_is_a_candidate_and_wins_when_training_only_hurts(tmp_path: Pa
 
     checkpoints = Checkpoints(tmp_path / "ckpt", tmp_path / "best", save_toy)
     cfg = LoopConfig(learning_rate=3e-2, num_epochs=1, max_steps=6, eval_steps=2, progress_bar=False)
-    with caplog.at_level("WARNING", logger="simcse_kit.training.selection"):
+    with caplog.at_level("WARNING", logger="simcse_kit.training.engine.selection"):
         state = fit(prepare(Toy(), toy_loader(), cfg), mse_step, cfg, evaluator=Scripted(), checkpoints=checkpoints)
     assert [e["step"] for e in state.evals] == [0.0, 2.0, 4.0, 6.0]
     assert (state.best_step, state.best_score) == (0, 9.0)
@@ -346,7 +346,7 @@ def test_runs_with_different_precisions_in_one_process() -> None:
 
 
 def test_make_accelerator_wants_the_precision_decided() -> None:
-    """"auto" is decided once, by the caller, before the config is recorded: the loop, the
+    """ "auto" is decided once, by the caller, before the config is recorded: the loop, the
     optimiser and the accelerator then read the same values (not three decisions)."""
     for cfg in (LoopConfig(mixed_precision="auto"), LoopConfig(mixed_precision="bf16", bf16_weights="auto")):
         with pytest.raises(ValueError, match="decide 'auto'"):

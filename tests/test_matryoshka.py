@@ -15,9 +15,9 @@ from simcse_kit.config.run import LossConfig
 from simcse_kit.core import losses
 from simcse_kit.core.batch import text_ids
 from simcse_kit.errors import ConfigError
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.run import load_checked_tokenizer
-from simcse_kit.training.steps import GradCacheStep
+from simcse_kit.training.engine.steps import GradCacheStep
+from simcse_kit.training.objective.objectives import SimCSEObjective
+from simcse_kit.training.wiring.run import load_checked_tokenizer
 
 DIMS, WEIGHTS = [8, 5, 2], [1.0, 0.5, 2.0]
 

@@ -17,8 +17,8 @@ from simcse_kit.cli import main
 from simcse_kit.data.readers import load_train_dataset, negatives_of
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation import search
-from simcse_kit.training import mining
-from simcse_kit.training.mining import mine_hard_negatives, mine_negatives
+from simcse_kit.tools import mining
+from simcse_kit.tools.mining import mine_hard_negatives, mine_negatives
 
 # Sentences on the unit circle at these angles (degrees): cosines are known by hand.
 ANGLES = {"a0": 0, "p0": 30, "p0b": 40, "close": 20, "near": 35, "far": 60, "opposite": 180}

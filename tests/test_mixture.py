@@ -116,8 +116,8 @@ def test_a_single_file_run_keeps_its_batch_order(tiny_run: TinyRun) -> None:
     """A recipe without data.datasets draws exactly the order it always drew: per epoch the
     DataLoader iterator's base seed, one ``randperm`` cut into batches (the last short one
     dropped), then RandomSampler's discarded second draw, all from the seeded generator."""
-    from simcse_kit.training.inputs import load_checked_tokenizer, load_training_data
-    from simcse_kit.training.run import make_loader
+    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_data
+    from simcse_kit.training.wiring.loaders import make_loader
 
     cfg = tiny_run.config("order", batch_size=6)
     dataset = load_training_data(cfg)
@@ -156,10 +156,10 @@ def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_di
     (not the other reading of the rows)."""
     from transformers import AutoTokenizer
 
-    from simcse_kit.training.inputs import load_training_sets
-    from simcse_kit.training.mixture import MixtureObjective
-    from simcse_kit.training.objectives import SimCSEObjective
-    from simcse_kit.training.run import make_mixture_loader
+    from simcse_kit.training.objective.mixture import MixtureObjective
+    from simcse_kit.training.objective.objectives import SimCSEObjective
+    from simcse_kit.training.wiring.inputs import load_training_sets
+    from simcse_kit.training.wiring.loaders import make_mixture_loader
 
     sents = toy_sentences(60)
     rows = "".join(f"{sents[i]},{sents[i]} .,{sents[i + 20]},{sents[i + 40]}\n" for i in range(16))
@@ -204,9 +204,10 @@ def test_a_teacher_and_a_guide_cover_every_dataset(tiny_run: TinyRun, tiny_model
 
     from simcse_kit.data.mixture import Mixture
     from simcse_kit.data.readers import negatives_of
-    from simcse_kit.training.inputs import load_guide, load_teacher, load_training_sets, training_texts
-    from simcse_kit.training.objectives import SimCSEObjective
-    from simcse_kit.training.run import make_collator, make_mixture_loader, train
+    from simcse_kit.training.objective.objectives import SimCSEObjective
+    from simcse_kit.training.wiring.inputs import load_guide, load_teacher, load_training_sets, training_texts
+    from simcse_kit.training.wiring.loaders import make_collator, make_mixture_loader
+    from simcse_kit.training.wiring.run import train
 
     teacher, guide = save_teacher(tmp_path / "teacher", hidden=16), save_teacher(tmp_path / "guide", hidden=24)
     opts = {"teacher": str(teacher), "guide": str(guide), "teacher_weight": "0.5"}
@@ -249,7 +250,7 @@ def test_a_teacher_and_a_guide_cover_every_dataset(tiny_run: TinyRun, tiny_model
 
 
 def test_a_bad_dataset_entry_names_the_recipe_and_the_entry(tiny_run: TinyRun) -> None:
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.wiring.run import build_run
 
     bad = mixture_recipe(tiny_run, "bad", {"wiki": {"file": "train.txt"}, "nli": {"file": "nli.csv", "mode": "scored"}})
     with pytest.raises(ConfigError, match=rf"{bad}: config key 'data.datasets' entry 'nli': mode 'scored': must be one of"):
@@ -274,7 +275,7 @@ def test_a_weight_too_small_for_one_batch_is_refused_naming_the_weight_that_give
     INFO. 64 + 32 examples in batches of 8 are 12 batches; nli's quota 12 w / (1 + w) reaches
     one at w = 1/11."""
     from simcse_kit.data.mixture import batches_per_dataset
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.wiring.run import build_run
 
     def weighted(weight: float) -> Path:
         specs = TWO | {"wiki": {"file": "train.txt", "weight": 1.0}, "nli": TWO["nli"] | {"weight": weight}}

@@ -12,8 +12,8 @@ from simcse_kit.config.run import LossConfig
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS, views_per_example
 from simcse_kit.core.modes import Contrast, Mode
-from simcse_kit.training.gradcache import effective_negatives
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.gradcache import effective_negatives
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 
 def test_the_table_by_hand() -> None:

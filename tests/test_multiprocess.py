@@ -324,7 +324,7 @@ import json, os, sys
 from pathlib import Path
 from simcse_kit.cli import main
 from simcse_kit.model import precision
-from simcse_kit.training import run as run_module
+from simcse_kit.training.wiring import run as run_module
 
 rank = int(os.environ["RANK"])
 native = os.environ[f"FORCE_BF16_RANK{rank}"] == "native"

@@ -18,9 +18,9 @@ from simcse_kit.core.batch import text_ids
 from simcse_kit.core.masks import false_negative_mask, similar_candidate_mask
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.momentum_queue import MomentumQueue
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import MomentumQueueStep
+from simcse_kit.training.engine.steps import MomentumQueueStep
+from simcse_kit.training.objective.momentum_queue import MomentumQueue
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 TAU = 0.05
 
@@ -411,8 +411,8 @@ def _queue_fit(model_dir: Path, out: Path, *, resume: bool, crash_at_eval: int |
     from torch.utils.data import DataLoader
 
     from simcse_kit.config.run import LoopConfig
-    from simcse_kit.training.checkpoints import Checkpoints
-    from simcse_kit.training.loop import fit, make_accelerator, prepare
+    from simcse_kit.training.engine.checkpoints import Checkpoints
+    from simcse_kit.training.engine.loop import fit, make_accelerator, prepare
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -532,7 +532,7 @@ def test_keys_use_bf16_autocast_beside_the_recipes_bf16_model(tiny_model_dir: Pa
     parameters, in fp32; the key forward must still see a bf16 model and run under bf16
     autocast, not fall back to fp32 keys."""
     from simcse_kit.model.fastpath.bf16 import bf16_training
-    from simcse_kit.training.loop import param_groups
+    from simcse_kit.training.engine.loop import param_groups
 
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="avg", mlp="none"))
     queue = MomentumQueue(model, size=8, momentum=0.999, dim=32)

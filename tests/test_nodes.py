@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 
 from simcse_kit.cli import resume_command
 from simcse_kit.errors import PeerLost
-from simcse_kit.training.peers import Peer, Peers
+from simcse_kit.training.engine.peers import Peer, Peers
 
 ENV_EXTRA = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
 TOL = 1e-6
@@ -47,7 +47,7 @@ WORKER = """
 import json, os, signal, sys, time
 from pathlib import Path
 from simcse_kit.cli import main
-from simcse_kit.training import run as run_module
+from simcse_kit.training.wiring import run as run_module
 
 rank = os.environ["RANK"]
 record = Path(os.environ["RECORD_DIR"], f"rank{rank}.jsonl")
@@ -331,8 +331,8 @@ import json, os, sys, time
 import torch.distributed as dist
 from simcse_kit.config.sections import LoopConfig
 from simcse_kit.errors import PeerLost
-from simcse_kit.training.loop import start_processes
-from simcse_kit.training.peers import Peers
+from simcse_kit.training.engine.loop import start_processes
+from simcse_kit.training.engine.peers import Peers
 
 start_processes(LoopConfig(collective_timeout_s=float(sys.argv[1])), cpu=True)
 with Peers() as peers:
@@ -384,8 +384,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from simcse_kit.config.sections import LoopConfig
 from simcse_kit.core.distributed import close_process_group
-from simcse_kit.training.inputs import sentence_table
-from simcse_kit.training.loop import start_processes
+from simcse_kit.training.wiring.inputs import sentence_table
+from simcse_kit.training.engine.loop import start_processes
 
 teacher, cache, record = sys.argv[1], sys.argv[2].replace("NODE", os.environ["GROUP_RANK"]), Path(sys.argv[3])
 start_processes(LoopConfig(), cpu=True)

@@ -12,7 +12,7 @@ from torch import nn
 from simcse_kit.config.run import LossConfig
 from simcse_kit.core import losses
 from simcse_kit.core.batch import text_ids
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 TAU = 0.05
 
@@ -136,7 +136,7 @@ def test_step_protocol_calls_backward_once_and_returns_the_detached_loss() -> No
     assert len(calls) == 1 and not got.requires_grad
     assert torch.equal(got, want.detach())
     torch.testing.assert_close(model.table.weight.grad, want_grad, atol=0, rtol=0)
-    # Without backward: plain loss.backward(), as every step of simcse_kit.training.steps does.
+    # Without backward: plain loss.backward(), as every step of simcse_kit.training.engine.steps does.
     model.zero_grad()
     got = objective.step(model, batch)
     assert torch.equal(got, want.detach()) and not got.requires_grad

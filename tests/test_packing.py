@@ -161,7 +161,7 @@ def test_packing_in_a_bf16_model_with_fp32_tables(tiny_model_dir: Path, attn: st
     """The recipes' bf16 model keeps its embedding tables fp32; the additive mask of eager
     attention must come in the scores' dtype (bf16), not the first parameter's (fp32)."""
     from simcse_kit.model.fastpath.bf16 import bf16_training
-    from simcse_kit.training.loop import param_groups
+    from simcse_kit.training.engine.loop import param_groups
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = batch_of(tokenizer, mixed_sentences(16))

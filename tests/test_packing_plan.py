@@ -19,7 +19,7 @@ from simcse_kit.core.batch import PLAN_INPUTS, model_inputs
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.model.modeling import SimCSEModel
 from simcse_kit.model.packing import pack, plan, plan_batch
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 
 def mixed_examples(n: int) -> list[dict[str, str]]:

@@ -12,9 +12,10 @@ from transformers import AutoTokenizer
 from simcse_kit.config.run import LoopConfig
 from simcse_kit.core.batch import PLAN_INPUTS
 from simcse_kit.data.pipeline import loader_options
-from simcse_kit.training.folder import CUDA_WORKERS, with_device_defaults
-from simcse_kit.training.loop import make_accelerator
-from simcse_kit.training.run import load_training_data, make_loader
+from simcse_kit.training.engine.loop import make_accelerator
+from simcse_kit.training.wiring.folder import CUDA_WORKERS, with_device_defaults
+from simcse_kit.training.wiring.loaders import make_loader
+from simcse_kit.training.wiring.run import load_training_data
 
 
 def test_loader_options_pin_only_for_cuda() -> None:

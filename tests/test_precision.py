@@ -356,7 +356,7 @@ def test_a_run_records_what_decided_auto(monkeypatch: pytest.MonkeyPatch, tiny_r
     the flags of the hardware check (forced here to a CPU without native bf16), and
     config.yaml records the decision, not ``auto``."""
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     monkeypatch.setattr(precision, "cpu_bf16_support", check_of(AVX2_CPU))
     cfg = tiny_run.config(

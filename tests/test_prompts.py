@@ -20,7 +20,8 @@ from simcse_kit.export import export_model
 from simcse_kit.model import inference
 from simcse_kit.model.inference import Encoder, load_encoder
 from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel
-from simcse_kit.training.run import load_training_data, make_loader
+from simcse_kit.training.wiring.loaders import make_loader
+from simcse_kit.training.wiring.run import load_training_data
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 # Words the tiny tokenizer knows ("query: " and "passage: " are both [UNK] [UNK] to it), so a

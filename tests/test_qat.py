@@ -19,8 +19,8 @@ from simcse_kit.config.run import LossConfig
 from simcse_kit.core import quantization
 from simcse_kit.core.batch import split_views
 from simcse_kit.errors import ConfigError
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import GradCacheStep
+from simcse_kit.training.engine.steps import GradCacheStep
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 
 def st_codes(x: torch.Tensor, target: str, ranges: torch.Tensor | None = None) -> torch.Tensor:

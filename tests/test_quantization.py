@@ -271,7 +271,7 @@ def test_selection_scores_dev_on_quantized_vectors(tiny_run, precision: str) -> 
 def test_mining_with_binary_vectors_equals_a_hamming_reference() -> None:
     """The hardest negative of each pair by Hamming distance among candidates no closer than
     the positive (margin 0), from a naive loop over sentence-transformers' packed codes."""
-    from simcse_kit.training.mining import mine_hard_negatives
+    from simcse_kit.tools.mining import mine_hard_negatives
 
     rng = np.random.default_rng(14)
     texts = [f"s{i}" for i in range(40)]

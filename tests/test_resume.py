@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from simcse_kit.cli import main as cli_main
 from simcse_kit.config.run import load_config, save_config
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.checkpoints import LOOP_STATE, latest_checkpoint
+from simcse_kit.training.engine.checkpoints import LOOP_STATE, latest_checkpoint
 
 # --------------------------------------------------------------------------- helpers
 

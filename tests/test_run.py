@@ -22,10 +22,10 @@ from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.evaluation import STSEvaluator
 from simcse_kit.model.inference import Encoder, load_encoder
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.loop import fit, prepare
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.run import EVAL_BATCH_SIZE, build_run, train
-from simcse_kit.training.selection import DevSelection, adopt_legacy_evals, dev_selection
+from simcse_kit.training.engine.loop import fit, prepare
+from simcse_kit.training.engine.selection import DevSelection, adopt_legacy_evals, dev_selection
+from simcse_kit.training.objective.objectives import SimCSEObjective
+from simcse_kit.training.wiring.run import EVAL_BATCH_SIZE, build_run, train
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,8 @@ from simcse_kit.core import score_losses
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.data.readers import load_train_dataset
 from simcse_kit.errors import ConfigError, DataError
-from simcse_kit.training.inputs import load_training_data
-from simcse_kit.training.objectives import SimCSEObjective
+from simcse_kit.training.objective.objectives import SimCSEObjective
+from simcse_kit.training.wiring.inputs import load_training_data
 
 # --------------------------------------------------------------------------- readers
 
@@ -113,7 +113,7 @@ def test_scores_all_equal_are_refused_alone_and_warned_about_beside_infonce(
     with pytest.raises(DataError, match=rf"{path}: every score is 0.6: the score loss ranks pairs .* \(loss 0 from step 1\)"):
         load_training_data(cfg)
     cfg.loss.score_weight = 0.5
-    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.inputs"):
+    with caplog.at_level(logging.WARNING, logger="simcse_kit.training.wiring.inputs"):
         assert len(load_training_data(cfg)) == 40
     assert "every score is 0.6" in caplog.text and "(loss.score_weight 0.5) is 0 at every step" in caplog.text
     cfg.loss.score_weight = 0.0  # the scores are unused: nothing to say

@@ -29,9 +29,9 @@ from simcse_kit.data.mixture import mix_datasets
 from simcse_kit.data.readers import load_train_dataset, negatives_of
 from simcse_kit.errors import DataError
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.gradcache import effective_negatives
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import GradCacheStep
+from simcse_kit.training.engine.steps import GradCacheStep
+from simcse_kit.training.objective.gradcache import effective_negatives
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 TAU = 0.05
 KS = [1, 3, 7]
@@ -371,7 +371,7 @@ def test_a_mix_file_needs_the_same_k(tmp_path: Path) -> None:
 def test_a_run_reads_k_from_its_data(tiny_run, tmp_path: Path) -> None:
     """A hardneg run on a k = 3 file: batches of 5 rows per example, the objective's k,
     and a finite loss from the run's own step."""
-    from simcse_kit.training.run import build_run
+    from simcse_kit.training.wiring.run import build_run
 
     s = toy_sentences(5 * 16)
     rows = [{"sent0": s[5 * i], "sent1": s[5 * i + 1], "hard_neg": s[5 * i + 2 : 5 * i + 5]} for i in range(16)]
@@ -387,8 +387,8 @@ def test_the_queue_stores_the_positives_of_k_negative_examples(tiny_model_dir: P
     """With k = 3 the momentum queue's keys are view 1 of each example (the positives, as
     with one negative), their text ids beside them; the next step's loss takes them as
     negatives of every anchor."""
-    from simcse_kit.training.momentum_queue import MomentumQueue
-    from simcse_kit.training.steps import MomentumQueueStep
+    from simcse_kit.training.engine.steps import MomentumQueueStep
+    from simcse_kit.training.objective.momentum_queue import MomentumQueue
 
     k = 3
     model = build_model(str(tiny_model_dir))

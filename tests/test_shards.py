@@ -102,8 +102,8 @@ TEXT_FORMS = ["txt.gz", "txt.zst", "folder of txt", "parquet"]
 
 def batches(tiny_run: TinyRun, train_file: str, mode: str) -> list[dict[str, list]]:
     """One epoch of the run's loader over ``train_file``: each step's tensors as lists."""
-    from simcse_kit.training.inputs import load_checked_tokenizer, load_training_data
-    from simcse_kit.training.run import make_loader
+    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_data
+    from simcse_kit.training.wiring.loaders import make_loader
 
     cfg = tiny_run.config("shards", train_file=train_file, mode=mode, cache_dir=tiny_run.folder / "cache")
     tokenizer = load_checked_tokenizer(cfg)
@@ -199,7 +199,7 @@ def test_resume_refuses_a_run_whose_shards_changed(tiny_run: TinyRun, capsys: py
     import yaml
 
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.folder import prepare_run_dir
+    from simcse_kit.training.wiring.folder import prepare_run_dir
 
     shards = tiny_run.folder / "wiki"
     shards.mkdir()
@@ -246,8 +246,8 @@ def test_a_recipe_names_a_datasets_shards_by_a_list_a_folder_or_a_pattern(tiny_r
     import yaml
 
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.folder import DATA_FINGERPRINTS, prepare_run_dir
-    from simcse_kit.training.inputs import load_training_data, load_training_sets
+    from simcse_kit.training.wiring.folder import DATA_FINGERPRINTS, prepare_run_dir
+    from simcse_kit.training.wiring.inputs import load_training_data, load_training_sets
 
     sents = toy_sentences(48)
     (tiny_run.folder / "more").mkdir()

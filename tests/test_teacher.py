@@ -17,9 +17,9 @@ from simcse_kit.core import losses
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.errors import ConfigError
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.objectives import SimCSEObjective, TeacherTargets
-from simcse_kit.training.steps import GradCacheStep
-from simcse_kit.training.teacher import aligned_projection, load_teacher_table, pca_projection, teacher_texts
+from simcse_kit.training.engine.steps import GradCacheStep
+from simcse_kit.training.objective.objectives import SimCSEObjective, TeacherTargets
+from simcse_kit.training.objective.teacher import aligned_projection, load_teacher_table, pca_projection, teacher_texts
 
 # --------------------------------------------------------------------------- the loss core
 
@@ -108,8 +108,15 @@ def teacher_batch(tokenizer: object, mode: str, n: int, duplicate: bool = False)
     return collator(examples), texts
 
 
-def reference(mode: str, emb: torch.Tensor, teacher_rows: torch.Tensor, table: torch.Tensor, tau: float, tau_t: float,
-              same_text: torch.Tensor | None) -> float:
+def reference(
+    mode: str,
+    emb: torch.Tensor,
+    teacher_rows: torch.Tensor,
+    table: torch.Tensor,
+    tau: float,
+    tau_t: float,
+    same_text: torch.Tensor | None,
+) -> float:
     """The teacher term built by hand from the batch layout: which rows are anchors and
     candidates per mode, the self entry and (optionally) same-text candidates excluded."""
     rows = list(range(emb.shape[0]))
@@ -259,8 +266,14 @@ def save_teacher(folder: Path, hidden: int) -> Path:
     tokenizer = BertTokenizerFast(vocab=str(write_vocab(folder)), do_lower_case=True)
     tokenizer.save_pretrained(folder / "hf")
     torch.manual_seed(1)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=20, max_position_embeddings=64)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=20,
+        max_position_embeddings=64,
+    )
     BertModel(config).save_pretrained(folder / "hf")
     model = SimCSEModel.from_config(ModelConfig(name_or_path=str(folder / "hf"), pooler="avg", mlp="none", max_seq_len=32))
     model.save(folder / "kit", tokenizer)
@@ -276,7 +289,7 @@ def test_teacher_vectors_are_cached_and_the_teacher_not_loaded_again(tmp_path: P
     def no_teacher(*args: object, **kwargs: object) -> None:
         raise AssertionError("the teacher was loaded although its vectors are cached")
 
-    monkeypatch.setattr("simcse_kit.training.teacher.load_encoder", no_teacher)
+    monkeypatch.setattr("simcse_kit.training.objective.teacher.load_encoder", no_teacher)
     second = load_teacher_table(str(teacher), texts, cache_dir=tmp_path / "cache", show_progress=False)
     assert second.cache_hit and torch.equal(second.vectors, first.vectors) and second.key == first.key
     # Other sentences are another key: never a stale table.
@@ -289,8 +302,14 @@ def test_run_with_a_teacher_of_another_width(tiny_run: TinyRun, tmp_path: Path) 
     second run reads the cache; embedding distillation is refused without a projection,
     with a clear message, before a run folder exists."""
     teacher = save_teacher(tmp_path / "teacher", hidden=16)
-    keys = {"teacher": str(teacher), "teacher_cache_dir": str(tmp_path / "cache"), "max_steps": 2, "eval_steps": 0,
-            "save_steps": 0, "final_eval": "false"}
+    keys = {
+        "teacher": str(teacher),
+        "teacher_cache_dir": str(tmp_path / "cache"),
+        "max_steps": 2,
+        "eval_steps": 0,
+        "save_steps": 0,
+        "final_eval": "false",
+    }
     first = tiny_run.train("a", **keys)
     assert first["teacher"]["width"] == 16 and not first["teacher"]["cache_hit"]
     assert first["steps"] == 2 and all(math.isfinite(loss) for _, loss in first["losses"])

@@ -24,8 +24,8 @@ from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.data.readers import load_train_dataset, read_rows
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.model.modeling import SimCSEModel
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import GradCacheStep
+from simcse_kit.training.engine.steps import GradCacheStep
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 # --------------------------------------------------------------------------- data
 
@@ -313,7 +313,7 @@ def test_score_refuses_its_input_as_output_and_pairs_without_negatives(tmp_path:
     src = tmp_path / "pairs.csv"
     src.write_text("sent0,sent1\na b,c d\ne f,g h\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="the output is the input file"):
-        from simcse_kit.training.scoring import score_file
+        from simcse_kit.tools.scoring import score_file
 
         score_file(src, src, model=str(tiny_model_dir), pooler="avg")
     out = tmp_path / "scored.csv"

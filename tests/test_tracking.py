@@ -21,12 +21,12 @@ from test_loop import Toy, mse_step, toy_loader
 from simcse_kit.config.run import LoopConfig, LossConfig, flat_params, load_config
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.plots import pyplot, training_curves
-from simcse_kit.training.folder import LOGS, config_differences
-from simcse_kit.training.loop import fit, make_accelerator, prepare
-from simcse_kit.training.momentum_queue import MomentumQueue
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import GradCacheStep, MomentumQueueStep
-from simcse_kit.training.tracking import PROJECT, tracker_names
+from simcse_kit.training.engine.loop import fit, make_accelerator, prepare
+from simcse_kit.training.engine.steps import GradCacheStep, MomentumQueueStep
+from simcse_kit.training.engine.tracking import PROJECT, tracker_names
+from simcse_kit.training.objective.momentum_queue import MomentumQueue
+from simcse_kit.training.objective.objectives import SimCSEObjective
+from simcse_kit.training.wiring.folder import LOGS, config_differences
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 

@@ -1,6 +1,6 @@
 """``simcse-kit mine``: hard negatives (``hard_neg``, or ``hard_neg_1 .. hard_neg_k`` with
 ``--num-negatives k``) for sent0,sent1 pairs, mined with a model
-(:func:`simcse_kit.training.mining.mine_file`)."""
+(:func:`simcse_kit.tools.mining.mine_file`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from simcse_kit.config.sections import VECTOR_PRECISIONS
 
 
 def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
-    from simcse_kit.training.mining import mine_file
+    from simcse_kit.tools.mining import mine_file
 
     mine_file(
         args.pairs,

@@ -1,5 +1,5 @@
 """``simcse-kit score``: a teacher's scores of each row's positive and hard negatives, added
-to a ``hardneg`` file for ``loss.distill`` (:func:`simcse_kit.training.scoring.score_file`)."""
+to a ``hardneg`` file for ``loss.distill`` (:func:`simcse_kit.tools.scoring.score_file`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from simcse_kit.cli.options import POOLER_HELP, add_batch_size, add_device, add_
 
 
 def cmd_score(args: argparse.Namespace, extra: list[str]) -> int:
-    from simcse_kit.training.scoring import score_file
+    from simcse_kit.tools.scoring import score_file
 
     score_file(
         args.pairs,

@@ -13,11 +13,11 @@ from simcse_kit.errors import ConfigError
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.config.run import load_config
     from simcse_kit.evaluation.contamination import format_marked_table
-    from simcse_kit.training.run import train
+    from simcse_kit.training.wiring.run import train
 
     cfg = load_config(find_recipe(args.config), parse_overrides(extra)).check_data()
     if args.seeds is not None:  # one run per seed in OUTPUT_DIR/seed-N, then mean ± std
-        from simcse_kit.training.experiments import format_seeds, parse_seeds, run_seeds
+        from simcse_kit.training.wiring.experiments import format_seeds, parse_seeds, run_seeds
 
         if args.resume:
             raise ConfigError("--seeds runs reuse finished seeds on their own; run the same command again instead of --resume")
@@ -31,7 +31,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_sweep(args: argparse.Namespace, extra: list[str]) -> int:
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.experiments import SWEEP_KEYS, format_sweep, parse_seeds, parse_values, run_sweep
+    from simcse_kit.training.wiring.experiments import SWEEP_KEYS, format_sweep, parse_seeds, parse_values, run_sweep
 
     grid = {name: parse_values(name, getattr(args, name)) for name in SWEEP_KEYS if getattr(args, name) is not None}
     if not grid:

@@ -88,6 +88,8 @@ __all__ = [
 ]
 
 DATA_ROOT = "{data_root}"  # stands for the data root in the data paths (train_file, eval_data_dir, ...)
+
+
 def file_in_the_way(folder: Path) -> Path | None:
     """``folder`` itself or the nearest of its parents that exists, where that is not a
     folder (so ``folder`` cannot be created or used as one); None where nothing blocks it."""
@@ -95,8 +97,6 @@ def file_in_the_way(folder: Path) -> Path | None:
         if candidate.exists():
             return None if candidate.is_dir() else candidate
     return None
-
-
 
 
 @dataclass

@@ -3,7 +3,7 @@ default and its meaning (``field(metadata={"help": ...})``, printed by
 ``simcse-kit train --help``), and its own check (``check()``: the values it allows, beside
 their help; what those are is imported from the module that owns the concept where that
 sits at or below the config, :mod:`simcse_kit.core.modes`, and is defined here where its
-owner sits above, :data:`TEACHER_LOSSES` for :mod:`simcse_kit.training.objectives`).
+owner sits above, :data:`TEACHER_LOSSES` for :mod:`simcse_kit.training.objective.objectives`).
 
 :mod:`simcse_kit.config.run` puts them together (:class:`~simcse_kit.config.run.RunConfig`), checks
 what spans sections and reads them from YAML; import them from there.
@@ -34,9 +34,10 @@ def files_label(files: str | list[str]) -> str:
     """How logs, records and errors name a dataset's ``file``: the path, or a list's paths joined by commas."""
     return files if isinstance(files, str) else ", ".join(files)
 
+
 # The values a key allows, each beside its section below. Read by the modules that act on
 # them (simcse_kit.model.modeling, simcse_kit.model.precision, simcse_kit.evaluation.sts_readers,
-# simcse_kit.training.objectives), which sit above the config and so import them from here.
+# simcse_kit.training.objective.objectives), which sit above the config and so import them from here.
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "last")
 MLP_MODES = ("none", "train", "always")
 MODES = tuple(modes.TABLE)  #: simcse_kit.core.modes: one row per mode
@@ -46,12 +47,12 @@ PAIR_FORMATS = ("stsb", "sick")  #: scored-pair files a run reads; evaluation.st
 MIXTURE_MODES = ("unsup", "sup", "hardneg")
 SAMPLINGS = ("proportional", "round_robin", "weighted")  #: data.sampling: how batches are drawn among the datasets
 DEV_FORMATS = (*PAIR_FORMATS, "beir")
-TEACHER_LOSSES = ("similarity", "embedding")  #: simcse_kit.training.objectives.TeacherTargets.kind
+TEACHER_LOSSES = ("similarity", "embedding")  #: simcse_kit.training.objective.objectives.TeacherTargets.kind
 SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
 # loss.distill: a teacher's scores of each anchor's candidates (simcse_kit.core.score_losses'
-# kl_distillation_loss and margin_mse_loss; simcse_kit.training.objectives.SimCSEObjective.distill_loss)
+# kl_distillation_loss and margin_mse_loss; simcse_kit.training.objective.objectives.SimCSEObjective.distill_loss)
 DISTILL_LOSSES = ("kl", "margin_mse")
-TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.teacher
+TEACHER_PROJECTIONS = ("pca", "aligned", "none")  # simcse_kit.training.objective.teacher
 GUIDE_MARGIN_STRATEGIES = ("absolute", "relative")  # simcse_kit.core.masks.MARGIN_STRATEGIES (config imports no torch)
 QUANTIZATION_TARGETS = ("int8", "binary")  # simcse_kit.core.quantization.TARGETS (config imports no torch)
 # simcse_kit.evaluation.quantization.PRECISIONS (sentence-transformers' names; the config sits below evaluation)
@@ -181,7 +182,7 @@ class ModelConfig:
         if self.dropout is not None:
             rules.append(("dropout", 0 <= self.dropout < 1, "in [0, 1)"))
         # A negative rank would silently train every weight; its upper bound, the model's width,
-        # is checked with the model's config (simcse_kit.training.inputs.load_checked_tokenizer).
+        # is checked with the model's config (simcse_kit.training.wiring.inputs.load_checked_tokenizer).
         rules += [
             ("lora_r", self.lora_r >= 0, ">= 0 (0: train every weight; > 0: the adapter's rank)"),
             ("lora_alpha", 0 < self.lora_alpha < math.inf, "> 0 (the update is scaled by lora_alpha / lora_r)"),
@@ -520,7 +521,7 @@ class LossConfig:
 
 @dataclass
 class LoopConfig:
-    """The optimisation loop (:func:`simcse_kit.training.loop.fit`): what any model trained by
+    """The optimisation loop (:func:`simcse_kit.training.engine.loop.fit`): what any model trained by
     it needs, text or image."""
 
     learning_rate: float = option(3e-5, "AdamW peak learning rate (linear decay to 0)")
@@ -681,7 +682,6 @@ def check_datasets(specs: list[DatasetSpec], sampling: str) -> None:
             problems.append(f"weight {spec.weight!r}: only used with data.sampling weighted (data.sampling is {sampling!r})")
         if problems:
             raise ConfigError(f"{where}: {problems[0]}")
-
 
 
 DATASET_KEYS = tuple(f.name for f in fields(DatasetSpec))

@@ -2,8 +2,8 @@
 
 A mode says which data column each view of an example comes from and who is contrasted
 with whom. The collator's columns (:data:`simcse_kit.core.batch.VIEW_COLUMNS`), the objective
-(:meth:`simcse_kit.training.objectives.SimCSEObjective.loss`), GradCache's count of negatives
-(:func:`simcse_kit.training.gradcache.effective_negatives`) and the config's mode list
+(:meth:`simcse_kit.training.objective.objectives.SimCSEObjective.loss`), GradCache's count of negatives
+(:func:`simcse_kit.training.objective.gradcache.effective_negatives`) and the config's mode list
 (:data:`simcse_kit.config.run.MODES`) all read :data:`TABLE`, so a new mode is one new row.
 
 Rows of a batch are example-major (:mod:`simcse_kit.core.batch`): the ``V`` views of example

@@ -55,7 +55,7 @@ class ContrastiveCollator:
             (:func:`simcse_kit.core.batch.view_prompts` of ``data.prompts``; ``()``: none).
             ``text_ids`` are of the texts without them: a false negative is the same content.
         teacher_index: with a teacher (``loss.teacher``), sentence -> row of its vector
-            table; adds ``teacher_rows`` ``[B]`` int64 (:mod:`simcse_kit.training.teacher`).
+            table; adds ``teacher_rows`` ``[B]`` int64 (:mod:`simcse_kit.training.objective.teacher`).
         guide_index: with a guide (``loss.guide``), sentence -> row of its vector table;
             adds ``guide_rows`` ``[B]`` int64.
         packing_plan: also add the batch's packing plan (:func:`simcse_kit.model.packing.plan_batch`:

@@ -8,7 +8,7 @@ to copy, and pinning would only cost time (and needs a CUDA runtime), so it stay
 
 Tokenisation and the packing plan (:func:`simcse_kit.model.packing.plan_batch`) run in the
 collator, so ``data.num_workers > 0`` moves them into DataLoader worker processes. Its
-default (auto, :func:`simcse_kit.training.folder.with_device_defaults`) is 0 on the CPU, where
+default (auto, :func:`simcse_kit.training.wiring.folder.with_device_defaults`) is 0 on the CPU, where
 workers take cores from the training step, and 8 on CUDA, where the tokenisation in the training process is the bottleneck
 (BENCHMARKS.md, "GPU").
 """

@@ -4,7 +4,7 @@ A small CNN is trained on scikit-learn's bundled 8x8 digits (1,797 images, no
 download) with supervised contrastive learning (SupCon ``L_out``, Khosla et al.,
 2020): two randomly shifted views of each image, every same-class view in the batch a
 positive. The loss is :func:`simcse_kit.core.losses.supcon`, the function the text
-objectives use, and the loop is :func:`simcse_kit.training.loop.fit`, the text trainer's.
+objectives use, and the loop is :func:`simcse_kit.training.engine.loop.fit`, the text trainer's.
 
 The learned features (the encoder output, below the projection head, as in SupCon)
 are then judged by a linear probe (logistic regression on frozen features) against
@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from simcse_kit.config.run import LoopConfig
 from simcse_kit.core.losses import supcon
 from simcse_kit.files import save_figure
-from simcse_kit.training.loop import fit, make_accelerator, prepare
-from simcse_kit.training.steps import Backward, Batch, Step
+from simcse_kit.training.engine.loop import fit, make_accelerator, prepare
+from simcse_kit.training.engine.steps import Backward, Batch, Step
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def cross_entropy_step(model: nn.Module, batch: Batch, backward: Backward) -> to
 
 
 def train_digits_model(model: DigitsModel, step: Step, views: int, x: torch.Tensor, y: torch.Tensor, cfg: DigitsConfig) -> float:
-    """Train ``model`` in place with :func:`simcse_kit.training.loop.fit`; return seconds."""
+    """Train ``model`` in place with :func:`simcse_kit.training.engine.loop.fit`; return seconds."""
     loop_cfg = LoopConfig(
         learning_rate=cfg.learning_rate,
         weight_decay=cfg.weight_decay,

@@ -25,7 +25,7 @@ from simcse_kit.export.folder import COMPAT_TESTED, ST_CLASS_PREFIX
 from simcse_kit.export.source import ExportSource
 from simcse_kit.export.sts_gate import MAX_INT8_STS_DROP
 from simcse_kit.export.verify import MIN_COSINE, MIN_COSINE_ONNX, ExportResult
-from simcse_kit.training.selection import dev_selection
+from simcse_kit.training.engine.selection import dev_selection
 
 TEMPLATE = "model_card.md"
 SECTION = "%% "

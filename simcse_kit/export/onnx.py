@@ -135,9 +135,7 @@ class SentenceEmbeddingGraph(nn.Module):
             kwargs["token_type_ids"] = token_type_ids
         if self.is_decoder:  # position ids over real tokens, so left padding reads as right padding
             kwargs |= padded_decoder_inputs(attention_mask)
-        out = self.encoder(
-            input_ids=input_ids, output_hidden_states=self.pooler.needs_hidden_states, return_dict=True, **kwargs
-        )
+        out = self.encoder(input_ids=input_ids, output_hidden_states=self.pooler.needs_hidden_states, return_dict=True, **kwargs)
         pooled = self.pooler(attention_mask, out.last_hidden_state, out.hidden_states)
         if self.mlp is not None:
             pooled = self.mlp(pooled)

@@ -14,7 +14,7 @@ from simcse_kit.errors import ConfigError
 from simcse_kit.export.onnx_encoder import FP32_FILE, INT8_FILE, ONNX_INFO
 from simcse_kit.files import check_writable, folder_contents
 from simcse_kit.model.modeling import SIMCSE_CONFIG
-from simcse_kit.training.guards import lock_holder
+from simcse_kit.training.engine.guards import lock_holder
 
 EXPORT_INFO = "simcse_export.json"
 """Provenance written into the export. Deliberately *not* ``simcse_config.json``: the

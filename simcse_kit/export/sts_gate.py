@@ -26,7 +26,7 @@ from simcse_kit.evaluation import DevEvaluator
 from simcse_kit.evaluation.suite import stsb_split_path
 from simcse_kit.export.source import ExportError, ExportSource
 from simcse_kit.export.verify import TensorEncode
-from simcse_kit.training.selection import LEGACY_DEV_METRIC, dev_selection
+from simcse_kit.training.engine.selection import LEGACY_DEV_METRIC, dev_selection
 
 logger = logging.getLogger(__name__)
 

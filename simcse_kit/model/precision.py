@@ -29,7 +29,7 @@ native. The table per device is in docs/distributed.md.
 :func:`resolve_precision` and :func:`resolve_eval_precision` take the hardware check as
 ``cpu_check=`` and the probe as ``probe=`` (tests inject an AVX2 machine, or a probe that
 says bf16 is 30x slower, that way). Several processes agree on rank 0's choice:
-:func:`simcse_kit.training.folder.with_concrete_precision`.
+:func:`simcse_kit.training.wiring.folder.with_concrete_precision`.
 """
 
 from __future__ import annotations
@@ -487,9 +487,7 @@ def set_tf32(device: torch.device | str, capability: tuple[int, int] | None = No
     return on
 
 
-def check_cuda_flags(
-    device: torch.device | str, *, fast_dropout: bool, bf16_weights: bool, adapter: bool = False
-) -> list[str]:
+def check_cuda_flags(device: torch.device | str, *, fast_dropout: bool, bf16_weights: bool, adapter: bool = False) -> list[str]:
     """Warn about the CPU speed tricks set on for a CUDA device, where they do not pay.
 
     ``fast_dropout`` replaces SDPA's fused attention with an explicit softmax attention

@@ -384,7 +384,7 @@ def format_rows(
 ) -> str:
     """The mined file's text: JSONL for a ``.jsonl``/``.json`` path, else CSV (module docstring).
 
-    ``scores``: each row's teacher scores ``[s_pos, s_neg_1, ..]`` (:mod:`simcse_kit.training.scoring`),
+    ``scores``: each row's teacher scores ``[s_pos, s_neg_1, ..]`` (:mod:`simcse_kit.tools.scoring`),
     written as the training reader reads them: JSONL ``"scores"``, CSV
     :func:`simcse_kit.data.readers.score_columns`."""
     per_row: Sequence[Sequence[float] | None] = [None] * len(rows) if scores is None else scores

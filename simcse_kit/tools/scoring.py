@@ -16,7 +16,7 @@ Two kinds of teacher:
 
 The rows are read as the ``hardneg`` training reader reads them (:func:`simcse_kit.data.readers.read_rows`:
 the same checks, the same file-and-line errors; columns other than the texts are not
-kept) and written as :func:`simcse_kit.training.mining.format_rows` writes mined ones, with
+kept) and written as :func:`simcse_kit.tools.mining.format_rows` writes mined ones, with
 the scores added, atomically (never a half-written file).
 """
 
@@ -37,7 +37,7 @@ from simcse_kit.files import write_text_atomic
 from simcse_kit.model.checks import check_weights
 from simcse_kit.model.devices import resolve_device
 from simcse_kit.model.inference import Encoder, SentenceTransformerEncoder, load_encoder
-from simcse_kit.training.mining import check_output_file, format_rows
+from simcse_kit.tools.mining import check_output_file, format_rows
 
 logger = logging.getLogger(__name__)
 

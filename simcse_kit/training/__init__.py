@@ -1,5 +1,4 @@
-"""Training: the generic loop (``loop.fit``), the step contract (``steps``), the objective
-(``objectives``; per dataset of a mixture: ``mixture``), GradCache and the momentum queue, checkpoints and resume, dev selection,
-the run's guards and trackers, sharded engines (``engines``: FSDP2, DeepSpeed ZeRO), the
-teacher, mining, a teacher's scores of mined rows (``scoring``), and a text run wired from a
-config (``run``, with its ``inputs`` and run ``folder``)."""
+"""Training in three packages: the generic engine (``engine``: the loop, the step contract,
+checkpoints and resume, dev selection, guards, trackers, peers, sharded engines), the objective
+(``objective``: batch to loss, GradCache, the momentum queue, a mixture's per-dataset objectives,
+the teacher's vectors) and a text run wired from a config (``wiring``: ``build_run``, ``train``)."""

@@ -2,7 +2,7 @@
 
 :class:`Checkpoints` owns a run's ``step-N`` folders (written whole into a temp folder,
 then renamed; the newest :data:`KEEP_CHECKPOINTS` kept) and its best model, so that
-:func:`simcse_kit.training.loop.fit` with ``resume=True`` continues exactly where a killed run
+:func:`simcse_kit.training.engine.loop.fit` with ``resume=True`` continues exactly where a killed run
 stopped. :class:`LoopState` is what the loop has done so far: saved with each checkpoint,
 returned at the end.
 """
@@ -341,4 +341,3 @@ class Checkpoints:
         accelerator.wait_for_everyone()
         logger.info("resumed from %s (step %d, epoch %d, batch %d)", ckpt, state.global_step, state.epoch, state.batches_in_epoch)
         return ckpt
-

@@ -12,11 +12,11 @@ schedule, and ``accelerator.prepare`` takes them with the model and the DataLoad
 - an evaluator is any callable ``evaluator(model) -> dict[str, float]`` with a
   ``primary_metric`` attribute naming the key that selects the best model (the
   sentence-transformers convention), run every ``eval_steps`` and at the end;
-- :class:`~simcse_kit.training.checkpoints.Checkpoints` owns the run's ``step-N`` folders (the
+- :class:`~simcse_kit.training.engine.checkpoints.Checkpoints` owns the run's ``step-N`` folders (the
   full training state every ``save_steps``, so that ``resume=True`` continues exactly)
   *and* the best model;
 - the accelerator's experiment trackers (``cfg.report_to``) get the loop's numbers, the
-  step's own ``metrics()`` and every evaluation against the step (:mod:`simcse_kit.training.tracking`).
+  step's own ``metrics()`` and every evaluation against the step (:mod:`simcse_kit.training.engine.tracking`).
 
 Mixed precision, gradient accumulation and multi-process come from Accelerate.
 """
@@ -49,15 +49,14 @@ from simcse_kit.data.pipeline import loader_options
 from simcse_kit.errors import ConfigError
 from simcse_kit.model.fastpath.bf16 import bf16_training
 from simcse_kit.model.fastpath.internals import reset_accelerate_state
-from simcse_kit.training.checkpoints import Checkpoints, LoopState
-from simcse_kit.training.engines import Engine, FullCopy, check_engine, check_requested, engine_of
-from simcse_kit.training.guards import StepGuard, Stopped, StopSignals
-from simcse_kit.training.selection import Evaluator, Selection
-from simcse_kit.training.steps import Step
-from simcse_kit.training.tracking import LoopLog, gradient_norm, tracker_names
+from simcse_kit.training.engine.checkpoints import Checkpoints, LoopState
+from simcse_kit.training.engine.engines import Engine, FullCopy, check_engine, check_requested, engine_of
+from simcse_kit.training.engine.guards import StepGuard, Stopped, StopSignals
+from simcse_kit.training.engine.selection import Evaluator, Selection
+from simcse_kit.training.engine.steps import Step
+from simcse_kit.training.engine.tracking import LoopLog, gradient_norm, tracker_names
 
 logger = logging.getLogger(__name__)
-
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -71,7 +70,7 @@ def loss_text(value: float) -> str:
 
 def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str | Path | None = None) -> Accelerator:
     """One Accelerator per run; mixed precision, accumulation and the experiment trackers
-    (``cfg.report_to``, checked: :func:`simcse_kit.training.tracking.tracker_names`) from the config.
+    (``cfg.report_to``, checked: :func:`simcse_kit.training.engine.tracking.tracker_names`) from the config.
 
     Args:
         cfg: the loop's settings.
@@ -85,7 +84,7 @@ def make_accelerator(cfg: LoopConfig, cpu: bool | None = None, logging_dir: str 
             logger.info("training on the CPU: an MPS device is present, but training is not verified on MPS")
     if AUTO in (cfg.mixed_precision, cfg.bf16_weights):
         # Decided once, by the caller, before anything records the config (a text run:
-        # simcse_kit.training.folder.with_concrete_precision); optimiser and loop read the same values.
+        # simcse_kit.training.wiring.folder.with_concrete_precision); optimiser and loop read the same values.
         raise ValueError(
             f"make_accelerator: mixed_precision = {cfg.mixed_precision!r}, bf16_weights = {cfg.bf16_weights!r}: "
             "decide 'auto' for this machine first (simcse_kit.model.precision.resolve_precision)"
@@ -198,7 +197,6 @@ def batch_rows(batch: Any) -> int:
     return len(next(iter(batch.values()))) if isinstance(batch, Mapping) else len(batch)
 
 
-
 # --------------------------------------------------------------------------- the caller's side
 
 
@@ -215,9 +213,9 @@ class Prepared:
         n_steps: the optimiser steps the loop takes (the schedule's length).
         generator: the loader's shuffling generator (``DataLoader(generator=...)``): each
             epoch's order is drawn from it, so its state is checkpointed; None: no such one.
-        engine: how the processes hold the model (DDP, FSDP, DeepSpeed: :mod:`simcse_kit.training.engines`).
+        engine: how the processes hold the model (DDP, FSDP, DeepSpeed: :mod:`simcse_kit.training.engine.engines`).
         full_copy: with sharded weights, the unsharded copy that evaluations and the best
-            model use (:class:`~simcse_kit.training.engines.FullCopy`); None otherwise.
+            model use (:class:`~simcse_kit.training.engine.engines.FullCopy`); None otherwise.
     """
 
     accelerator: Accelerator
@@ -272,7 +270,7 @@ def prepare(model: nn.Module, loader: DataLoader, cfg: LoopConfig, accelerator: 
 
 
 def loop_settings(cfg: LoopConfig, accelerator: Accelerator) -> dict[str, Any]:
-    """The loop's settings that :func:`~simcse_kit.training.engines.check_engine` checks."""
+    """The loop's settings that :func:`~simcse_kit.training.engine.engines.check_engine` checks."""
     return {
         "train.bf16_weights": cfg.bf16_weights,
         "train.max_grad_norm": cfg.max_grad_norm,
@@ -393,17 +391,23 @@ class Progress:
 
 
 def fit(
-    run: Prepared, step: Step, cfg: LoopConfig, *, evaluator: Evaluator | None = None,
-    checkpoints: Checkpoints | None = None, resume: bool = False, signals: StopSignals | None = None,
+    run: Prepared,
+    step: Step,
+    cfg: LoopConfig,
+    *,
+    evaluator: Evaluator | None = None,
+    checkpoints: Checkpoints | None = None,
+    resume: bool = False,
+    signals: StopSignals | None = None,
 ) -> LoopState:
     """Train ``run.model`` for ``run.n_steps`` optimiser steps; return the loop state.
 
     ``step`` gets the prepared model and Accelerate's ``backward``. ``evaluator`` runs every
-    ``cfg.eval_steps`` and at the end, selecting the best model (:class:`~simcse_kit.training.selection.Selection`);
+    ``cfg.eval_steps`` and at the end, selecting the best model (:class:`~simcse_kit.training.engine.selection.Selection`);
     ``checkpoints`` keeps it, and the full training state every ``cfg.save_steps``, which
     ``resume`` continues from exactly (model, optimizer, schedule, RNGs, data position, best).
     Installed ``signals`` (SIGTERM, SIGUSR1, SIGINT) end the optimiser step, write a checkpoint
-    and raise :class:`~simcse_kit.training.guards.Stopped`.
+    and raise :class:`~simcse_kit.training.engine.guards.Stopped`.
 
     Raises:
         Diverged: the loss (or, but under fp16, the gradient norm) is not finite; raised

@@ -4,7 +4,7 @@ An evaluator is any callable ``evaluator(model) -> dict[str, float]`` with a
 ``primary_metric`` attribute naming the key that selects the best model (the
 sentence-transformers convention) and, optionally, a ``metric_label`` saying what that
 metric measures ("SICK trial Spearman x 100"). :class:`Selection` runs it for
-:func:`simcse_kit.training.loop.fit` (every ``eval_steps``, at the end and, with
+:func:`simcse_kit.training.engine.loop.fit` (every ``eval_steps``, at the end and, with
 ``eval_at_start``, on the untouched model), records the metrics and keeps the best model.
 
 A run folder names what selected it: ``metrics.json`` holds ``dev_metric`` (the key of
@@ -27,10 +27,10 @@ from accelerate import Accelerator
 from torch import nn
 
 from simcse_kit.model.fastpath.bf16 import MasterWeightAdamW
-from simcse_kit.training.checkpoints import Checkpoints, LoopState
-from simcse_kit.training.engines import FullCopy
-from simcse_kit.training.guards import collapse_reason
-from simcse_kit.training.tracking import LoopLog
+from simcse_kit.training.engine.checkpoints import Checkpoints, LoopState
+from simcse_kit.training.engine.engines import FullCopy
+from simcse_kit.training.engine.guards import collapse_reason
+from simcse_kit.training.engine.tracking import LoopLog
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def adopt_legacy_evals(evals: list[dict[str, float]], metric: str) -> int:
 class Selection:
     """The loop's evaluations: ``evaluator`` on the unwrapped model in eval mode, on the
     main process; the metrics recorded and logged; the best model so far (never a
-    collapsed one: :func:`~simcse_kit.training.guards.collapse_reason`) saved through ``checkpoints``.
+    collapsed one: :func:`~simcse_kit.training.engine.guards.collapse_reason`) saved through ``checkpoints``.
 
     Args:
         accelerator: the run's Accelerator.

@@ -2,24 +2,24 @@
 
 A *step* is any callable ``step(model, batch, backward) -> loss`` (:class:`Step`): it
 computes the loss, calls ``backward(loss)`` itself and returns the detached loss. The loop
-(:func:`simcse_kit.training.loop.fit`) passes Accelerate's backward (loss scaling, division by
+(:func:`simcse_kit.training.engine.loop.fit`) passes Accelerate's backward (loss scaling, division by
 the accumulation steps) and knows nothing else about the step: the digits demo trains an
 image encoder through the same contract. Every step here also takes ``backward=None``,
 which means plain ``loss.backward()`` (:func:`backpropagate`), and has ``metrics() ->
-dict[str, float]``: the counters a tracked run logs (:mod:`simcse_kit.training.tracking`).
+dict[str, float]``: the counters a tracked run logs (:mod:`simcse_kit.training.engine.tracking`).
 
 A text run has three steps, all around an :class:`Objective` (the seam
-:class:`~simcse_kit.training.objectives.SimCSEObjective` offers: ``embed`` runs the encoder,
+:class:`~simcse_kit.training.objective.objectives.SimCSEObjective` offers: ``embed`` runs the encoder,
 ``loss`` only the loss core, so the steps below never look inside either):
 
 * the plain step, the objective itself (:meth:`SimCSEObjective.step
-  <simcse_kit.training.objectives.SimCSEObjective.step>`): embed, loss, backward;
+  <simcse_kit.training.objective.objectives.SimCSEObjective.step>`): embed, loss, backward;
 * :class:`GradCacheStep`: the same loss and gradients for batches larger than activation
-  memory allows (the method: :mod:`simcse_kit.training.gradcache`);
+  memory allows (the method: :mod:`simcse_kit.training.objective.gradcache`);
 * :class:`MomentumQueueStep`: the loss with a momentum encoder's past embeddings as extra
-  negatives (the queue: :mod:`simcse_kit.training.momentum_queue`).
+  negatives (the queue: :mod:`simcse_kit.training.objective.momentum_queue`).
 
-:func:`simcse_kit.training.run.make_step` picks one from the config.
+:func:`simcse_kit.training.wiring.run.make_step` picks one from the config.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from simcse_kit.config.run import LossConfig
 from simcse_kit.core import distributed
 from simcse_kit.core.batch import model_inputs, view_rows
 from simcse_kit.model.modeling import compute_dtype
-from simcse_kit.training.gradcache import RngState, chunk_slices, effective_negatives, model_chunk
-from simcse_kit.training.momentum_queue import MomentumQueue
+from simcse_kit.training.objective.gradcache import RngState, chunk_slices, effective_negatives, model_chunk
+from simcse_kit.training.objective.momentum_queue import MomentumQueue
 
 __all__ = [
     "Backward",
@@ -70,7 +70,6 @@ class Queue(NamedTuple):
     guide_rows: torch.Tensor | None = None
 
 
-
 class Step(Protocol):
     """What the loop calls once per batch: ``backward(loss)``, then the detached loss."""
 
@@ -78,7 +77,7 @@ class Step(Protocol):
 
 
 class Objective(Protocol):
-    """What the steps ask of an objective (:class:`~simcse_kit.training.objectives.SimCSEObjective`)."""
+    """What the steps ask of an objective (:class:`~simcse_kit.training.objective.objectives.SimCSEObjective`)."""
 
     mode: str
     loss_cfg: LossConfig
@@ -118,7 +117,8 @@ class ObjectiveStep:
         self.accelerator = accelerator
 
     def metrics(self) -> dict[str, float]:
-        """The objective's counters (:meth:`SimCSEObjective.metrics <simcse_kit.training.objectives.SimCSEObjective.metrics>`)."""
+        """The objective's counters
+        (:meth:`SimCSEObjective.metrics <simcse_kit.training.objective.objectives.SimCSEObjective.metrics>`)."""
         return self.objective.metrics()
 
     def processes(self) -> int:
@@ -127,7 +127,7 @@ class ObjectiveStep:
 
 
 class GradCacheStep(ObjectiveStep):
-    """A step computing the loss GradCache-style (:mod:`simcse_kit.training.gradcache`).
+    """A step computing the loss GradCache-style (:mod:`simcse_kit.training.objective.gradcache`).
 
     Args:
         objective: gives ``embed(model, batch) -> [b, H]``,
@@ -211,7 +211,7 @@ class MomentumQueueStep(ObjectiveStep):
     Args:
         objective: gives ``embed``, ``loss(embeddings, batch, queue=)``,
             ``views_per_example`` and ``loss_cfg``.
-        queue: the :class:`~simcse_kit.training.momentum_queue.MomentumQueue`, built from the online
+        queue: the :class:`~simcse_kit.training.objective.momentum_queue.MomentumQueue`, built from the online
             model before ``accelerator.prepare``.
         accelerator: optional; gives ``unwrap_model``, ``autocast`` and
             ``sync_gradients`` (the momentum encoder moves once per optimiser step,

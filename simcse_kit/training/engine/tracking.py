@@ -101,7 +101,7 @@ def gradient_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 class LoopLog:
-    """The training loop's side of tracking (:func:`simcse_kit.training.loop.fit`).
+    """The training loop's side of tracking (:func:`simcse_kit.training.engine.loop.fit`).
 
     Inactive, and free, when the accelerator has no trackers and off the main process.
     If the trackers are not running yet it starts them with ``hparams`` (the loop's

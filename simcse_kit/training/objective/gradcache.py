@@ -13,7 +13,7 @@ Size under Memory Limited Setup") splits the *encoder* work instead:
    backpropagate the cached embedding gradient of its rows:
    ``chunk_embeddings.backward(grad[rows])``.
 
-:class:`simcse_kit.training.steps.GradCacheStep` runs the three passes; this module holds their
+:class:`simcse_kit.training.engine.steps.GradCacheStep` runs the three passes; this module holds their
 parts. Because step 3 replays exactly the forward of step 1, the parameter gradients equal
 those of one forward+backward over the same chunked forwards; with dropout off they
 equal the plain full-batch gradients (tests/test_gradcache.py checks both in fp32).

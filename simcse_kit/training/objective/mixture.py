@@ -1,7 +1,7 @@
 """Training on several datasets at once (``data.datasets``): each batch in its dataset's mode.
 
 A batch comes from one dataset (:mod:`simcse_kit.data.mixture`) and names it. The
-:class:`MixtureObjective` holds one :class:`~simcse_kit.training.objectives.SimCSEObjective`
+:class:`MixtureObjective` holds one :class:`~simcse_kit.training.objective.objectives.SimCSEObjective`
 per dataset (its mode, its ``k`` hard negatives) and gives each batch its dataset's loss:
 the mode decides the views per example and who is contrasted with whom
 (:mod:`simcse_kit.core.modes`). :class:`DatasetTally` counts each dataset's examples and
@@ -21,8 +21,8 @@ from torch import nn
 
 from simcse_kit.core.batch import model_inputs
 from simcse_kit.data.mixture import DATASET_KEY
-from simcse_kit.training.objectives import SimCSEObjective
-from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
+from simcse_kit.training.engine.steps import Backward, Batch, Queue, backpropagate
+from simcse_kit.training.objective.objectives import SimCSEObjective
 
 __all__ = ["DatasetTally", "MixtureObjective"]
 
@@ -79,7 +79,7 @@ class DatasetTally:
 class MixtureObjective:
     """One objective per dataset; a batch takes the loss of the dataset it names.
 
-    The plain step of the step contract (:mod:`simcse_kit.training.steps`), like a single
+    The plain step of the step contract (:mod:`simcse_kit.training.engine.steps`), like a single
     objective, and it tallies each step (:class:`DatasetTally`).
 
     Attributes:

@@ -11,7 +11,7 @@ encoder, and no memory for its activations. The queue also stores each row's tex
 (:mod:`simcse_kit.core.masks`) reaches its rows too, and, with a guide (``loss.guide``), each
 row's index into the guide's table of the training sentences, so the guide vets them too.
 
-:class:`simcse_kit.training.steps.MomentumQueueStep` is the training step that uses it.
+:class:`simcse_kit.training.engine.steps.MomentumQueueStep` is the training step that uses it.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ GradCache and the momentum queue work on that seam without knowing the model.
 
 Who is contrasted with whom in each mode is :mod:`simcse_kit.core.modes`' table; the loss reads
 it and has no per-mode branch. The objective is also the plain *step* of the step contract
-(:mod:`simcse_kit.training.steps`), where GradCache and the momentum queue wrap it.
+(:mod:`simcse_kit.training.engine.steps`), where GradCache and the momentum queue wrap it.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from torch import nn
 from simcse_kit.config.run import TEACHER_LOSSES, LossConfig
 from simcse_kit.core import distributed, losses, masks, modes, quantization, score_losses
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
-from simcse_kit.training.steps import Backward, Batch, Queue, backpropagate
+from simcse_kit.training.engine.steps import Backward, Batch, Queue, backpropagate
 
 __all__ = ["GuideFilter", "SimCSEObjective", "Tally", "TeacherTargets"]
 
 
 @dataclass
 class TeacherTargets:
-    """A teacher's part of the loss (``loss.teacher``; :mod:`simcse_kit.training.teacher` builds the table).
+    """A teacher's part of the loss (``loss.teacher``; :mod:`simcse_kit.training.objective.teacher` builds the table).
 
     Attributes:
         vectors: ``[U, D']`` the teacher's vectors of the distinct training sentences; a
@@ -46,9 +46,9 @@ class TeacherTargets:
             SimCSE term's ``loss.temperature``). Its own knob so a distribution matched at a
             flat temperature leaves a SimCSE term mixed in at its sharp one.
         projection: ``(mean [D'], components [D', D])`` mapping a wider teacher to the
-            student's width for ``embedding`` (:func:`simcse_kit.training.teacher.pca_projection`), or
+            student's width for ``embedding`` (:func:`simcse_kit.training.objective.teacher.pca_projection`), or
             ``(mean, components, offset [D])`` into the student's own coordinates
-            (:func:`simcse_kit.training.teacher.aligned_projection`).
+            (:func:`simcse_kit.training.objective.teacher.aligned_projection`).
     """
 
     vectors: torch.Tensor
@@ -89,7 +89,7 @@ class TeacherTargets:
 
 @dataclass
 class GuideFilter:
-    """A guide's vetting of negatives (``loss.guide``; :func:`simcse_kit.training.inputs.load_guide`).
+    """A guide's vetting of negatives (``loss.guide``; :func:`simcse_kit.training.wiring.inputs.load_guide`).
 
     Attributes:
         vectors: ``[U, D']`` the guide's vectors of the distinct training sentences (any
@@ -217,7 +217,7 @@ class SimCSEObjective:
         return views_per_example(self.mode, self.negatives)
 
     def metrics(self) -> dict[str, float]:
-        """The counters a tracked run logs (:mod:`simcse_kit.training.tracking`): with false-negative
+        """The counters a tracked run logs (:mod:`simcse_kit.training.engine.tracking`): with false-negative
         masking, the entries masked in the latest batch and in all batches so far."""
         out = {name: float(value) for name, value in self.last_terms.items()}
         if self.masking:
@@ -375,7 +375,7 @@ class SimCSEObjective:
             embeddings: ``[N*V, H]``, example-major.
             batch: the collated batch; its ``text_ids`` ``[B]`` are needed with
                 ``loss.mask_false_negatives``.
-            queue: optional extra negatives of every anchor (:class:`~simcse_kit.training.steps.Queue`).
+            queue: optional extra negatives of every anchor (:class:`~simcse_kit.training.engine.steps.Queue`).
         """
         form = self.contrast
         ids = self.row_ids(batch, embeddings.shape[0])
@@ -630,7 +630,7 @@ class SimCSEObjective:
         return distributed.gather_labels(ids) if self.loss_cfg.gather else ids
 
     def step(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
-        """The plain step (:mod:`simcse_kit.training.steps`): embed, loss, ``backward(loss)``
+        """The plain step (:mod:`simcse_kit.training.engine.steps`): embed, loss, ``backward(loss)``
         (``loss.backward()`` when None), then the detached loss."""
         return backpropagate(self.loss(self.embed(model, batch), batch), backward)
 

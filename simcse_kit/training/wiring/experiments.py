@@ -31,7 +31,7 @@ from simcse_kit.config.run import RunConfig, load_config
 from simcse_kit.errors import ConfigError
 from simcse_kit.evaluation.tables import STS_COLUMNS, format_seed_table
 from simcse_kit.files import save_figure, write_json_atomic
-from simcse_kit.training.selection import LEGACY_DEV_LABEL, dev_selection
+from simcse_kit.training.engine.selection import LEGACY_DEV_LABEL, dev_selection
 
 __all__ = [
     "SWEEP_KEYS",
@@ -92,7 +92,7 @@ def _set(cfg: RunConfig, dotted: str, value: Any) -> None:
 def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     """The metrics of a finished run in ``cfg.train.output_dir`` with the same config,
     else None. A finished run with a *different* config is an error, never reused."""
-    from simcse_kit.training.folder import config_differences
+    from simcse_kit.training.wiring.folder import config_differences
 
     out = Path(cfg.train.output_dir)
     if not (out / "metrics.json").is_file():
@@ -112,7 +112,7 @@ def _train(cfg: RunConfig, overwrite: bool, train_fn: TrainFn | None) -> dict[st
         if done is not None:
             return done
     if train_fn is None:
-        from simcse_kit.training.run import train
+        from simcse_kit.training.wiring.run import train
 
         train_fn = train
     return train_fn(cfg.validate(), overwrite=overwrite)
@@ -121,7 +121,7 @@ def _train(cfg: RunConfig, overwrite: bool, train_fn: TrainFn | None) -> dict[st
 def dev_row(metrics: Mapping[str, Any], cfg: RunConfig) -> tuple[dict[str, float], str, str]:
     """A finished run's STS table plus its best dev score (``best_dev_score``; NaN when no
     evaluation was usable), with the dev metric's key and label; folders written before
-    the metric was named read through :func:`~simcse_kit.training.selection.dev_selection` (``cfg``,
+    the metric was named read through :func:`~simcse_kit.training.engine.selection.dev_selection` (``cfg``,
     the run's config, says what their dev data was)."""
     dev = dev_selection(metrics, data={"dev_format": cfg.data.dev_format, "dev_file": cfg.data.dev_file})
     best = math.nan if dev.best is None else dev.best
@@ -156,7 +156,7 @@ def run_seeds(
         seeds: distinct seeds.
         overwrite: retrain seeds whose folder already holds a finished run.
         train_fn: ``train(cfg, overwrite=...) -> metrics`` (default
-            :func:`simcse_kit.training.run.train`); tests pass a stand-in.
+            :func:`simcse_kit.training.wiring.run.train`); tests pass a stand-in.
 
     Returns:
         ``{"seeds", "dev_metric", "dev_label", "per_seed": {seed: STS table +

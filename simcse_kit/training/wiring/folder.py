@@ -27,8 +27,8 @@ from simcse_kit.config.run import AUTO, RunConfig, TrainConfig, files_label, is_
 from simcse_kit.errors import ConfigError, DataError, StorageError
 from simcse_kit.files import folder_contents, remove_dir, shard_paths, write_json_atomic
 from simcse_kit.model.precision import PrecisionChoice, resolve_precision
-from simcse_kit.training.checkpoints import latest_checkpoint
-from simcse_kit.training.guards import LOCK_FILE, RunLock
+from simcse_kit.training.engine.checkpoints import latest_checkpoint
+from simcse_kit.training.engine.guards import LOCK_FILE, RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ def prepare_run_dir(cfg: RunConfig, overwrite: bool = False, resume: bool = Fals
     With ``resume`` the folder's saved ``config.yaml`` must match ``cfg`` in everything
     but :data:`RESUME_MAY_DIFFER`; a folder with nothing in it yet starts afresh (so a
     restart script may always pass ``--resume``). With ``held`` the folder is locked
-    first (:class:`~simcse_kit.training.guards.RunLock`, released when ``held`` closes): a second
+    first (:class:`~simcse_kit.training.engine.guards.RunLock`, released when ``held`` closes): a second
     run into it fails here, before it changes anything.
     """
     out = Path(cfg.train.output_dir)

@@ -34,8 +34,14 @@ from simcse_kit.model.checks import check_tokenizer, check_tokenizer_files, chec
 from simcse_kit.model.families import max_tokens, prepare_tokenizer
 from simcse_kit.model.inference import load_encoder
 from simcse_kit.model.modeling import resolve_model_path
-from simcse_kit.training.objectives import GuideFilter, TeacherTargets
-from simcse_kit.training.teacher import TeacherTable, aligned_projection, load_teacher_table, pca_projection, teacher_texts
+from simcse_kit.training.objective.objectives import GuideFilter, TeacherTargets
+from simcse_kit.training.objective.teacher import (
+    TeacherTable,
+    aligned_projection,
+    load_teacher_table,
+    pca_projection,
+    teacher_texts,
+)
 
 logger = logging.getLogger(__name__)
 
