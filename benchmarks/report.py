@@ -911,12 +911,6 @@ PIPELINE_SUMMARY = Spec(
     f"{kept[0]['baseline']}); median of the rounds (range), the ratio paired within each round:",
     home=BENCH,
 )  # fmt: skip
-CORPUS_SUMMARY = Spec(
-    "corpus-summary", "corpus_scale_warm", "lines|variant|first step at s|peak RSS MiB|private MiB",
-    _pick(_corpus_rows, 0, 1, 6, 7, 8),
-    "Warm cache, a fresh process each:",
-    after=_corpus_checks, home=BENCH,
-)  # fmt: skip
 GPU_SUMMARY = dataclasses.replace(
     GPU, name="gpu-summary", head="file|job|workers|kit pad|kit pack|kit padc (compiled)", rows=_gpu_pivot,
     intro=lambda kept: f"simcse-kit's sentences/s over the peer's with the same DataLoader workers, median of "
@@ -934,12 +928,6 @@ LORA_SUMMARY = Spec(
     "7-task average, each row at its rate chosen on STS-B dev:",
     after=_or_no_interval(_lora_verdict), command=LORA.command, home=BENCH,
 )  # fmt: skip
-LORA_STEPS_SUMMARY = Spec(
-    "lora-steps-summary", "train_lora", "backbone|recipe|kit LoRA|st full|st LoRA",
-    lambda rec: _pivot(_pick(_lora_step_rows, 0, 1, 2, 6)(rec), 2, 3, ("kit-lora", "st-full", "st-lora")),
-    "CPU seconds per step over simcse-kit's full fine-tuning, paired within each round, median (range):",
-    home=BENCH,
-)  # fmt: skip
 BM25 = Spec(
     "bm25", "retrieval_baseline", "task|BM25 nDCG@10|model nDCG@10|model − BM25 (95% interval)|verdict", _bm25_rows,
     lambda kept: f"{_a(kept, 'model')} untouched (exact search, fp32) against BM25 (bm25s defaults, not tuned), x 100; "
@@ -948,6 +936,139 @@ BM25 = Spec(
     "excludes 0; else a smoke test.",
     after=_bm25_verdict, home=BENCH,
 )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- compact vectors (issue 51)
+
+COMPACT_PRECISIONS = ("float32", "int8", "binary", "binary+rescore")
+COMPACT_MODELS = {"base": "base", "main": "post hoc", "qat": "QAT"}  # record model name -> column
+
+
+def _compact_sidecars(kept: list[Record]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Row -> task -> ``(seeds, pairs)`` over every seed's record (seeds ascending), and the gold."""
+    import numpy as np
+
+    by_row: dict[str, dict[str, dict[int, Any]]] = {}
+    gold: dict[str, Any] = {}
+    for rec in kept:
+        seed = rec["args"].get("seed") or 0
+        rows, gold = _sidecar(RESULTS / f"{rec['_file']}.npz")
+        for row, tasks in rows.items():
+            for task, values in tasks.items():
+                by_row.setdefault(row, {}).setdefault(task, {})[0 if row.startswith("base ") else seed] = values[0]
+    return {r: {t: np.stack([v[s] for s in sorted(v)]) for t, v in tasks.items()} for r, tasks in by_row.items()}, gold
+
+
+def _compact_cells(kept: list[Record]) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
+    """(model, dim, precision) -> its row of each seed's record."""
+    cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for rec in kept:
+        for row in rec["rows"]:
+            cells.setdefault((row["model"], row["dim"], row["precision"]), []).append(row)
+    return cells
+
+
+def _mean_sd(values: list[float]) -> str:
+    import statistics
+
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def compact_block() -> str:
+    """The compact-vector table: bytes, 7-task STS average of each model (mean ± std over the seeds),
+    recall@10 against the float top 10, search time; then the issue's goals, each with its interval."""
+    kept = records("compact")
+    if not kept:
+        return "Not measured under the harness yet: `python -m benchmarks.compact` (docstring) keeps the records."
+    cells, timing = _compact_cells(kept), {(t["dim"], t["precision"]): t for rec in kept for t in rec.get("search", [])}
+    dims = sorted({dim for _, dim, _ in cells}, reverse=True)
+    seeds = sorted({rec["args"]["seed"] for rec in kept if rec["args"].get("seed") is not None})
+    head = ["dim", "vectors", "bytes", *(f"STS {c}" for c in COMPACT_MODELS.values())]
+    head += [f"nDCG@10 {c}" for c in COMPACT_MODELS.values()]
+    head.append(f"s / 1k queries over {next(iter(timing.values()))['corpus']:,}" if timing else "search")
+    rows = []
+    for dim, precision in ((d, p) for d in dims for p in COMPACT_PRECISIONS):
+        of = {m: cells.get((m, dim, precision), []) for m in COMPACT_MODELS}
+        sts = [_mean_sd([r["sts_avg"] for r in of[m]]) if of[m] else "–" for m in COMPACT_MODELS]
+        ndcg = [_mean_sd([r["retrieval_ndcg@10"]["avg"] for r in of[m]]) if of[m] else "–" for m in COMPACT_MODELS]
+        t = timing.get((dim, precision))
+        speed = f"{t['seconds_per_1000_queries']:.3f} ({min(t['rounds']):.3f}–{max(t['rounds']):.3f})" if t else "–"
+        size = next(r["bytes_per_vector"] for rs in of.values() for r in rs)
+        rows.append([str(dim), precision, str(size), *sts, *ndcg, speed])
+    intro = (
+        f"Base: all-MiniLM-L6-v2 untouched; post hoc: the main job (`train/unsup.yaml`, seeds {', '.join(map(str, seeds))}) "
+        "quantized after training; QAT: the same with `--loss.quantization binary`. 7-task STS average (clean tasks: "
+        "Wikipedia training text) and nDCG@10 on the sound retrieval tasks ([Retrieval](#retrieval)), mean ± std over "
+        "the seeds; search: median (range) of the rounds, faiss flat indexes. How each precision is scored: "
+        "[details](docs/benchmark_details.md#compact-vectors)."
+    )
+    out = [intro, "", *md_table(head, rows), "", *_compact_goals(kept, dims[:1]), ""]
+    others = ", ".join(str(r["args"]["seed"]) for r in kept[1:] if r["args"].get("seed") is not None)
+    same = f" Seeds {others}: the same command with their seed, same machine (details)." if others else ""
+    return "\n".join([*out, machine_line(kept[0] | {"command": _compact_command(kept[0])}) + same])
+
+
+def compact_details() -> str:
+    """Every row of every compact-vector record: each STS task, each retrieval task, recall@10 against float."""
+    kept = records("compact")
+    if not kept:
+        return "Not measured under the harness yet: `python -m benchmarks.compact` (docstring) keeps the records."
+    tasks = list(kept[0]["rows"][0]["sts"])
+    retrieval = [t for t in kept[0]["rows"][0]["retrieval_ndcg@10"] if t != "avg"]
+    head = ["model", "seed", "dim", "vectors", *tasks, "STS avg", *(f"{t} nDCG@10" for t in retrieval), "R@10 vs float"]
+    rows = [
+        [r["model"], "–" if r["seed"] is None else str(r["seed"]), str(r["dim"]), r["precision"]]
+        + [f"{r['sts'][t]:.2f}" for t in tasks]
+        + [f"{r['sts_avg']:.2f}", *(f"{r['retrieval_ndcg@10'][t]:.2f}" for t in retrieval), f"{r['recall@10_vs_float']:.2f}"]
+        for rec in kept
+        for r in rec["rows"]
+    ]
+    first = kept[0]["rows"][0]
+    intro = (
+        f"Recall@10 against the model's own float32 top 10: {first['queries']:,} queries over {first['recall_corpus']:,} "
+        "documents (Wikipedia and SentEval sentences, none of them an STS sentence)."
+    )
+    dims = sorted({r["dim"] for rec in kept for r in rec["rows"]}, reverse=True)
+    goals = _compact_goals(kept, dims)
+    lines = [intro, "", *md_table(head, rows), "", *goals, ""]
+    return "\n".join(lines + [machine_line(r | {"command": _compact_command(r)}) for r in kept])
+
+
+def _compact_command(rec: Record) -> str:
+    a = rec["args"]
+    seed = f" --seed {a['seed']}" if a.get("seed") is not None else ""
+    return f"python -m benchmarks.compact{seed} --models {' '.join(a['models'])} --search-corpus {a['search_corpus']}"
+
+
+def _compact_goals(kept: list[Record], dims: list[int]) -> list[str]:
+    """The issue's three goals at each dimension, by how much each is met or missed, with the interval."""
+    rows, gold = _compact_sidecars(kept)
+    lines = []
+    for dim in dims:
+        for model in ("main", "qat"):
+            fp32 = rows.get(f"{model} {dim} float32")
+            for precision, limit in (("int8", 0.3), ("binary+rescore", 1.0)):
+                other = rows.get(f"{model} {dim} {precision}")
+                if fp32 is None or other is None:
+                    continue
+                d = spearman_difference(fp32, other, gold)
+                met = "met" if d.difference <= limit else f"missed by {d.difference - limit:.2f}"
+                lines.append(
+                    f"- {dim} dims, {COMPACT_MODELS[model]}: {precision} {-d.difference:+.2f} against float32 "
+                    f"({-d.high:+.2f} to {-d.low:+.2f}); goal within {limit}: {met}."
+                )
+        qat, post = rows.get(f"qat {dim} binary"), rows.get(f"main {dim} binary")
+        if qat is not None and post is not None:
+            d = spearman_difference(qat, post, gold)
+            met = "met" if d.difference >= 1.0 and d.low > 0 else f"missed by {max(0.0, 1.0 - d.difference):.2f}"
+            lines.append(
+                f"- {dim} dims: QAT binary {d.difference:+.2f} against post-hoc binary ({d.low:+.2f} to {d.high:+.2f}), "
+                f"{d.verdict}; goal at least +1.0 beyond the spread: {met}."
+            )
+    head = "Goals: differences of the 7-task average over the same seeds, 95% interval (paired bootstrap, seeds and pairs):"
+    return [head, *lines]
 
 
 # --------------------------------------------------------------------------- README sentences
@@ -986,10 +1107,15 @@ SPECS: tuple[Spec, ...] = (QUALITY, LORA, MAIN_JOB, DOMAIN, MINING, NEGATIVES, G
 SPECS += (TEACHER_GENERAL, THROUGHPUT, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, GPU, GPU_SYNCS, RETRIEVAL)
 SPECS += (ONNX, BACKBONE, LORA_STEPS)
 SPECS += (QUALITY_SUMMARY, DOMAIN_SUMMARY, MINING_SUMMARY, MULTI_SUMMARY, SCORED_SUMMARY, GUIDE_SUMMARY, SCORES_SUMMARY)
-SPECS += (TEACHER_SUMMARY, PIPELINE_SUMMARY, CORPUS_SUMMARY, GPU_SUMMARY, BACKBONE_SUMMARY, LORA_SUMMARY)
-SPECS += (LORA_STEPS_SUMMARY, BM25, MEMORY_SUMMARY)
+SPECS += (TEACHER_SUMMARY, PIPELINE_SUMMARY, GPU_SUMMARY, BACKBONE_SUMMARY, LORA_SUMMARY)
+SPECS += (BM25, MEMORY_SUMMARY)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (functools.partial(render_spec, s), s.home) for s in SPECS}
-BLOCKS |= {"speed-headline": (headline, README), "gpu-headline": (gpu_headline, README)}
+BLOCKS |= {
+    "speed-headline": (headline, README),
+    "gpu-headline": (gpu_headline, README),
+    "compact": (compact_block, BENCH),
+    "compact-details": (compact_details, DETAILS),
+}
 
 
 def _pattern(name: str) -> re.Pattern[str]:
