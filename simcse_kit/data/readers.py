@@ -404,6 +404,11 @@ def _object_row(
     return row, k
 
 
+def _required(columns: tuple[str, ...], score: tuple[Any, ...]) -> list[str]:
+    """The columns every row needs: the mode's, and the score's where the format has one."""
+    return [*columns, score[0]] if score and score[0] else list(columns)
+
+
 EARLIER_SHARD = "the first shard's rows have"  # where k came from when an earlier shard set it
 FIRST_ROW = "the file's first row has"
 
@@ -417,8 +422,7 @@ def _jsonl_rows(
     teacher_scores: bool = False,
     k: int = 0,
 ) -> Iterator[dict[str, Any]]:
-    required = [*columns, score[0]] if score and score[0] else list(columns)
-    required += [NEGATIVE] if hard_negatives else []
+    required = _required(columns, score) + ([NEGATIVE] if hard_negatives else [])
     keys = f" with keys {[*required, TEACHER_SCORES] if teacher_scores else required}"
     lines = LineStream(path, keep_bad=bad.policy == "skip")
     first = EARLIER_SHARD if k else FIRST_ROW
@@ -461,8 +465,7 @@ def _parquet_rows(
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DataError(f"{where(path)}: not a Parquet file ({reason})") from None
     names = parquet.schema_arrow.names
-    required = [*columns, score[0]] if score and score[0] else list(columns)
-    missing = [c for c in required if c not in names]
+    missing = [c for c in _required(columns, score) if c not in names]
     if hard_negatives and NEGATIVE not in names and not any(_NUMBERED.fullmatch(n) for n in names):
         missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
     if teacher_scores and TEACHER_SCORES not in names:
@@ -493,7 +496,7 @@ def _csv_rows(
     k: int = 0,
     delimiter: str = ",",
 ) -> Iterator[dict[str, Any]]:
-    required = (*columns, score[0]) if score and score[0] else columns
+    required = _required(columns, score)
     lines = LineStream(path, keep_bad=bad.policy == "skip")
     reader = csv.reader((text + "\n" for _, text in lines), delimiter=delimiter)
     records = _csv_records(reader, path)
