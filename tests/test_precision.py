@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -249,6 +250,13 @@ def test_eval_auto_is_bf16_only_where_native(monkeypatch: pytest.MonkeyPatch) ->
     assert resolve_eval_precision("auto", "cuda", cpu_check=no_check, probe=no_probe).mixed_precision == "no"
 
 
+def ticking_clock(monkeypatch: pytest.MonkeyPatch, step: float) -> None:
+    """The probe's clock advances ``step`` seconds a reading: its budget decisions known, not timed
+    (on a busy machine a 4-row call preempted for a few ms skipped the full-shape warm-up)."""
+    now = iter(range(1_000_000))
+    monkeypatch.setattr(precision, "time", SimpleNamespace(perf_counter=lambda: step * next(now)))
+
+
 def test_probe_is_cached_alternates_and_restores_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     shape = (8, 16, 24)  # tiny: this test is about the bookkeeping, not the speed
     calls: list[tuple[int, torch.dtype, int]] = []
@@ -259,6 +267,7 @@ def test_probe_is_cached_alternates_and_restores_threads(monkeypatch: pytest.Mon
         return real_mm(a, b)
 
     monkeypatch.setattr(torch, "mm", counting_mm)
+    ticking_clock(monkeypatch, 1e-6)  # every call cheap: full warm-up, every round
     precision.clear_probe_cache()
     threads = torch.get_num_threads()
     speeds = precision.cpu_matmul_speeds(torch.bfloat16, shape)
@@ -268,11 +277,23 @@ def test_probe_is_cached_alternates_and_restores_threads(monkeypatch: pytest.Mon
     # Warm-up of each dtype on 4 rows then the full shape, then timed rounds alternating
     # fp32 and bf16 (1 to 10 of them): all on one thread.
     assert calls[:4] == [(4, f32, 1), (8, f32, 1), (4, bf16, 1), (8, bf16, 1)]
-    rounds = calls[4:]
-    assert 2 <= len(rounds) <= 20 and rounds == [(8, f32, 1), (8, bf16, 1)] * (len(rounds) // 2)
+    assert calls[4:] == [(8, f32, 1), (8, bf16, 1)] * precision._ROUNDS
     calls.clear()
     assert precision.cpu_matmul_speeds(torch.bfloat16, shape) == speeds
     assert calls == []
+    precision.clear_probe_cache()
+
+
+def test_probe_skips_a_dear_warm_up_and_stops_at_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4-row call that would make the full shape cost over the budget is not followed by a
+    full-shape warm-up, and the timed rounds stop once their time passes the budget."""
+    calls: list[int] = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b: calls.append(a.shape[0]) or real_mm(a, b))
+    ticking_clock(monkeypatch, precision._BUDGET_S)  # each reading a budget later: every call "takes" it
+    precision.clear_probe_cache()
+    precision.cpu_matmul_speeds(torch.bfloat16, (8, 16, 24))
+    assert calls == [4, 4, 8, 8]  # two warm-ups of 4 rows, then one round (fp32, bf16): over budget
     precision.clear_probe_cache()
 
 
