@@ -293,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--recall-corpus", type=int, default=10_000, help="documents of each model's recall@10")
     p.add_argument("--search-corpus", type=int, default=100_000, help="vectors the search is timed over (0: not timed)")
+    p.add_argument("--search-only", action="store_true", help="only the search timing, on the first model's vectors")
     p.add_argument("--rounds", type=int, default=3, help="timed searches per row (the median is reported)")
     p.add_argument("--rescore", type=int, default=40, help="binary + rescore: Hamming candidates per query re-ranked")
     p.add_argument("--calibration-lines", type=int, default=10_000, help="int8 ranges where a model ships none")
@@ -320,14 +321,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     pairs: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     timing: list[dict[str, Any]] = []
-    for i, (name, path) in enumerate(specs):
+    if args.search_only:  # the timing alone, on a quiet machine once the quality records are kept
+        name, path = specs[0]
+        from simcse_kit.model.inference import load_encoder
+
+        timing = search_times(memo_encode(load_encoder(path, device="cpu").encode, args.batch_size), path, args)
+    for i, (name, path) in enumerate([] if args.search_only else specs):
         model_rows, model_pairs, encode = evaluate_model(name, path, sts, retrieval, args)
         rows += model_rows
         pairs |= {row: {args.seed if name != "base" else 0: tasks} for row, tasks in model_pairs.items()}
         if i == 0 and args.search_corpus:
             timing = search_times(encode, path, args)
     _, flags = cpu_flags()
-    tag = f"seed{args.seed}" if args.seed is not None else "base"
+    tag = "search" if args.search_only else f"seed{args.seed}" if args.seed is not None else "base"
     out = args.json or REPO / "benchmarks" / "results" / f"compact-{cpu_class(flags)}-{tag}.json"
     record = {"machine": machine(), "args": vars(args), "rows": rows, "search": timing}
     record["predictions"] = "per-pair STS scores of each row: the .npz of the same name beside this record"

@@ -1005,14 +1005,17 @@ def compact_block() -> str:
         "[details](docs/benchmark_details.md#compact-vectors)."
     )
     out = [intro, "", *md_table(head, rows), "", *_compact_goals(kept, dims[:1]), ""]
-    others = ", ".join(str(r["args"]["seed"]) for r in kept[1:] if r["args"].get("seed") is not None)
+    quality = [r for r in kept if r["rows"]]
+    others = ", ".join(str(r["args"]["seed"]) for r in quality[1:] if r["args"].get("seed") is not None)
     same = f" Seeds {others}: the same command with their seed, same machine (details)." if others else ""
-    return "\n".join([*out, machine_line(kept[0] | {"command": _compact_command(kept[0])}) + same])
+    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}) + same] if quality else []
+    lines += [machine_line(r | {"command": _compact_command(r)}) for r in kept if not r["rows"]]
+    return "\n".join([*out, *lines])
 
 
 def compact_details() -> str:
     """Every row of every compact-vector record: each STS task, each retrieval task, recall@10 against float."""
-    kept = records("compact")
+    kept = [rec for rec in records("compact") if rec["rows"]]
     if not kept:
         return "Not measured under the harness yet: `python -m benchmarks.compact` (docstring) keeps the records."
     tasks = list(kept[0]["rows"][0]["sts"])
@@ -1039,7 +1042,8 @@ def compact_details() -> str:
 def _compact_command(rec: Record) -> str:
     a = rec["args"]
     seed = f" --seed {a['seed']}" if a.get("seed") is not None else ""
-    return f"python -m benchmarks.compact{seed} --models {' '.join(a['models'])} --search-corpus {a['search_corpus']}"
+    only = " --search-only" if a.get("search_only") else ""
+    return f"python -m benchmarks.compact{seed}{only} --models {' '.join(a['models'])} --search-corpus {a['search_corpus']}"
 
 
 def _compact_goals(kept: list[Record], dims: list[int]) -> list[str]:
