@@ -998,11 +998,10 @@ def compact_block() -> str:
         size = next(r["bytes_per_vector"] for rs in of.values() for r in rs)
         rows.append([str(dim), precision, str(size), *sts, *ndcg, speed])
     intro = (
-        f"Base: all-MiniLM-L6-v2 untouched; post hoc: the main job (`train/unsup.yaml`, seeds {', '.join(map(str, seeds))}) "
-        "quantized after training; QAT: the same with `--loss.quantization binary`. 7-task STS average (clean tasks: "
-        "Wikipedia training text) and nDCG@10 on the sound retrieval tasks ([Retrieval](#retrieval)), mean ± std over "
-        "the seeds; search: median (range) of the rounds, faiss flat indexes. How each precision is scored: "
-        "[details](docs/benchmark_details.md#compact-vectors)."
+        f"Base: all-MiniLM-L6-v2 untouched; post hoc: the main job (seeds {', '.join(map(str, seeds))}) quantized after "
+        "training; QAT: trained with `--loss.quantization binary`. Clean 7-task STS average and nDCG@10 on the sound "
+        "retrieval tasks, mean ± std over seeds; search: median (range) of rounds. "
+        "[How each is scored](docs/benchmark_details.md#compact-vectors)."
     )
     out = [intro, "", *md_table(head, rows), "", *_compact_goals(kept, dims[:1]), ""]
     quality = [r for r in kept if r["rows"]]
@@ -1071,7 +1070,7 @@ def _compact_goals(kept: list[Record], dims: list[int]) -> list[str]:
                 f"- {dim} dims: QAT binary {d.difference:+.2f} against post-hoc binary ({d.low:+.2f} to {d.high:+.2f}), "
                 f"{d.verdict}; goal at least +1.0 beyond the spread: {met}."
             )
-    head = "Goals: differences of the 7-task average over the same seeds, 95% interval (paired bootstrap, seeds and pairs):"
+    head = "Goals (7-task average, 95% interval, paired bootstrap over seeds and pairs):"
     return [head, *lines]
 
 
