@@ -68,7 +68,8 @@ SENTENCE_FILES = (
 
 def sentence_pool() -> Iterator[str]:
     """Distinct-to-be sentences in a fixed order: the Wikipedia file's lines, then :data:`SENTENCE_FILES`."""
-    yield from WIKI.open(encoding="utf-8")
+    with WIKI.open(encoding="utf-8") as fh:
+        yield from fh
     for name in SENTENCE_FILES:
         with (DATA / "senteval" / name).open(encoding="utf-8", errors="replace") as fh:
             for line in fh:
