@@ -90,25 +90,51 @@ def _groups(values: np.ndarray) -> tuple[np.ndarray, int]:
     return group.ravel(), len(distinct)
 
 
-def _sample_ranks(groups: tuple[np.ndarray, int], counts: np.ndarray) -> np.ndarray:
-    """``(B, n)``: the rank (ties averaged, as ``rankdata``) each pair's value has within each replicate's sample.
+def _group_ranks(flat: np.ndarray, distinct: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(B, distinct)`` twice: how many of each replicate's sampled values fall in each tie group, and the rank
+    (ties averaged, as ``rankdata``) those values share in the sample.
 
     A value's rank in a sample is the count of sampled values below it plus (its tie group's count + 1) / 2, so
-    it comes from the counts per tie group (:func:`_groups`) in O(n), without sorting each sample.
+    it comes from the counts per tie group (:func:`_groups`) in O(n), without sorting each sample. ``flat``: each
+    replicate's pairs' groups offset by ``replicate * distinct`` (:func:`_offsets`).
     """
+    rows = len(counts)
+    per_group = np.bincount(flat[: counts.size], weights=counts.ravel(), minlength=rows * distinct).reshape(rows, -1)
+    return per_group, np.cumsum(per_group, axis=1) - per_group + (per_group + 1) / 2
+
+
+def _offsets(groups: tuple[np.ndarray, int], rows: int) -> np.ndarray:
+    """The flat bin of each (replicate, pair) for :func:`_group_ranks`: ``rows`` replicates' worth."""
     group, distinct = groups
-    flat = (np.arange(len(counts))[:, None] * distinct + group[None, :]).ravel()
-    per_group = np.bincount(flat, weights=counts.ravel(), minlength=len(counts) * distinct).reshape(len(counts), -1)
-    ranks = np.cumsum(per_group, axis=1) - per_group + (per_group + 1) / 2
-    return ranks[:, group]
+    return (np.arange(rows)[:, None] * distinct + group[None, :]).ravel()
 
 
-def _weighted_pearson(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``(B,)``: Pearson correlation of each row of ``x`` and ``y`` (``(B, n)``) with each pair counted ``w`` times."""
-    total = w.sum(axis=1, keepdims=True)
-    dx = x - (w * x).sum(axis=1, keepdims=True) / total
-    dy = y - (w * y).sum(axis=1, keepdims=True) / total
-    return (w * dx * dy).sum(axis=1) / np.sqrt((w * dx * dx).sum(axis=1) * (w * dy * dy).sum(axis=1))
+Grouped = tuple[np.ndarray, int, np.ndarray]  # each pair's tie group, the number of groups, :func:`_offsets`
+
+
+def _sample_spearmans(counts: np.ndarray, gold: Grouped, rows: list[Grouped]) -> np.ndarray:
+    """``(B, len(rows))``: each prediction row's Spearman with the gold in each replicate's sample.
+
+    Spearman is the Pearson correlation of the ranks, each pair counted as often as it was drawn. Every sum
+    over the sample is a sum over tie groups (the pairs of a group share a rank), so nothing of size ``(B, n)``
+    is built per row but the two bin counts: the variance of a row's ranks from its group counts, and its
+    covariance with the gold as its ranks times the gold's centred ranks summed per group of the row.
+    """
+    n = counts.sum(axis=1, keepdims=True)
+
+    def centred(of: Grouped) -> tuple[np.ndarray, np.ndarray]:
+        per_group, rank = _group_ranks(of[2], of[1], counts)
+        rank = rank - (per_group * rank).sum(axis=1, keepdims=True) / n
+        return rank, (per_group * rank * rank).sum(axis=1)
+
+    gold_rank, gold_var = centred(gold)
+    weighted = counts * np.take(gold_rank, gold[0], axis=1)
+    out = np.empty((len(counts), len(rows)))
+    for i, of in enumerate(rows):
+        rank, var = centred(of)
+        per_group = np.bincount(of[2][: counts.size], weights=weighted.ravel(), minlength=rank.size).reshape(rank.shape)
+        out[:, i] = (rank * per_group).sum(axis=1) / np.sqrt(var * gold_var)
+    return out
 
 
 def spearman_average(predictions: Predictions, gold: Gold) -> float:
@@ -151,7 +177,7 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
     )
     seeds_a, seeds_b = (next(iter(tasks.values()))[i].shape[0] for i in (0, 1))
     # The draws in the documented order, one replicate at a time (cheap); the Spearmans in blocks of replicates,
-    # from each sample's counts per pair (a rank needs no sort of the sample: _sample_ranks).
+    # from each sample's counts per pair (a rank needs no sort of the sample: _sample_spearmans).
     rng = np.random.default_rng(seed)
     picks_a, picks_b = np.empty((replicates, seeds_a), np.int64), np.empty((replicates, seeds_b), np.int64)
     draws = {t: np.empty((replicates, len(v[2])), np.int64) for t, v in tasks.items()}
@@ -160,17 +186,20 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
         picks_b[r] = picks_a[r] if seeds_a == seeds_b else rng.integers(0, seeds_b, seeds_b)
         for t, (_, _, g) in tasks.items():
             draws[t][r] = rng.integers(0, len(g), len(g))
-    groups = {t: (_groups(g), [_groups(x) for x in pa], [_groups(x) for x in pb]) for t, (pa, pb, g) in tasks.items()}
+
+    def with_offsets(values: np.ndarray) -> Grouped:
+        group, distinct = _groups(values)
+        return group, distinct, _offsets((group, distinct), BLOCK)
+
+    groups = {t: (with_offsets(g), [with_offsets(x) for x in (*pa, *pb)]) for t, (pa, pb, g) in tasks.items()}
     values = np.zeros(replicates)
     for start in range(0, replicates, BLOCK):
         block = slice(start, start + BLOCK)
         for t, (_, _, g) in tasks.items():
-            counts = _counts(draws[t][block], len(g))
-            of_gold, of_a, of_b = groups[t]
-            ranked_gold = _sample_ranks(of_gold, counts)
-            rho_a = np.stack([_weighted_pearson(_sample_ranks(x, counts), ranked_gold, counts) for x in of_a], axis=1)
-            rho_b = np.stack([_weighted_pearson(_sample_ranks(x, counts), ranked_gold, counts) for x in of_b], axis=1)
-            rows = np.arange(len(counts))[:, None]
+            of_gold, of_rows = groups[t]
+            rho = _sample_spearmans(_counts(draws[t][block], len(g)), of_gold, of_rows)
+            rho_a, rho_b = rho[:, :seeds_a], rho[:, seeds_a:]
+            rows = np.arange(len(rho))[:, None]
             mean_a, mean_b = rho_a[rows, picks_a[block]].mean(axis=1), rho_b[rows, picks_b[block]].mean(axis=1)
             values[block] += 100 * (mean_a - mean_b) / len(tasks)
     return _interval(observed, values)
