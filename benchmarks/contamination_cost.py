@@ -52,7 +52,7 @@ def token_seconds(path: Path, cache: Path) -> float:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2"))
     corpus = read_train_file(path, "unsup", cache_dir=cache)
     start = time.perf_counter()
-    with_tokens(corpus.dataset, Tokenization(tokenizer, 32), "unsup", corpus.cache_file)
+    with_tokens(corpus.dataset, Tokenization(tokenizer, 32), "unsup", corpus.cache_files[0])
     return time.perf_counter() - start
 
 

@@ -155,12 +155,12 @@ def test_keys_are_kept_beside_the_cache_and_a_warm_read_hashes_nothing(tmp_path:
     path = tmp_path / "pairs.csv"
     path.write_text("sent0,sent1\n" + "".join(f"{a},{b}\n" for a, b in [*TEST_PAIRS, (CLEAN[0], CLEAN[1])]), encoding="utf-8")
     cold = read_train_file(path, "sup", cache_dir=tmp_path / "cache")
-    kept = np.load(hashes_file(cold.cache_file))
+    kept = np.load(hashes_file(cold.cache_files[0]))
     want = np.stack([text_hashes(cold.dataset["sent0"]), text_hashes(cold.dataset["sent1"])], axis=1)
     np.testing.assert_array_equal(kept, want)
-    hashes_file(cold.cache_file).unlink()  # a cache built before the keys were kept: computed once, then kept
+    hashes_file(cold.cache_files[0]).unlink()  # a cache built before the keys were kept: computed once, then kept
     np.testing.assert_array_equal(dataset_keys(cold.dataset), want)
-    np.testing.assert_array_equal(np.load(hashes_file(cold.cache_file)), want)
+    np.testing.assert_array_equal(np.load(hashes_file(cold.cache_files[0])), want)
 
     def no_hashing(*_: object) -> np.ndarray:
         raise AssertionError("a warm run hashed the corpus again")

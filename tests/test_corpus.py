@@ -55,7 +55,7 @@ def test_a_second_read_is_the_cache_and_an_edit_is_read_again(tmp_path: Path) ->
     path.write_text("sent0,sent1\na,b\nc,d\n", encoding="utf-8")
     first = read_train_file(path, "sup", cache_dir=tmp_path)
     again = read_train_file(path, "sup", cache_dir=tmp_path)
-    assert not first.cache_hit and again.cache_hit and again.cache_file == first.cache_file
+    assert not first.cache_hit and again.cache_hit and again.cache_files[0] == first.cache_files[0]
     assert again.dataset["sent1"] == ["b", "d"]
     # Same size and modification time, other bytes: the head hash tells them apart.
     stat = path.stat()
@@ -77,7 +77,7 @@ def test_a_damaged_cache_is_named_once_and_rebuilt(tmp_path: Path, damage: str, 
     rows = [(f"a man {i}", f"a dog {i}") for i in range(300)]
     path.write_text("sent0,sent1\n" + "".join(f"{a},{b}\n" for a, b in rows), encoding="utf-8")
     first = read_train_file(path, "sup", cache_dir=tmp_path)
-    arrow, sidecar = first.cache_file, first.cache_file.with_suffix(".json")
+    arrow, sidecar = first.cache_files[0], first.cache_files[0].with_suffix(".json")
     if damage == "truncated arrow":
         arrow.write_bytes(arrow.read_bytes()[: arrow.stat().st_size // 2])
     elif damage == "broken sidecar":
@@ -91,7 +91,7 @@ def test_a_damaged_cache_is_named_once_and_rebuilt(tmp_path: Path, damage: str, 
     damaged = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
     assert len(damaged) == 1 and f"the training data's cache {arrow} is damaged" in damaged[0], caplog.text
     assert f"rebuilding it from {path}" in damaged[0]
-    assert not again.cache_hit and again.cache_file == arrow
+    assert not again.cache_hit and again.cache_files[0] == arrow
     assert list(zip(again.dataset["sent0"], again.dataset["sent1"], strict=True)) == rows and again.report.rows == 300
     caplog.clear()
     assert read_train_file(path, "sup", cache_dir=tmp_path).cache_hit and not caplog.records  # whole again
@@ -181,7 +181,7 @@ def test_skipped_rows_are_counted_once_beside_a_token_table_of_several_shards(
 ) -> None:
     # Two map processes write two shards; the text table beside them is then cut into two
     # blocks, each naming the text cache: its sidecar's count was read once per block.
-    monkeypatch.setattr(tokens, "map_processes", lambda rows: 2)
+    monkeypatch.setattr(tokens, "map_processes", lambda rows, share=1: 2)
     data = tmp_path / "dirty.txt"
     data.write_bytes(b"".join(b"sentence number %d of a few words\n" % i for i in range(200)) + b"\xff\xfe\n")
     tokenization = tokens.Tokenization(AutoTokenizer.from_pretrained(tiny_model_dir), 16)
@@ -220,7 +220,7 @@ def test_processes_reading_at_once_build_one_cache(tmp_path: Path) -> None:
         futures = [pool.submit(read_train_file, path, "unsup", "error", tmp_path / "cache") for _ in range(2)]
         results = [future.result() for future in futures]
     assert sorted(r.cache_hit for r in results) == [False, True]
-    assert len({r.cache_file for r in results}) == 1 and len(list((tmp_path / "cache").rglob("*.arrow"))) == 1
+    assert len({r.cache_files for r in results}) == 1 and len(list((tmp_path / "cache").rglob("*.arrow"))) == 1
     assert all(len(r.dataset) == 100_000 for r in results)
 
 

@@ -11,6 +11,8 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +22,7 @@ import torch
 from conftest import TinyRun, toy_sentences
 
 from simcse_kit.cli import main as cli_main
+from simcse_kit.data.corpus import each_shard
 from simcse_kit.data.readers import read_rows, read_train_file
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.files import shard_paths
@@ -142,6 +145,81 @@ def test_shards_are_read_in_sorted_order_as_one_cached_dataset(tmp_path: Path) -
     assert not again.cache_hit and again.dataset["sent0"][10:20] == [r["sent0"] for r in reversed(rows[10:20])]
 
 
+def test_each_shard_is_its_own_cache_and_an_edit_rebuilds_only_that_shard(tmp_path: Path) -> None:
+    rows = pair_rows(30)
+    for i, part in enumerate(chunks(rows, 3)):
+        parquet(part, tmp_path / f"s-{i}.parquet")
+    cache = tmp_path / "cache"
+    first = read_train_file(tmp_path, "sup", cache_dir=cache)
+    assert len(first.cache_files) == 3 and len(list(cache.rglob("*.arrow"))) == 3
+    # Each shard's cache is the one the shard has read alone (the same key).
+    assert first.cache_files[1] == read_train_file(tmp_path / "s-1.parquet", "sup", cache_dir=cache).cache_files[0]
+    parquet(list(reversed(chunks(rows, 3)[2])), tmp_path / "s-2.parquet")
+    again = read_train_file(tmp_path, "sup", cache_dir=cache)
+    assert again.cache_files[:2] == first.cache_files[:2] and again.cache_files[2] != first.cache_files[2]
+    assert len(list(cache.rglob("*.arrow"))) == 4 and again.dataset["sent0"][20:] == [r["sent0"] for r in rows[:19:-1]]
+
+
+def test_duplicates_are_counted_across_shards(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a dog runs\nthe cat sleeps\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("A dog  runs.\na bird sings\nthe cat sleeps\n", encoding="utf-8")
+    corpus = read_train_file(tmp_path, "unsup", cache_dir=tmp_path / "cache")
+    # Each shard alone has none; across them, two (the guard's keys: case, punctuation and spaces aside).
+    assert corpus.report.duplicates == 2 and corpus.report.rows == 5
+
+
+def test_a_launchs_processes_start_at_their_own_share_then_wait_for_the_shards_others_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    paths = [Path(f"s-{i}") for i in range(5)]
+    held = {Path("s-4"), Path("s-0")}  # another process is building these
+    calls: list[tuple[str, bool]] = []
+
+    def get(path: Path, wait: bool) -> str | None:
+        calls.append((path.name, wait))
+        return None if path in held and not wait else path.name.upper()
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert each_shard(paths, get) == ["S-0", "S-1", "S-2", "S-3", "S-4"]  # the shards' order, whoever built them
+    # Rank 1 of 2 starts at shard 5 * 1 // 2 = 2, wraps round, then waits for shards 4 and 0 in that order.
+    assert calls == [("s-2", False), ("s-3", False), ("s-4", False), ("s-0", False), ("s-1", False)] + [
+        ("s-4", True),
+        ("s-0", True),
+    ]
+
+
+def test_two_processes_build_every_shard_once_into_the_same_dataset(tmp_path: Path) -> None:
+    sentences = toy_sentences(400)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for i in range(8):
+        (folder / f"part-{i}.txt.gz").write_bytes(gzip.compress("".join(s + "\n" for s in sentences[i::8]).encode()))
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+        "from simcse_kit.data.readers import read_train_file\n"
+        f"corpus = read_train_file({str(folder)!r}, 'unsup', cache_dir={str(tmp_path / 'cache')!r})\n"
+        "print('ROWS', corpus.dataset['sent0'] == [l for i in range(8) for l in SENTENCES[i::8]])\n"
+    ).replace("SENTENCES", repr(sentences))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=os.environ | {"LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = [proc.communicate(timeout=300)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), outs
+    assert all("ROWS True" in out for out in outs), outs
+    builds = sorted(m for out in outs for m in re.findall(r"part-(\d)\.txt\.gz: \d+ rows cached", out))
+    assert builds == [str(i) for i in range(8)]  # each shard read once, by one of the two
+    assert len(list((tmp_path / "cache").rglob("*.arrow"))) == 8
+
+
 @pytest.mark.parametrize(
     ("suffix", "where"), [(".parquet", "row 3"), (".jsonl.gz", "line 3"), (".jsonl.zst", "line 3"), (".csv", "line 4")]
 )
@@ -191,7 +269,7 @@ def test_damaged_or_mixed_shards_are_named(tmp_path: Path) -> None:
     (tmp_path / "k").mkdir()
     parquet([{"sent0": "a", "sent1": "b", "hard_neg": "c"}] * 2, tmp_path / "k" / "0.parquet")
     parquet([{"sent0": "a", "sent1": "b", "hard_neg": ["c", "d"]}] * 2, tmp_path / "k" / "1.parquet")
-    with pytest.raises(DataError, match=r"1\.parquet, row 1: 2 hard negative\(s\), the first shard's rows have 1"):
+    with pytest.raises(DataError, match=r"1\.parquet: 2 hard negative\(s\) a row, the first shard's rows have 1"):
         read_train_file(tmp_path / "k", "hardneg", cache_dir=tmp_path / "cache")
 
 

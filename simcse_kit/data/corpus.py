@@ -9,9 +9,11 @@ maps the same file, and a process touches only the pages of the examples it read
 The cache is keyed on what the rows depend on: the file's absolute path, size and
 modification time, a hash of its first and last MiB, the columns asked for, how bad rows
 are handled and :data:`FORMAT`. A dataset of several shards (:func:`simcse_kit.files.shard_paths`)
-is one cache of their rows in order, keyed on each shard's path, size, time and ends, in that
-order. A second run with the same file starts from the cache without reading the file; an
-edited file gets a new key and is read again. Each cache
+has one cache per shard, and the processes of a launch build different shards at once
+(:func:`each_shard`): each takes the shards no other process is building, starting from its
+own share, then waits for the rest; the run maps the union, in the shards' order. A second run
+with the same file starts from the cache without reading the file; an edited file (or shard)
+gets a new key and is read again. Each cache
 file has a JSON sidecar with what the read found (rows, skipped rows and the first few
 reasons, duplicates, ``k``), written last: a cache without its sidecar is incomplete and
 is not used. Both are renamed into place, and a lock file beside them lets one process
@@ -30,12 +32,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import datasets
 import numpy as np
 import pyarrow as pa
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from simcse_kit.data.overlap import hashes_file, row_hashes, save_keys
 from simcse_kit.errors import DataError, StorageError
@@ -53,6 +55,7 @@ EDGE_BYTES = 2**20  # the head and tail hashed into the cache key
 SUBFOLDER = "simcse_kit_train"
 
 BAD_ROWS = ("error", "skip")
+T = TypeVar("T")
 
 
 @dataclass
@@ -99,15 +102,15 @@ class Corpus:
     """A training file as a memory-mapped dataset, with its :class:`Report`.
 
     Attributes:
-        dataset: the rows, memory-mapped from ``cache_file``.
+        dataset: the rows, memory-mapped from ``cache_files``.
         report: what the read found.
-        cache_file: the Arrow file.
-        cache_hit: the cache was already there (nothing was read).
+        cache_files: the Arrow file, or each shard's in order.
+        cache_hit: every cache was already there (nothing was read).
     """
 
     dataset: datasets.Dataset
     report: Report
-    cache_file: Path
+    cache_files: tuple[Path, ...]
     cache_hit: bool
 
 
@@ -148,11 +151,12 @@ def cached_corpus(
     cache_dir: str | Path | None = None,
     count_duplicates: str | None = None,
     check: Callable[[Report], None] | None = None,
-) -> Corpus:
+    wait: bool = True,
+) -> Corpus | None:
     """The rows of ``paths`` as a memory-mapped dataset: from the cache, or read with ``rows`` and cached.
 
     Args:
-        paths: the training file, or its shards in the order ``rows`` reads them.
+        paths: the training file (or a shard).
         rows: ``rows(bad) -> checked rows`` as column batches (:func:`batched`); each
             bad row goes to ``bad`` (which raises or counts it), file-level problems raise.
         what: how the file is read (columns, mode): part of the cache key.
@@ -161,6 +165,7 @@ def cached_corpus(
         count_duplicates: count repeated values of this column (kept in the report).
         check: called on the report before the cache is kept; raises to refuse the file
             (too few rows), so a refused file leaves no cache.
+        wait: wait while another process builds this cache; False: return None then.
 
     Raises:
         DataError: a bad row (``error``), a file-level problem, or ``check``'s refusal.
@@ -177,7 +182,9 @@ def cached_corpus(
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(folder / f".{name}.lock"))
-        lock.acquire()
+        lock.acquire(timeout=-1 if wait else 0)
+    except Timeout:
+        return None
     except OSError as exc:
         raise _cache_error(exc, folder) from None
     # One builder: the other processes of a run (or other runs) wait here, then map its cache;
@@ -201,7 +208,7 @@ def _hit(
     ``warn`` names it in one warning line."""
     try:
         report = Report(**json.loads(sidecar.read_text(encoding="utf-8")))
-        dataset = datasets.Dataset.from_file(str(arrow))
+        dataset = _mapped(arrow, report)
         if len(dataset) != report.rows or dataset.column_names != report.columns:
             raise ValueError(f"{len(dataset)} rows {dataset.column_names}, its sidecar says {report.rows} {report.columns}")
     except (OSError, ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors
@@ -212,7 +219,50 @@ def _hit(
     if check is not None:
         check(report)
     _log_skipped(paths, report)
-    return Corpus(dataset, report, arrow, cache_hit=True)
+    return Corpus(dataset, report, (arrow,), cache_hit=True)
+
+
+def each_shard(paths: Sequence[Path], get: Callable[[Path, bool], T | None]) -> list[T]:
+    """``get(shard, wait)`` of every shard, in the shards' order, the processes of a launch building
+    different shards at once.
+
+    Each process first asks for every shard without waiting (``get`` returns None where another
+    process holds the shard's lock: it is building that one), starting at its own share of the
+    list (its ``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE``, as torchrun and ``accelerate launch`` set
+    them), then waits for the ones it skipped. No process plans for the others: the locks share the
+    work, so the same holds on a node-local cache folder (each node builds its copy) and on a shared one.
+    """
+    rank, size = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    first = len(paths) * rank // max(size, 1)
+    order = [*range(first, len(paths)), *range(first)]
+    found = {i: got for i in order if (got := get(paths[i], False)) is not None}
+    for i in order:
+        if i not in found:
+            got = get(paths[i], True)
+            assert got is not None, "a get that waits returns the shard"
+            found[i] = got
+    return [found[i] for i in range(len(paths))]
+
+
+def union(parts: Sequence[Corpus], duplicates_of: str | None = None) -> Corpus:
+    """The shards' corpora as one, rows in the shards' order (a shard whose rows were all skipped adds
+    none); the report sums theirs, and ``duplicates_of`` counts its repeats across the shards too."""
+    kept = [part for part in parts if part.report.rows]
+    duplicates = 0
+    if duplicates_of is not None and kept:
+        column = kept[0].report.columns.index(duplicates_of)
+        duplicates = repeats(np.concatenate([np.load(hashes_file(p.cache_files[0]))[:, column] for p in kept]))
+    report = Report(
+        rows=sum(p.report.rows for p in parts),
+        skipped=sum(p.report.skipped for p in parts),
+        shown=[line for p in parts for line in p.report.shown][:SHOWN_BAD_ROWS],
+        duplicates=duplicates,
+        columns=kept[0].report.columns if kept else [],
+        seconds=sum(p.report.seconds for p in parts),
+    )
+    dataset = datasets.concatenate_datasets([p.dataset for p in kept]) if kept else datasets.Dataset.from_dict({})
+    files = tuple(f for p in parts for f in p.cache_files)
+    return Corpus(dataset, report, files, cache_hit=all(p.cache_hit for p in parts))
 
 
 def _build_cache(
@@ -247,7 +297,12 @@ def _build_cache(
         logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", shown(paths), report.skipped)
     rate = report.rows / max(report.seconds, 1e-9)
     logger.info("%s: %d rows cached in %.1f s (%.0f rows/s) at %s", shown(paths), report.rows, report.seconds, rate, arrow)
-    return Corpus(datasets.Dataset.from_file(str(arrow)), report, arrow, cache_hit=False)
+    return Corpus(_mapped(arrow, report), report, (arrow,), cache_hit=False)
+
+
+def _mapped(arrow: Path, report: Report) -> datasets.Dataset:
+    """The cache ``arrow`` memory-mapped (a shard whose every row was skipped: no file to map, no rows)."""
+    return datasets.Dataset.from_file(str(arrow)) if report.rows else datasets.Dataset.from_dict({})
 
 
 def _build(
@@ -255,14 +310,15 @@ def _build(
 ) -> tuple[Report, np.ndarray]:
     """Write the checked rows to ``tmp`` in Arrow batches; the report of what was read and
     the rows' sentence keys (:func:`simcse_kit.data.overlap.row_hashes` of the text columns),
-    computed on the way, so the contamination guard never reads the corpus again."""
+    computed on the way, so the contamination guard never reads the corpus again (and the
+    repeats of ``count_duplicates`` are counted on them)."""
     start = time.perf_counter()
     writer: pa.ipc.RecordBatchStreamWriter | None = None
-    hashes: list[np.ndarray] = []  # 8 bytes a row: the one per-row cost, for the duplicate count
     keys: list[np.ndarray] = []  # 8 bytes a text: its normalised sentence's key
     pending: list[pa.RecordBatch] = []  # Arrow batches not yet written, fewer than RECORD_ROWS rows
     n = 0
     columns: list[str] = []
+    kinds: list[pa.DataType] = []
     with pa.OSFile(str(tmp), "wb") as sink:
         for batch in rows(bad):
             if writer is None:
@@ -273,21 +329,22 @@ def _build(
             pending.append(pa.record_batch([pa.array(batch[c], k) for c, k in zip(columns, kinds, strict=True)], names=columns))
             if sum(len(b) for b in pending) >= RECORD_ROWS:
                 _write_together(writer, pending)
-            if count_duplicates is not None:
-                hashes.append(np.fromiter(map(hash, batch[count_duplicates]), dtype=np.int64))
             keys.append(row_hashes(batch[c] for c, k in zip(columns, kinds, strict=True) if k == pa.string()))
             n += len(batch[columns[0]])
         if writer is not None:
             _write_together(writer, pending)
             writer.close()
-    duplicates = 0
-    if hashes:
-        every = np.concatenate(hashes)
-        hashes.clear()
-        every.sort()
-        duplicates = int(np.count_nonzero(every[1:] == every[:-1]))
-    report = Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start)
-    return report, np.concatenate(keys) if keys else np.empty((0, 0), dtype=np.uint64)
+    every = np.concatenate(keys) if keys else np.empty((0, 0), dtype=np.uint64)
+    texts = [c for c, k in zip(columns, kinds, strict=True) if k == pa.string()]
+    duplicates = repeats(every[:, texts.index(count_duplicates)]) if count_duplicates is not None and n else 0
+    return Report(n, bad.count, bad.shown, duplicates, columns, time.perf_counter() - start), every
+
+
+def repeats(keys: np.ndarray) -> int:
+    """How many of ``keys`` repeat an earlier one (the sentence keys of :mod:`simcse_kit.data.overlap`:
+    copies that differ in case, punctuation or spacing count as repeats too)."""
+    ordered = np.sort(keys)
+    return int(np.count_nonzero(ordered[1:] == ordered[:-1]))
 
 
 def _write_together(writer: pa.ipc.RecordBatchStreamWriter, pending: list[pa.RecordBatch]) -> None:

@@ -141,24 +141,26 @@ def dataset_keys(dataset: datasets.Dataset, batch_rows: int = 10_000) -> np.ndar
     before the keys were kept), computed here.
 
     ``dataset`` is a reader's (:func:`simcse_kit.data.readers.load_train_dataset`): its rows
-    are its cache's first rows, in order (``max_train_samples`` selects a prefix)."""
+    are its caches' first rows (a file's, or its shards' one after the other), in order
+    (``max_train_samples`` selects a prefix)."""
     columns = text_columns(dataset)
-    for entry in dataset.cache_files:
-        path = hashes_file(entry["filename"])
+    found = []  # each text cache's keys, in order: a file's one, or one per shard
+    for filename in dict.fromkeys(entry["filename"] for entry in dataset.cache_files):
+        path = hashes_file(filename)
         if path.is_file():
-            keys = np.load(path, mmap_mode="r")
-            if keys.ndim == 2 and keys.shape[1] == len(columns) and len(keys) >= len(dataset):
-                return np.asarray(keys[: len(dataset)])
-        elif Path(entry["filename"]).with_suffix(".json").is_file():  # a text cache: its sidecar beside it
+            found.append(np.load(path, mmap_mode="r"))
+        elif Path(filename).with_suffix(".json").is_file():  # a text cache: its sidecar beside it
             # A text cache built before its keys were kept: computed once, kept for the next run.
-            whole = datasets.Dataset.from_file(entry["filename"])
-            keys = _computed(whole, text_columns(whole), batch_rows)
+            whole = datasets.Dataset.from_file(filename)
+            found.append(_computed(whole, text_columns(whole), batch_rows))
             try:
-                save_keys(path, keys)
+                save_keys(path, found[-1])
             except OSError as exc:
                 logger.warning("%s: the sentence keys not kept (%s); the next run computes them again", path, exc)
-            if keys.shape[1] == len(columns) and len(keys) >= len(dataset):
-                return keys[: len(dataset)]
+    if found and all(k.ndim == 2 and k.shape[1] == len(columns) for k in found):
+        keys = np.concatenate(found) if len(found) > 1 else found[0]
+        if len(keys) >= len(dataset):
+            return np.asarray(keys[: len(dataset)])
     return _computed(dataset, columns, batch_rows)
 
 

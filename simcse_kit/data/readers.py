@@ -34,9 +34,11 @@ one after the other, as one dataset of rows, and an error names the shard and it
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import math
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,7 +48,7 @@ import datasets
 
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS
-from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, batched, cached_corpus, shown
+from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, Report, batched, cached_corpus, each_shard, shown, union
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import DataError, where
 from simcse_kit.files import BOM, LineStream, compression_of, data_suffix, json_object, nul_error, open_binary, shard_paths
@@ -562,10 +564,12 @@ def read_train_file(
     cache_dir: str | Path | None = None,
     score_range: Sequence[float] | None = None,
     teacher_scores: bool = False,
+    tokens: Tokenization | None = None,
 ) -> Corpus:
     """A local training file (or its shards) for ``mode``, checked, as a memory-mapped
     dataset (the Arrow cache of :mod:`simcse_kit.data.corpus`: built on the first read,
-    reused while the files are unchanged).
+    reused while the files are unchanged; one cache per shard, the processes of a launch
+    building different shards at once).
 
     Args:
         source: the file, or its shards: a glob pattern, a folder or a list
@@ -576,41 +580,58 @@ def read_train_file(
         cache_dir: where the cache goes (default: the `datasets` cache, ``$HF_DATASETS_CACHE``).
         score_range: a scored mode's declared score range (:func:`check_score`).
         teacher_scores: ``hardneg`` rows also carry their teacher scores (:data:`TEACHER_SCORES`).
+        tokens: also each file's token table (:func:`simcse_kit.data.tokens.with_tokens`), built
+            with its cache.
 
     Raises:
-        DataError: a bad row (``error``), a bad file, or fewer than two rows.
+        DataError: a bad row (``error``), a bad file, shards of different hard-negative
+            counts, or fewer than two rows.
     """
     paths = shard_paths(source)
     name = _named(source, paths)
-    columns = COLUMNS[mode]
+    sentences = mode == "unsup" and data_suffix(paths[0]) not in TABLE_SUFFIXES
+    enough = _enough_sentences if sentences else _enough_rows
     negatives = mode == modes.NEGATIVES_MODE
-    if mode == "unsup" and data_suffix(paths[0]) not in TABLE_SUFFIXES:
-        return cached_corpus(
-            paths,
-            lambda bad: (batch for path in paths for batch in sentence_batches(path, bad)),
-            {"rows": "sentences"},
-            bad_rows,
-            cache_dir,
-            count_duplicates="sent0",
-            check=lambda report: _enough_sentences(name, report.rows),
-        )
-    base = tuple(c for c in columns if c != NEGATIVE) if negatives else columns
+    base = tuple(c for c in COLUMNS[mode] if c != NEGATIVE) if negatives else COLUMNS[mode]
     score = modes.mode(mode).score_column
     ranged = list(score_range) if score_range is not None else None
     what: dict[str, object] = {"rows": "table", "columns": list(base), "hard_negatives": negatives, "score": score}
     what |= {"score_range": ranged} | ({TEACHER_SCORES: True} if teacher_scores else {})  # the old key without scores
 
-    def read(path: Path, bad: BadRows, k: int) -> Iterator[dict[str, Any]]:
-        return table_rows(path, base, negatives, bad, score, score_range, teacher_scores, k)
+    def rows(path: Path) -> Callable[[BadRows], Iterator[dict[str, list[Any]]]]:
+        if sentences:
+            return lambda bad: sentence_batches(path, bad)
+        return lambda bad: batched(table_rows(path, base, negatives, bad, score, score_range, teacher_scores))
 
-    return cached_corpus(
-        paths,
-        lambda bad: batched(shard_rows(paths, bad, read)),
-        what,
-        bad_rows,
-        cache_dir,
-        check=lambda report: _enough_rows(name, report.rows),
-    )
+    def read(path: Path, wait: bool, check: Callable[[Report], None] | None = None) -> Corpus | None:
+        shard_what: dict[str, object] = {"rows": "sentences"} if sentences else what
+        duplicates = "sent0" if sentences else None
+        corpus = cached_corpus(path, rows(path), shard_what, bad_rows, cache_dir, duplicates, check, wait)
+        if corpus is None or tokens is None or not corpus.report.rows:
+            return corpus
+        share = _launch_size() if len(paths) > 1 else 1
+        joined = with_tokens(corpus.dataset, tokens, mode, corpus.cache_files[0], wait, share)
+        return None if joined is None else dataclasses.replace(corpus, dataset=joined)
+
+    if len(paths) == 1:  # refused before its cache is kept
+        one = read(paths[0], True, lambda report: enough(name, report.rows))
+        assert one is not None, "a read that waits returns the corpus"
+        return one
+    parts = each_shard(paths, read)
+    if negatives:  # each shard's own count, checked as the shards are joined
+        counts = [(path, negatives_of(p.report.columns)) for path, p in zip(paths, parts, strict=True) if p.report.rows]
+        for path, k in counts:
+            if k != counts[0][1]:
+                raise DataError(f"{path}: {k} hard negative(s) a row, the first shard's rows have {counts[0][1]}")
+    corpus = union(parts, "sent0" if sentences else None)
+    enough(name, corpus.report.rows)
+    return corpus
+
+
+def _launch_size() -> int:
+    """How many processes of a launch share this machine's CPUs (``LOCAL_WORLD_SIZE``, as torchrun
+    and ``accelerate launch`` set it): each builds its own shards' token tables."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
 
 def skipped_rows(dataset: datasets.Dataset) -> int:
@@ -665,7 +686,6 @@ def load_train_dataset(
     score_column = modes.mode(mode).score_column
     if teacher_scores and not negatives:
         raise ValueError(f"teacher scores are of each row's positive and hard negatives (mode hardneg); mode is {mode!r}")
-    text_cache = None
     if sentences is not None:
         if mode != "unsup":
             raise ValueError(f"a sentence list is an unsup corpus; mode is {mode!r}")
@@ -693,8 +713,8 @@ def load_train_dataset(
             checked_lists = [check_teacher_scores(v, source, i, per_row) for i, v in enumerate(ds[TEACHER_SCORES], 1)]
             ds = ds.remove_columns(TEACHER_SCORES).add_column(TEACHER_SCORES, checked_lists)
     else:
-        corpus = read_train_file(source, mode, bad_rows, cache_dir, score_range, teacher_scores)
-        ds, text_cache = corpus.dataset, corpus.cache_file
+        corpus = read_train_file(source, mode, bad_rows, cache_dir, score_range, teacher_scores, tokens)
+        ds = corpus.dataset
         if corpus.report.duplicates:
             # Kept (a corpus is what it is), but two copies in one batch are each
             # other's negatives: say so, and how to mask them.
@@ -703,8 +723,8 @@ def load_train_dataset(
                 source,
                 corpus.report.duplicates,
             )
-    if tokens is not None:  # of all the rows, before a selection: one table per file
-        ds = with_tokens(ds, tokens, mode, text_cache)
+    if tokens is not None:  # of all the rows, before a selection (a file's has its table already)
+        ds = with_tokens(ds, tokens, mode)
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
     k = f", {negatives_of(ds.column_names)} hard negatives each" if negatives else ""

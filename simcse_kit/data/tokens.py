@@ -34,13 +34,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import datasets
 import numpy as np
 import pyarrow as pa
 import torch
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from simcse_kit.core.batch import text_ids, view_columns, view_prompts
 from simcse_kit.core.modes import negatives_in
@@ -157,16 +157,39 @@ def _features(sources: Sequence[tuple[str, str]]) -> datasets.Features:
     return datasets.Features(ids | hashes)
 
 
-def map_processes(rows: int) -> int:
-    """``num_proc`` for tokenising ``rows`` texts: the CPUs this process may use, one per
-    :data:`ROWS_PER_PROCESS` rows (1: in this process, no pool)."""
+def map_processes(rows: int, share: int = 1) -> int:
+    """``num_proc`` for tokenising ``rows`` texts: the CPUs this process may use (a ``share``-th of
+    them where that many processes build tables at once), one per :data:`ROWS_PER_PROCESS` rows
+    (1: in this process, no pool)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cpus, rows // ROWS_PER_PROCESS))
+    return max(1, min(cpus // max(share, 1), rows // ROWS_PER_PROCESS))
+
+
+@overload
+def with_tokens(
+    dataset: datasets.Dataset,
+    tokenization: Tokenization,
+    mode: str,
+    text_cache: Path | None = None,
+    wait: Literal[True] = True,
+    share: int = 1,
+) -> datasets.Dataset: ...
+
+
+@overload
+def with_tokens(
+    dataset: datasets.Dataset, tokenization: Tokenization, mode: str, text_cache: Path | None, wait: bool, share: int = 1
+) -> datasets.Dataset | None: ...
 
 
 def with_tokens(
-    dataset: datasets.Dataset, tokenization: Tokenization, mode: str, text_cache: Path | None = None
-) -> datasets.Dataset:
+    dataset: datasets.Dataset,
+    tokenization: Tokenization,
+    mode: str,
+    text_cache: Path | None = None,
+    wait: bool = True,
+    share: int = 1,
+) -> datasets.Dataset | None:
     """``dataset`` with its token table's columns beside its own (unchanged if it has them,
     or if the tokenizer's batches cannot be rebuilt from ids: :func:`ids_only`).
 
@@ -179,6 +202,8 @@ def with_tokens(
             beside it. None: ``datasets.map`` tokenises ``dataset``, in memory, or, where
             it is memory-mapped (a hub dataset), into `datasets`' cache beside it, keyed on
             its files, rows and columns.
+        wait: wait while another process builds this table; False: return None then.
+        share: how many processes may be building tables at once (:func:`map_processes`).
 
     Raises:
         StorageError: the table cannot be written beside ``text_cache``.
@@ -187,20 +212,27 @@ def with_tokens(
     if all(name in dataset.column_names for name in id_columns(sources)) or not ids_only(tokenization.tokenizer):
         return dataset
     if text_cache is not None:
-        table = cached_table(dataset, text_cache, tokenization, sources)
+        found = cached_table(dataset, text_cache, tokenization, sources, wait, share)
+        if found is None:
+            return None
+        table = found
     else:
         files = [entry["filename"] for entry in dataset.cache_files]
         key = table_key(json.dumps([files, len(dataset), dataset.column_names]), tokenization, sources)
-        table = _tokenised(dataset, tokenization, sources, key, keep_in_memory=not files)
+        table = _tokenised(dataset, tokenization, sources, key, map_processes(len(dataset)), keep_in_memory=not files)
     return datasets.concatenate_datasets([dataset, table], axis=1)
 
 
 def _tokenised(
-    dataset: datasets.Dataset, tokenization: Tokenization, sources: Sequence[tuple[str, str]], key: str, **where: Any
+    dataset: datasets.Dataset,
+    tokenization: Tokenization,
+    sources: Sequence[tuple[str, str]],
+    key: str,
+    processes: int,
+    **where: Any,
 ) -> datasets.Dataset:
-    """The token columns of ``dataset`` by ``datasets.map`` (:func:`map_processes` processes),
+    """The token columns of ``dataset`` by ``datasets.map`` in ``processes`` processes,
     fingerprinted ``key``; ``where``: where ``map`` keeps them."""
-    processes = map_processes(len(dataset))
     return dataset.map(
         _encode,
         batched=True,
@@ -217,10 +249,16 @@ def _tokenised(
 
 
 def cached_table(
-    dataset: datasets.Dataset, text_cache: Path, tokenization: Tokenization, sources: Sequence[tuple[str, str]]
-) -> datasets.Dataset:
+    dataset: datasets.Dataset,
+    text_cache: Path,
+    tokenization: Tokenization,
+    sources: Sequence[tuple[str, str]],
+    wait: bool = True,
+    share: int = 1,
+) -> datasets.Dataset | None:
     """The token table of ``dataset`` (the rows of ``text_cache``): found beside it, or built
-    there by one process while the others wait (module docstring)."""
+    there by one process while the others wait (module docstring); None where ``wait`` is False
+    and another process is building it."""
     key = table_key(text_cache.stem, tokenization, sources)
     folder = text_cache.parent / f"{text_cache.stem}.tokens-{key}"
     sidecar = folder / "table.json"
@@ -228,7 +266,9 @@ def cached_table(
         return table
     try:
         lock = FileLock(str(folder.parent / f".{folder.name}.lock"))
-        lock.acquire()
+        lock.acquire(timeout=-1 if wait else 0)
+    except Timeout:
+        return None
     except OSError as exc:
         raise _table_error(exc, folder) from None
     try:
@@ -236,7 +276,7 @@ def cached_table(
             if (table := _mapped(folder, len(dataset), warn=True)) is not None:
                 return table
             shutil.rmtree(folder)
-        _build(dataset, folder, key, tokenization, sources)
+        _build(dataset, folder, key, tokenization, sources, share)
     finally:
         lock.release()
     table = _mapped(folder, len(dataset))
@@ -263,7 +303,12 @@ def _mapped(folder: Path, rows: int, warn: bool = False) -> datasets.Dataset | N
 
 
 def _build(
-    dataset: datasets.Dataset, folder: Path, key: str, tokenization: Tokenization, sources: Sequence[tuple[str, str]]
+    dataset: datasets.Dataset,
+    folder: Path,
+    key: str,
+    tokenization: Tokenization,
+    sources: Sequence[tuple[str, str]],
+    share: int = 1,
 ) -> None:
     """Tokenise ``dataset`` into shards in a temporary folder, renamed to ``folder`` once complete."""
     try:
@@ -271,9 +316,10 @@ def _build(
     except OSError as exc:
         raise _table_error(exc, folder) from None
     start, cpu = time.perf_counter(), _cpu_seconds()
-    processes = map_processes(len(dataset))
+    processes = map_processes(len(dataset), share)
     try:
-        _tokenised(dataset, tokenization, sources, key, cache_file_name=str(tmp / "tokens.arrow"), load_from_cache_file=False)
+        where = {"cache_file_name": str(tmp / "tokens.arrow"), "load_from_cache_file": False}
+        _tokenised(dataset, tokenization, sources, key, processes, **where)
         seconds = time.perf_counter() - start
         record = {
             "rows": len(dataset),
