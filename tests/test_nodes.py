@@ -8,7 +8,8 @@ every step and the same final weights, fp32, 1e-6), each node builds its own cac
 across the nodes every example is seen once an epoch. A node killed mid-run (its torchrun
 agent and its worker, SIGKILL) ends the survivor within seconds with the kit's one line
 naming the lost rank and node and the ``--resume`` command; that command on both nodes
-finishes bit for bit as the uninterrupted run.
+finishes bit for bit as the uninterrupted run. ``accelerate launch --num_machines 2
+--machine_rank 0|1`` trains as the torchrun launch does.
 """
 
 from __future__ import annotations
@@ -103,17 +104,26 @@ def options(runs: TinyRun, name: str) -> dict[str, object]:
     }
 
 
-def node_commands(runs: TinyRun, name: str, nnodes: int, nproc: int, *extra: str) -> list[list[str]]:
-    """Each node's command: ``torchrun`` with static rendezvous on a free local port, the
+def node_commands(runs: TinyRun, name: str, nnodes: int, nproc: int, *extra: str, launcher: str = "torchrun") -> list[list[str]]:
+    """Each node's command: ``torchrun`` with static rendezvous on a free local port (or
+    ``accelerate launch``'s multi-machine options, which hand the same to torchrun), the
     node's own cache folder ``name-cache-N``."""
     worker = runs.folder / "worker.py"
     worker.write_text(WORKER)
-    port = free_port()
+    port = str(free_port())
     train = ["train", str(runs.recipe("recipe")), *[t for k, v in options(runs, name).items() for t in (f"--{k}", str(v))]]
+
+    def launcher_of(node: int) -> list[str]:
+        if launcher == "torchrun":
+            args = f"torch.distributed.run --nnodes {nnodes} --nproc-per-node {nproc} --node-rank {node}"
+            return [sys.executable, "-m", *args.split(), "--master-addr", "127.0.0.1", "--master-port", port]
+        # --same_network: static rendezvous, so machine_rank N holds ranks N * nproc.. (as torchrun's --node-rank)
+        args = f"accelerate.commands.launch --multi_gpu --num_machines {nnodes} --num_processes {nnodes * nproc}"
+        args += f" --machine_rank {node} --main_process_ip 127.0.0.1 --main_process_port {port} --same_network"
+        return [sys.executable, "-m", *args.split(), "--mixed_precision", "no", "--dynamo_backend", "no"]
+
     return [
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
-         "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), str(worker),
-         *train, "--cache-dir", str(runs.folder / f"{name}-cache-{node}"), *extra]
+        [*launcher_of(node), str(worker), *train, "--cache-dir", str(runs.folder / f"{name}-cache-{node}"), *extra]
         for node in range(nnodes)
     ]  # fmt: skip
 
@@ -200,6 +210,23 @@ def test_two_nodes_train_as_one_node_of_two_processes(runs: TinyRun, two_nodes: 
         assert all(len(b) == BATCH // 2 for b in batches)
         assert sorted(s for b in batches for s in b) == sorted(sentences), f"epoch {epoch}"
     assert ranks == [seen(runs.folder / "one-node-record", r) for r in (0, 1)]
+
+
+@pytest.mark.slow  # one 2-node launch (~40 s)
+def test_accelerate_launch_on_two_machines_trains_as_torchrun_does(runs: TinyRun, two_nodes: Path) -> None:
+    """``accelerate launch --num_machines 2 --machine_rank 0|1``: the same losses, weights and batches."""
+    launch(node_commands(runs, "accelerate-nodes", 2, 1, launcher="accelerate"), runs.folder / "accelerate-record")
+    got_loss, got_w = results(runs.folder / "accelerate-nodes")
+    want_loss, want_w = results(two_nodes)
+    assert [s for s, _ in got_loss] == [s for s, _ in want_loss] == list(range(1, STEPS + 1))
+    for (step, loss), (_, ref) in zip(got_loss, want_loss, strict=True):
+        assert abs(loss - ref) <= TOL * max(1.0, abs(ref)), f"loss at step {step}: {loss} != {ref}"
+    assert got_w.keys() == want_w.keys()
+    assert all(torch.allclose(got_w[k], ref, atol=TOL, rtol=0) for k, ref in want_w.items())
+    for node in (0, 1):
+        assert list((runs.folder / f"accelerate-nodes-cache-{node}").rglob("*.arrow")), f"node {node} built no cache"
+    for rank in (0, 1):
+        assert seen(runs.folder / "accelerate-record", rank) == seen(runs.folder / "nodes-record", rank)
 
 
 @pytest.mark.slow  # two 2-node launches: killed, resumed
