@@ -22,6 +22,16 @@ per-process peak RSS polled from ``/proc/<pid>/status`` (``VmHWM``).
 ``--warm-only`` (same ``--work``) runs the warm runs again on the caches the last run left,
 kept in ``results/corpus_scale_warm-<cpu class>.json``: memory and start-up re-measured without
 rebuilding 10M lines.
+
+``--shards N`` measures the cold start of a sharded corpus instead (kept in
+``results/corpus_shards-<cpu class>.json``): the corpus of ``--lines`` as one file and as ``N``
+text shards of consecutive lines, each trained cold (empty cache) on 1 process (2 threads) and
+on 2 (``torchrun``, 1 thread each), ``--rounds`` times in alternating order; the seconds to the
+first step and to the data, and the token tables' rows per CPU-second (their ``table.json``:
+the build's own and its workers' CPU time) beside ``tokenizers``' ``encode_batch`` on the same
+texts in one thread (the ceiling: the tokeniser alone)::
+
+    python -m benchmarks.corpus_scale --shards 20 --lines 1000000 --rounds 3 --work /tmp/corpus
 """
 
 from __future__ import annotations
@@ -155,6 +165,80 @@ def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, 
     return result | {k: res[k] for k in ("peak_rss_mib", "children_peak_mib", "peak_anon_mib")}
 
 
+def write_shards(corpus: Path, shards: int) -> Path:
+    """``corpus``'s lines in ``shards`` files of consecutive lines (``part-00000-of-000NN.txt``)."""
+    folder = corpus.with_name(f"{corpus.stem}-{shards}-shards")
+    if folder.is_dir():
+        return folder
+    lines = corpus.read_text(encoding="utf-8").splitlines(keepends=True)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for i in range(shards):
+        part = lines[len(lines) * i // shards : len(lines) * (i + 1) // shards]
+        (tmp / f"part-{i:05d}-of-{shards:05d}.txt").write_text("".join(part), encoding="utf-8")
+    tmp.rename(folder)
+    return folder
+
+
+def cold_start(train_file: Path, cache: Path, work: Path, processes: int, env: dict[str, str]) -> dict[str, Any]:
+    """One cold ``kit`` run (the cache emptied first) on ``processes`` processes sharing the 2 threads."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    shutil.rmtree(cache, ignore_errors=True)
+    out = work / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    with CpuActivity() as activity:
+        res = tracked(kit_command(train_file, cache, out, work, processes), 2 // processes, env)
+    if res["rc"] != 0:
+        raise RuntimeError("\n".join(line for _, line in res["lines"][-30:]))
+    events = EventAccumulator(str(out / "logs" / "simcse-kit"))
+    events.Reload()
+    tables = [json.loads(p.read_text()) for p in (cache / "simcse_kit_train").glob("*.tokens-*/table.json")]
+    return {
+        "data_s": next(t for t, line in res["lines"] if PHASES["data_s"] in line),
+        "first_step_s": events.Scalars("train/loss")[0].wall_time - res["spawn"],
+        "tables": len(tables),
+        "table_rows": sum(t["rows"] for t in tables),
+        "table_rows_per_cpu_s": sum(t["rows"] for t in tables) / sum(t["cpu_seconds"] for t in tables),
+        "activity": activity.record,
+    }
+
+
+def encode_batch_rate(corpus: Path, rows: int = 200_000, max_seq_len: int = 32) -> float:
+    """``tokenizers``' ``encode_batch`` rows per CPU-second on ``corpus``'s first ``rows`` lines, in
+    batches of the token table's size, truncated as the unsup recipe truncates, in one thread."""
+    from transformers import AutoTokenizer
+
+    from simcse_kit.data.tokens import TOKENIZER_BATCH
+    from simcse_kit.model.modeling import resolve_model_path
+
+    texts = corpus.read_text(encoding="utf-8").splitlines()[:rows]
+    backend = AutoTokenizer.from_pretrained(resolve_model_path("all-MiniLM-L6-v2")).backend_tokenizer
+    backend.enable_truncation(max_seq_len)
+    start = time.process_time()
+    for i in range(0, len(texts), TOKENIZER_BATCH):
+        backend.encode_batch(texts[i : i + TOKENIZER_BATCH])
+    return len(texts) / (time.process_time() - start)
+
+
+def shard_runs(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    """The ``--shards`` record: each round, the file and the shards on 1 and 2 processes, cold."""
+    lines = max(args.lines or [1_000_000])
+    corpus = write_corpus(lines, args.work)
+    folder = write_shards(corpus, args.shards)
+    variants = [(name, path, n) for name, path in (("file", corpus), ("shards", folder)) for n in (1, 2)]
+    runs = []
+    for round_ in range(args.rounds):
+        for name, path, n in variants if round_ % 2 == 0 else variants[::-1]:
+            result = cold_start(path, args.work / "cache-cold", args.work, n, env)
+            runs.append({"round": round_, "variant": f"{name}-{n}p", "lines": lines, "shards": args.shards} | result)
+            print(json.dumps(runs[-1]), flush=True)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    encode = [encode_batch_rate(corpus) for _ in range(args.rounds)]
+    return {"runs": runs, "encode_batch_rows_per_cpu_s": encode}
+
+
 def worker(args: argparse.Namespace) -> None:
     """``st`` (load and train 2 steps) or ``lists`` (load) in this fresh process; absolute stamps."""
     setup_threads(args.threads)
@@ -255,6 +339,7 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/simcse-kit-corpus"), help="corpora and caches (GBs)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--shards", type=int, default=0, help="the cold start of the corpus in this many shards (docstring)")
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     add_options(parser, "corpus_scale", rounds=1)
@@ -265,6 +350,9 @@ def main() -> None:
         args.json = RESULTS / f"corpus_scale_warm-{cpu_class(cpu_flags()[1])}.json"
     env = start(args)
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.shards:
+        keep("corpus_scale", args, shard_runs(args, env), stem="corpus_shards")
+        return
     runs: list[dict[str, Any]] = []
     sizes = sorted(args.lines or [100_000])
     if args.checks_only:  # the size runs of the kept record (its machine and command kept beside them)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO
+from benchmarks._common import REPO, spread
 from benchmarks.stats import load_rows, spearman_difference
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -361,6 +361,41 @@ CORPUS_WARM = dataclasses.replace(
     CORPUS, name="corpus-scale-warm", script="corpus_scale_warm",
     intro="The warm runs again on the caches above (`--warm-only`), with the private memory polled:",
     command="python -m benchmarks.corpus_scale --warm-only --checks --lines 100000 --lines 1000000 --lines 10000000",
+)  # fmt: skip
+
+
+def _shard_rows(rec: Record) -> Iterable[Row]:
+    runs, encode = rec["runs"], spread(rec["encode_batch_rows_per_cpu_s"])
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        of = [r for r in runs if r["variant"] == variant]
+        one = [r for r in runs if r["variant"] == variant.replace("-2p", "-1p")]
+        ratio = "–"
+        if one != of:  # paired by round: 2 processes over 1, the same layout
+            pairs = {r["round"]: r["first_step_s"] for r in one}
+            ratio = _ratio(spread([r["first_step_s"] / pairs[r["round"]] for r in of]))
+        table = spread([r["table_rows_per_cpu_s"] for r in of])
+        yield [variant, _range(spread([r["data_s"] for r in of])), _range(spread([r["first_step_s"] for r in of])), ratio,
+               f"{_range(table, 0)}: {table['median'] / encode['median']:.0%}"]  # fmt: skip
+
+
+def _shard_intro(kept: list[Record]) -> str:
+    r = kept[0]["runs"][0]
+    e = spread(kept[0]["encode_batch_rows_per_cpu_s"])
+    return (
+        f"Cold start (empty cache) of `simcse-kit train unsup` on {r['lines']:,} lines as one file and as {r['shards']} "
+        "shards: 1 process of 2 threads, or 2 processes of 1 (`torchrun`); seconds from the process start, median "
+        f"(range) of {len({x['round'] for x in kept[0]['runs']})} rounds. Token table rows per CPU-second against "
+        f"`tokenizers`' `encode_batch` on the same texts, one thread: {e['median']:,.0f}."
+    )
+
+
+SHARDS = Spec(
+    "corpus-shards", "corpus_shards",
+    "layout-processes|data at s|first step at s|2 processes / 1|token table rows/CPU-s: of encode_batch",
+    _shard_rows,
+    _shard_intro,
+    home=BENCH,
+    command="python -m benchmarks.corpus_scale --shards 20 --lines 1000000",
 )  # fmt: skip
 
 
@@ -1112,7 +1147,7 @@ def gpu_headline() -> str:
 
 
 SPECS: tuple[Spec, ...] = (QUALITY, LORA, MAIN_JOB, DOMAIN, MINING, NEGATIVES, GUIDE, SCORES, SCORED, TEACHER)
-SPECS += (TEACHER_GENERAL, THROUGHPUT, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, GPU, GPU_SYNCS, RETRIEVAL)
+SPECS += (TEACHER_GENERAL, THROUGHPUT, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, CORPUS_WARM, SHARDS, GPU, GPU_SYNCS, RETRIEVAL)
 SPECS += (ONNX, BACKBONE, LORA_STEPS)
 SPECS += (QUALITY_SUMMARY, DOMAIN_SUMMARY, MINING_SUMMARY, MULTI_SUMMARY, SCORED_SUMMARY, GUIDE_SUMMARY, SCORES_SUMMARY)
 SPECS += (TEACHER_SUMMARY, PIPELINE_SUMMARY, GPU_SUMMARY, BACKBONE_SUMMARY, LORA_SUMMARY)

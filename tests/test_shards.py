@@ -22,8 +22,9 @@ import torch
 from conftest import TinyRun, toy_sentences
 
 from simcse_kit.cli import main as cli_main
-from simcse_kit.data.corpus import each_shard
-from simcse_kit.data.readers import read_rows, read_train_file
+from simcse_kit.data import readers
+from simcse_kit.data.corpus import BadRows, each_shard
+from simcse_kit.data.readers import byte_ranges, read_rows, read_train_file, sentence_batches
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.files import shard_paths
 
@@ -166,6 +167,36 @@ def test_duplicates_are_counted_across_shards(tmp_path: Path) -> None:
     corpus = read_train_file(tmp_path, "unsup", cache_dir=tmp_path / "cache")
     # Each shard alone has none; across them, two (the guard's keys: case, punctuation and spaces aside).
     assert corpus.report.duplicates == 2 and corpus.report.rows == 5
+
+
+def test_a_large_text_file_is_cut_into_byte_ranges_at_line_starts(tmp_path: Path) -> None:
+    path = tmp_path / "c.txt"
+    path.write_bytes(b"aaaa\nbb\ncccccc\nd\n")  # lines at bytes 0, 5, 8 and 15; 17 bytes
+    # Cuts asked at 5, 10, 15: 5 is a line start; 10 is inside "cccccc", so the next line's start, 15;
+    # 15 is then no further cut.
+    assert byte_ranges(path, 5) == [(0, 5), (5, 15), (15, 17)]
+    assert byte_ranges(path, 100) == [(0, 17)]
+    parts = [[s for b in sentence_batches(path, BadRows(), part) for s in b["sent0"]] for part in byte_ranges(path, 5)]
+    assert parts == [["aaaa"], ["bb", "cccccc"], ["d"]]
+
+
+def test_a_large_text_file_is_read_in_ranges_as_the_whole_file_and_names_a_bad_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sentences = toy_sentences(300)
+    path = tmp_path / "big.txt"
+    lines = [s.encode() for s in sentences]
+    lines[249] += b"\xff"  # line 250, in a range that starts far past the file's start
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    whole = read_train_file(path, "unsup", "skip", cache_dir=tmp_path / "whole")
+    monkeypatch.setattr(readers, "RANGE_BYTES", 1000)
+    with pytest.raises(DataError, match=r"big\.txt, line 250: not valid UTF-8 \(byte 0xff\)"):
+        read_train_file(path, "unsup", cache_dir=tmp_path / "ranges")
+    ranged = read_train_file(path, "unsup", "skip", cache_dir=tmp_path / "ranges")
+    assert len(whole.cache_files) == 1 and len(ranged.cache_files) == len(byte_ranges(path, 1000)) > 5
+    assert ranged.dataset["sent0"] == whole.dataset["sent0"] == sentences[:249] + sentences[250:]
+    assert ranged.report.skipped == 1 and "line 250" in ranged.report.shown[0]
+    assert read_train_file(path, "unsup", "skip", cache_dir=tmp_path / "ranges").cache_hit
 
 
 def test_a_launchs_processes_start_at_their_own_share_then_wait_for_the_shards_others_hold(

@@ -56,6 +56,7 @@ SUBFOLDER = "simcse_kit_train"
 
 BAD_ROWS = ("error", "skip")
 T = TypeVar("T")
+P = TypeVar("P")
 
 
 @dataclass
@@ -222,9 +223,9 @@ def _hit(
     return Corpus(dataset, report, (arrow,), cache_hit=True)
 
 
-def each_shard(paths: Sequence[Path], get: Callable[[Path, bool], T | None]) -> list[T]:
-    """``get(shard, wait)`` of every shard, in the shards' order, the processes of a launch building
-    different shards at once.
+def each_shard(parts: Sequence[P], get: Callable[[P, bool], T | None]) -> list[T]:
+    """``get(part, wait)`` of every part of a dataset (a shard, or a byte range of a large file), in
+    order, the processes of a launch building different parts at once.
 
     Each process first asks for every shard without waiting (``get`` returns None where another
     process holds the shard's lock: it is building that one), starting at its own share of the
@@ -233,15 +234,15 @@ def each_shard(paths: Sequence[Path], get: Callable[[Path, bool], T | None]) -> 
     work, so the same holds on a node-local cache folder (each node builds its copy) and on a shared one.
     """
     rank, size = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    first = len(paths) * rank // max(size, 1)
-    order = [*range(first, len(paths)), *range(first)]
-    found = {i: got for i in order if (got := get(paths[i], False)) is not None}
+    first = len(parts) * rank // max(size, 1)
+    order = [*range(first, len(parts)), *range(first)]
+    found = {i: got for i in order if (got := get(parts[i], False)) is not None}
     for i in order:
         if i not in found:
-            got = get(paths[i], True)
-            assert got is not None, "a get that waits returns the shard"
+            got = get(parts[i], True)
+            assert got is not None, "a get that waits returns the part"
             found[i] = got
-    return [found[i] for i in range(len(paths))]
+    return [found[i] for i in range(len(parts))]
 
 
 def union(parts: Sequence[Corpus], duplicates_of: str | None = None) -> Corpus:

@@ -51,7 +51,17 @@ from simcse_kit.core.batch import VIEW_COLUMNS
 from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, Report, batched, cached_corpus, each_shard, shown, union
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import DataError, where
-from simcse_kit.files import BOM, LineStream, compression_of, data_suffix, json_object, nul_error, open_binary, shard_paths
+from simcse_kit.files import (
+    BOM,
+    LineStream,
+    check_readable,
+    compression_of,
+    data_suffix,
+    json_object,
+    nul_error,
+    open_binary,
+    shard_paths,
+)
 
 #: A dataset's files: a file, a glob pattern or a folder of shards, or a list of them
 #: (:func:`simcse_kit.files.shard_paths`).
@@ -95,21 +105,28 @@ def _enough_rows(path: object, n: int) -> None:
 
 BOM_BYTES = BOM.encode("utf-8")
 BLOCK_BYTES = 2**20  #: a text corpus is read in blocks of whole lines of about this size
+#: A plain text corpus over this size is cached in byte ranges of about this size, built by
+#: the processes of a launch at once (:func:`byte_ranges`); smaller files are one cache.
+RANGE_BYTES = 2**27
 
 
-def sentence_batches(path: Path, bad: BadRows) -> Iterator[dict[str, list[str]]]:
+def sentence_batches(path: Path, bad: BadRows, part: tuple[int, int] | None = None) -> Iterator[dict[str, list[str]]]:
     """The non-blank lines of a text file, stripped, as ``{"sent0": [...]}`` batches of
-    about :data:`BLOCK_BYTES` of text.
+    about :data:`BLOCK_BYTES` of text; ``part``: only the lines of that byte range
+    (:func:`byte_ranges`), numbered as in the whole file.
 
     Whole blocks are decoded and split at once (no Python step per line but the strip):
     a corpus is read at the speed of ``str.split``. A block that is not valid UTF-8 is
     decoded again line by line, so the bad line is named and (``skip``) only it is left out.
     """
-    lines_before = 0
-    rest = b""
+    start, end = part or (0, None)
     with open_binary(path) as fh:
+        lines_before = _newlines_before(fh, start)
+        left = None if end is None else end - start
+        rest = b""
         while True:
-            chunk = fh.read(BLOCK_BYTES)
+            chunk = fh.read(BLOCK_BYTES if left is None else min(BLOCK_BYTES, left))
+            left = None if left is None else left - len(chunk)
             data = rest + chunk
             cut = data.rfind(b"\n") + 1 if chunk else len(data)  # whole lines; at the end, what is left
             if not data:
@@ -132,6 +149,35 @@ def sentence_batches(path: Path, bad: BadRows) -> Iterator[dict[str, list[str]]]
                 yield {"sent0": sentences}
             if not chunk:
                 return
+
+
+def _newlines_before(fh: Any, start: int) -> int:
+    """Read ``fh`` up to byte ``start`` (a range's first line), counting its line ends: the lines before the range."""
+    count = 0
+    while start > 0:
+        chunk = fh.read(min(BLOCK_BYTES * 8, start))
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        start -= len(chunk)
+    return count
+
+
+def byte_ranges(path: Path, size: int) -> list[tuple[int, int]]:
+    """A plain text file of more than ``size`` bytes as ranges of about ``size`` bytes, each
+    starting at a line's start: parts built like shards, each by the process that takes it
+    (:func:`simcse_kit.data.corpus.each_shard`). A smaller file is one range."""
+    total = path.stat().st_size
+    cuts = [0]
+    with path.open("rb") as fh:
+        for at in range(size, total, size):
+            if at <= cuts[-1]:
+                continue  # a line longer than a range: the next cut is past it
+            fh.seek(at - 1)  # the byte before: a range starts just after a newline
+            fh.readline()
+            if fh.tell() < total:
+                cuts.append(fh.tell())
+    return list(zip(cuts, [*cuts[1:], total], strict=True))
 
 
 def _block_sentences(path: Path, block: bytes, lines_before: int, bad: BadRows) -> list[str]:
@@ -598,26 +644,36 @@ def read_train_file(
     what: dict[str, object] = {"rows": "table", "columns": list(base), "hard_negatives": negatives, "score": score}
     what |= {"score_range": ranged} | ({TEACHER_SCORES: True} if teacher_scores else {})  # the old key without scores
 
-    def rows(path: Path) -> Callable[[BadRows], Iterator[dict[str, list[Any]]]]:
+    # Each shard is one part; a large plain text file is parts of whole lines (byte ranges).
+    items: list[tuple[Path, tuple[int, int] | None]] = [(path, None) for path in paths]
+    if sentences and len(paths) == 1 and compression_of(paths[0]) is None:
+        ranges = byte_ranges(check_readable(paths[0]), RANGE_BYTES)
+        items = [(paths[0], r) for r in ranges] if len(ranges) > 1 else items
+
+    def rows(path: Path, part: tuple[int, int] | None) -> Callable[[BadRows], Iterator[dict[str, list[Any]]]]:
         if sentences:
-            return lambda bad: sentence_batches(path, bad)
+            return lambda bad: sentence_batches(path, bad, part)
         return lambda bad: batched(table_rows(path, base, negatives, bad, score, score_range, teacher_scores))
 
-    def read(path: Path, wait: bool, check: Callable[[Report], None] | None = None) -> Corpus | None:
+    def read(
+        item: tuple[Path, tuple[int, int] | None], wait: bool, check: Callable[[Report], None] | None = None
+    ) -> Corpus | None:
+        path, part = item
         shard_what: dict[str, object] = {"rows": "sentences"} if sentences else what
+        shard_what |= {"bytes": list(part)} if part else {}
         duplicates = "sent0" if sentences else None
-        corpus = cached_corpus(path, rows(path), shard_what, bad_rows, cache_dir, duplicates, check, wait)
+        corpus = cached_corpus(path, rows(path, part), shard_what, bad_rows, cache_dir, duplicates, check, wait)
         if corpus is None or tokens is None or not corpus.report.rows:
             return corpus
-        share = _launch_size() if len(paths) > 1 else 1
+        share = _launch_size() if len(items) > 1 else 1
         joined = with_tokens(corpus.dataset, tokens, mode, corpus.cache_files[0], wait, share)
         return None if joined is None else dataclasses.replace(corpus, dataset=joined)
 
-    if len(paths) == 1:  # refused before its cache is kept
-        one = read(paths[0], True, lambda report: enough(name, report.rows))
+    if len(items) == 1:  # refused before its cache is kept
+        one = read(items[0], True, lambda report: enough(name, report.rows))
         assert one is not None, "a read that waits returns the corpus"
         return one
-    parts = each_shard(paths, read)
+    parts = each_shard(items, read)
     if negatives:  # each shard's own count, checked as the shards are joined
         counts = [(path, negatives_of(p.report.columns)) for path, p in zip(paths, parts, strict=True) if p.report.rows]
         for path, k in counts:
