@@ -374,7 +374,8 @@ def _shard_rows(rec: Record) -> Iterable[Row]:
             pairs = {r["round"]: r["first_step_s"] for r in one}
             ratio = _ratio(spread([r["first_step_s"] / pairs[r["round"]] for r in of]))
         table = spread([r["table_rows_per_cpu_s"] for r in of])
-        yield [variant, _range(spread([r["data_s"] for r in of])), _range(spread([r["first_step_s"] for r in of])), ratio,
+        label = f"{variant} ({of[0]['tables']} part{'s' if of[0]['tables'] > 1 else ''})"
+        yield [label, _range(spread([r["data_s"] for r in of])), _range(spread([r["first_step_s"] for r in of])), ratio,
                f"{_range(table, 0)}: {table['median'] / encode['median']:.0%}"]  # fmt: skip
 
 
@@ -382,10 +383,10 @@ def _shard_intro(kept: list[Record]) -> str:
     r = kept[0]["runs"][0]
     e = spread(kept[0]["encode_batch_rows_per_cpu_s"])
     return (
-        f"Cold start (empty cache) of `simcse-kit train unsup` on {r['lines']:,} lines as one file and as {r['shards']} "
-        "shards: 1 process of 2 threads, or 2 processes of 1 (`torchrun`); seconds from the process start, median "
-        f"(range) of {len({x['round'] for x in kept[0]['runs']})} rounds. Token table rows per CPU-second against "
-        f"`tokenizers`' `encode_batch` on the same texts, one thread: {e['median']:,.0f}."
+        f"Cold start of `simcse-kit train unsup` on {r['lines']:,} lines, one file or {r['shards']} shards (parts: "
+        "caches built apart), 1 process × 2 threads or 2 × 1: seconds from the start, median (range) of "
+        f"{len({x['round'] for x in kept[0]['runs']})} rounds. Token table rows/CPU-s against `encode_batch` alone "
+        f"({e['median']:,.0f})."
     )
 
 
