@@ -41,13 +41,12 @@ Row = list[str]
 # it (the check says so), and no new name may join it (issue 49: records that cannot drift).
 LEGACY = frozenset({
     "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "corpus_scale-avx512_bf16",
-    "corpus_scale_warm-avx512_bf16", "domain-h100", "encode_throughput-avx512_bf16", "gpu-h100-bertbase-l32",
+    "corpus_scale_warm-avx512_bf16", "domain-h100", "gpu-h100-bertbase-l32",
     "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip", "gpu-h100-minilm", "gpu-h100-syncs-1-before",
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "guide-cpu", "lora-h100-minilm",
     "lora-h100-mpnet", "memory-avx512_bf16", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
     "negatives-cpu", "onnx_speed-avx512_bf16", "pipeline-avx512_bf16", "scored-cpu", "scores-h100", "sts-cpu",
     "teacher-cpu", "teacher_general-cpu", "train_lora-avx512_bf16", "train_throughput-avx2-limited",
-    "train_throughput-avx512_bf16",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
 
@@ -374,8 +373,8 @@ def _shard_rows(rec: Record) -> Iterable[Row]:
             pairs = {r["round"]: r["first_step_s"] for r in one}
             ratio = _ratio(spread([r["first_step_s"] / pairs[r["round"]] for r in of]))
         table = spread([r["table_rows_per_cpu_s"] for r in of])
-        label = f"{variant} ({of[0]['tables']} part{'s' if of[0]['tables'] > 1 else ''})"
-        yield [label, _range(spread([r["data_s"] for r in of])), _range(spread([r["first_step_s"] for r in of])), ratio,
+        label = f"{variant} ({of[0]['tables']})"
+        yield [label, _range(spread([r["first_step_s"] for r in of])), ratio,
                f"{_range(table, 0)}: {table['median'] / encode['median']:.0%}"]  # fmt: skip
 
 
@@ -383,16 +382,15 @@ def _shard_intro(kept: list[Record]) -> str:
     r = kept[0]["runs"][0]
     e = spread(kept[0]["encode_batch_rows_per_cpu_s"])
     return (
-        f"Cold start of `simcse-kit train unsup` on {r['lines']:,} lines, one file or {r['shards']} shards (parts: "
-        "caches built apart), 1 process × 2 threads or 2 × 1: seconds from the start, median (range) of "
-        f"{len({x['round'] for x in kept[0]['runs']})} rounds. Token table rows/CPU-s against `encode_batch` alone "
-        f"({e['median']:,.0f})."
+        f"`simcse-kit train unsup`, {r['lines']:,} lines, cold; 1 process × 2 threads or 2 × 1; median (range) of "
+        f"{len({x['round'] for x in kept[0]['runs']})} rounds. Table build against `encode_batch` alone ({e['median']:,.0f} "
+        "rows/CPU-s)."
     )
 
 
 SHARDS = Spec(
     "corpus-shards", "corpus_shards",
-    "layout-processes|data at s|first step at s|2 processes / 1|token table rows/CPU-s: of encode_batch",
+    "layout-processes (parts)|first step at s|2 processes / 1|table rows/CPU-s: of encode_batch",
     _shard_rows,
     _shard_intro,
     home=BENCH,
