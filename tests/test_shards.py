@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -23,12 +24,13 @@ from conftest import TinyRun, toy_sentences
 
 from simcse_kit.cli import main as cli_main
 from simcse_kit.data import readers
-from simcse_kit.data.corpus import BadRows, each_shard
+from simcse_kit.data.corpus import BadRows, Corpus, Report, each_shard
 from simcse_kit.data.readers import byte_ranges, read_rows, read_train_file, sentence_batches
 from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.files import shard_paths
 
 N = 40  # examples: 5 batches of 8
+REPORT = Report(rows=0, skipped=0, shown=[], duplicates=0, columns=[], seconds=0.0)
 
 
 def pair_rows(n: int = N) -> list[dict[str, str]]:
@@ -206,13 +208,15 @@ def test_a_launchs_processes_start_at_their_own_share_then_wait_for_the_shards_o
     held = {Path("s-4"), Path("s-0")}  # another process is building these
     calls: list[tuple[str, bool]] = []
 
-    def get(path: Path, wait: bool) -> str | None:
+    def get(part: tuple[Path, tuple[int, int] | None], wait: bool) -> Corpus | None:
+        path = part[0]
         calls.append((path.name, wait))
-        return None if path in held and not wait else path.name.upper()
+        return None if path in held and not wait else Corpus(datasets.Dataset.from_dict({}), REPORT, (path,), True)
 
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert each_shard(paths, get) == ["S-0", "S-1", "S-2", "S-3", "S-4"]  # the shards' order, whoever built them
+    found = each_shard([(path, None) for path in paths], get)
+    assert [c.cache_files[0] for c in found] == paths  # the shards' order, whoever built them
     # Rank 1 of 2 starts at shard 5 * 1 // 2 = 2, wraps round, then waits for shards 4 and 0 in that order.
     assert calls == [("s-2", False), ("s-3", False), ("s-4", False), ("s-0", False), ("s-1", False)] + [
         ("s-4", True),

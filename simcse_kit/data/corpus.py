@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import datasets
 import numpy as np
@@ -55,8 +55,6 @@ EDGE_BYTES = 2**20  # the head and tail hashed into the cache key
 SUBFOLDER = "simcse_kit_train"
 
 BAD_ROWS = ("error", "skip")
-T = TypeVar("T")
-P = TypeVar("P")
 
 
 @dataclass
@@ -223,9 +221,13 @@ def _hit(
     return Corpus(dataset, report, (arrow,), cache_hit=True)
 
 
-def each_shard(parts: Sequence[P], get: Callable[[P, bool], T | None]) -> list[T]:
-    """``get(part, wait)`` of every part of a dataset (a shard, or a byte range of a large file), in
-    order, the processes of a launch building different parts at once.
+def each_shard(
+    parts: Sequence[tuple[Path, tuple[int, int] | None]],
+    get: Callable[[tuple[Path, tuple[int, int] | None], bool], Corpus | None],
+) -> list[Corpus]:
+    """``get(part, wait)`` of every part of a dataset (a shard, or a byte range of a large file:
+    ``(file, (start, end))``, None for the whole file), in order, the processes of a launch
+    building different parts at once.
 
     Each process first asks for every shard without waiting (``get`` returns None where another
     process holds the shard's lock: it is building that one), starting at its own share of the
