@@ -84,32 +84,29 @@ def _counts(draws: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(flat, minlength=len(draws) * n).reshape(len(draws), n).astype(np.float64)
 
 
-def _groups(values: np.ndarray) -> tuple[np.ndarray, int]:
-    """Each value's tie group (the index of its distinct value, ascending) and the number of groups."""
+Grouped = tuple[np.ndarray, int, np.ndarray]  # each pair's tie group, the number of groups, their flat bins
+
+
+def _grouped(values: np.ndarray) -> Grouped:
+    """Each value's tie group (the index of its distinct value, ascending), the number of groups, and the flat
+    bin of each (replicate, pair) of a block of :data:`BLOCK` replicates, ``replicate * groups + group``, that
+    :func:`_group_ranks` counts into."""
     distinct, group = np.unique(values, return_inverse=True)
-    return group.ravel(), len(distinct)
+    group = group.ravel()
+    return group, len(distinct), (np.arange(BLOCK)[:, None] * len(distinct) + group[None, :]).ravel()
 
 
-def _group_ranks(flat: np.ndarray, distinct: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(B, distinct)`` twice: how many of each replicate's sampled values fall in each tie group, and the rank
-    (ties averaged, as ``rankdata``) those values share in the sample.
+def _group_ranks(of: Grouped, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(B, groups)`` twice: how many of each replicate's sampled values fall in each tie group of ``of``, and
+    the rank (ties averaged, as ``rankdata``) those values share in the sample.
 
     A value's rank in a sample is the count of sampled values below it plus (its tie group's count + 1) / 2, so
-    it comes from the counts per tie group (:func:`_groups`) in O(n), without sorting each sample. ``flat``: each
-    replicate's pairs' groups offset by ``replicate * distinct`` (:func:`_offsets`).
+    it comes from the counts per tie group in O(n), without sorting each sample.
     """
+    _, distinct, flat = of
     rows = len(counts)
     per_group = np.bincount(flat[: counts.size], weights=counts.ravel(), minlength=rows * distinct).reshape(rows, -1)
     return per_group, np.cumsum(per_group, axis=1) - per_group + (per_group + 1) / 2
-
-
-def _offsets(groups: tuple[np.ndarray, int], rows: int) -> np.ndarray:
-    """The flat bin of each (replicate, pair) for :func:`_group_ranks`: ``rows`` replicates' worth."""
-    group, distinct = groups
-    return (np.arange(rows)[:, None] * distinct + group[None, :]).ravel()
-
-
-Grouped = tuple[np.ndarray, int, np.ndarray]  # each pair's tie group, the number of groups, :func:`_offsets`
 
 
 def _sample_spearmans(counts: np.ndarray, gold: Grouped, rows: list[Grouped]) -> np.ndarray:
@@ -123,7 +120,7 @@ def _sample_spearmans(counts: np.ndarray, gold: Grouped, rows: list[Grouped]) ->
     n = counts.sum(axis=1, keepdims=True)
 
     def centred(of: Grouped) -> tuple[np.ndarray, np.ndarray]:
-        per_group, rank = _group_ranks(of[2], of[1], counts)
+        per_group, rank = _group_ranks(of, counts)
         rank = rank - (per_group * rank).sum(axis=1, keepdims=True) / n
         return rank, (per_group * rank * rank).sum(axis=1)
 
@@ -186,12 +183,7 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
         picks_b[r] = picks_a[r] if seeds_a == seeds_b else rng.integers(0, seeds_b, seeds_b)
         for t, (_, _, g) in tasks.items():
             draws[t][r] = rng.integers(0, len(g), len(g))
-
-    def with_offsets(values: np.ndarray) -> Grouped:
-        group, distinct = _groups(values)
-        return group, distinct, _offsets((group, distinct), BLOCK)
-
-    groups = {t: (with_offsets(g), [with_offsets(x) for x in (*pa, *pb)]) for t, (pa, pb, g) in tasks.items()}
+    groups = {t: (_grouped(g), [_grouped(x) for x in (*pa, *pb)]) for t, (pa, pb, g) in tasks.items()}
     values = np.zeros(replicates)
     for start in range(0, replicates, BLOCK):
         block = slice(start, start + BLOCK)
