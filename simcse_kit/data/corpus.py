@@ -221,6 +221,12 @@ def _hit(
     return Corpus(dataset, report, (arrow,), cache_hit=True)
 
 
+def launch_slot() -> tuple[int, int]:
+    """This process's ``LOCAL_RANK`` among the ``LOCAL_WORLD_SIZE`` processes of a launch on this machine, as
+    torchrun and ``accelerate launch`` set them (``(0, 1)`` outside a launch)."""
+    return int(os.environ.get("LOCAL_RANK", 0)), max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+
+
 def each_shard(
     parts: Sequence[tuple[Path, tuple[int, int] | None]],
     get: Callable[[tuple[Path, tuple[int, int] | None], bool], Corpus | None],
@@ -231,12 +237,11 @@ def each_shard(
 
     Each process first asks for every shard without waiting (``get`` returns None where another
     process holds the shard's lock: it is building that one), starting at its own share of the
-    list (its ``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE``, as torchrun and ``accelerate launch`` set
-    them), then waits for the ones it skipped. No process plans for the others: the locks share the
+    list (:func:`launch_slot`), then waits for the ones it skipped. No process plans for the others: the locks share the
     work, so the same holds on a node-local cache folder (each node builds its copy) and on a shared one.
     """
-    rank, size = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    first = len(parts) * rank // max(size, 1)
+    rank, size = launch_slot()
+    first = len(parts) * rank // size
     order = [*range(first, len(parts)), *range(first)]
     found = {i: got for i in order if (got := get(parts[i], False)) is not None}
     for i in order:

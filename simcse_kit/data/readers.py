@@ -38,7 +38,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -48,7 +47,18 @@ import datasets
 
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS
-from simcse_kit.data.corpus import SUBFOLDER, BadRows, Corpus, Report, batched, cached_corpus, each_shard, shown, union
+from simcse_kit.data.corpus import (
+    SUBFOLDER,
+    BadRows,
+    Corpus,
+    Report,
+    batched,
+    cached_corpus,
+    each_shard,
+    launch_slot,
+    shown,
+    union,
+)
 from simcse_kit.data.tokens import Tokenization, with_tokens
 from simcse_kit.errors import DataError, where
 from simcse_kit.files import (
@@ -655,17 +665,18 @@ def read_train_file(
             return lambda bad: sentence_batches(path, bad, part)
         return lambda bad: batched(table_rows(path, base, negatives, bad, score, score_range, teacher_scores))
 
+    read_as: dict[str, object] = {"rows": "sentences"} if sentences else what  # a part's key adds its byte range
+    duplicates = "sent0" if sentences else None  # counted in an unsup text corpus
+    share = launch_slot()[1] if len(items) > 1 else 1  # the launch's processes build token tables at once
+
     def read(
         item: tuple[Path, tuple[int, int] | None], wait: bool, check: Callable[[Report], None] | None = None
     ) -> Corpus | None:
         path, part = item
-        shard_what: dict[str, object] = {"rows": "sentences"} if sentences else what
-        shard_what |= {"bytes": list(part)} if part else {}
-        duplicates = "sent0" if sentences else None
-        corpus = cached_corpus(path, rows(path, part), shard_what, bad_rows, cache_dir, duplicates, check, wait)
+        part_what = read_as | {"bytes": list(part)} if part else read_as
+        corpus = cached_corpus(path, rows(path, part), part_what, bad_rows, cache_dir, duplicates, check, wait)
         if corpus is None or tokens is None or not corpus.report.rows:
             return corpus
-        share = _launch_size() if len(items) > 1 else 1
         joined = with_tokens(corpus.dataset, tokens, mode, corpus.cache_files[0], wait, share)
         return None if joined is None else dataclasses.replace(corpus, dataset=joined)
 
@@ -679,15 +690,9 @@ def read_train_file(
         for path, k in counts:
             if k != counts[0][1]:
                 raise DataError(f"{path}: {k} hard negative(s) a row, the first shard's rows have {counts[0][1]}")
-    corpus = union(parts, "sent0" if sentences else None)
+    corpus = union(parts, duplicates)
     enough(name, corpus.report.rows)
     return corpus
-
-
-def _launch_size() -> int:
-    """How many processes of a launch share this machine's CPUs (``LOCAL_WORLD_SIZE``, as torchrun
-    and ``accelerate launch`` set it): each builds its own shards' token tables."""
-    return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
 
 def skipped_rows(dataset: datasets.Dataset) -> int:

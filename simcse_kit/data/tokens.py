@@ -215,10 +215,9 @@ def with_tokens(
     if all(name in dataset.column_names for name in id_columns(sources)) or not ids_only(tokenization.tokenizer):
         return dataset
     if text_cache is not None:
-        found = cached_table(dataset, text_cache, tokenization, sources, wait, share)
-        if found is None:
+        table = cached_table(dataset, text_cache, tokenization, sources, wait, share)
+        if table is None:  # another process is building it (wait=False)
             return None
-        table = found
     else:
         files = [entry["filename"] for entry in dataset.cache_files]
         key = table_key(json.dumps([files, len(dataset), dataset.column_names]), tokenization, sources)
