@@ -143,19 +143,26 @@ def kit_command(corpus: Path, cache: Path, out: Path, work: Path, processes: int
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes), *cli]
 
 
-def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, str], processes: int = 1) -> dict[str, Any]:
-    """One ``kit`` run: the phases' seconds, peak RSS, the cache's build rate."""
+def trained(train_file: Path, cache: Path, work: Path, threads: int, env: dict[str, str], processes: int) -> dict[str, Any]:
+    """Run ``kit_command`` to its end: :func:`tracked`'s result, each phase's seconds (:data:`PHASES`) and the
+    seconds from the spawn to the end of the first optimiser step (its TensorBoard event)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # type: ignore[import-untyped]
 
     out = work / "run"
     shutil.rmtree(out, ignore_errors=True)
-    res = tracked(kit_command(corpus, cache, out, work, processes), threads, env)
+    res = tracked(kit_command(train_file, cache, out, work, processes), threads, env)
     if res["rc"] != 0:
         raise RuntimeError("\n".join(line for _, line in res["lines"][-30:]))
-    result = {name: next(t for t, line in res["lines"] if marker in line) for name, marker in PHASES.items()}
     events = EventAccumulator(str(out / "logs" / "simcse-kit"))
     events.Reload()
-    result["first_step_s"] = events.Scalars("train/loss")[0].wall_time - res["spawn"]
+    phases = {name: next(t for t, line in res["lines"] if marker in line) for name, marker in PHASES.items()}
+    return res | phases | {"first_step_s": events.Scalars("train/loss")[0].wall_time - res["spawn"]}
+
+
+def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, str], processes: int = 1) -> dict[str, Any]:
+    """One ``kit`` run: the phases' seconds, peak RSS, the cache's build rate."""
+    res = trained(corpus, cache, work, threads, env, processes)
+    result = {name: res[name] for name in (*PHASES, "first_step_s")}
     sidecar = json.loads(next((cache / "simcse_kit_train").glob(f"{corpus.stem}-*.json")).read_text())
     result |= {"rows": sidecar["rows"], "cache_build_rows_per_s": sidecar["rows"] / sidecar["seconds"]}
     table = next((cache / "simcse_kit_train").glob(f"{corpus.stem}-*.tokens-*/table.json"), None)
@@ -183,21 +190,13 @@ def write_shards(corpus: Path, shards: int) -> Path:
 
 def cold_start(train_file: Path, cache: Path, work: Path, processes: int, env: dict[str, str]) -> dict[str, Any]:
     """One cold ``kit`` run (the cache emptied first) on ``processes`` processes sharing the 2 threads."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     shutil.rmtree(cache, ignore_errors=True)
-    out = work / "run"
-    shutil.rmtree(out, ignore_errors=True)
     with CpuActivity() as activity:
-        res = tracked(kit_command(train_file, cache, out, work, processes), 2 // processes, env)
-    if res["rc"] != 0:
-        raise RuntimeError("\n".join(line for _, line in res["lines"][-30:]))
-    events = EventAccumulator(str(out / "logs" / "simcse-kit"))
-    events.Reload()
+        res = trained(train_file, cache, work, 2 // processes, env, processes)
     tables = [json.loads(p.read_text()) for p in (cache / "simcse_kit_train").glob("*.tokens-*/table.json")]
     return {
-        "data_s": next(t for t, line in res["lines"] if PHASES["data_s"] in line),
-        "first_step_s": events.Scalars("train/loss")[0].wall_time - res["spawn"],
+        "data_s": res["data_s"],
+        "first_step_s": res["first_step_s"],
         "tables": len(tables),
         "table_rows": sum(t["rows"] for t in tables),
         "table_rows_per_cpu_s": sum(t["rows"] for t in tables) / sum(t["cpu_seconds"] for t in tables),

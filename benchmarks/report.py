@@ -367,11 +367,10 @@ def _shard_rows(rec: Record) -> Iterable[Row]:
     runs, encode = rec["runs"], spread(rec["encode_batch_rows_per_cpu_s"])
     for variant in dict.fromkeys(r["variant"] for r in runs):
         of = [r for r in runs if r["variant"] == variant]
-        one = [r for r in runs if r["variant"] == variant.replace("-2p", "-1p")]
         ratio = "–"
-        if one != of:  # paired by round: 2 processes over 1, the same layout
-            pairs = {r["round"]: r["first_step_s"] for r in one}
-            ratio = _ratio(spread([r["first_step_s"] / pairs[r["round"]] for r in of]))
+        if variant.endswith("-2p"):  # over 1 process on the same layout, paired by round
+            one = {r["round"]: r["first_step_s"] for r in runs if r["variant"] == variant.replace("-2p", "-1p")}
+            ratio = _ratio(spread([r["first_step_s"] / one[r["round"]] for r in of]))
         table = spread([r["table_rows_per_cpu_s"] for r in of])
         label = f"{variant} ({of[0]['tables']})"
         yield [label, _range(spread([r["first_step_s"] for r in of])), ratio,
