@@ -52,12 +52,14 @@ def worker(args: argparse.Namespace) -> None:
     with_table = "tokenizer" in inspect.signature(load_training_data).parameters
     dataset = load_training_data(cfg, tokenizer) if with_table else load_training_data(cfg)
     load_cpu_s = time.process_time() - cpu
-    loader = make_loader(cfg, dataset, tokenizer, num_processes=1)
+    # This checkout's loader takes the run's datasets by name; a baseline's, the one dataset.
+    by_name = "sets" in inspect.signature(make_loader).parameters
+    loader = make_loader(cfg, {cfg.data.training_sets()[0].name: dataset} if by_name else dataset, tokenizer, num_processes=1)
     next(iter(loader))  # warm-up: first-call costs
     examples, cpu = 0, time.process_time()
     while time.process_time() - cpu < args.seconds:
         for _ in loader:
-            examples += cast(int, loader.batch_size)  # drop_last: every batch is whole
+            examples += cast(int, getattr(loader.batch_sampler, "batch_size"))  # noqa: B009  # drop_last: every batch is whole
             if time.process_time() - cpu >= args.seconds:
                 break
     seconds = time.process_time() - cpu

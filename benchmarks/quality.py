@@ -577,19 +577,18 @@ def mined_file(out: Path, triplets: Path, k: int = 1, first: bool = False, teach
 
 def training_rows(job: Job) -> int:
     """How many examples ``job`` trains on, read as its run reads them."""
-    from simcse_kit.training.wiring.run import load_training_data
+    from simcse_kit.training.wiring.inputs import load_training_sets
 
-    return len(load_training_data(job_config(job)))
+    return sum(len(part) for part in load_training_sets(job_config(job)).values())
 
 
 def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) -> None:
     """The teacher's and guide's vectors of ``row``'s training sentences on ``domain``, cached before any worker starts."""
-    from simcse_kit.training.wiring.inputs import load_guide, load_teacher, load_training_data, load_training_sets, training_texts
+    from simcse_kit.training.wiring.inputs import load_guide, load_teacher, load_training_sets, training_texts
 
     job = row_job(table, domain, row, 3e-5, 0, True, args)
     cfg = job_config(job)
-    several = cfg.data.datasets is not None  # a mixture: one table of every dataset's sentences
-    texts = training_texts(cfg, sets=load_training_sets(cfg)) if several else training_texts(cfg, load_training_data(cfg))
+    texts = training_texts(cfg, load_training_sets(cfg))  # one table of every dataset's sentences
     teacher = load_teacher(cfg, texts)
     load_guide(cfg, texts, teacher[1] if teacher else None)
 

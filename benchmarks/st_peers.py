@@ -211,7 +211,7 @@ def st_train(
 
     from simcse_kit.evaluation import DevEvaluator, STSEvaluator
     from simcse_kit.model.modeling import resolve_model_path
-    from simcse_kit.training.wiring.run import load_training_data
+    from simcse_kit.training.wiring.inputs import load_training_data
 
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))  # the kit's runs mix with their seed
     path = resolve_model_path(cfg.model.name_or_path)

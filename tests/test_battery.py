@@ -76,7 +76,7 @@ def test_a_batch_of_the_whole_training_set_is_warned_about_with_its_memory(
     with caplog.at_level(logging.WARNING, logger="simcse_kit.training.wiring.run"):
         build_run(load_config(tiny_run.recipe("whole", batch_size=64)), evaluate=False)
     data = tiny_run.folder / "train.txt"
-    want = f"train.batch_size 64 is the whole of {data} (64 examples): every step is one batch of all of it; "
+    want = f"train.batch_size 64 is the whole of train (64 examples in {data}): every step is one batch of all of it; "
     want += f"up to about {expected:.3g} GB"
     assert want in caplog.text
     caplog.clear()

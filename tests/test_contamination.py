@@ -294,7 +294,7 @@ def test_drop_trains_on_the_clean_rows_and_error_refuses_before_the_folder(tiny_
     tests = naive_test_sentences(tiny_run.folder / "senteval")
     clean = [t for t in trained if normalize(t) not in tests]
     assert 0 < len(clean) < len(trained)
-    assert run.loader.dataset["sent0"] == clean  # in file order: the rows kept, none added
+    assert run.loader.dataset.parts[0]["sent0"] == clean  # in file order: the rows kept, none added
     assert run.contamination is not None and run.contamination["dropped"] == {cfg.data.train_file: len(trained) - len(clean)}
     assert all(t["pairs_seen"] == 0 for t in run.contamination["tasks"].values() if t["kind"] == "test")
     with pytest.raises(DataError, match=r"train\.txt, line 1: .* is a sentence of evaluation task STS"):

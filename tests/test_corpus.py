@@ -20,7 +20,7 @@ from torch.utils.data import RandomSampler
 from transformers import AutoTokenizer
 
 from simcse_kit.cli import main as cli_main
-from simcse_kit.data import corpus, pipeline, tokens
+from simcse_kit.data import corpus, tokens
 from simcse_kit.data.readers import load_train_dataset, read_train_file, skipped_rows
 from simcse_kit.errors import DataError
 
@@ -191,23 +191,27 @@ def test_skipped_rows_are_counted_once_beside_a_token_table_of_several_shards(
     assert skipped_rows(ds) == 1
 
 
-def test_shuffled_indices_are_random_samplers_order_without_its_list(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipeline, "INDEX_CHUNK", 7)  # several chunks, one cut mid-way
+def test_one_datasets_batches_are_random_samplers_order_without_its_list() -> None:
+    """The run's batch sampler over one dataset gives ``RandomSampler``'s order cut into
+    batches and moves the generator exactly as it does, epoch after epoch, without its Python
+    list of every index (about 36 bytes an example, per process and epoch)."""
+    from simcse_kit.data.mixture import MixtureBatches
+
     ours, theirs = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     for _ in range(2):  # two epochs: the generator must move on exactly as RandomSampler's does
-        assert list(pipeline.ShuffledIndices(range(100), generator=ours)) == list(RandomSampler(range(100), generator=theirs))
+        order = list(RandomSampler(range(100), generator=theirs))
+        assert list(MixtureBatches([100], 8, 1, "proportional", ours)) == [order[i : i + 8] for i in range(0, 96, 8)]
         assert torch.equal(ours.get_state(), theirs.get_state())
-    monkeypatch.setattr(pipeline, "INDEX_CHUNK", 65_536)
     n = 1_000_000
     peaks = []
-    for sampler in (pipeline.ShuffledIndices(range(n), generator=ours), RandomSampler(range(n), generator=theirs)):
+    for sampler in (MixtureBatches([n], 64, 1, "proportional", ours), RandomSampler(range(n), generator=theirs)):
         tracemalloc.start()
         try:
             first = next(iter(sampler))
             peaks.append(tracemalloc.get_traced_memory()[1])
         finally:
             tracemalloc.stop()
-        assert 0 <= first < n
+        assert first
     assert peaks[0] < 8 * 2**20 < peaks[1], peaks  # RandomSampler holds n Python ints (~36 MB here)
 
 

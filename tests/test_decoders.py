@@ -430,8 +430,9 @@ def test_cli_trains_a_packed_decoder_and_resumes(decoder_dirs: dict[str, Path], 
     import yaml
 
     from simcse_kit.cli import main
+    from simcse_kit.training.wiring.inputs import load_training_sets
     from simcse_kit.training.wiring.loaders import make_loader
-    from simcse_kit.training.wiring.run import build_model, load_training_data
+    from simcse_kit.training.wiring.run import build_model
 
     cfg = run_config(decoder_dirs["qwen3"], tmp_path / "packed", senteval, "unsup", 0, packing_data := tmp_path)
     recipe = {
@@ -448,7 +449,7 @@ def test_cli_trains_a_packed_decoder_and_resumes(decoder_dirs: dict[str, Path], 
     packed_cfg = replace(cfg, model=replace(cfg.model, packing=True))
     assert build_model(packed_cfg).packing
     tokenizer = load_checked_tokenizer(decoder_dirs["qwen3"])
-    batch = next(iter(make_loader(packed_cfg, load_training_data(packed_cfg), tokenizer, 1, decoder=True)))
+    batch = next(iter(make_loader(packed_cfg, load_training_sets(packed_cfg), tokenizer, 1, decoder=True)))
     assert tokenizer.padding_side == "left" and 0 < batch["pack_position_ids"].shape[0] < batch["input_ids"].shape[0]
 
     for name, packing in (("packed", "true"), ("padded", "false")):

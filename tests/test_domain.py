@@ -21,7 +21,7 @@ from simcse_kit.errors import ConfigError, DataError
 from simcse_kit.evaluation import DevEvaluator
 from simcse_kit.export.card import training_rows
 from simcse_kit.export.source import find_source
-from simcse_kit.training.wiring.run import load_training_data
+from simcse_kit.training.wiring.inputs import load_training_data
 
 
 def corpus(prefix: str, n: int) -> datasets.Dataset:

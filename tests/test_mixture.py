@@ -5,16 +5,19 @@ the recipe's errors, and ``--resume`` mid-epoch ending as an uninterrupted run."
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import yaml
 from accelerate.data_loader import BatchSamplerShard
-from conftest import TinyRun, toy_sentences
+from conftest import REPO, TinyRun, toy_sentences
 from safetensors.torch import load_file
 from test_resume import ENV, kill_when, newest_step, run_metrics, train_cmd
 
@@ -112,26 +115,43 @@ def test_a_mixture_indexes_its_datasets_as_one_and_refuses_a_mixed_batch() -> No
 # --------------------------------------------------------------------------- runs
 
 
-def test_a_single_file_run_keeps_its_batch_order(tiny_run: TinyRun) -> None:
-    """A recipe without data.datasets draws exactly the order it always drew: per epoch the
-    DataLoader iterator's base seed, one ``randperm`` cut into batches (the last short one
-    dropped), then RandomSampler's discarded second draw, all from the seeded generator."""
-    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_data
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_single_file_run_keeps_its_batch_order(tiny_run: TinyRun, processes: int) -> None:
+    """A recipe without data.datasets, a list of one dataset, draws exactly the order a plain
+    ``DataLoader(shuffle=True, drop_last=True)`` drew, as the kit did before every run became a
+    list: per epoch the DataLoader iterator's base seed, one ``randperm`` cut into per-process
+    batches (those short of a whole global batch dropped, as Accelerate's sharding drops
+    them), then RandomSampler's discarded second draw, all from the seeded generator."""
+    from torch.utils.data import DataLoader, RandomSampler
+
+    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_sets
     from simcse_kit.training.wiring.loaders import make_loader
 
     cfg = tiny_run.config("order", batch_size=6)
-    dataset = load_training_data(cfg)
+    sets = load_training_sets(cfg)
+    (dataset,) = sets.values()
     texts = list(dataset["sent0"])
-    loader = make_loader(cfg, dataset, load_checked_tokenizer(cfg), 1)
+    loader = make_loader(cfg, sets, load_checked_tokenizer(cfg), processes)
     loader.collate_fn = lambda examples: [texts.index(e["sent0"]) for e in examples]
     got = [batch for _ in range(2) for batch in loader]
-    generator, n, want = torch.Generator().manual_seed(cfg.train.seed), len(texts), []
+    # The same by hand, and by torch's own shuffled loader.
+    generator, n, per, want = torch.Generator().manual_seed(cfg.train.seed), len(texts), 6 // processes, []
     for _ in range(2):
         torch.empty((), dtype=torch.int64).random_(generator=generator)
         order = torch.randperm(n, generator=generator).tolist()
-        want += [order[i : i + 6] for i in range(0, n - n % 6, 6)]
+        want += [order[i : i + per] for i in range(0, n - n % 6, per)]
         torch.randperm(n, generator=generator)
-    assert len(set(texts)) == n and got == want
+    plain = DataLoader(
+        range(n),
+        batch_size=per,
+        sampler=RandomSampler(range(n), generator=torch.Generator().manual_seed(cfg.train.seed)),
+        drop_last=True,
+        collate_fn=list,
+    )
+    plain.generator = plain.sampler.generator  # type: ignore[attr-defined]  # the base seed from it too, as the kit's
+    whole = (n // 6) * processes  # the per-process batches of whole global batches
+    torch_order = [batch for _ in range(2) for batch in list(plain)[:whole]]
+    assert len(set(texts)) == n and got == want == torch_order
 
 
 def mixture_recipe(tiny_run: TinyRun, name: str, datasets: object, **train: object) -> Path:
@@ -159,7 +179,7 @@ def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_di
     from simcse_kit.training.objective.mixture import MixtureObjective
     from simcse_kit.training.objective.objectives import SimCSEObjective
     from simcse_kit.training.wiring.inputs import load_training_sets
-    from simcse_kit.training.wiring.loaders import make_mixture_loader
+    from simcse_kit.training.wiring.loaders import make_loader
 
     sents = toy_sentences(60)
     rows = "".join(f"{sents[i]},{sents[i]} .,{sents[i + 20]},{sents[i + 40]}\n" for i in range(16))
@@ -167,7 +187,7 @@ def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_di
     three = TWO | {"mined": {"file": "mined.csv", "mode": "hardneg"}}
     cfg = load_config(mixture_recipe(tiny_run, "modes", three))
     sets = load_training_sets(cfg)
-    loader = make_mixture_loader(cfg, sets, AutoTokenizer.from_pretrained(tiny_model_dir), 1)
+    loader = make_loader(cfg, sets, AutoTokenizer.from_pretrained(tiny_model_dir), 1)
     own = {
         "wiki": SimCSEObjective("unsup", cfg.loss),
         "nli": SimCSEObjective("hardneg", cfg.loss),
@@ -184,7 +204,6 @@ def test_each_batch_trains_in_its_datasets_mode(tiny_run: TinyRun, tiny_model_di
         want = own[name].loss(embeddings, batch)
         other = SimCSEObjective("sup", cfg.loss).loss(embeddings[: 16 if name == "wiki" else 24], batch)  # read as pairs
         assert torch.equal(objective.loss(embeddings, batch), want) and not torch.isclose(want, other)
-        objective.tally.add(name, 8, want)
         seen[name] += 1
     assert seen == {"wiki": 8, "nli": 4, "mined": 2}
     report = objective.tally.report()
@@ -206,14 +225,14 @@ def test_a_teacher_and_a_guide_cover_every_dataset(tiny_run: TinyRun, tiny_model
     from simcse_kit.data.readers import negatives_of
     from simcse_kit.training.objective.objectives import SimCSEObjective
     from simcse_kit.training.wiring.inputs import load_guide, load_teacher, load_training_sets, training_texts
-    from simcse_kit.training.wiring.loaders import make_collator, make_mixture_loader
+    from simcse_kit.training.wiring.loaders import make_collator, make_loader
     from simcse_kit.training.wiring.run import train
 
     teacher, guide = save_teacher(tmp_path / "teacher", hidden=16), save_teacher(tmp_path / "guide", hidden=24)
     opts = {"teacher": str(teacher), "guide": str(guide), "teacher_weight": "0.5"}
     cfg = load_config(mixture_recipe(tiny_run, "taught", TWO), opts | {"teacher_cache_dir": str(tmp_path / "cache")})
     sets = load_training_sets(cfg)
-    texts = training_texts(cfg, sets=sets)
+    texts = training_texts(cfg, sets)
     nli = sets["nli"]
     assert texts == list(dict.fromkeys([*sets["wiki"]["sent0"], *nli["sent0"], *nli["sent1"], *nli["hard_neg"]]))
     shared = load_teacher(cfg, texts)
@@ -221,13 +240,13 @@ def test_a_teacher_and_a_guide_cover_every_dataset(tiny_run: TinyRun, tiny_model
     guided = load_guide(cfg, texts, shared[1])
     assert guided is not None
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    loader = make_mixture_loader(cfg, sets, tokenizer, 1, teacher_index=shared[1].index, guide_index=guided[1].index)
+    loader = make_loader(cfg, sets, tokenizer, 1, teacher_index=shared[1].index, guide_index=guided[1].index)
     mixture = Mixture(sets)
     for name, mode, start in (("wiki", "unsup", 0), ("nli", "hardneg", len(sets["wiki"]))):
         examples = mixture.__getitems__(list(range(start, start + 8)))
         batch = loader.collate_fn(examples)
         alone = replace(cfg, data=replace(cfg.data, mode=mode, datasets=None))
-        own_texts = training_texts(alone, sets[name])
+        own_texts = training_texts(alone, {alone.data.training_sets()[0].name: sets[name]})
         own = load_teacher(alone, own_texts)
         assert own is not None
         own_guide = load_guide(alone, own_texts, own[1])
@@ -266,7 +285,7 @@ def test_a_bad_dataset_entry_names_the_recipe_and_the_entry(tiny_run: TinyRun) -
     with pytest.raises(ConfigError, match=r"entry 'nli': .*nope.csv: file not found"):
         load_config(missing).check_data()
     big = mixture_recipe(tiny_run, "big", TWO, batch_size=40)  # nli has 32 triplets
-    with pytest.raises(ConfigError, match=r"'train.batch_size' = 40: larger than data.datasets entry 'nli' \(32 example"):
+    with pytest.raises(ConfigError, match=r"'train.batch_size' = 40: larger than the training set 'nli' \(32 example"):
         build_run(load_config(big))
 
 
@@ -374,3 +393,160 @@ def test_the_shipped_teacher_recipe_is_the_measured_row() -> None:
     assert [spec.name for spec in shipped.data.datasets or []] == ["wiki", "stsb"]
     assert dataclasses.replace(shipped.train, output_dir="") == dataclasses.replace(measured.train, output_dir="")
     assert (shipped.model, shipped.data, shipped.loss) == (measured.model, measured.data, measured.loss)
+
+
+# Attribute reads of the keys that write a run's data one way or the other, and the old forks.
+FORKS = re.compile(
+    r"[\w)\]]\.data\.(datasets|train_file|train_format|mode|max_train_samples)\b"
+    r"|\.datasets is (not )?None|isinstance\([^)]*Mixture|make_mixture_loader"
+)
+
+
+def test_no_code_past_the_config_tells_one_dataset_from_several() -> None:
+    """Every run is a list of datasets: ``DataConfig.training_sets`` makes the list (``train_file``
+    is a list of one), and no module outside the config package reads the keys that write it
+    one way or the other, or asks whether the objective is a mixture. (On the code before the
+    list, this finds 25 such lines.)"""
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in sorted((REPO / "simcse_kit").rglob("*.py"))
+        if "config" not in path.relative_to(REPO / "simcse_kit").parts[:1]
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if FORKS.search(line)
+    ]
+    assert found == []
+
+
+# --------------------------------------------------------------------------- GradCache, the queue, a teacher: several datasets
+
+
+def several_datasets(tiny_run: TinyRun, tiny_model_dir: Path, **loss: object) -> tuple[Any, dict[str, Any], list[str], Any]:
+    """Three datasets of the tiny run (unsup, hardneg, hardneg with 2 mined negatives): the
+    config, the datasets, their sentences (a teacher's table rows) and a loader of batches of 6
+    carrying each row's teacher row and text id."""
+    from transformers import AutoTokenizer
+
+    from simcse_kit.training.wiring.inputs import load_training_sets, training_texts
+    from simcse_kit.training.wiring.loaders import make_loader
+
+    sents = toy_sentences(60)
+    rows = "".join(f"{sents[i]},{sents[i]} .,{sents[i + 20]},{sents[i + 40]}\n" for i in range(18))
+    (tiny_run.folder / "mined.csv").write_text("sent0,sent1,hard_neg_1,hard_neg_2\n" + rows, encoding="utf-8")
+    three = TWO | {"mined": {"file": "mined.csv", "mode": "hardneg"}}
+    opts = {"batch_size": "6", "mask_false_negatives": "true"} | {k: str(v) for k, v in loss.items()}
+    cfg = load_config(mixture_recipe(tiny_run, "several", three), opts)
+    sets = load_training_sets(cfg)
+    texts = training_texts(cfg, sets)
+    index = {text: row for row, text in enumerate(texts)}
+    loader = make_loader(cfg, sets, AutoTokenizer.from_pretrained(tiny_model_dir), 1, teacher_index=index)
+    return cfg, sets, texts, loader
+
+
+def per_dataset(cfg: Any, sets: dict[str, Any], teacher: Any = None) -> Any:
+    from simcse_kit.data.readers import negatives_of
+    from simcse_kit.training.objective.mixture import MixtureObjective
+    from simcse_kit.training.objective.objectives import SimCSEObjective
+
+    modes = {spec.name: spec.mode for spec in cfg.data.training_sets()}
+    return MixtureObjective(
+        {name: SimCSEObjective(modes[name], cfg.loss, teacher=teacher, negatives=negatives_of(part.column_names))
+         for name, part in sets.items()}
+    )  # fmt: skip
+
+
+def tiny_model(tiny_model_dir: Path, double: bool = False) -> Any:
+    from simcse_kit.config.run import ModelConfig
+    from simcse_kit.model.modeling import SimCSEModel
+
+    torch.manual_seed(0)
+    model = SimCSEModel.from_config(ModelConfig(name_or_path=str(tiny_model_dir), pooler="cls", mlp="train", dropout=0.0))
+    return (model.double() if double else model).train()
+
+
+def test_gradcache_and_a_teacher_over_several_datasets_equal_the_plain_step(tiny_run: TinyRun, tiny_model_dir: Path) -> None:
+    """Batches of three datasets (2, 3 and 4 rows an example), a teacher's similarity term on
+    each: GradCache's loss and gradients equal the plain step's batch for batch (dropout off),
+    its chunks of 5 rows cut at each dataset's own example boundary, and both tally alike."""
+    from simcse_kit.training.engine.steps import GradCacheStep
+    from simcse_kit.training.objective.objectives import TeacherTargets
+
+    cfg, sets, texts, loader = several_datasets(tiny_run, tiny_model_dir)
+    table = torch.randn(len(texts), 11, generator=torch.Generator().manual_seed(8))
+    teacher = TeacherTargets(table, "similarity", 0.05, 0.5)
+    plain, cached = per_dataset(cfg, sets, teacher), per_dataset(cfg, sets, teacher)
+    step = GradCacheStep(cached, 5)
+    seen: Counter[str] = Counter()
+    for batch in loader:
+        full, chunked = tiny_model(tiny_model_dir), tiny_model(tiny_model_dir)
+        want = plain.step(full, batch)
+        got = step(chunked, batch)
+        assert got.item() == pytest.approx(want.item(), abs=1e-5)
+        for (name, p), q in zip(full.named_parameters(), chunked.parameters(), strict=True):
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=0, msg=name)
+        assert plain.of(batch).last_terms["teacher_loss"] > 0
+        seen[batch[DATASET_KEY]] += 1
+    assert seen == {"wiki": 10, "nli": 5, "mined": 3}
+    for name, row in plain.tally.report().items():
+        assert cached.tally.report()[name] == pytest.approx(row, abs=1e-5) and row["batches"] == seen[name]
+
+
+def test_the_queue_over_several_datasets_is_a_naive_queue(tiny_run: TinyRun, tiny_model_dir: Path) -> None:
+    """The momentum queue across batches of three datasets (2, 3 and 4 rows an example) holds
+    what a naive queue does: before each step the key encoder moves to ``m k + (1 - m) q``, the
+    loss is the batch's dataset's objective with the last ``Q`` keys as extra negatives, and
+    then the key encoder's vectors of each example's positive (view 1) join the queue."""
+    import copy
+
+    from simcse_kit.training.engine.steps import MomentumQueueStep, Queue
+    from simcse_kit.training.objective.momentum_queue import MomentumQueue
+
+    cfg, sets, _, loader = several_datasets(tiny_run, tiny_model_dir, temperature=0.1, gather="false")
+    model = tiny_model(tiny_model_dir, double=True)
+    objective, naive = per_dataset(cfg, sets), per_dataset(cfg, sets)
+    step = MomentumQueueStep(objective, MomentumQueue(model, size=10, momentum=0.5, dim=32).double())
+    keys_model = copy.deepcopy(model)
+    kept: list[torch.Tensor] = []  # every key so far, oldest first, and its text id
+    kept_ids: list[torch.Tensor] = []
+    generator = torch.Generator().manual_seed(3)
+    for i, batch in enumerate(loader):
+        if i:  # what an optimiser step does between the steps
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+                for k, q in zip(keys_model.parameters(), model.parameters(), strict=True):
+                    k.mul_(0.5).add_(0.5 * q)
+        queue = Queue(torch.stack(kept[-10:]), torch.stack(kept_ids[-10:])) if kept else None
+        with torch.no_grad():
+            want = naive.loss(naive.embed(model, batch), batch, queue)
+            v = naive.of(batch).views_per_example()
+            inputs = {k: t[1::v] for k, t in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+            keys = keys_model(**inputs).float().double()  # the queue's keys are fp32, whatever the encoder's dtype
+        got = step(model, batch)
+        model.zero_grad()
+        assert got.item() == pytest.approx(want.item(), abs=1e-9)
+        kept += list(keys)
+        kept_ids += list(batch["text_ids"][1::v])
+    assert i >= 12 and len(kept) > 10
+    for name, row in naive.tally.report().items():
+        assert objective.tally.report()[name] == pytest.approx(row)
+
+
+def test_a_teachers_scores_train_over_several_hardneg_datasets(tiny_run: TinyRun) -> None:
+    """``loss.distill`` with two hardneg datasets of teacher-scored rows (1 and 3 negatives):
+    both train, each batch with its own dataset's scores; beside an unsup dataset, which has
+    no candidates to score, it is refused by name."""
+    from test_teacher_scores import scored_rows, write_csv
+
+    from simcse_kit.training.wiring.run import train
+
+    write_csv(tiny_run.folder / "one.csv", scored_rows(24, 1), 1)
+    write_csv(tiny_run.folder / "three.csv", scored_rows(16, 3), 3)
+    both = {"one": {"file": "one.csv", "mode": "hardneg"}, "three": {"file": "three.csv", "mode": "hardneg"}}
+    recipe = mixture_recipe(tiny_run, "distill", both, max_steps=5, eval_steps=0, save_steps=0, final_eval=False)
+    metrics = train(load_config(recipe, {"distill": "kl", "distill_weight": "0.5"}))
+    assert {name: row["batches"] > 0 for name, row in metrics["datasets"].items()} == {"one": True, "three": True}
+    assert all(math.isfinite(loss) for _, loss in metrics["losses"])
+    mixed = mixture_recipe(tiny_run, "mixed", {"wiki": {"file": "train.txt"}} | both)
+    with pytest.raises(ConfigError, match=r"'data.mode' = 'unsup': must be 'hardneg' with loss.distill \(each data.datasets"):
+        load_config(mixed, {"distill": "kl"})

@@ -14,8 +14,8 @@ from simcse_kit.core.batch import PLAN_INPUTS
 from simcse_kit.data.pipeline import loader_options
 from simcse_kit.training.engine.loop import make_accelerator
 from simcse_kit.training.wiring.folder import CUDA_WORKERS, with_device_defaults
+from simcse_kit.training.wiring.inputs import load_training_sets
 from simcse_kit.training.wiring.loaders import make_loader
-from simcse_kit.training.wiring.run import load_training_data
 
 
 def test_loader_options_pin_only_for_cuda() -> None:
@@ -28,7 +28,7 @@ def test_loader_options_pin_only_for_cuda() -> None:
 
 def test_make_loader_pins_on_a_faked_cuda_device(tiny_run: TinyRun) -> None:
     cfg = tiny_run.config()
-    dataset = load_training_data(cfg)
+    dataset = load_training_sets(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
     assert make_loader(cfg, dataset, tokenizer, 1, torch.device("cuda:0")).pin_memory
     loader = make_loader(cfg, dataset, tokenizer, 1, "cpu")

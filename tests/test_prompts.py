@@ -20,8 +20,8 @@ from simcse_kit.export import export_model
 from simcse_kit.model import inference
 from simcse_kit.model.inference import Encoder, load_encoder
 from simcse_kit.model.modeling import SIMCSE_CONFIG, SimCSEModel
+from simcse_kit.training.wiring.inputs import load_training_sets
 from simcse_kit.training.wiring.loaders import make_loader
-from simcse_kit.training.wiring.run import load_training_data
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 # Words the tiny tokenizer knows ("query: " and "passage: " are both [UNK] [UNK] to it), so a
@@ -51,7 +51,7 @@ def test_prompts_reach_training_batches(tiny_run: TinyRun, mode: str) -> None:
     )
     assert cfg.data.prompts == WORD_PROMPTS
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.name_or_path)
-    dataset = load_training_data(cfg)
+    dataset = load_training_sets(cfg)
     plain = make_loader(tiny_run.config("n", mode=mode, train_file=train_file, mask_false_negatives=True), dataset, tokenizer, 1)
     prompted = make_loader(cfg, dataset, tokenizer, 1)
     batch, reference = next(iter(prompted)), next(iter(plain))  # the same seeded order

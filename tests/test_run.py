@@ -80,6 +80,8 @@ def test_a_tiny_run_folder(tiny_run: TinyRun) -> None:
         "losses",
         "evals",
         "masked_negatives",
+        "datasets",  # each dataset's batches, examples and mean loss: here the one, train.txt's
+        "sampling",
         "precision",
         "memory",
         "skipped_rows",

@@ -377,8 +377,8 @@ def test_a_run_reads_k_from_its_data(tiny_run, tmp_path: Path) -> None:
     rows = [{"sent0": s[5 * i], "sent1": s[5 * i + 1], "hard_neg": s[5 * i + 2 : 5 * i + 5]} for i in range(16)]
     cfg = tiny_run.config("k3", mode="hardneg", train_file=write_jsonl(tmp_path / "k3.jsonl", rows), grad_cache_chunk=10)
     run = build_run(cfg, evaluate=False)
-    assert run.objective.negatives == 3 and run.objective.views_per_example() == 5
     batch = next(iter(run.loader))
+    assert run.objective.of(batch).negatives == 3 and run.objective.views_per_example(batch) == 5
     assert batch["input_ids"].shape[0] == 8 * 5
     assert torch.isfinite(run.step(run.model, batch, None))
 

@@ -108,12 +108,12 @@ TEXT_FORMS = ["txt.gz", "txt.zst", "folder of txt", "parquet"]
 
 def batches(tiny_run: TinyRun, train_file: str, mode: str) -> list[dict[str, list]]:
     """One epoch of the run's loader over ``train_file``: each step's tensors as lists."""
-    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_data
+    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_sets
     from simcse_kit.training.wiring.loaders import make_loader
 
     cfg = tiny_run.config("shards", train_file=train_file, mode=mode, cache_dir=tiny_run.folder / "cache")
     tokenizer = load_checked_tokenizer(cfg)
-    loader = make_loader(cfg, load_training_data(cfg, tokenizer), tokenizer, 1)
+    loader = make_loader(cfg, load_training_sets(cfg, tokenizer), tokenizer, 1)
     steps = [{k: v.tolist() for k, v in batch.items() if isinstance(v, torch.Tensor)} for batch in loader]
     assert len(steps) == N // 8 and all(steps)
     return steps

@@ -49,6 +49,7 @@ def test_a_tracked_run_logs_every_scalar_at_its_steps(tiny_run: TinyRun) -> None
     logged, evaluated = [1, 4, 8], [0, 3, 6, 8]
     assert [s for s, _ in metrics["losses"]] == logged and [int(e["step"]) for e in metrics["evals"]] == evaluated
     train = {"loss", "learning_rate", "grad_norm", "rows_per_second", "masked_negatives", "masked_negatives_total", "queue_size"}
+    train |= {"train/examples", "train/mean_loss"}  # the one dataset's (train.txt's) tally
     dev = {"eval/stsb_dev", "eval/alignment", "eval/uniformity"}
     final = {f"test/{task}" for task in metrics["sts"] if "/" not in task}  # the table's tasks, not their subsets
     assert set(scalars) == {f"train/{tag}" for tag in train} | dev | final

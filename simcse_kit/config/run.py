@@ -121,17 +121,8 @@ class RunConfig:
         if self.loss.queue_size > 0:  # the momentum queue and GradCache each own the step
             ok = self.train.grad_cache_chunk == 0
             raise_first("train", self.train, [("grad_cache_chunk", ok, "0 with loss.queue_size > 0 (use one of them)")])
-        if self.data.datasets is not None:
-            # Not yet with a mixture: each wraps one objective of one mode (a queue's keys, GradCache's
-            # chunks of whole examples, the teacher scores of one file's rows). A teacher's or a
-            # guide's table covers every dataset's sentences.
-            raise_first("train", self.train, [("grad_cache_chunk", self.train.grad_cache_chunk == 0, "0 with data.datasets")])
-            unsupported = [
-                ("queue_size", self.loss.queue_size == 0, "0 with data.datasets"),
-                ("distill", self.loss.distill is None, "null with data.datasets"),
-            ]
-            raise_first("loss", self.loss, unsupported)
-        if self.data.mode == "scored" and self.loss.score_weight == 1:
+        trained = {spec.mode for spec in self.data.training_sets()}
+        if "scored" in trained and self.loss.score_weight == 1:
             # No InfoNCE term then: what only feeds it would be silently unused.
             unused = [
                 ("queue_size", self.loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)"),
@@ -140,7 +131,8 @@ class RunConfig:
             ]
             raise_first("loss", self.loss, unused)
         if self.loss.distill is not None:  # the scores are of each row's positive and hard negatives
-            raise_first("data", self.data, [("mode", self.data.mode == "hardneg", "'hardneg' with loss.distill")])
+            every = "'hardneg' with loss.distill (each data.datasets entry's mode too)"
+            raise_first("data", self.data, [("mode", trained == {"hardneg"}, every)])
             if self.loss.distill_weight == 1:  # the distill term alone: what only feeds InfoNCE would be unused
                 unused = [
                     ("queue_size", self.loss.queue_size == 0, "0 with loss.distill_weight 1 (the queue feeds InfoNCE)"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from simcse_kit.core import modes
@@ -319,6 +320,27 @@ class DataConfig:
         "batch of every dataset once an epoch in a shuffled order; round_robin, the datasets in turn, as many batches "
         "from each as the smallest has; weighted, as many batches as proportional shared by the datasets' weights.",
     )
+
+    def training_sets(self) -> list[DatasetSpec]:
+        """What the run trains on, always a list of datasets: ``datasets``, or else ``train_file``
+        as a list of one (named by its file's stem, read in ``train_format``, ``mode`` and
+        ``max_train_samples``, prompted with ``prompts``). The one place that tells the two
+        ways of writing it apart: everything after it reads a list."""
+        if self.datasets is not None:
+            return self.datasets
+        files = [self.train_file] if isinstance(self.train_file, str) else self.train_file
+        name = Path(files[0]).stem if files else "train"
+        # Built, not checked as a data.datasets entry would be: mode scored and the stsb/sick
+        # formats in scored mode are one file's settings (score_range), allowed here.
+        return [
+            DatasetSpec(
+                name=name,
+                file=self.train_file,
+                format=self.train_format,
+                mode=self.mode,
+                max_train_samples=self.max_train_samples,
+            )
+        ]
 
     def path_keys(self) -> list[str]:
         """The keys holding a data path, where set (a ``hub:`` dataset is not a path)."""

@@ -1,4 +1,5 @@
-"""Several training datasets in one run: ``data.datasets``, each batch drawn from one of them.
+"""A run's training datasets, each batch drawn from one of them: ``data.datasets``, or
+``data.train_file`` as a list of one (:meth:`~simcse_kit.config.sections.DataConfig.training_sets`).
 
 A batch's in-batch negatives are the other examples of the same batch. Drawn from one
 dataset, they share its domain and its mode: the batch has one layout (``V`` views per
@@ -80,16 +81,34 @@ def batches_per_dataset(
 
 def epoch_batches(counts: Sequence[int], sampling: str, generator: torch.Generator) -> list[int]:
     """The dataset of each global batch of an epoch, in order: ``round_robin`` takes the
-    datasets in turn; the others shuffle the ``counts[d]`` batches of every dataset ``d``
-    together (one ``randperm`` from ``generator``)."""
+    datasets in turn; the others arrange the ``counts[d]`` batches of every dataset ``d`` in a
+    random order, uniform over the arrangements.
+
+    The order is drawn batch by batch, each batch's dataset with probability proportional to
+    the batches each has left (one ``randint`` from ``generator``), and only where there is a
+    choice: once a single dataset has batches left the rest are its, drawn for nothing. A
+    run of one dataset so draws no number here, and its order is the one a plain shuffled
+    loader gives (:class:`MixtureBatches`).
+    """
     if sampling == "round_robin":
         return [d for _ in range(min(counts, default=0)) for d in range(len(counts))]
-    slots = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts, dtype=torch.long))
-    return slots[torch.randperm(len(slots), generator=generator)].tolist()
+    left = list(counts)
+    order: list[int] = []
+    while sum(1 for n in left if n) > 1:
+        pick = int(torch.randint(sum(left), (1,), generator=generator))
+        d = 0
+        while pick >= left[d]:
+            pick -= left[d]
+            d += 1
+        order.append(d)
+        left[d] -= 1
+    order += [d for d, n in enumerate(left) for _ in range(n)]
+    return order
 
 
 class MixtureBatches(Sampler[list[int]]):
-    """Per-process batches of a :class:`Mixture`, each global batch from one dataset.
+    """Per-process batches of a :class:`Mixture`, each global batch from one dataset: every
+    run's batch sampler, one dataset being a mixture of one.
 
     Each epoch draws, from ``generator`` and in this order, a permutation of every dataset
     (``randperm(n_d)``, in the datasets' order), then the datasets' batch order
@@ -97,8 +116,12 @@ class MixtureBatches(Sampler[list[int]]):
     ``batch_size`` examples of ``d``'s permutation (under ``weighted``, a fresh permutation
     when too few are left for a whole batch) and is yielded as ``processes`` consecutive
     slices of ``batch_size // processes``: Accelerate's ``BatchSamplerShard`` gives slice ``r``
-    to process ``r``. Every process draws the same numbers (the generator is seeded alike
-    and restored alike on resume), so all agree on each step's dataset.
+    to process ``r``. The epoch ends as ``torch``'s ``RandomSampler`` ends one, with one more
+    ``randperm(n_d)`` per dataset, kept by nobody. So with one dataset the draws are exactly
+    a ``DataLoader(shuffle=True, drop_last=True)``'s, batch for batch and epoch after epoch
+    (``tests/test_mixture.py`` checks it against ``RandomSampler``). Every process draws the
+    same numbers (the generator is seeded alike and restored alike on resume), so all agree
+    on each step's dataset.
 
     Args:
         sizes: examples of each dataset (:attr:`Mixture.sizes`).
@@ -146,6 +169,8 @@ class MixtureBatches(Sampler[list[int]]):
             used[d] += size
             for rank in range(self.processes):
                 yield batch[rank * per : (rank + 1) * per]
+        for n in self.sizes:  # RandomSampler's second permutation (its [: num_samples % n]): the generator moves as it does
+            torch.randperm(n, generator=self.generator)
 
 
 class Mixture(Dataset[dict[str, Any]]):

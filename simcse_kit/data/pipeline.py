@@ -15,36 +15,11 @@ workers take cores from the training step, and 8 on CUDA, where the tokenisation
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import RandomSampler
 
-__all__ = ["LoaderOptions", "ShuffledIndices", "loader_options"]
-
-INDEX_CHUNK = 65_536  # indices turned into Python ints at a time
-
-
-class ShuffledIndices(RandomSampler):
-    """``RandomSampler`` (no replacement) that gives the epoch's permutation a chunk at a
-    time: the same ``torch.randperm(n, generator=...)`` draw, so the same order, and the same
-    generator state after it (a checkpoint and ``--resume`` see no difference), but never a
-    Python list of all ``n`` indices (about 36 bytes an example, per process and epoch; the
-    permutation itself is an int64 tensor, 8 bytes an example). A subclass, so Accelerate
-    shards and skips it as it does the loader's own.
-    """
-
-    def __iter__(self) -> Iterator[int]:
-        if self.replacement or self._num_samples is not None or self.generator is None:
-            yield from super().__iter__()
-            return
-        n = len(self.data_source)
-        for chunk in torch.randperm(n, generator=self.generator).split(INDEX_CHUNK):
-            yield from chunk.tolist()
-        # RandomSampler then draws a second permutation and keeps none of it (its
-        # ``[: num_samples % n]``): drawn too, so the generator moves on exactly as it did.
-        torch.randperm(n, generator=self.generator)
+__all__ = ["LoaderOptions", "loader_options"]
 
 
 @dataclass(frozen=True)

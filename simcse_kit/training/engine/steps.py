@@ -42,6 +42,7 @@ from simcse_kit.training.objective.momentum_queue import MomentumQueue
 __all__ = [
     "Backward",
     "Batch",
+    "BatchObjective",
     "GradCacheStep",
     "MomentumQueueStep",
     "Objective",
@@ -77,10 +78,15 @@ class Step(Protocol):
 
 
 class Objective(Protocol):
-    """What the steps ask of an objective (:class:`~simcse_kit.training.objective.objectives.SimCSEObjective`)."""
+    """What the steps ask of an objective (a run's :class:`~simcse_kit.training.objective.mixture.MixtureObjective`,
+    one per dataset, or one :class:`~simcse_kit.training.objective.objectives.SimCSEObjective`)."""
 
-    mode: str
-    loss_cfg: LossConfig
+    @property
+    def loss_cfg(self) -> LossConfig: ...
+
+    def of(self, batch: Batch) -> BatchObjective:
+        """The objective of ``batch``'s dataset: its mode and views."""
+        ...
 
     def embed(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         """``[B, H]`` embeddings of the batch's rows, with a graph."""
@@ -90,12 +96,22 @@ class Objective(Protocol):
         """The scalar loss of ``[B, H]`` embeddings in batch order."""
         ...
 
-    def views_per_example(self) -> int:
-        """``V``: rows per example."""
-        ...
-
     def metrics(self) -> dict[str, float]:
         """The objective's counters."""
+        ...
+
+
+class BatchObjective(Protocol):
+    """What a step reads of one batch's objective (:meth:`Objective.of`)."""
+
+    mode: str
+    negatives: int
+
+    @property
+    def loss_cfg(self) -> LossConfig: ...
+
+    def views_per_example(self) -> int:
+        """``V``: rows per example."""
         ...
 
 
@@ -146,9 +162,6 @@ class GradCacheStep(ObjectiveStep):
             raise ValueError(f"grad_cache_chunk must be >= 1, got {chunk_rows}")
         super().__init__(objective, accelerator)
         self.chunk_rows = chunk_rows
-        # Chunks hold whole examples, so a chunk boundary never separates the views
-        # of one example (batch.py: rows are example-major).
-        self.align = objective.views_per_example()
         self._logged = False
 
     def _no_sync(self, model: nn.Module, last: bool) -> Any:
@@ -156,26 +169,25 @@ class GradCacheStep(ObjectiveStep):
             return nullcontext()
         return self.accelerator.no_sync(model)
 
-    def _log_once(self, n_rows: int, slices: list[slice]) -> None:
+    def _log_once(self, objective: BatchObjective, n_rows: int, slices: list[slice]) -> None:
         if self._logged:
             return
         world = self.processes()
-        gather = world > 1 and getattr(self.objective.loss_cfg, "gather", False)
-        negatives = effective_negatives(
-            self.objective.mode,
-            n_rows // self.align,
-            self.objective.loss_cfg.unsup_loss,
-            world if gather else 1,
-            getattr(self.objective, "negatives", 1),
-        )
+        gather = world > 1 and objective.loss_cfg.gather
+        n_examples = n_rows // objective.views_per_example()
+        unsup_loss = objective.loss_cfg.unsup_loss
+        negatives = effective_negatives(objective.mode, n_examples, unsup_loss, world if gather else 1, objective.negatives)
         chunk = slices[0].stop - slices[0].start
         logger.info("GradCache: %d rows in %d chunks of <= %d; %d negatives per anchor", n_rows, len(slices), chunk, negatives)
         self._logged = True
 
     def __call__(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
         n_rows = batch["input_ids"].shape[0]
-        slices = chunk_slices(n_rows, self.chunk_rows, self.align)
-        self._log_once(n_rows, slices)
+        objective = self.objective.of(batch)
+        # Chunks hold whole examples, so a chunk boundary never separates the views of one
+        # example (batch.py: rows are example-major); each dataset's batches have their own V.
+        slices = chunk_slices(n_rows, self.chunk_rows, objective.views_per_example())
+        self._log_once(objective, n_rows, slices)
 
         # Pass 1: embeddings without a graph, remembering each chunk's RNG state.
         states: list[RngState] = []
@@ -255,7 +267,7 @@ class MomentumQueueStep(ObjectiveStep):
         loss = self.objective.loss(embeddings, batch, queue=queue)
         # The keys are encoded after the loss used the old queue: view 1 of each example
         # (the positives; in unsup the same sentence as view 0).
-        rows = view_rows(batch["input_ids"].shape[0], self.objective.views_per_example(), 1)
+        rows = view_rows(batch["input_ids"].shape[0], self.objective.of(batch).views_per_example(), 1)
         with self.key_autocast(online, device):
             keys = self.queue.encode(model_inputs(batch, rows), training=online.training)
         if "text_ids" in batch:

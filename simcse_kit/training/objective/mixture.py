@@ -1,4 +1,5 @@
-"""Training on several datasets at once (``data.datasets``): each batch in its dataset's mode.
+"""A run's objective: one per dataset (``data.datasets``, or ``train_file`` as a list of one),
+each batch in its dataset's mode.
 
 A batch comes from one dataset (:mod:`simcse_kit.data.mixture`) and names it. The
 :class:`MixtureObjective` holds one :class:`~simcse_kit.training.objective.objectives.SimCSEObjective`
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from simcse_kit.config.sections import LossConfig
 from simcse_kit.core.batch import model_inputs
 from simcse_kit.data.mixture import DATASET_KEY
 from simcse_kit.training.engine.steps import Backward, Batch, Queue, backpropagate
@@ -79,8 +81,10 @@ class DatasetTally:
 class MixtureObjective:
     """One objective per dataset; a batch takes the loss of the dataset it names.
 
-    The plain step of the step contract (:mod:`simcse_kit.training.engine.steps`), like a single
-    objective, and it tallies each step (:class:`DatasetTally`).
+    The plain step of the step contract (:mod:`simcse_kit.training.engine.steps`), and the
+    objective GradCache and the momentum queue wrap: :meth:`of` gives them a batch's own
+    objective (its views per example), :meth:`loss` its loss. Each loss is tallied
+    (:class:`DatasetTally`): every step computes one loss per batch.
 
     Attributes:
         objectives: each dataset's objective (its mode and ``k``), by name.
@@ -90,9 +94,15 @@ class MixtureObjective:
     objectives: dict[str, SimCSEObjective]
     processes: int = 1
     tally: DatasetTally = field(init=False)
+    latest: SimCSEObjective | None = field(init=False, default=None)  # the objective of the latest batch
 
     def __post_init__(self) -> None:
         self.tally = DatasetTally(list(self.objectives))
+
+    @property
+    def loss_cfg(self) -> LossConfig:
+        """The loss settings, every dataset's."""
+        return next(iter(self.objectives.values())).loss_cfg
 
     def of(self, batch: Mapping[str, Any] | None) -> SimCSEObjective:
         """The objective of the batch's dataset."""
@@ -105,26 +115,34 @@ class MixtureObjective:
         return model(**model_inputs(batch))
 
     def loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
-        """The batch's dataset's loss (:meth:`SimCSEObjective.loss`) of its ``[B, H]`` embeddings."""
-        return self.of(batch).loss(embeddings, batch, queue)
+        """The batch's dataset's loss (:meth:`SimCSEObjective.loss`) of its ``[B, H]`` embeddings, tallied."""
+        objective = self.latest = self.of(batch)
+        loss = objective.loss(embeddings, batch, queue)
+        examples = embeddings.shape[0] // objective.views_per_example() * self.processes
+        self.tally.add(batch[DATASET_KEY], examples, loss)  # type: ignore[index,arg-type]  # of() checked the name, a str
+        return loss
+
+    def views_per_example(self, batch: Batch | None = None) -> int:
+        """``V`` of the batch's dataset."""
+        return self.of(batch).views_per_example()
 
     def step(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
-        """Embed, the dataset's loss, ``backward(loss)``; the step tallied; the detached loss."""
-        objective = self.of(batch)
-        loss = backpropagate(objective.loss(self.embed(model, batch), batch), backward)
-        examples = batch["input_ids"].shape[0] // objective.views_per_example() * self.processes
-        self.tally.add(batch[DATASET_KEY], examples, loss)  # type: ignore[arg-type]  # the name is a str
-        return loss
+        """Embed, the dataset's loss (tallied), ``backward(loss)``; the detached loss."""
+        return backpropagate(self.loss(self.embed(model, batch), batch), backward)
 
     __call__ = step
 
     def metrics(self) -> dict[str, float]:
-        """The trackers' counters: per dataset its examples so far and mean loss, and the masked negatives."""
-        out: dict[str, float] = {}
+        """The trackers' counters: the latest batch's objective's (its loss terms, the entries
+        it masked), per dataset its examples so far and mean loss, and the entries masked and
+        dropped by the guide over every dataset."""
+        out = self.latest.metrics() if self.latest is not None else {}
         for name, row in self.tally.report().items():
             out |= {f"{name}/examples": float(row["examples"]), f"{name}/mean_loss": row["mean_loss"]}
         if self.masking:
             out["masked_negatives_total"] = float(self.masked_negatives)
+        if "guide_masked_total" in out:
+            out["guide_masked_total"] = float(self.guided_total)
         return out
 
     @property

@@ -212,9 +212,14 @@ class SimCSEObjective:
         if self.loss_cfg.quantization is not None and side is not None and side[1] == 1:
             raise ValueError(f"loss.quantization trains the contrastive term, and {side[0]} at weight 1 leaves none")
 
-    def views_per_example(self) -> int:
-        """``V``: rows per example in this mode's batches."""
+    def views_per_example(self, batch: Batch | None = None) -> int:
+        """``V``: rows per example in this mode's batches (every batch's)."""
         return views_per_example(self.mode, self.negatives)
+
+    def of(self, batch: Batch | None = None) -> SimCSEObjective:
+        """The objective of ``batch``: this one (a run's objective holds one per dataset,
+        :class:`~simcse_kit.training.objective.mixture.MixtureObjective`)."""
+        return self
 
     def metrics(self) -> dict[str, float]:
         """The counters a tracked run logs (:mod:`simcse_kit.training.engine.tracking`): with false-negative

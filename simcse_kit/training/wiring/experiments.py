@@ -229,8 +229,9 @@ def run_sweep(
     unknown = [k for k in grid if k not in SWEEP_KEYS]
     if unknown or not grid:
         raise ConfigError(f"sweep over {unknown or 'nothing'}: choose from {sorted(SWEEP_KEYS)}")
-    if "hard_negative_weight" in grid and cfg.data.mode != "hardneg":
-        raise ConfigError(f"sweeping hard_negative_weight needs data.mode 'hardneg', the recipe has {cfg.data.mode!r}")
+    trained = [spec.mode for spec in cfg.data.training_sets()]
+    if "hard_negative_weight" in grid and "hardneg" not in trained:
+        raise ConfigError(f"sweeping hard_negative_weight needs data.mode 'hardneg', the recipe trains {trained}")
     out = Path(cfg.train.output_dir)
     results: dict[str, list[dict[str, Any]]] = {}
     for name, values in grid.items():

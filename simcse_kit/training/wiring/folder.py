@@ -154,12 +154,11 @@ def config_differences(saved: RunConfig, requested: RunConfig) -> list[str]:
 
 def training_files(cfg: RunConfig) -> list[str | list[str]]:
     """The local files the run reads its examples from, whether or not they exist now: each
-    ``data.datasets`` entry's file (else ``data.train_file``, unused beside them), ``data.mix_file``
+    dataset's file (:meth:`~simcse_kit.config.sections.DataConfig.training_sets`), ``data.mix_file``
     and ``data.dev_file`` when it is a file (a ``hub:`` dataset has none; a BEIR folder is not
     one). The teacher's and the guide's texts are these files' sentences. A dataset of shards
     is its ``file`` as given (a folder, a pattern or a list: :func:`simcse_kit.files.shard_paths`)."""
-    datasets = cfg.data.datasets
-    files: list[str | list[str]] = [spec.file for spec in datasets] if datasets is not None else [cfg.data.train_file]
+    files: list[str | list[str]] = [spec.file for spec in cfg.data.training_sets()]
     files += [cfg.data.mix_file] if cfg.data.mix_file is not None else []
     if cfg.data.dev_file is not None and not Path(cfg.data.dev_file).is_dir():
         files.append(cfg.data.dev_file)

@@ -1,9 +1,9 @@
 """A text run's inputs, loaded and checked before anything is written.
 
-The training data (:func:`load_training_data`), the tokenizer checked against the model
+The training data (:func:`load_training_sets`), the tokenizer checked against the model
 folder and the configured lengths (:func:`load_checked_tokenizer`) and the teacher's and
 the guide's vectors of the training sentences (:func:`training_texts`, :func:`load_teacher`,
-:func:`load_guide`; a mixture's datasets share one table):
+:func:`load_guide`; every dataset's sentences in one table):
 each fails with a ConfigError naming the config key, before the run folder exists.
 """
 
@@ -47,23 +47,16 @@ logger = logging.getLogger(__name__)
 
 
 def load_training_data(cfg: RunConfig, tokenizer: Any = None, guard: Guard | None = None) -> datasets.Dataset:
-    """The training set as configured: ``train_file`` (or, with ``train_format`` stsb/sick,
-    that scored pair file: in ``unsup`` its distinct sentences, scores unused: a domain's
-    unlabelled text; in ``scored`` its pairs and scores, checked against
-    ``data.score_range`` by line), plus ``mix_ratio`` of it from ``mix_file`` (the general corpus). Local files are
-    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`). With
-    ``loss.distill`` the rows' teacher scores are read too (and required); with ``tokenizer``,
-    each file's token table beside it (:mod:`simcse_kit.data.tokens`); with ``guard``, each file checked
-    against the evaluation sets (:func:`guarded`)."""
-    data = cfg.data
-    tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, data.prompts)
-    dataset = read_training_file(cfg, data.train_file, data.train_format, data.mode, data.max_train_samples, tokens, guard)
-    if data.mix_file is not None and data.mix_ratio > 0:
-        general = read_training_file(cfg, data.mix_file, "auto", data.mode, None, tokens, guard)
-        dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
-    if data.mode == "scored" and cfg.loss.score_weight > 0:
-        check_graded_scores(dataset, files_label(data.train_file), cfg.loss.score_weight)
-    return dataset
+    """The training set of a run of one dataset (``data.train_file``): :func:`load_training_sets`'
+    only one.
+
+    Raises:
+        ValueError: the config lists several datasets.
+    """
+    sets = load_training_sets(cfg, tokenizer, guard)
+    if len(sets) != 1:
+        raise ValueError(f"load_training_data: the config lists {len(sets)} datasets ({list(sets)}): use load_training_sets")
+    return next(iter(sets.values()))
 
 
 def check_graded_scores(dataset: datasets.Dataset, source: str, weight: float) -> None:
@@ -98,16 +91,31 @@ def contamination_guard(cfg: RunConfig) -> Guard:
 
 
 def load_training_sets(cfg: RunConfig, tokenizer: Any = None, guard: Guard | None = None) -> dict[str, datasets.Dataset]:
-    """``data.datasets``, each read as a single-file run reads its ``train_file``
-    (:func:`read_training_file` with the entry's file, format, mode, sample limit and prompts), by name."""
-    if cfg.data.datasets is None:
-        raise ValueError("load_training_sets: the config has no data.datasets (load_training_data reads train_file)")
+    """The run's datasets by name (:meth:`~simcse_kit.config.sections.DataConfig.training_sets`:
+    ``data.datasets``, or ``train_file`` as a list of one), each read by :func:`read_training_file`
+    with its file, format, mode, sample limit and prompts.
+
+    A pair file (format stsb/sick) gives in ``unsup`` its distinct sentences, scores unused (a
+    domain's unlabelled text), and in ``scored`` its pairs and scores, checked against
+    ``data.score_range`` by line. ``mix_ratio`` of a dataset is drawn from ``mix_file`` (the
+    general corpus; the config allows it with ``train_file`` only). Local files are
+    memory-mapped from their Arrow cache (:func:`~simcse_kit.data.readers.read_train_file`).
+    With ``loss.distill`` the rows' teacher scores are read too (and required); with
+    ``tokenizer``, each file's token table beside it (:mod:`simcse_kit.data.tokens`); with
+    ``guard``, each file checked against the evaluation sets (:func:`guarded`)."""
+    data = cfg.data
     sets = {}
-    for spec in cfg.data.datasets:
-        prompts = spec.prompts or cfg.data.prompts  # as the mixture's collators prompt it
+    for spec in data.training_sets():
+        prompts = spec.prompts or data.prompts  # as the loader's collators prompt it
         tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, prompts)
-        sets[spec.name] = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples, tokens, guard)
-        logger.info("dataset %r: %d examples (%s) from %s", spec.name, len(sets[spec.name]), spec.mode, spec.file)
+        dataset = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples, tokens, guard)
+        if data.mix_file is not None and data.mix_ratio > 0:
+            general = read_training_file(cfg, data.mix_file, "auto", spec.mode, None, tokens, guard)
+            dataset = mix_datasets(dataset, general, data.mix_ratio, cfg.train.seed)
+        if spec.mode == "scored" and cfg.loss.score_weight > 0:
+            check_graded_scores(dataset, files_label(spec.file), cfg.loss.score_weight)
+        logger.info("dataset %r: %d examples (%s) from %s", spec.name, len(dataset), spec.mode, files_label(spec.file))
+        sets[spec.name] = dataset
     return sets
 
 
@@ -172,20 +180,15 @@ def _read_training_file(
     )
 
 
-def training_texts(
-    cfg: RunConfig, dataset: datasets.Dataset | None = None, sets: dict[str, datasets.Dataset] | None = None
-) -> list[str]:
-    """The distinct sentences a teacher or guide scores, in first-seen order: those of ``dataset``'s
-    view columns in ``data.mode``, or of every dataset of a mixture (``sets``, each in its own mode)."""
-    parts = [(dataset, cfg.data.mode)] if dataset is not None else []
-    if sets is not None:
-        modes = {spec.name: spec.mode for spec in cfg.data.datasets or []}
-        parts += [(part, modes[name]) for name, part in sets.items()]
+def training_texts(cfg: RunConfig, sets: dict[str, datasets.Dataset]) -> list[str]:
+    """The distinct sentences a teacher or guide scores, in first-seen order: those of the view
+    columns of every dataset of ``sets``, each in its own mode."""
+    modes = {spec.name: spec.mode for spec in cfg.data.training_sets()}
     texts: dict[str, None] = {}
-    for part, mode in parts:
+    for name, part in sets.items():
         negatives = negatives_of(part.column_names)
-        columns = set(view_columns(mode, negatives))
-        texts |= dict.fromkeys(teacher_texts({name: part[name] for name in columns}, mode, negatives))
+        columns = set(view_columns(modes[name], negatives))
+        texts |= dict.fromkeys(teacher_texts({column: part[column] for column in columns}, modes[name], negatives))
     return list(texts)
 
 

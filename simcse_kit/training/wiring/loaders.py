@@ -1,6 +1,6 @@
-"""A run's DataLoader: shuffled batches of one training set (:func:`make_loader`) or of several,
-each batch from one dataset (:func:`make_mixture_loader`), collated from the token table
-(:func:`make_collator`); the checks on what a batch can hold."""
+"""A run's DataLoader: shuffled batches of its datasets, each batch from one dataset
+(:func:`make_loader`), collated from the token table (:func:`make_collator`); the checks on
+what a batch can hold."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import datasets
 import torch
 from torch.utils.data import DataLoader
 
-from simcse_kit.config.run import RunConfig
+from simcse_kit.config.run import RunConfig, files_label
 from simcse_kit.core.batch import view_prompts, views_per_example
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.data.mixture import Mixture, MixtureBatches, MixtureCollator
-from simcse_kit.data.pipeline import ShuffledIndices, loader_options
+from simcse_kit.data.pipeline import loader_options
 from simcse_kit.data.readers import negatives_of
 from simcse_kit.data.tokens import Tokenization, id_columns, with_tokens
 from simcse_kit.errors import ConfigError
@@ -26,53 +26,58 @@ logger = logging.getLogger(__name__)
 
 def make_loader(
     cfg: RunConfig,
-    dataset: datasets.Dataset,
+    sets: Mapping[str, datasets.Dataset],
     tokenizer: Any,
     num_processes: int,
     device: torch.device | str = "cpu",
+    decoder: bool = False,
     teacher_index: Mapping[str, int] | None = None,
     guide_index: Mapping[str, int] | None = None,
-    decoder: bool = False,
 ) -> DataLoader:
-    """Shuffled batches of ``train.batch_size`` examples over all processes; a seeded
-    generator of its own, which the loop checkpoints so a resume redraws the order.
+    """The run's batches of its datasets (``sets``, by name, in the order and with the specs of
+    :meth:`~simcse_kit.config.sections.DataConfig.training_sets`): each global batch of
+    ``train.batch_size`` examples from one dataset, drawn by ``data.sampling``
+    (:class:`~simcse_kit.data.mixture.MixtureBatches`, from a seeded generator of the loader's
+    own, which the loop checkpoints so a resume redraws the order), collated in that dataset's
+    mode with its prompts (``data.prompts`` where it has none). One dataset's batches are a
+    plain shuffled loader's.
+
     Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); batches collated
     from the token table's ids (:mod:`simcse_kit.data.tokens`; a dataset given in memory is
     tokenised here) and the packing plan made in the collator, so in the workers with
-    ``data.num_workers > 0``.
-    ``teacher_index``: with a teacher, each batch also carries its rows' ``teacher_rows``;
-    ``guide_index``: with a guide, their ``guide_rows``.
+    ``data.num_workers > 0``. ``teacher_index``/``guide_index``: with a teacher or a guide,
+    its table's rows of every dataset's sentences
+    (:func:`~simcse_kit.training.wiring.inputs.training_texts`), which each batch carries.
     ``decoder``: the model is a decoder, whose left-padded batches pack too."""
+    specs = {spec.name: spec for spec in cfg.data.training_sets()}
     options = loader_options(device)
-    negatives = negatives_of(dataset.column_names)
-    tokenization = Tokenization(tokenizer, cfg.model.max_seq_len, cfg.data.prompts)
-    if not dataset.cache_files:  # a training set given in memory (in code, a scored pair file): tokenised here
-        dataset = with_tokens(dataset, tokenization, cfg.data.mode)
-    from_table = all(name in dataset.column_names for name in id_columns(tokenization.sources(cfg.data.mode, negatives)))
+    collators, parts, from_table = {}, {}, []
+    for name, part in sets.items():
+        spec, negatives = specs[name], negatives_of(part.column_names)
+        prompts = spec.prompts or cfg.data.prompts
+        tokenization = Tokenization(tokenizer, cfg.model.max_seq_len, prompts)
+        if not part.cache_files:  # a training set given in memory (in code, a scored pair file): tokenised here
+            part = with_tokens(part, tokenization, spec.mode)
+        parts[name] = part
+        from_table.append(all(c in part.column_names for c in id_columns(tokenization.sources(spec.mode, negatives))))
+        collators[name] = make_collator(cfg, tokenizer, spec.mode, prompts, negatives, teacher_index, guide_index, decoder)
     logger.info(
         "input pipeline: %s; %s worker process(es); pinned memory and asynchronous copies %s",
-        "token ids from the token table" if from_table else "texts tokenised in the collator",
+        "token ids from the token table" if all(from_table) else "texts tokenised in the collator",
         cfg.data.num_workers,
         "on" if options.pin_memory else "off (not CUDA)",
     )
-    per_process = cfg.train.batch_size // num_processes
-    collator = make_collator(
-        cfg,
-        tokenizer,
-        cfg.data.mode,
-        cfg.data.prompts,
-        negatives,
-        teacher_index,
-        guide_index,
-        decoder=decoder,
-    )
+    mixture = Mixture(parts)
     generator = torch.Generator().manual_seed(cfg.train.seed)
+    weights = [specs[name].weight or 1.0 for name in parts] if cfg.data.sampling == "weighted" else None
+    batches = MixtureBatches(mixture.sizes, cfg.train.batch_size, num_processes, cfg.data.sampling, generator, weights)
+    counts = ", ".join(f"{name} {n}" for name, n in zip(parts, batches.counts, strict=True))
+    logger.info("datasets, %s: batches an epoch: %s", cfg.data.sampling, counts)
+    check_every_dataset_trains(list(parts), batches.counts, weights)
     return DataLoader(
-        dataset,
-        batch_size=per_process,
-        sampler=ShuffledIndices(dataset, generator=generator),  # shuffle=True's order, without a list of every index
-        drop_last=len(dataset) >= per_process,  # a short last batch has too few negatives
-        collate_fn=collator,
+        mixture,
+        batch_sampler=batches,
+        collate_fn=MixtureCollator(collators),
         generator=generator,
         num_workers=cfg.data.num_workers or 0,  # auto (None) not made concrete: the CPU's 0
         pin_memory=options.pin_memory,
@@ -108,80 +113,33 @@ def make_collator(
     )
 
 
-def make_mixture_loader(
-    cfg: RunConfig,
-    sets: Mapping[str, datasets.Dataset],
-    tokenizer: Any,
-    num_processes: int,
-    device: torch.device | str = "cpu",
-    decoder: bool = False,
-    teacher_index: Mapping[str, int] | None = None,
-    guide_index: Mapping[str, int] | None = None,
-) -> DataLoader:
-    """:func:`make_loader` for ``data.datasets``: each global batch from one dataset, drawn by
-    ``data.sampling`` (:class:`~simcse_kit.data.mixture.MixtureBatches`, from the loader's
-    seeded generator, which the loop checkpoints) and collated in that dataset's mode with its
-    prompts (``data.prompts`` where it has none); ``teacher_index``/``guide_index``: the one
-    table of every dataset's sentences (:func:`~simcse_kit.training.wiring.inputs.training_texts`)."""
-    assert cfg.data.datasets is not None
-    specs = {spec.name: spec for spec in cfg.data.datasets}
-    options = loader_options(device)
-    collators = {
-        name: make_collator(
-            cfg,
-            tokenizer,
-            specs[name].mode,
-            specs[name].prompts or cfg.data.prompts,
-            negatives_of(part.column_names),
-            teacher_index,
-            guide_index,
-            decoder=decoder,
-        )
-        for name, part in sets.items()
-    }
-    mixture = Mixture(sets)
-    generator = torch.Generator().manual_seed(cfg.train.seed)
-    weights = [specs[name].weight or 1.0 for name in sets] if cfg.data.sampling == "weighted" else None
-    batches = MixtureBatches(mixture.sizes, cfg.train.batch_size, num_processes, cfg.data.sampling, generator, weights)
-    counts = ", ".join(f"{name} {n}" for name, n in zip(sets, batches.counts, strict=True))
-    logger.info("datasets, %s: batches an epoch: %s", cfg.data.sampling, counts)
-    check_every_dataset_trains(list(sets), batches.counts, weights)
-    return DataLoader(
-        mixture,
-        batch_sampler=batches,
-        collate_fn=MixtureCollator(collators),
-        generator=generator,
-        num_workers=cfg.data.num_workers or 0,
-        pin_memory=options.pin_memory,
-    )
-
-
 # Bytes autograd keeps for the backward pass per token, hidden unit and layer of the encoder,
 # in fp32 with SDPA attention: 86 measured on all-MiniLM-L6-v2 (64 and 128 rows of 32 tokens,
 # the saved tensors' storage less the weights it also keeps).
 ACTIVATION_BYTES = 86
 
 
-def warn_if_a_batch_is_a_whole_set(cfg: RunConfig, encoder_config: Any, parts: Mapping[str, datasets.Dataset | None]) -> None:
+def warn_if_a_batch_is_a_whole_set(cfg: RunConfig, encoder_config: Any, parts: Mapping[str, datasets.Dataset]) -> None:
     """Warn, with an estimate of the memory, where one batch holds a whole training set (of
     ``parts``, by name): every step is then one batch of all of it, legal and surely a typo
     (more than the set is refused above; a 12k-sentence set was one such batch)."""
-    mode_of = {spec.name: spec.mode for spec in cfg.data.datasets or []}
+    specs = {spec.name: spec for spec in cfg.data.training_sets()}
     hidden, layers = getattr(encoder_config, "hidden_size", None), getattr(encoder_config, "num_hidden_layers", None)
     for name, part in parts.items():
-        if part is None or cfg.train.batch_size != len(part):
+        if cfg.train.batch_size != len(part):
             continue
-        rows = len(part) * views_per_example(mode_of.get(name, cfg.data.mode), negatives_of(part.column_names))
+        rows = len(part) * views_per_example(specs[name].mode, negatives_of(part.column_names))
         size = ""
         if isinstance(hidden, int) and isinstance(layers, int):
             gb = rows * cfg.model.max_seq_len * hidden * layers * ACTIVATION_BYTES / 1e9
             size = f"; up to about {gb:.3g} GB of activations for its {rows} rows of {cfg.model.max_seq_len} tokens in fp32"
         logger.warning(
-            "train.batch_size %d is the whole of %s (%d examples): every step is one batch of all of it%s; "
+            "train.batch_size %d is the whole of %s (%d examples in %s): every step is one batch of all of it%s; "
             "a smaller batch gives more steps for the same data",
             cfg.train.batch_size,
             name,
             len(part),
+            files_label(specs[name].file),
             size,
         )
 

@@ -67,11 +67,10 @@ from simcse_kit.training.wiring.inputs import (
     load_checked_tokenizer,
     load_guide,
     load_teacher,
-    load_training_data,
     load_training_sets,
     training_texts,
 )
-from simcse_kit.training.wiring.loaders import make_loader, make_mixture_loader, warn_if_a_batch_is_a_whole_set
+from simcse_kit.training.wiring.loaders import make_loader, warn_if_a_batch_is_a_whole_set
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ class Run(Prepared):
     precision: PrecisionChoice | None
     heap: HeapChoice
     tokenizer: Any
-    objective: SimCSEObjective | MixtureObjective
+    objective: MixtureObjective
     step: Step
     evaluator: ModelEvaluator | None
     final_sts: STSEvaluator | None
@@ -198,7 +197,7 @@ def build_run(
     accelerator, cfg, tf32 = make_device(cfg, cpu)
     model = build_model(cfg)
     if data.from_files:  # a dataset given in code, a benchmark's few sentences in one batch, is the caller's choice
-        warn_if_a_batch_is_a_whole_set(cfg, base_encoder(model.encoder).config, data.parts(cfg))
+        warn_if_a_batch_is_a_whole_set(cfg, base_encoder(model.encoder).config, data.sets)
     objective, loader, extra = make_objective_and_loader(cfg, data, tokenizer, accelerator, model.is_decoder, teacher, guide)
     if wrap_collate is not None:
         loader.collate_fn = wrap_collate(loader.collate_fn)
@@ -232,65 +231,57 @@ class TrainingData:
     """What a run trains on, read and checked.
 
     Attributes:
-        dataset: the one training set (``data.train_file``'s, or one given in code); None
-            with ``data.datasets``.
-        sets: ``data.datasets`` by name; None with one training set.
+        sets: the run's datasets by name (:meth:`~simcse_kit.config.sections.DataConfig.training_sets`;
+            one given in code under its one spec's name).
         from_files: read from the config's files (not given in code).
         guard: the contamination guard the files were read through; None: none (no
             evaluation, or a dataset given in code).
     """
 
-    dataset: datasets.Dataset | None
-    sets: dict[str, datasets.Dataset] | None
+    sets: dict[str, datasets.Dataset]
     from_files: bool
     guard: Guard | None
 
-    def parts(self, cfg: RunConfig) -> dict[str, datasets.Dataset]:
-        """Every training set by name (one training set under its files' label)."""
-        return self.sets if self.sets is not None else {files_label(cfg.data.train_file): self.dataset}
-
     def texts(self, cfg: RunConfig) -> list[str]:
         """The distinct training sentences a teacher or guide scores (:func:`training_texts`)."""
-        return training_texts(cfg, self.dataset, self.sets)
+        return training_texts(cfg, self.sets)
 
     def skipped_rows(self) -> int:
         """Bad rows of the training files left out (``data.bad_rows: skip``)."""
-        return (
-            sum(skipped_rows(part) for part in (self.sets or {}).values()) if self.dataset is None else skipped_rows(self.dataset)
-        )
+        return sum(skipped_rows(part) for part in self.sets.values())
 
 
 def read_training_data(cfg: RunConfig, tokenizer: Any, dataset: datasets.Dataset | None, evaluate: bool) -> TrainingData:
-    """The training data: ``dataset`` if given, else the config's files (each with its token
-    table, through the contamination guard when the run evaluates), with a batch no larger
-    than a training set.
+    """The training data: ``dataset`` if given (in place of the config's one dataset), else the
+    config's datasets (each with its token table, through the contamination guard when the run
+    evaluates), each at least a batch.
 
     Raises:
-        ConfigError: ``train.batch_size`` larger than the training set, or than a ``data.datasets`` entry.
+        ConfigError: ``train.batch_size`` larger than a training set read from files.
+        ValueError: ``dataset`` given for a config that lists several.
     """
-    from_files = dataset is None
+    if dataset is not None:
+        # A dataset given in code, a benchmark's few sentences repeated in one batch, is the
+        # caller's choice: no guard and no size check.
+        specs = cfg.data.training_sets()
+        if len(specs) != 1:
+            raise ValueError(f"build_run(dataset=...): the config lists {len(specs)} datasets; give it one")
+        return TrainingData({specs[0].name: dataset}, from_files=False, guard=None)
     # Every text trained on against every evaluation set reported (data.decontaminate).
-    guard = contamination_guard(cfg) if evaluate and from_files else None
+    guard = contamination_guard(cfg) if evaluate else None
     # With each file's token table: tokenised once, ahead of the loader (simcse_kit.data.tokens).
-    sets = load_training_sets(cfg, tokenizer, guard) if from_files and cfg.data.datasets is not None else None
-    if dataset is None and sets is None:
-        dataset = load_training_data(cfg, tokenizer, guard)
-    # Legal, but every step would be the whole set: surely a typo. (A dataset given in code,
-    # a benchmark's few sentences repeated in one batch, is the caller's choice.) Of a mixture,
-    # every dataset must fill a batch: each batch is one dataset's.
-    sizes = {name: len(part) for name, part in sets.items()} if sets is not None else {}
-    for name, size in sizes.items():
-        if cfg.train.batch_size > size:
+    sets = load_training_sets(cfg, tokenizer, guard)
+    # Legal, but every step would be the whole set: surely a typo. Each batch is one
+    # dataset's, so every dataset must fill one.
+    files = {spec.name: files_label(spec.file) for spec in cfg.data.training_sets()}
+    for name, part in sets.items():
+        if cfg.train.batch_size > len(part):
             raise ConfigError(
-                f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than data.datasets entry {name!r} "
-                f"({size} example(s)); each batch is drawn from one dataset: use a batch of at most {min(sizes.values())}"
+                f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than the training set {name!r} "
+                f"({len(part)} example(s) in {files[name]}); each batch is drawn from one dataset: use a batch of at "
+                f"most {min(len(part) for part in sets.values())}"
             )
-    if dataset is not None and from_files and cfg.train.batch_size > len(dataset):
-        raise ConfigError(
-            f"config key 'train.batch_size' = {cfg.train.batch_size}: larger than the training set "
-            f"({len(dataset)} example(s) in {cfg.data.train_file}); use a batch of at most {len(dataset)}"
-        )
-    return TrainingData(dataset, sets, from_files, guard)
+    return TrainingData(sets, from_files=True, guard=guard)
 
 
 def make_dev_and_final(cfg: RunConfig) -> tuple[DevScorer, STSEvaluator | None]:
@@ -351,30 +342,31 @@ def make_objective_and_loader(
     decoder: bool,
     teacher: tuple[TeacherTargets, TeacherTable] | None,
     guide: tuple[GuideFilter, TeacherTable] | None,
-) -> tuple[SimCSEObjective | MixtureObjective, DataLoader, dict[str, Any]]:
-    """The objective, the loader and what the saved model records of its training data
-    (``extra``): of one training set, or one objective per dataset of ``data.datasets``."""
+) -> tuple[MixtureObjective, DataLoader, dict[str, Any]]:
+    """The objective (one per dataset, each in its mode with its ``k`` hard negatives), the
+    loader and what the saved model records of its training data (``extra``)."""
     targets, table = teacher if teacher else (None, None)
     vetting, guide_table = guide if guide else (None, None)
     teacher_index, guide_index = (table.index if table else None), (guide_table.index if guide_table else None)
+    specs = {spec.name: spec for spec in cfg.data.training_sets()}
 
-    def objective_of(mode: str, part: datasets.Dataset) -> SimCSEObjective:
+    def objective_of(name: str, part: datasets.Dataset) -> SimCSEObjective:
         # k hard negatives per example: the data's
-        return SimCSEObjective(mode, cfg.loss, teacher=targets, negatives=negatives_of(part.column_names), guide=vetting)
+        negatives = negatives_of(part.column_names)
+        return SimCSEObjective(specs[name].mode, cfg.loss, teacher=targets, negatives=negatives, guide=vetting)
 
-    processes, device = accelerator.num_processes, accelerator.device
-    if data.dataset is not None:
-        objective: SimCSEObjective | MixtureObjective = objective_of(cfg.data.mode, data.dataset)
-        loader = make_loader(cfg, data.dataset, tokenizer, processes, device, teacher_index, guide_index, decoder=decoder)
-        extra: dict[str, Any] = {"base_model": cfg.model.name_or_path, "mode": cfg.data.mode, "train_file": cfg.data.train_file}
-        return objective, loader, extra
-    assert data.sets is not None and cfg.data.datasets is not None
-    modes_of = {spec.name: spec.mode for spec in cfg.data.datasets}
-    objective = MixtureObjective({name: objective_of(modes_of[name], part) for name, part in data.sets.items()}, processes)
+    processes = accelerator.num_processes
+    objective = MixtureObjective({name: objective_of(name, part) for name, part in data.sets.items()}, processes)
     accelerator.register_for_checkpointing(objective.tally)  # --resume reports what an uninterrupted run does
-    loader = make_mixture_loader(cfg, data.sets, tokenizer, processes, device, decoder, teacher_index, guide_index)
-    files = {spec.name: spec.file for spec in cfg.data.datasets}
-    return objective, loader, {"base_model": cfg.model.name_or_path, "mode": "mixture", "datasets": modes_of, "train_file": files}
+    loader = make_loader(cfg, data.sets, tokenizer, processes, accelerator.device, decoder, teacher_index, guide_index)
+    modes_of = {name: specs[name].mode for name in data.sets}
+    extra = {
+        "base_model": cfg.model.name_or_path,
+        "mode": " + ".join(dict.fromkeys(modes_of.values())),
+        "datasets": modes_of,
+        "train_file": {name: specs[name].file for name in data.sets},
+    }
+    return objective, loader, extra
 
 
 def make_model_evaluator(
@@ -392,7 +384,7 @@ def make_model_evaluator(
         cfg.train.mixed_precision,
         query_prompt,
         cfg.train.selection_precision,
-        selection_calibration(cfg, data.dataset, data.sets),
+        selection_calibration(cfg, data.sets),
     )
 
 
@@ -446,14 +438,10 @@ def training_metrics(run: Run, state: LoopState, evaluator: ModelEvaluator) -> d
     mixture's per-dataset tally, how precision and memory were decided, skipped rows, the
     contamination report, the teacher and the guide, the speed settings."""
     cfg, objective = run.cfg, run.objective
-    if isinstance(objective, MixtureObjective):
-        examples = objective.examples_seen()  # the views per example differ between the datasets
-    else:
-        examples = state.rows_seen // objective.views_per_example()
-    metrics = run_metrics(state, examples, objective.masked_negatives, evaluator)
-    if isinstance(objective, MixtureObjective):
-        metrics["datasets"] = objective.tally.report()  # per dataset: batches, examples, mean loss
-        metrics["sampling"] = cfg.data.sampling
+    # The views per example differ between the datasets: each counts its own.
+    metrics = run_metrics(state, objective.examples_seen(), objective.masked_negatives, evaluator)
+    metrics["datasets"] = objective.tally.report()  # per dataset: batches, examples, mean loss
+    metrics["sampling"] = cfg.data.sampling
     metrics["precision"] = (
         asdict(run.precision)
         if run.precision is not None
@@ -500,7 +488,7 @@ def plot_run(run: Run, state: LoopState, out: Path, metrics: dict[str, Any]) -> 
     """The run folder's figures: the alignment/uniformity trajectory and the training curves."""
     cfg, evaluator = run.cfg, run.evaluator
     assert evaluator is not None  # finish checked it
-    trained = cfg.data.mode if cfg.data.datasets is None else " + ".join(dict.fromkeys(d.mode for d in cfg.data.datasets))
+    trained = " + ".join(dict.fromkeys(spec.mode for spec in cfg.data.training_sets()))
     plot_trajectory(metrics["evals"], out / "alignment_uniformity.png", f"{evaluator.dev_name}, {trained}")
     plot_training_curves(
         state.losses,
@@ -588,18 +576,14 @@ def build_model(cfg: RunConfig) -> SimCSEModel:
     return model
 
 
-def make_step(
-    cfg: RunConfig, model: SimCSEModel, objective: SimCSEObjective | MixtureObjective, accelerator: Accelerator
-) -> Step:
+def make_step(cfg: RunConfig, model: SimCSEModel, objective: MixtureObjective, accelerator: Accelerator) -> Step:
     """The loop's step: the objective itself, or GradCache or the momentum queue around it.
 
     The queue's momentum encoder is copied from the model *before* ``accelerator.prepare``
     (a copy of a prepared model would carry its autocast wrapper) and registered for
-    checkpointing, so ``--resume`` restores the queue with the rest. A mixture's objective is
-    its own step (RunConfig.validate refuses GradCache and the queue with data.datasets).
+    checkpointing, so ``--resume`` restores the queue with the rest. Each takes a batch's loss
+    from its dataset's objective.
     """
-    if isinstance(objective, MixtureObjective):
-        return objective
     if cfg.train.grad_cache_chunk > 0:  # big batches: chunk-wise encoder backward, same gradients
         return GradCacheStep(objective, cfg.train.grad_cache_chunk, accelerator)
     if cfg.loss.queue_size > 0:  # MoCo-style negatives (simcse_kit.training.objective.momentum_queue)
@@ -615,19 +599,13 @@ SELECTION_CALIBRATION = 1000
 """Training sentences whose ranges quantize the dev vectors under ``train.selection_precision: int8``."""
 
 
-def selection_calibration(
-    cfg: RunConfig, dataset: datasets.Dataset | None, sets: dict[str, datasets.Dataset] | None
-) -> list[str]:
+def selection_calibration(cfg: RunConfig, sets: dict[str, datasets.Dataset]) -> list[str]:
     """The first :data:`SELECTION_CALIBRATION` distinct training sentences with an int8/uint8
     ``train.selection_precision``; none otherwise."""
     if cfg.train.selection_precision not in ("int8", "uint8"):
         return []
-
-    def head(part: datasets.Dataset) -> datasets.Dataset:
-        return part.select(range(min(len(part), SELECTION_CALIBRATION)))
-
-    heads = None if sets is None else {name: head(part) for name, part in sets.items()}
-    return training_texts(cfg, None if dataset is None else head(dataset), heads)[:SELECTION_CALIBRATION]
+    heads = {name: part.select(range(min(len(part), SELECTION_CALIBRATION))) for name, part in sets.items()}
+    return training_texts(cfg, heads)[:SELECTION_CALIBRATION]
 
 
 class DevScorer(Protocol):
