@@ -121,8 +121,8 @@ class RunConfig:
         if self.loss.queue_size > 0:  # the momentum queue and GradCache each own the step
             ok = self.train.grad_cache_chunk == 0
             raise_first("train", self.train, [("grad_cache_chunk", ok, "0 with loss.queue_size > 0 (use one of them)")])
-        trained = {spec.mode for spec in self.data.training_sets()}
-        if "scored" in trained and self.loss.score_weight == 1:
+        specs = self.data.training_sets()
+        if any(spec.mode == "scored" for spec in specs) and self.loss.score_weight == 1:
             # No InfoNCE term then: what only feeds it would be silently unused.
             unused = [
                 ("queue_size", self.loss.queue_size == 0, "0 with loss.score_weight 1 (the queue feeds InfoNCE)"),
@@ -131,8 +131,12 @@ class RunConfig:
             ]
             raise_first("loss", self.loss, unused)
         if self.loss.distill is not None:  # the scores are of each row's positive and hard negatives
-            every = "'hardneg' with loss.distill (each data.datasets entry's mode too)"
-            raise_first("data", self.data, [("mode", trained == {"hardneg"}, every)])
+            unscored = [spec for spec in specs if spec.mode != "hardneg"]
+            if self.data.datasets is None:
+                raise_first("data", self.data, [("mode", not unscored, "'hardneg' with loss.distill")])
+            elif unscored:
+                where = f"config key 'data.datasets' entry {unscored[0].name!r}: mode {unscored[0].mode!r}"
+                raise ConfigError(f"{where}: must be 'hardneg' with loss.distill (its rows' candidates carry the scores)")
             if self.loss.distill_weight == 1:  # the distill term alone: what only feeds InfoNCE would be unused
                 unused = [
                     ("queue_size", self.loss.queue_size == 0, "0 with loss.distill_weight 1 (the queue feeds InfoNCE)"),
