@@ -550,3 +550,16 @@ def test_a_teachers_scores_train_over_several_hardneg_datasets(tiny_run: TinyRun
     mixed = mixture_recipe(tiny_run, "mixed", {"wiki": {"file": "train.txt"}} | both)
     with pytest.raises(ConfigError, match=r"'data.datasets' entry 'wiki': mode 'unsup': must be 'hardneg' with loss.distill"):
         load_config(mixed, {"distill": "kl"})
+
+
+def test_a_list_of_one_dataset_is_the_train_file_run(tiny_run: TinyRun) -> None:
+    """The same file written as ``train_file`` and as a ``data.datasets`` list of one trains
+    the same run, bit for bit: losses, dev scores and weights."""
+    from simcse_kit.training.wiring.run import train
+
+    opts = dict(max_steps=10, eval_steps=5, save_steps=0, final_eval=False)
+    one = train(load_config(tiny_run.recipe("file", **opts)))
+    listed = train(load_config(mixture_recipe(tiny_run, "list", [{"file": "train.txt"}], **opts)))
+    assert one["losses"] == listed["losses"] and one["evals"] == listed["evals"] and one["datasets"] == listed["datasets"]
+    weights = [load_file(tiny_run.folder / name / "best_model" / "model.safetensors") for name in ("file", "list")]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
