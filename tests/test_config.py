@@ -245,9 +245,8 @@ def test_allowed_values_have_one_definition() -> None:
     theirs, where they sit below it), not a copy that could drift."""
     from simcse_kit.core import batch
     from simcse_kit.model import precision
-    from simcse_kit.training.objective import objectives
 
-    assert objectives.TEACHER_LOSSES is TEACHER_LOSSES
+    assert modes.TEACHER_LOSSES is TEACHER_LOSSES  # the objective's TeacherTargets reads modes'
     assert precision.PRECISIONS is PRECISIONS
     assert batch.PROMPT_NAMES is modes.PROMPT_NAMES
     assert MODES == tuple(modes.TABLE)

@@ -2,8 +2,8 @@
 default and its meaning (``field(metadata={"help": ...})``, printed by
 ``simcse-kit train --help``), and its own check (``check()``: the values it allows, beside
 their help; what those are is imported from the module that owns the concept where that
-sits at or below the config, :mod:`simcse_kit.core.modes`, and is defined here where its
-owner sits above, :data:`TEACHER_LOSSES` for :mod:`simcse_kit.training.objective.objectives`).
+sits at or below the config, :mod:`simcse_kit.core.modes` (the modes, the teacher's terms),
+and is defined here where its owner sits above).
 
 :mod:`simcse_kit.config.run` puts them together (:class:`~simcse_kit.config.run.RunConfig`), checks
 what spans sections and reads them from YAML; import them from there.
@@ -48,7 +48,7 @@ PAIR_FORMATS = ("stsb", "sick")  #: scored-pair files a run reads; evaluation.st
 MIXTURE_MODES = ("unsup", "sup", "hardneg")
 SAMPLINGS = ("proportional", "round_robin", "weighted")  #: data.sampling: how batches are drawn among the datasets
 DEV_FORMATS = (*PAIR_FORMATS, "beir")
-TEACHER_LOSSES = ("similarity", "embedding")  #: simcse_kit.training.objective.objectives.TeacherTargets.kind
+TEACHER_LOSSES = modes.TEACHER_LOSSES  #: simcse_kit.training.objective.objectives.TeacherTargets.kind
 SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
 # loss.distill: a teacher's scores of each anchor's candidates (simcse_kit.core.score_losses'
 # kl_distillation_loss and margin_mse_loss; simcse_kit.training.objective.objectives.SimCSEObjective.distill_loss)

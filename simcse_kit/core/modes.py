@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+TEACHER_LOSSES = ("similarity", "embedding")
+"""A teacher's term (``loss.teacher_loss``, ``TeacherTargets.kind``): its in-batch softmax matched, or its vectors."""
+
 __all__ = [
     "PROMPT_NAMES",
     "TABLE",

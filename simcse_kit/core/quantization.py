@@ -18,6 +18,7 @@ commutes with taking a prefix, so a prefix of the codes is the code of the prefi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -74,8 +75,8 @@ def quantized_contrastive_loss(
     target: str,
     *,
     ranges: torch.Tensor | None = None,
-    dims: list[int] | None = None,
-    weights: list[float] | None = None,
+    dims: Sequence[int] | None = None,
+    weights: Sequence[float] | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """:func:`~simcse_kit.core.losses.matryoshka_loss` of the straight-through codes of

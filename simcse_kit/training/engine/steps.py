@@ -32,7 +32,6 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import nn
 
-from simcse_kit.config.run import LossConfig
 from simcse_kit.core import distributed
 from simcse_kit.core.batch import model_inputs, view_rows
 from simcse_kit.model.modeling import compute_dtype
@@ -77,12 +76,21 @@ class Step(Protocol):
     def __call__(self, model: nn.Module, batch: Batch, backward: Backward) -> torch.Tensor: ...
 
 
+class StepSettings(Protocol):
+    """What a step reads of ``loss.*``."""
+
+    @property
+    def gather(self) -> bool: ...
+    @property
+    def unsup_loss(self) -> str: ...
+
+
 class Objective(Protocol):
     """What the steps ask of an objective (a run's :class:`~simcse_kit.training.objective.mixture.MixtureObjective`,
     one per dataset, or one :class:`~simcse_kit.training.objective.objectives.SimCSEObjective`)."""
 
     @property
-    def loss_cfg(self) -> LossConfig: ...
+    def loss_cfg(self) -> StepSettings: ...
 
     def of(self, batch: Batch) -> BatchObjective:
         """The objective of ``batch``'s dataset: its mode and views."""
@@ -108,7 +116,7 @@ class BatchObjective(Protocol):
     negatives: int
 
     @property
-    def loss_cfg(self) -> LossConfig: ...
+    def loss_cfg(self) -> StepSettings: ...
 
     def views_per_example(self) -> int:
         """``V``: rows per example."""

@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from simcse_kit.config.sections import LossConfig
 from simcse_kit.core.batch import model_inputs
 from simcse_kit.data.mixture import DATASET_KEY
 from simcse_kit.training.engine.steps import Backward, Batch, Queue, backpropagate
 from simcse_kit.training.objective.objectives import SimCSEObjective
+from simcse_kit.training.objective.parts import LossSettings
 
 __all__ = ["DatasetTally", "MixtureObjective"]
 
@@ -100,7 +100,7 @@ class MixtureObjective:
         self.tally = DatasetTally(list(self.objectives))
 
     @property
-    def loss_cfg(self) -> LossConfig:
+    def loss_cfg(self) -> LossSettings:
         """The loss settings, every dataset's."""
         return next(iter(self.objectives.values())).loss_cfg
 

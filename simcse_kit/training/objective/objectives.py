@@ -8,7 +8,10 @@ runs the encoder and :meth:`~SimCSEObjective.loss` only touches the loss core, s
 GradCache and the momentum queue work on that seam without knowing the model.
 
 Who is contrasted with whom in each mode is :mod:`simcse_kit.core.modes`' table; the loss reads
-it and has no per-mode branch. The objective is also the plain *step* of the step contract
+it and has no per-mode branch. A loss is built from the parts of :mod:`simcse_kit.training.objective.parts`:
+the problem (:meth:`~SimCSEObjective.problem`), the negative filters in order
+(:attr:`~SimCSEObjective.filters`, which return what they drop; the objective keeps the
+counts) and the weighted terms (:attr:`~SimCSEObjective.terms`, :attr:`~SimCSEObjective.side`). The objective is also the plain *step* of the step contract
 (:mod:`simcse_kit.training.engine.steps`), where GradCache and the momentum queue wrap it.
 """
 
@@ -21,10 +24,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from simcse_kit.config.run import TEACHER_LOSSES, LossConfig
 from simcse_kit.core import distributed, losses, masks, modes, quantization, score_losses
 from simcse_kit.core.batch import model_inputs, split_views, views_per_example
 from simcse_kit.training.engine.steps import Backward, Batch, Queue, backpropagate
+from simcse_kit.training.objective.parts import (
+    GuideFilter,
+    LossSettings,
+    NegativeFilter,
+    Problem,
+    SameText,
+    Term,
+    TooSimilar,
+    drop_negatives,
+)
 
 __all__ = ["GuideFilter", "SimCSEObjective", "Tally", "TeacherTargets"]
 
@@ -59,8 +71,8 @@ class TeacherTargets:
     student_temperature: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in TEACHER_LOSSES:
-            raise ValueError(f"teacher loss must be one of {TEACHER_LOSSES}, got {self.kind!r}")
+        if self.kind not in modes.TEACHER_LOSSES:
+            raise ValueError(f"teacher loss must be one of {modes.TEACHER_LOSSES}, got {self.kind!r}")
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """The teacher's vectors of table rows ``index`` ``[K]``: ``[K, D']`` fp32 on its device."""
@@ -85,33 +97,6 @@ class TeacherTargets:
             )
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             return F.mse_loss(F.normalize(embeddings.float(), dim=-1), F.normalize(target, dim=-1))
-
-
-@dataclass
-class GuideFilter:
-    """A guide's vetting of negatives (``loss.guide``; :func:`simcse_kit.training.wiring.inputs.load_guide`).
-
-    Attributes:
-        vectors: ``[U, D']`` the guide's vectors of the distinct training sentences (any
-            width); a batch's ``guide_rows`` ``[B]`` (and the queue's) index it.
-        margin: ``loss.guide_margin``.
-        strategy: ``loss.guide_margin_strategy``, ``"absolute"`` or ``"relative"``
-            (:func:`simcse_kit.core.masks.guide_threshold`).
-    """
-
-    vectors: torch.Tensor
-    margin: float = 0.0
-    strategy: str = "absolute"
-
-    def __post_init__(self) -> None:
-        if self.strategy not in masks.MARGIN_STRATEGIES:
-            raise ValueError(f"guide margin strategy must be one of {masks.MARGIN_STRATEGIES}, got {self.strategy!r}")
-
-    def rows(self, index: torch.Tensor) -> torch.Tensor:
-        """The guide's vectors of table rows ``index`` ``[K]``: ``[K, D']`` on its device."""
-        if self.vectors.device != index.device:  # moved once, to the training device
-            self.vectors = self.vectors.to(index.device)
-        return self.vectors[index]
 
 
 @dataclass
@@ -185,7 +170,7 @@ class SimCSEObjective:
     prefix of the rows (:func:`losses.matryoshka_loss`); a function of the full
     embeddings still, so GradCache and the queue take it as they take the plain loss.
     With ``loss.quantization`` the same problem on the straight-through int8 or binary codes
-    of the same rows is added at ``loss.quantization_weight`` (:meth:`with_quantized`).
+    of the same rows is added at ``loss.quantization_weight`` (:meth:`quantized_loss`).
 
     With ``loss.distill`` (``hardneg`` rows carrying a teacher's scores of their positive
     and negatives) the loss is ``(1 - w) * contrastive + w * D``, ``D`` each anchor's
@@ -193,7 +178,7 @@ class SimCSEObjective:
     """
 
     mode: str
-    loss_cfg: LossConfig
+    loss_cfg: LossSettings
     teacher: TeacherTargets | None = None
     negatives: int = 1
     """``k``, hard negatives per example (``hardneg``): ``V = 2 + k`` views, each negative a block."""
@@ -203,14 +188,33 @@ class SimCSEObjective:
     guided: Tally = field(default_factory=Tally, compare=False, repr=False)
     """Entries masked by the guide."""
     last_terms: dict[str, torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    filters: list[NegativeFilter] = field(init=False, compare=False, repr=False)
+    """The negative filters, in order: by text, by the student's similarity, by the guide."""
+    terms: list[Term] = field(init=False, compare=False, repr=False)
+    """The terms joined to the contrastive loss of the rows, in order: the quantized codes', a teacher's."""
+    side: Term | None = field(init=False, compare=False, repr=False)
+    """The term beside the whole contrastive loss: a scored mode's or ``loss.distill``'s."""
 
     def __post_init__(self) -> None:
         views_per_example(self.mode, self.negatives)  # an unknown mode (or k for one without negatives) fails here
-        if self.loss_cfg.distill is not None and self.mode != modes.NEGATIVES_MODE:
+        cfg = self.loss_cfg
+        if cfg.distill is not None and self.mode != modes.NEGATIVES_MODE:
             raise ValueError(f"loss.distill needs each row's hard negatives (mode hardneg); mode is {self.mode!r}")
-        side = self.side_term()
-        if self.loss_cfg.quantization is not None and side is not None and side[1] == 1:
-            raise ValueError(f"loss.quantization trains the contrastive term, and {side[0]} at weight 1 leaves none")
+        self.filters = [SameText()] if cfg.mask_false_negatives else []
+        self.filters += [TooSimilar(cfg.false_negative_threshold)] if cfg.false_negative_threshold is not None else []
+        self.filters += [self.guide] if self.guide is not None else []
+        self.terms = []
+        if cfg.quantization is not None:
+            self.terms.append(Term("quantized_loss", cfg.quantization_weight, self.quantized_loss, "float_loss", mixed=False))
+        if self.teacher is not None:
+            self.terms.append(Term("teacher_loss", self.teacher.weight, self.teacher_term, "simcse_loss"))
+        self.side = None
+        if modes.mode(self.mode).score_column is not None:
+            self.side = Term("score_loss", cfg.score_weight, self.score_loss, "infonce_loss")
+        elif cfg.distill is not None:
+            self.side = Term("distill_loss", cfg.distill_weight, self.distill_loss, "infonce_loss")
+        if cfg.quantization is not None and self.side is not None and self.side.weight == 1:
+            raise ValueError(f"loss.quantization trains the contrastive term, and {self.side.name} at weight 1 leaves none")
 
     def views_per_example(self, batch: Batch | None = None) -> int:
         """``V``: rows per example in this mode's batches (every batch's)."""
@@ -237,6 +241,11 @@ class SimCSEObjective:
         return self.loss_cfg.mask_false_negatives or self.loss_cfg.false_negative_threshold is not None
 
     @property
+    def all_rows(self) -> bool:
+        """Every row is an anchor (unsup's 2N-view form)."""
+        return self.contrast.all_rows
+
+    @property
     def contrast(self) -> modes.Contrast:
         """Who is contrasted with whom: the mode's row of :data:`simcse_kit.core.modes.TABLE`."""
         return modes.contrast(self.mode, self.loss_cfg.unsup_loss, self.negatives)
@@ -257,22 +266,11 @@ class SimCSEObjective:
         """Encode every row of a tokenised batch: ``[B, H]``; non-model keys are ignored."""
         return model(**model_inputs(batch))
 
-    def side_term(self) -> tuple[str, float, Callable[[torch.Tensor, Batch | None], torch.Tensor]] | None:
-        """The term beside the contrastive one, as ``(metric name, weight w, term)``: in a
-        mode with graded labels (:attr:`simcse_kit.core.modes.Mode.score_column`)
-        :meth:`score_loss` at ``loss.score_weight``; with ``loss.distill``
-        :meth:`distill_loss` at ``loss.distill_weight``; None in the others."""
-        if modes.mode(self.mode).score_column is not None:
-            return "score_loss", self.loss_cfg.score_weight, self.score_loss
-        if self.loss_cfg.distill is not None:
-            return "distill_loss", self.loss_cfg.distill_weight, self.distill_loss
-        return None
-
     def loss(self, embeddings: torch.Tensor, batch: Batch | None = None, queue: Queue | None = None) -> torch.Tensor:
         """The loss of a batch's embeddings ``[B, H]`` (rows in batch order): the contrastive
-        loss (:meth:`contrastive_loss`), and with a :meth:`side_term` (a scored mode's
-        score loss, ``loss.distill``'s term) ``(1 - w) * contrastive + w * term`` (the term
-        alone at ``w = 1``).
+        loss (:meth:`contrastive_loss`), and with a :attr:`side` term (a scored mode's score
+        loss, ``loss.distill``'s term) ``(1 - w) * contrastive + w * term`` (the term alone
+        at ``w = 1``).
 
         A function of the full batch's embeddings, so GradCache (which calls it on the
         cached ``[B, H]``) and several processes (which gather inside it) take either term.
@@ -283,18 +281,17 @@ class SimCSEObjective:
                 ``teacher_scores`` where needed).
             queue: optional extra negatives of the contrastive term, ``([Q, H], [Q] text ids)``.
         """
-        side = self.side_term()
-        if side is None or not side[1]:
+        side = self.side
+        if side is None or not side.weight:
             return self.contrastive_loss(embeddings, batch, queue)
-        name, w, term = side
-        value = term(embeddings, batch)
-        if w == 1:  # the side term alone: no InfoNCE graph is built
-            self.last_terms = {name: value.detach()}
+        value = side.fn(embeddings, batch)
+        if side.weight == 1:  # the side term alone: no InfoNCE graph is built
+            self.last_terms = {side.name: value.detach()}
             return value
         self.last_terms = {}
         contrastive = self.contrastive_loss(embeddings, batch, queue)
-        self.last_terms = self.last_terms | {"infonce_loss": contrastive.detach(), name: value.detach()}
-        return (1 - w) * contrastive + w * value
+        self.last_terms = self.last_terms | {side.rest: contrastive.detach(), side.name: value.detach()}
+        return side.join(contrastive, value)
 
     def distill_loss(self, embeddings: torch.Tensor, batch: Batch | None) -> torch.Tensor:
         """The teacher-score term (``loss.distill``): each anchor's cosines with its *own*
@@ -382,10 +379,30 @@ class SimCSEObjective:
                 ``loss.mask_false_negatives``.
             queue: optional extra negatives of every anchor (:class:`~simcse_kit.training.engine.steps.Queue`).
         """
+        problem = self.problem(embeddings, queue)
+        dropped, gained = drop_negatives(self.filters, problem, self, batch, queue)
+        if "masked" in gained:  # the filters return what they dropped; the tallies are kept here
+            self.masked.add(gained["masked"])
+        if "guided" in gained:
+            self.guided.add(gained["guided"])
+        exclude = problem.exclusions(dropped)
+        loss = self.prefix_loss(
+            problem.anchors, problem.candidates, positive_index=problem.positive, exclude=exclude, logit_bias=problem.bias
+        )
+        for term in self.terms:
+            value = term.fn(problem, exclude, embeddings, batch)
+            self.last_terms = self.last_terms | {term.rest: loss.detach(), term.name: value.detach()}
+            loss = term.join(loss, value)
+        return loss
+
+    def problem(self, embeddings: torch.Tensor, queue: Queue | None = None) -> Problem:
+        """The contrastive problem of a batch's embeddings ``[B, H]``, as :attr:`contrast`
+        states it: the anchors and every process's candidate blocks (gathered with gradient),
+        then the queue's rows; each anchor's positive and own column; the hard negatives'
+        bias, ``log(loss.hard_negative_weight)`` on each anchor's own rows of the weighted
+        blocks, whole blocks after its positive."""
         form = self.contrast
-        ids = self.row_ids(batch, embeddings.shape[0])
         anchors, blocks = self.views(embeddings)
-        anchor_ids, id_blocks = (None, []) if ids is None else self.views(ids)
         # Gather: all processes' candidates, with gradient; the local rows start at offset.
         gathered = [self.gather(block) for block in blocks]
         offset, block_rows = gathered[0][1], gathered[0][0].shape[0]
@@ -397,31 +414,24 @@ class SimCSEObjective:
         local = torch.arange(n, device=device) + offset  # the anchors' own rows (or examples) among the gathered
         positive = masks.view_labels(n, offset, device) if form.all_rows else local
         itself = local if form.all_rows else None  # an anchor among its own candidates
-        exclude = self.false_negatives(anchor_ids, id_blocks, queue, positive, itself)
-        exclude = self.drop_similar(anchors, candidates, positive, itself, exclude)
-        exclude = self.drop_guided(batch, queue, positive, itself, exclude)
-        if itself is not None:  # no row is its own negative
-            own = masks.self_mask(n, m, offset, device)
-            exclude = own if exclude is None else own | exclude
-        bias = None  # alpha on each anchor's own rows of the weighted views, whole blocks after its positive
-        weighted = form.weighted_blocks
+        bias, weighted, alpha = None, form.weighted_blocks, self.loss_cfg.hard_negative_weight
         if len(weighted) == 1:  # one hard negative: its column alone ([N]), as ever
-            bias = masks.weight_bias(positive + weighted[0] * block_rows, m, self.loss_cfg.hard_negative_weight, anchors)
+            bias = masks.weight_bias(positive + weighted[0] * block_rows, m, alpha, anchors)
         elif weighted:  # k hard negatives: anchor i's k own rows, [N, k]
             # Offsets added as Python ints: a tensor of them would be a host-to-device copy each step.
             columns = torch.stack([positive + block * block_rows for block in weighted], dim=1)
-            bias = masks.weight_bias(columns, m, self.loss_cfg.hard_negative_weight, anchors)
-        simcse = self.prefix_loss(anchors, candidates, positive_index=positive, exclude=exclude, logit_bias=bias)
-        simcse = self.with_quantized(
-            simcse, anchors, candidates, in_batch, positive_index=positive, exclude=exclude, logit_bias=bias
-        )
-        if self.teacher is None:
-            return simcse
+            bias = masks.weight_bias(columns, m, alpha, anchors)
+        return Problem(anchors, candidates, positive, itself, offset, block_rows, in_batch, embeddings.shape[0], bias)
+
+    def teacher_term(
+        self, problem: Problem, exclude: torch.Tensor | None, embeddings: torch.Tensor, batch: Batch | None
+    ) -> torch.Tensor:
+        """The teacher :class:`Term`: :meth:`teacher_loss` on the problem's in-batch candidates."""
+        in_batch = problem.in_batch
         in_batch_exclude = None if exclude is None else exclude[:, :in_batch]
-        taught = self.teacher_loss(embeddings, anchors, candidates[:in_batch], positive, in_batch_exclude, batch)
-        self.last_terms = self.last_terms | {"simcse_loss": simcse.detach(), "teacher_loss": taught.detach()}
-        w = self.teacher.weight
-        return (1 - w) * simcse + w * taught
+        return self.teacher_loss(
+            embeddings, problem.anchors, problem.candidates[:in_batch], problem.positive, in_batch_exclude, batch
+        )
 
     def teacher_loss(
         self,
@@ -460,31 +470,24 @@ class SimCSEObjective:
         tau = self.teacher.student_temperature
         return self.prefix_loss(anchors, candidates, target_probs=targets, exclude=exclude, temperature=tau)
 
-    def with_quantized(
-        self,
-        contrastive: torch.Tensor,
-        anchors: torch.Tensor,
-        candidates: torch.Tensor,
-        in_batch: int,
-        **problem: torch.Tensor | None,
+    def quantized_loss(
+        self, problem: Problem, exclude: torch.Tensor | None, embeddings: torch.Tensor, batch: Batch | None
     ) -> torch.Tensor:
-        """``contrastive + w * Q`` with ``loss.quantization``: ``Q`` the same problem (positives,
+        """The quantized :class:`Term` (``loss.quantization``): the same problem (positives,
         exclusions, bias, every Matryoshka prefix) on the straight-through int8 or binary codes
-        of the same rows (:func:`quantization.quantized_contrastive_loss`); ``contrastive``
-        itself without. The candidates are already gathered, so several processes and
-        GradCache (which calls :meth:`loss` on the cached rows) take it as the float term;
-        int8 ranges are those of the first ``in_batch`` (gathered, not queued) candidates, the
-        same on every process."""
+        of the same rows (:func:`quantization.quantized_contrastive_loss`), added at
+        ``loss.quantization_weight``. The candidates are already gathered, so several processes
+        and GradCache (which calls :meth:`loss` on the cached rows) take it as the float term;
+        int8 ranges are those of the in-batch (gathered, not queued) candidates, the same on
+        every process."""
         cfg = self.loss_cfg
-        if cfg.quantization is None:
-            return contrastive
-        ranges = quantization.batch_ranges(candidates[:in_batch]) if cfg.quantization == "int8" else None
-        term = quantization.quantized_contrastive_loss(
-            anchors, candidates, cfg.quantization, ranges=ranges, dims=cfg.matryoshka_dims,
-            weights=cfg.matryoshka_weights, temperature=cfg.temperature, **problem,
+        assert cfg.quantization is not None  # the term exists only with it
+        ranges = quantization.batch_ranges(problem.candidates[: problem.in_batch]) if cfg.quantization == "int8" else None
+        return quantization.quantized_contrastive_loss(
+            problem.anchors, problem.candidates, cfg.quantization, ranges=ranges, dims=cfg.matryoshka_dims,
+            weights=cfg.matryoshka_weights, temperature=cfg.temperature, positive_index=problem.positive,
+            exclude=exclude, logit_bias=problem.bias,
         )  # fmt: skip
-        self.last_terms = self.last_terms | {"float_loss": contrastive.detach(), "quantized_loss": term.detach()}
-        return contrastive + cfg.quantization_weight * term
 
     def prefix_loss(
         self, anchors: torch.Tensor, candidates: torch.Tensor, temperature: float | None = None, **problem: torch.Tensor | None
@@ -497,107 +500,6 @@ class SimCSEObjective:
         tau = cfg.temperature if temperature is None else temperature
         dims, weights = cfg.matryoshka_dims, cfg.matryoshka_weights
         return losses.matryoshka_loss(anchors, candidates, dims, weights, temperature=tau, **problem)
-
-    def drop_similar(
-        self,
-        anchors: torch.Tensor,
-        candidates: torch.Tensor,
-        positive: torch.Tensor,
-        self_index: torch.Tensor | None,
-        exclude: torch.Tensor | None,
-    ) -> torch.Tensor | None:
-        """``exclude`` ``[N, M]`` (or None) plus the candidates whose cosine with the anchor
-        exceeds ``loss.false_negative_threshold`` (:func:`masks.similar_candidate_mask`),
-        the new ones counted; ``exclude`` itself without a threshold.
-
-        Args:
-            anchors: ``[N, H]`` and ``candidates``: ``[M, H]``, as in :meth:`loss`.
-            positive: ``[N]`` column of each anchor's positive (never dropped).
-            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
-            exclude: the false negatives by text (:meth:`false_negatives`), or None.
-        """
-        threshold = self.loss_cfg.false_negative_threshold
-        if threshold is None:
-            return exclude
-        similar = masks.similar_candidate_mask(anchors, candidates, threshold, positive, self_index)
-        new = similar if exclude is None else similar & ~exclude
-        self.masked.add(new.sum(), same_batch=exclude is not None)
-        return similar if exclude is None else exclude | similar
-
-    def drop_guided(
-        self,
-        batch: Batch | None,
-        queue: Queue | None,
-        positive: torch.Tensor,
-        self_index: torch.Tensor | None,
-        exclude: torch.Tensor | None,
-    ) -> torch.Tensor | None:
-        """``exclude`` ``[N, M]`` (or None) plus the candidates the guide rates above the
-        anchor's positive by the margin (:func:`masks.guided_mask`), counted; ``exclude``
-        itself without a guide.
-
-        The guide's vectors of the candidates are found by the same gather as the rows
-        (``guide_rows`` of every process, block after block) and the queue's ``guide_rows``.
-
-        Args:
-            batch: the collated batch, holding ``guide_rows`` ``[B]``.
-            queue: the queue's rows and their guide rows, the last candidate columns.
-            positive: ``[N]`` column of each anchor's positive (its guide score is the threshold).
-            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
-            exclude: the exclusions so far, or None.
-        """
-        if self.guide is None:
-            return exclude
-        if batch is None or "guide_rows" not in batch:
-            raise ValueError("a guide needs the batch's guide_rows (ContrastiveCollator(guide_index=...))")
-        rows = batch["guide_rows"].to(positive.device)
-        anchor_rows, blocks = self.views(rows)
-        parts = [self.gather_ids(block) for block in blocks]
-        if queue is not None:
-            if queue.guide_rows is None:
-                raise ValueError("the queue's guide rows are required with a guide (MomentumQueue(guide=True))")
-            parts.append(queue.guide_rows.to(positive.device))
-        guided = masks.guided_mask(
-            self.guide.rows(anchor_rows), self.guide.rows(torch.cat(parts)), positive, self.guide.margin, self.guide.strategy,
-            self_index,
-        )  # fmt: skip
-        self.guided.add(guided.sum())
-        return guided if exclude is None else exclude | guided
-
-    def false_negatives(
-        self,
-        anchor_ids: torch.Tensor | None,
-        id_blocks: list[torch.Tensor],
-        queue: Queue | None,
-        positive: torch.Tensor,
-        self_index: torch.Tensor | None,
-    ) -> torch.Tensor | None:
-        """The false-negative mask ``[N, M]`` (None when masking is off), counted.
-
-        Args:
-            anchor_ids: ``[N]`` text ids of the anchors, or None (masking off).
-            id_blocks: the local text ids of each candidate block, gathered here.
-            queue: the queue's rows and ids, the last candidate columns.
-            positive: ``[N]`` column of each anchor's positive.
-            self_index: ``[N]`` each anchor's own column (2N-view form), or None.
-        """
-        if anchor_ids is None:
-            return None
-        blocks = [self.gather_ids(ids) for ids in id_blocks]
-        if queue is not None:
-            if queue[1] is None:
-                raise ValueError("the queue's text ids are required when masking false negatives")
-            blocks.append(queue[1].to(anchor_ids.device))
-        column_ids = torch.cat(blocks)
-        # A positive column also stands for its anchor: an NLI premise seen twice has
-        # each copy's entailment as a positive of both.
-        group = None
-        if not self.contrast.all_rows:
-            pair_ids = self.gather_ids(anchor_ids)
-            group = torch.cat([pair_ids, column_ids[pair_ids.shape[0] :]])
-        mask = masks.false_negative_mask(anchor_ids, column_ids, positive, self_index, group)
-        self.masked.add(mask.sum())
-        return mask
 
     @property
     def masked_negatives(self) -> int:
