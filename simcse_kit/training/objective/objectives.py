@@ -11,7 +11,8 @@ Who is contrasted with whom in each mode is :mod:`simcse_kit.core.modes`' table;
 it and has no per-mode branch. A loss is built from the parts of :mod:`simcse_kit.training.objective.parts`:
 the problem (:meth:`~SimCSEObjective.problem`), the negative filters in order
 (:attr:`~SimCSEObjective.filters`, which return what they drop; the objective keeps the
-counts) and the weighted terms (:attr:`~SimCSEObjective.terms`, :attr:`~SimCSEObjective.side`). The objective is also the plain *step* of the step contract
+counts) and the weighted terms (:attr:`~SimCSEObjective.terms`, :attr:`~SimCSEObjective.side`).
+The objective is also the plain *step* of the step contract
 (:mod:`simcse_kit.training.engine.steps`), where GradCache and the momentum queue wrap it.
 """
 
