@@ -155,7 +155,8 @@ class GradCacheStep(ObjectiveStep):
 
     Args:
         objective: gives ``embed(model, batch) -> [b, H]``,
-            ``loss(embeddings [B, H], batch) -> scalar`` and ``views_per_example()``.
+            ``loss(embeddings [B, H], batch) -> scalar`` and ``of(batch)``, the batch's own
+            objective (its views per example: a chunk holds whole examples).
         chunk_rows: rows (sentences) encoded per chunk; rounded down to whole examples
             (a multiple of the views per example), at least one example.
         accelerator: optional; with several processes all but the last chunk's
@@ -229,8 +230,9 @@ class MomentumQueueStep(ObjectiveStep):
     queue as it was, then enqueue the current batch's keys.
 
     Args:
-        objective: gives ``embed``, ``loss(embeddings, batch, queue=)``,
-            ``views_per_example`` and ``loss_cfg``.
+        objective: gives ``embed``, ``loss(embeddings, batch, queue=)``, ``loss_cfg`` and
+            ``of(batch)``, the batch's own objective (its views per example: the keys are
+            each example's view 1).
         queue: the :class:`~simcse_kit.training.objective.momentum_queue.MomentumQueue`, built from the online
             model before ``accelerator.prepare``.
         accelerator: optional; gives ``unwrap_model``, ``autocast`` and
