@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -324,10 +324,11 @@ class DataConfig:
     def training_sets(self) -> list[DatasetSpec]:
         """What the run trains on, always a list of datasets: ``datasets``, or else ``train_file``
         as a list of one (named by its file's stem, read in ``train_format``, ``mode`` and
-        ``max_train_samples``, prompted with ``prompts``). The one place that tells the two
-        ways of writing it apart: everything after it reads a list."""
+        ``max_train_samples``). Each spec's ``prompts`` are its training prompts: its own, else
+        ``prompts``. The one place that tells the two ways of writing it apart: everything after
+        it reads a list (copies: the config keeps what was written)."""
         if self.datasets is not None:
-            return self.datasets
+            return [replace(spec, prompts=spec.prompts or self.prompts) for spec in self.datasets]
         files = [self.train_file] if isinstance(self.train_file, str) else self.train_file
         name = Path(files[0]).stem if files else "train"
         # Built, not checked as a data.datasets entry would be: mode scored and the stsb/sick
@@ -338,6 +339,7 @@ class DataConfig:
                 file=self.train_file,
                 format=self.train_format,
                 mode=self.mode,
+                prompts=self.prompts,
                 max_train_samples=self.max_train_samples,
             )
         ]

@@ -217,8 +217,8 @@ class SimCSEObjective:
         if cfg.quantization is not None and self.side is not None and self.side.weight == 1:
             raise ValueError(f"loss.quantization trains the contrastive term, and {self.side.name} at weight 1 leaves none")
 
-    def views_per_example(self, batch: Batch | None = None) -> int:
-        """``V``: rows per example in this mode's batches (every batch's)."""
+    def views_per_example(self) -> int:
+        """``V``: rows per example in this mode's batches."""
         return views_per_example(self.mode, self.negatives)
 
     def of(self, batch: Batch | None = None) -> SimCSEObjective:

@@ -106,8 +106,7 @@ def load_training_sets(cfg: RunConfig, tokenizer: Any = None, guard: Guard | Non
     data = cfg.data
     sets = {}
     for spec in data.training_sets():
-        prompts = spec.prompts or data.prompts  # as the loader's collators prompt it
-        tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, prompts)
+        tokens = None if tokenizer is None else Tokenization(tokenizer, cfg.model.max_seq_len, spec.prompts)
         dataset = read_training_file(cfg, spec.file, spec.format, spec.mode, spec.max_train_samples, tokens, guard)
         if data.mix_file is not None and data.mix_ratio > 0:
             general = read_training_file(cfg, data.mix_file, "auto", spec.mode, None, tokens, guard)

@@ -39,7 +39,7 @@ def make_loader(
     ``train.batch_size`` examples from one dataset, drawn by ``data.sampling``
     (:class:`~simcse_kit.data.mixture.MixtureBatches`, from a seeded generator of the loader's
     own, which the loop checkpoints so a resume redraws the order), collated in that dataset's
-    mode with its prompts (``data.prompts`` where it has none). One dataset's batches are a
+    mode with its training prompts. One dataset's batches are a
     plain shuffled loader's.
 
     Pinned memory on CUDA (:func:`simcse_kit.data.pipeline.loader_options`); batches collated
@@ -54,13 +54,12 @@ def make_loader(
     collators, parts, from_table = {}, {}, []
     for name, part in sets.items():
         spec, negatives = specs[name], negatives_of(part.column_names)
-        prompts = spec.prompts or cfg.data.prompts
-        tokenization = Tokenization(tokenizer, cfg.model.max_seq_len, prompts)
+        tokenization = Tokenization(tokenizer, cfg.model.max_seq_len, spec.prompts)
         if not part.cache_files:  # a training set given in memory (in code, a scored pair file): tokenised here
             part = with_tokens(part, tokenization, spec.mode)
         parts[name] = part
         from_table.append(all(c in part.column_names for c in id_columns(tokenization.sources(spec.mode, negatives))))
-        collators[name] = make_collator(cfg, tokenizer, spec.mode, prompts, negatives, teacher_index, guide_index, decoder)
+        collators[name] = make_collator(cfg, tokenizer, spec.mode, spec.prompts, negatives, teacher_index, guide_index, decoder)
     logger.info(
         "input pipeline: %s; %s worker process(es); pinned memory and asynchronous copies %s",
         "token ids from the token table" if all(from_table) else "texts tokenised in the collator",
