@@ -378,7 +378,7 @@ def test_a_run_reads_k_from_its_data(tiny_run, tmp_path: Path) -> None:
     cfg = tiny_run.config("k3", mode="hardneg", train_file=write_jsonl(tmp_path / "k3.jsonl", rows), grad_cache_chunk=10)
     run = build_run(cfg, evaluate=False)
     batch = next(iter(run.loader))
-    assert run.objective.of(batch).negatives == 3 and run.objective.views_per_example(batch) == 5
+    assert run.objective.of(batch).negatives == 3 and run.objective.of(batch).views_per_example() == 5
     assert batch["input_ids"].shape[0] == 8 * 5
     assert torch.isfinite(run.step(run.model, batch, None))
 

@@ -122,10 +122,6 @@ class MixtureObjective:
         self.tally.add(batch[DATASET_KEY], examples, loss)  # type: ignore[index,arg-type]  # of() checked the name, a str
         return loss
 
-    def views_per_example(self, batch: Batch | None = None) -> int:
-        """``V`` of the batch's dataset."""
-        return self.of(batch).views_per_example()
-
     def step(self, model: nn.Module, batch: Batch, backward: Backward | None = None) -> torch.Tensor:
         """Embed, the dataset's loss (tallied), ``backward(loss)``; the detached loss."""
         return backpropagate(self.loss(self.embed(model, batch), batch), backward)
