@@ -135,7 +135,16 @@ _MULTI_ROWS |= {
         ("no-sick", ("wiki", "snli", "stsb")),
         ("no-snli", ("wiki", "stsb", "sick")),
         ("wiki+stsb", ("wiki", "stsb")),
+        ("wiki+snli", ("wiki", "snli")),
     )
+}
+# The general-purpose recipe on clean data (train/teacher/multi.yaml: Wikipedia and the SNLI triplets, no
+# STS or SICK sentence) beside the sentence-transformers recipes on the same rows: distillation from the
+# same teacher (MSELoss, the teacher's vectors reduced by PCA) and MNRL over both datasets.
+_CLEAN = ("wiki", "snli")
+_MULTI_ROWS |= {
+    "st-mse-wiki+snli": Row("multi", peer="mse", teacher=True, datasets=_CLEAN),
+    "st-mnrl-wiki+snli": Row("multi", peer="mnrl", datasets=_CLEAN),
 }
 # The same mined rows (3 negatives each, scored by --teacher) without and with their scores.
 _SCORES_ROWS = {"hardneg-k3": Row("hardneg", mined=3)} | {
@@ -582,6 +591,19 @@ def training_rows(job: Job) -> int:
     return sum(len(part) for part in load_training_sets(job_config(job)).values())
 
 
+def seen_test_pairs(job: Job) -> dict[str, list[int]]:
+    """Per test task, ``[pairs with both sentences in training, pairs]`` for what ``job`` trains on:
+    the run's own contamination guard (``data.decontaminate``) over every dataset it reads (the
+    teacher's and guide's texts are those datasets' sentences), as ``metrics.json`` reports it."""
+    from simcse_kit.training.wiring.inputs import contamination_guard, load_training_sets
+
+    cfg = job_config(job)
+    guard = contamination_guard(cfg)
+    load_training_sets(cfg, guard=guard)
+    tasks = guard.report()["tasks"].values()
+    return {o["task"]: [o["pairs_seen"], o["pairs"]] for o in tasks if o["kind"] == "test"}
+
+
 def encode_vectors(table: str, domain: str, row: str, args: argparse.Namespace) -> None:
     """The teacher's and guide's vectors of ``row``'s training sentences on ``domain``, cached before any worker starts."""
     from simcse_kit.training.wiring.inputs import load_guide, load_teacher, load_training_sets, training_texts
@@ -637,8 +659,10 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
             if d == domain and label in made.rows:
                 kind = "st" if spec.rows[r].peer else "kit"
                 results[label] = stats(label, d, kind, made.rows[label], made.chosen[label])
+                chosen = rows[d, r](made.chosen[label], args.seeds[0], False)
                 if table in ("mining", "negatives", "scores"):
-                    results[label]["rows"] = training_rows(rows[d, r](made.chosen[label], args.seeds[0], False))
+                    results[label]["rows"] = training_rows(chosen)
+                results[label]["test_pairs_seen"] = seen_test_pairs(chosen)
     folders = {f"{domain}-{u.name}" if domain else u.name: {0: Path(u.out)} for domain in spec.domains for u in untouched}
     folders |= {label: {seed: Path(rows[d, r](made.chosen[label], seed, False).out) / f"seed-{seed}" for seed in made.rows[label]}
                 for (d, r), label in labels.items() if label in made.rows}  # fmt: skip

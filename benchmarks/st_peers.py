@@ -66,13 +66,16 @@ def peer_dataset(data: datasets.Dataset, loss: str, mode: str, seed: int) -> dat
     raise ValueError(f"unknown loss {loss!r}; choose from {LOSSES}")
 
 
-def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datasets.Dataset:
-    """sentence-transformers' model-distillation data."""
-    from simcse_kit.training.objective.teacher import load_teacher_table, pca_projection, teacher_texts
+def distillation_dataset(cfg: Any, sets: Mapping[str, datasets.Dataset], width: int) -> datasets.Dataset:
+    """sentence-transformers' model-distillation data: the teacher's vectors of the distinct
+    sentences of every dataset (each read in its own mode, as the kit's teacher reads them), reduced
+    to the student's width by PCA where they differ."""
+    from simcse_kit.training.objective.teacher import load_teacher_table, pca_projection
+    from simcse_kit.training.wiring.inputs import training_texts
 
-    if cfg.loss.teacher is None or cfg.data.mode != "unsup":
-        raise ValueError("the mse peer needs an unsup recipe with loss.teacher")
-    texts = teacher_texts({"sent0": data["sent0"]}, "unsup")
+    if cfg.loss.teacher is None:
+        raise ValueError("the mse peer needs a recipe with loss.teacher")
+    texts = training_texts(cfg, dict(sets))
     table = load_teacher_table(cfg.loss.teacher, texts, cache_dir=cfg.loss.teacher_cache_dir, show_progress=False)
     vectors = table.vectors
     if table.width != width:
@@ -80,6 +83,25 @@ def distillation_dataset(cfg: Any, data: datasets.Dataset, width: int) -> datase
         vectors = (vectors - mean) @ components
     vectors = torch.nn.functional.normalize(vectors, dim=-1)
     return datasets.Dataset.from_dict({"sentence": texts, "label": vectors.tolist()})
+
+
+def peer_data(cfg: Any, loss: str, seed: int, width: int) -> datasets.Dataset | datasets.DatasetDict:
+    """The run's training data for the peer: one dataset, or a ``DatasetDict`` of a mixture's
+    datasets (each in its own mode's columns) that the trainer samples as the recipe's
+    ``data.sampling`` says (``ST_SAMPLINGS``: the kit's and the trainer's share those names).
+    Distillation reads one set of every dataset's sentences."""
+    from simcse_kit.training.wiring.inputs import load_training_sets
+
+    sets = load_training_sets(cfg)
+    if loss == "mse":
+        return distillation_dataset(cfg, sets, width)
+    modes = {spec.name: spec.mode for spec in cfg.data.training_sets()}
+    peers = {name: peer_dataset(data, loss, modes[name], seed) for name, data in sets.items()}
+    if len(peers) == 1:
+        return next(iter(peers.values()))
+    if cfg.data.sampling not in ST_SAMPLINGS:
+        raise ValueError(f"the peer samples a mixture by {ST_SAMPLINGS}; the recipe asks {cfg.data.sampling!r}")
+    return datasets.DatasetDict(peers)
 
 
 def peer_loss(loss: str, model: Any, loss_cfg: Any) -> nn.Module:
@@ -208,19 +230,14 @@ def st_train(
 ) -> dict[str, Any]:
     """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection."""
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from transformers import AutoConfig
 
     from simcse_kit.evaluation import DevEvaluator, STSEvaluator
     from simcse_kit.model.modeling import resolve_model_path
-    from simcse_kit.training.wiring.inputs import load_training_data
 
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))  # the kit's runs mix with their seed
     path = resolve_model_path(cfg.model.name_or_path)
-    if loss == "mse":
-        from transformers import AutoConfig
-
-        data = distillation_dataset(cfg, load_training_data(cfg), AutoConfig.from_pretrained(path).hidden_size)
-    else:
-        data = peer_dataset(load_training_data(cfg), loss, cfg.data.mode, seed)
+    data = peer_data(cfg, loss, seed, AutoConfig.from_pretrained(path).hidden_size)
     dev = DevEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE, path=cfg.data.dev_file, fmt=cfg.data.dev_format)
     final_sts = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
     torch.manual_seed(seed)
@@ -253,6 +270,7 @@ def st_train(
         disable_tqdm=True,
         dataloader_drop_last=True,  # as the kit's loader: a short last batch has too few negatives
         seed=seed,
+        **({"multi_dataset_batch_sampler": cfg.data.sampling} if isinstance(data, datasets.DatasetDict) else {}),
     )
     trainer = SentenceTransformerTrainer(model=model, args=train_args, train_dataset=data, loss=criterion, callbacks=[selection])
     start = time.perf_counter()
@@ -294,6 +312,7 @@ def st_train(
     } | ({"sts_pairs_file": str(pairs_file)} if not dev_only and selection.best_step != 0 else {})
 
 
+ST_SAMPLINGS = ("proportional", "round_robin")  # the samplings the trainer has under the kit's names
 PREDICTIONS = "predictions.npz"  # a run's per-pair cosines of the STS tasks, beside its metrics.json
 MADE_AT = "made_at.json"  # the commit a run was made at, beside its metrics.json (a reused run keeps its own)
 
@@ -371,6 +390,8 @@ def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] =
         **({"score_scale": cfg.loss.score_scale, "score_range": data.score_range} if loss in SCORE_PEERS else {}),
         **{k: getattr(data, k) for k in ("mode", "train_file", "train_format", "max_train_samples", "mix_file", "mix_ratio")},
         **{k: getattr(data, k) for k in ("eval_data_dir", "dev_file", "dev_format")},
+        # Only for a mixture: the settings of the one-file runs kept before stay equal.
+        **({"datasets": {s.name: str(s.file) for s in data.datasets}, "sampling": data.sampling} if data.datasets else {}),
         **{k: getattr(train, k) for k in ("batch_size", "num_epochs", "max_steps", "learning_rate", "weight_decay")},
         **{k: getattr(train, k) for k in ("warmup_ratio", "max_grad_norm", "eval_steps", "eval_at_start")},
     }

@@ -31,7 +31,16 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import rankdata
 
-__all__ = ["REPLICATES", "Interval", "load_rows", "mean_difference", "save_rows", "spearman_difference", "verdict"]
+__all__ = [
+    "REPLICATES",
+    "Interval",
+    "load_rows",
+    "mean_difference",
+    "save_rows",
+    "spearman_difference",
+    "spearman_level",
+    "verdict",
+]
 
 REPLICATES = 2000
 """Bootstrap replicates by default: the 2.5% tails then rest on 50 replicates each."""
@@ -172,6 +181,30 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
     observed = spearman_average({t: v[0] for t, v in tasks.items()}, gold) - spearman_average(
         {t: v[1] for t, v in tasks.items()}, gold
     )
+    values_a, values_b = _replicates(tasks, replicates, seed)
+    return _interval(observed, values_a - values_b)
+
+
+def spearman_level(a: Predictions, gold: Gold, replicates: int = REPLICATES, seed: int = 0) -> Interval:
+    """Row a's Spearman-based average itself (its ``difference`` from 0), with the bootstrap of
+    :func:`spearman_difference` (the seeds, then each task's test pairs): the interval a goal
+    such as "a 7-task average of at least 80.5" is judged by.
+
+    Args:
+        a: Task -> ``(seeds, pairs)`` predicted similarities of the row.
+        gold: Task -> ``(pairs,)`` gold scores.
+        replicates: Bootstrap replicates.
+        seed: The generator's seed (the draws are those of ``spearman_difference(a, a, ...)``).
+    """
+    tasks = _checked(a, a, gold)
+    values, _ = _replicates(tasks, replicates, seed)
+    return _interval(spearman_average(a, gold), values)
+
+
+def _replicates(
+    tasks: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], replicates: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each replicate's average of row a and of row b (:func:`_checked`'s ``tasks``), drawn in the module's order."""
     seeds_a, seeds_b = (next(iter(tasks.values()))[i].shape[0] for i in (0, 1))
     # The draws in the documented order, one replicate at a time (cheap); the Spearmans in blocks of replicates,
     # from each sample's counts per pair (a rank needs no sort of the sample: _sample_spearmans).
@@ -184,7 +217,7 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
         for t, (_, _, g) in tasks.items():
             draws[t][r] = rng.integers(0, len(g), len(g))
     groups = {t: (_grouped(g), [_grouped(x) for x in (*pa, *pb)]) for t, (pa, pb, g) in tasks.items()}
-    values = np.zeros(replicates)
+    values_a, values_b = np.zeros(replicates), np.zeros(replicates)
     for start in range(0, replicates, BLOCK):
         block = slice(start, start + BLOCK)
         for t, (_, _, g) in tasks.items():
@@ -192,9 +225,9 @@ def spearman_difference(a: Predictions, b: Predictions, gold: Gold, replicates: 
             rho = _sample_spearmans(_counts(draws[t][block], len(g)), of_gold, of_rows)
             rho_a, rho_b = rho[:, :seeds_a], rho[:, seeds_a:]
             rows = np.arange(len(rho))[:, None]
-            mean_a, mean_b = rho_a[rows, picks_a[block]].mean(axis=1), rho_b[rows, picks_b[block]].mean(axis=1)
-            values[block] += 100 * (mean_a - mean_b) / len(tasks)
-    return _interval(observed, values)
+            values_a[block] += 100 * rho_a[rows, picks_a[block]].mean(axis=1) / len(tasks)
+            values_b[block] += 100 * rho_b[rows, picks_b[block]].mean(axis=1) / len(tasks)
+    return values_a, values_b
 
 
 def mean_difference(a: np.ndarray, b: np.ndarray, replicates: int = REPLICATES, seed: int = 0) -> Interval:

@@ -17,6 +17,7 @@ from benchmarks.stats import (
     save_rows,
     spearman_average,
     spearman_difference,
+    spearman_level,
     verdict,
 )
 
@@ -59,6 +60,25 @@ def test_spearman_difference_matches_a_naive_loop(seeds_b: int) -> None:
                                - np.mean([spearmanr(p, gold[t]).statistic for p in b[t]])) for t in gold])  # fmt: skip
     assert got.difference == pytest.approx(observed, abs=1e-9)
     assert spearman_average(a, gold) - spearman_average(b, gold) == pytest.approx(observed, abs=1e-9)
+
+
+def test_spearman_level_matches_a_naive_loop() -> None:
+    """One row's average and its interval: the seeds drawn, then each task's pairs, as for a difference."""
+    a, _, gold = _rows()
+    got = spearman_level(a, gold, replicates=60)
+    rng = np.random.default_rng(0)
+    values = []
+    for _ in range(60):
+        picks = rng.integers(0, 3, 3)
+        per_task = []
+        for t, g in gold.items():
+            idx = rng.integers(0, len(g), len(g))
+            per_task.append(100 * np.mean([spearmanr(a[t][s][idx], g[idx]).statistic for s in picks]))
+        values.append(np.mean(per_task))
+    low, high = np.percentile(values, [2.5, 97.5])
+    assert (got.low, got.high) == pytest.approx((low, high), abs=1e-9)
+    assert got.difference == pytest.approx(spearman_average(a, gold), abs=1e-9)
+    assert got.low < got.difference < got.high
 
 
 def test_identical_rows_measure_no_difference() -> None:
@@ -194,8 +214,12 @@ def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, m
     made = quality.TableResults(sweep={}, chosen=dict.fromkeys(runs, 3e-5), rows=dict.fromkeys(runs, per_seed),
                                 extra={"base": {"avg": 78.0}}, lost=[])  # fmt: skip
     monkeypatch.setattr(quality, "sweep_and_run", lambda *_, **__: made)
+    monkeypatch.setattr(quality, "seen_test_pairs", lambda job: {"STS12": [len(job.name), 3108]})
     record = quality.build("sts", args)
     assert set(record["results"]) == {"base", "kit-unsup", "st-unsup"}
+    # Each trained row carries the guard's counts of its chosen run (seed 1's job: "<row>/lr3e-05/seed-1").
+    assert record["results"]["kit-unsup"]["test_pairs_seen"] == {"STS12": [len("kit-unsup/lr3e-05/seed-1"), 3108]}
+    assert "test_pairs_seen" not in record["results"]["base"]
     rows, kept_gold = args.sidecar
     assert set(rows) == {"base", "kit-unsup", "st-unsup"} and set(rows["kit-unsup"]) == {1, 2}
     np.testing.assert_array_equal(rows["st-unsup"][2]["T1"], b["T1"][1].astype(np.float16))
@@ -217,3 +241,24 @@ def test_a_run_is_stamped_with_the_commit_it_was_made_at(tmp_path: Path) -> None
     stamp_run(tmp_path)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert json.loads((tmp_path / MADE_AT).read_text()) == {"commit": head, "dirty": tree_dirty()}
+
+
+def test_a_rows_seen_test_pairs_are_the_runs_guard_counts(tmp_path: Path, data_dir: Path) -> None:
+    """quality.seen_test_pairs: per test task, the pairs whose two sentences a row trains on (case and
+    punctuation folded, as the run's guard folds them), against a naive count over STS-B test."""
+    import csv
+
+    from benchmarks import quality
+    from simcse_kit.data.overlap import normalize
+
+    with (data_dir / "senteval/STS/STSBenchmark/sts-test.csv").open(encoding="utf-8") as fh:
+        pairs = [(r[5], r[6]) for r in csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)]
+    planted = [pairs[0][0].upper(), pairs[0][1] + " !", pairs[5][0], pairs[5][1], pairs[9][0]]  # 2 pairs whole, 1 half
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(["a sentence of no test set", *planted]) + "\n", encoding="utf-8")
+    job = quality.Job(name="x", kind="kit", recipe=str(quality.REPO / "train/unsup.yaml"), overrides={"train_file": str(corpus)})
+    seen = quality.seen_test_pairs(job)
+    keys = {normalize(t) for t in planted}
+    want = sum(normalize(a) in keys and normalize(b) in keys for a, b in pairs)
+    assert want >= 2 and seen["STSBenchmark"] == [want, len(pairs)]
+    assert set(seen) >= {"STS12", "STS16", "SICKRelatedness"}  # every test task of the suite, counted
