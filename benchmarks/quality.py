@@ -139,7 +139,7 @@ _MULTI_ROWS |= {
     )
 }
 # The general-purpose recipe on clean data (train/teacher/multi.yaml: Wikipedia and the SNLI triplets, no
-# STS or SICK sentence) beside the sentence-transformers recipes on the same rows: distillation from the
+# STS or SICK file) beside the sentence-transformers recipes on the same rows: distillation from the
 # same teacher (MSELoss, the teacher's vectors reduced by PCA) and MNRL over both datasets.
 _CLEAN = ("wiki", "snli")
 _MULTI_ROWS |= {

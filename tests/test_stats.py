@@ -181,6 +181,45 @@ def test_report_verdicts_use_the_interval_rule(tmp_path: Path, monkeypatch: pyte
     assert report.interval_verdict(rec, "kit-unsup", "nope") == "no interval (no per-pair data for `nope`)"
 
 
+def test_a_goal_is_judged_by_the_rows_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """report.goal_verdict: "reaches" only where the whole 95% interval of the row's average is at or above the
+    goal, "misses" where it is below, else neither; the clean table's lines name the goal, each peer (interval
+    rule and seed spread), what the guard counted and every average below the base."""
+    from benchmarks import report
+
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    a, b, gold = _rows()
+    ours = report.CLEAN_RECIPE
+    save_rows(tmp_path / "multi-clean-cpu.npz", {ours: _by_seed(a), "st-mnrl": _by_seed(b)}, gold)
+    rec = {"_file": "multi-clean-cpu"}
+    level = spearman_level(a, gold)
+    assert report.goal_verdict(rec, ours, level.low - 0.01).endswith(f"reaches {level.low - 0.01}")
+    assert report.goal_verdict(rec, ours, level.high + 0.01).endswith(f"misses {level.high + 0.01}")
+    inside = report.goal_verdict(rec, ours, round(level.difference, 2))
+    assert inside.endswith("lies inside the interval: not shown reached")
+    assert report.goal_verdict({"_file": "nope"}, ours, 80.5) == f"against 80.5: {report.NO_INTERVAL}"
+
+    def row(kind: str, avg: float, std: float, seen: dict[str, list[int]] | None) -> dict[str, object]:
+        seeds = {"1": {"avg": avg}, "2": {"avg": avg}, "3": {"avg": avg}}
+        mean = {"avg": avg, "SICKRelatedness": avg - 2, "STS12": avg}
+        return {"kind": kind, "mean": mean, "std": {"avg": std}, "per_seed": seeds, "n": 3} | (
+            {"test_pairs_seen": seen} if seen is not None else {}
+        )
+
+    rec["results"] = {
+        "base": row("base", 79.0, 0.0, None) | {"mean": {"avg": 79.0, "SICKRelatedness": 78.5, "STS12": 70.0}},
+        ours: row("kit", 80.0, 0.2, {"STS12": [0, 3108], "SICKRelatedness": [0, 4927]}),
+        "st-mnrl": row("st", 79.5, 0.3, {"STS12": [311, 3108]}),
+    }
+    lines = report._clean_verdict([rec])
+    assert lines[0].startswith(f"- `{ours}` averages 80.00 ± 0.20 (seeds: 80.00, 80.00, 80.00), 95% interval")
+    assert lines[1].startswith(f"- `{ours}` − `st-mnrl`: +0.50, beyond the seed spread (0.30, the larger std)")
+    assert "interval rule, 7-task average: " in lines[1]
+    assert lines[2:] == ["- Below the untouched base: SICK-R -0.50."]  # the peer's own lines: none
+    cells = {r[0]: r[-1] for r in report._clean_rows(rec)}
+    assert cells == {"base": "–", ours: "0", "st-mnrl": "311 in 1 task, at most 10.0% (STS12)"}
+
+
 def _by_seed(row: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
     return {seed: {t: p[seed] for t, p in row.items()} for seed in range(len(next(iter(row.values()))))}
 
