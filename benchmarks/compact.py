@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import DATA, REPO, WIKI, cpu_class, cpu_flags, machine, refuse_dirty, save_results, setup_run
+from benchmarks._common import DATA, REPO, SOUND_TASKS, WIKI, cpu_class, cpu_flags, machine, refuse_dirty, save_results, setup_run
 from benchmarks.stats import save_rows
 
 PRECISIONS = ("float32", "int8", "binary", "binary+rescore")
@@ -289,9 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--dims", default="full,128", help="comma-separated: 'full' and Matryoshka prefix sizes")
     p.add_argument("--tasks", nargs="+", default=None, help="STS tasks (default: the 7)")
     p.add_argument("--queries", type=int, default=1000, help="queries searched")
-    p.add_argument(
-        "--retrieval-tasks", nargs="*", default=["stsb-similar", "sick-related"], help="built-in retrieval tasks (none: skip)"
-    )
+    p.add_argument("--retrieval-tasks", nargs="*", default=list(SOUND_TASKS), help="built-in retrieval tasks (none: skip)")
     p.add_argument("--recall-corpus", type=int, default=10_000, help="documents of each model's recall@10")
     p.add_argument("--search-corpus", type=int, default=100_000, help="vectors the search is timed over (0: not timed)")
     p.add_argument("--search-only", action="store_true", help="only the search timing, on the first model's vectors")

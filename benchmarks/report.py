@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, spread
+from benchmarks._common import REPO, SOUND_TASKS, spread
 from benchmarks.stats import load_rows, spearman_difference, spearman_level
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -676,20 +676,11 @@ def _seen(s: Record) -> str:
 CLEAN_RECIPE = "kit-multi-teacher-t0.1-wiki+snli"  # train/teacher/multi.yaml
 
 
-SOUND_TASKS = ("stsb-similar", "sick-related")  # the retrieval tasks BM25 is clearly below the base on (docs/retrieval.md)
-
-
 def _sound_ndcg(s: Record) -> str:
     """nDCG@10 over :data:`SOUND_TASKS` (mrpc-paraphrase is a smoke test), mean ± sample std over the seeds."""
     per_seed = [sum(seed[f"retrieval:{t}"] for t in SOUND_TASKS) / len(SOUND_TASKS) for seed in s["per_seed"].values()
                 if all(f"retrieval:{t}" in seed for t in SOUND_TASKS)]  # fmt: skip
-    if not per_seed:
-        return "–"
-    mean = sum(per_seed) / len(per_seed)
-    if len(per_seed) == 1:
-        return f"{mean:.2f}"
-    std = (sum((v - mean) ** 2 for v in per_seed) / (len(per_seed) - 1)) ** 0.5
-    return f"{mean:.2f} ± {std:.2f}"
+    return _mean_sd(per_seed) if per_seed else "–"
 
 
 def _clean_rows(rec: Record) -> Iterable[Row]:
