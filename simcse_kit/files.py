@@ -481,15 +481,25 @@ def remove_dir(path: str | Path) -> None:
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
     """Save a matplotlib figure atomically (format from the suffix, PNG by default)
-    and close it, so figures never pile up in pyplot's registry."""
+    and close it, so figures never pile up in pyplot's registry.
+
+    Raises:
+        StorageError: a full, read-only or forbidden disk, one line naming ``path``
+            (Pillow reports it as a bare ``OSError`` from inside its PNG encoder).
+    """
     import matplotlib.pyplot as plt
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
         os.replace(tmp, path)
+    except Exception as exc:
+        error = storage_error(exc, path)
+        if error is None:
+            raise
+        raise error from None
     finally:
         plt.close(fig)
         tmp.unlink(missing_ok=True)

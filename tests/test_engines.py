@@ -20,6 +20,7 @@ weights per step, fp32 with TF32 off) and resumes from its sharded checkpoint. R
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import shutil
@@ -370,6 +371,10 @@ def zero_run(model_dir: str, rank: int, world: int, stage: int) -> tuple[list[fl
     params = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(params, enabled=stage == 3):  # ZeRO-3 holds a shard of each
         state = {k: v.detach().clone() for k, v in engine.module.named_parameters()}
+    # Released here, not by the garbage collector at interpreter exit, after the process
+    # group is gone: ZeRO-3's optimizer left to that once aborted a process at exit
+    # ("terminate called without an active exception", SIGABRT) after a correct run.
+    engine.destroy()
     return losses, state
 
 
@@ -384,6 +389,8 @@ def zero_worker(rank: int, model_dir: str, out_dir: str, stage: int) -> None:
         losses, state = zero_run(model_dir, rank, WORLD, stage)
         if rank == 0:
             torch.save({"losses": losses, "state": state}, Path(out_dir) / "zero.pt")
+        gc.collect()  # the engine's cycles, while the group they may use still exists
+        torch.distributed.barrier()  # neither process tears its group down while the other works
     finally:
         torch.distributed.destroy_process_group()
 

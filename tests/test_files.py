@@ -11,6 +11,7 @@ message.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -20,10 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import TinyRun
 from transformers import AutoTokenizer, BertModel
 
 from simcse_kit.cli import main as cli_main
+from simcse_kit.errors import StorageError
+from simcse_kit.files import save_figure
 from simcse_kit.model.modeling import SimCSEModel
 
 
@@ -70,6 +74,10 @@ def small_disk(where: Path, kib: int) -> Iterator[Path]:
 
 def fill(disk: Path, leave: int) -> None:
     """Fill ``disk`` until about ``leave`` bytes are free (tmpfs counts whole pages)."""
+    # A failed export's reloaded sentence-transformers model is a reference cycle (its
+    # model card points back at it) that maps the deleted temp model.safetensors until the
+    # collector runs: collect first, or the space it frees later lets the next write fit.
+    gc.collect()
     free = shutil.disk_usage(disk).free
     if free > leave:
         (disk / "filler").write_bytes(b"\0" * (free - leave))
@@ -128,6 +136,26 @@ def test_a_real_full_disk_is_one_line_naming_the_users_path(
         fill(disk, 40 * 1024)
         fails(["train", str(recipe)], capsys, f"{disk / 'ckpt' / 'checkpoints' / 'step-1'}: no space left on device", rc=1)
         assert hidden_or_partial(disk) == [] and not list((disk / "ckpt" / "checkpoints").iterdir())
+
+
+def test_a_figure_on_a_full_disk_is_one_line_naming_it(tmp_path: Path) -> None:
+    """save_figure (the run folder's plots, the demos') on a full tmpfs: a one-line
+    StorageError naming the figure, and no hidden temp file left. Before: Pillow's bare
+    ``OSError: [Errno 28]`` from inside its PNG encoder ended a finished run in a traceback."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with small_disk(tmp_path / "disk", 256) as disk:
+        fill(disk, 4096)
+        fig, ax = plt.subplots(figsize=(7, 6))
+        ax.imshow(torch.rand(200, 200).numpy())  # noise: a PNG far over one page
+        path = disk / "run" / "training_curves.png"
+        with pytest.raises(StorageError) as raised:
+            save_figure(fig, path)
+        assert str(raised.value) == f"{path}: no space left on device; nothing half-written was left there"
+        assert not path.exists() and hidden_or_partial(disk) == []
 
 
 def test_the_run_lock_on_a_full_disk_is_one_line_and_leaves_no_empty_lock(
