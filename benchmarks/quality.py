@@ -383,19 +383,39 @@ def runs_commits(folders: Mapping[str, Mapping[int, Path]]) -> dict[str, list[st
     return out
 
 
-def sidecar(folders: Mapping[str, Mapping[int, Path]]) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any]]:
-    """Each row's per-seed cosines and the gold, from the runs' ``predictions.npz``; a row with a seed
-    without them is left out (its verdicts then say they have no interval)."""
+def kept_base(folder: Path) -> bool:
+    """Whether the run in ``folder`` kept the untouched model (best step 0): a peer's such run scores the
+    base model's table and writes no ``predictions.npz`` of its own."""
+    done = folder / "metrics.json"
+    return done.is_file() and json.loads(done.read_text(encoding="utf-8")).get("best_step") == 0
+
+
+def sidecar(
+    folders: Mapping[str, Mapping[int, Path]], bases: Mapping[str, Path] | None = None
+) -> tuple[dict[str, dict[int, dict[str, Any]]], dict[str, Any]]:
+    """Each row's per-seed cosines and the gold, from the runs' ``predictions.npz``. A seed that kept the
+    untouched model (:func:`kept_base`) takes the cosines of its row's base run in ``bases`` (the same
+    weights); a row with any other seed without them is left out (its verdicts then say they have no
+    interval)."""
     import numpy as np
 
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     gold: dict[str, Any] = {}
+    bases = bases or {}
     for row, seeds in folders.items():
-        if not all((f / PREDICTIONS).is_file() for f in seeds.values()):
+        files = {}
+        for seed, folder in seeds.items():
+            base = bases.get(row)
+            if (folder / PREDICTIONS).is_file():
+                files[seed] = folder / PREDICTIONS
+            elif base is not None and kept_base(folder) and (base / PREDICTIONS).is_file():
+                logger.info("%s seed %d kept the untouched model: its cosines are the base run's", row, seed)
+                files[seed] = base / PREDICTIONS
+        if len(files) < len(seeds):
             logger.warning("%s: a seed has no %s: no interval for this row", row, PREDICTIONS)
             continue
-        for seed, folder in seeds.items():
-            with np.load(folder / PREDICTIONS) as data:
+        for seed, path in files.items():
+            with np.load(path) as data:
                 rows.setdefault(row, {})[seed] = {k[4:]: data[k] for k in data.files if k.startswith("cos/")}
                 gold |= {k[5:]: data[k] for k in data.files if k.startswith("gold/")}
     return rows, gold
@@ -666,7 +686,8 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     folders = {f"{domain}-{u.name}" if domain else u.name: {0: Path(u.out)} for domain in spec.domains for u in untouched}
     folders |= {label: {seed: Path(rows[d, r](made.chosen[label], seed, False).out) / f"seed-{seed}" for seed in made.rows[label]}
                 for (d, r), label in labels.items() if label in made.rows}  # fmt: skip
-    args.sidecar = sidecar({name: f for name, f in folders.items() if name in results})
+    bases = {label: Path(u.out) for (d, r), label in labels.items() for u in untouched if u.name == "base"}
+    args.sidecar = sidecar({name: f for name, f in folders.items() if name in results}, bases)
     made_at = runs_commits({name: f for name, f in folders.items() if name in results})
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     # The runs' threads (--threads), not this coordinating process's (it encodes on all the workers' cores).

@@ -163,6 +163,32 @@ def test_the_runs_pairs_reach_the_records_sidecar(tmp_path: Path) -> None:
     assert {t: g.tolist() for t, g in loaded_gold.items()} == {t: g.astype(np.float32).tolist() for t, g in gold.items()}
 
 
+def test_a_seed_that_kept_the_untouched_model_takes_the_base_runs_cosines(tmp_path: Path) -> None:
+    """A peer run whose selection kept step 0 scores the base model and writes no predictions.npz: the sidecar
+    gives that seed the base run's cosines (the same weights), so the row keeps its interval; a seed without
+    predictions that did train (best step 25) still leaves its row out, as does a kept-base seed with no base run."""
+    from benchmarks.quality import sidecar
+    from benchmarks.st_peers import PREDICTIONS, save_sts_pairs
+
+    a, b, gold = _rows()
+    base = tmp_path / "base"
+    save_sts_pairs(base / PREDICTIONS, _fake_evaluator({t: p[0] for t, p in b.items()}, gold))
+    folders: dict[str, dict[int, Path]] = {}
+    for name, best_steps in (("kept", (25, 0, 50)), ("trained", (25, 25, 50)), ("no-base", (25, 0, 50))):
+        for seed, step in enumerate(best_steps, 1):
+            folder = tmp_path / name / f"seed-{seed}"
+            folder.mkdir(parents=True)
+            (folder / "metrics.json").write_text(json.dumps({"best_step": step}))
+            if seed != 2:
+                save_sts_pairs(folder / PREDICTIONS, _fake_evaluator({t: p[seed - 1] for t, p in a.items()}, gold))
+            folders.setdefault(name, {})[seed] = folder
+    rows, _ = sidecar(folders, {"kept": base, "trained": base})
+    assert set(rows) == {"kept"}
+    for t in gold:
+        np.testing.assert_array_equal(rows["kept"][2][t], b[t][0].astype(np.float16))  # the base run's
+        np.testing.assert_array_equal(rows["kept"][3][t], a[t][2].astype(np.float16))  # its own
+
+
 def test_report_verdicts_use_the_interval_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks import report
 
