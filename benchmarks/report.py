@@ -36,8 +36,8 @@ Record = dict[str, Any]
 Row = list[str]
 
 # Records kept before save_results stamped provenance (commit, dirty flag, threads): the check tolerates them
-# and the tables mark them "record predates provenance; to be re-run". sts-cpu and teacher_general-cpu were
-# typed in by hand ("transcribed"). This list may only shrink: a re-run record has provenance and must leave
+# and the tables mark them "record predates provenance; to be re-run". teacher_general-cpu was typed in by
+# hand ("transcribed"). This list may only shrink: a re-run record has provenance and must leave
 # it (the check says so), and no new name may join it (issue 49: records that cannot drift).
 LEGACY = frozenset({
     "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "corpus_scale-avx512_bf16",
@@ -45,8 +45,8 @@ LEGACY = frozenset({
     "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip", "gpu-h100-minilm", "gpu-h100-syncs-1-before",
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "guide-cpu", "lora-h100-minilm",
     "lora-h100-mpnet", "memory-avx512_bf16", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
-    "negatives-cpu", "onnx_speed-avx512_bf16", "pipeline-avx512_bf16", "scored-cpu", "scores-h100", "sts-cpu",
-    "teacher-cpu", "teacher_general-cpu", "train_lora-avx512_bf16", "train_throughput-avx2-limited",
+    "negatives-cpu", "onnx_speed-avx512_bf16", "pipeline-avx512_bf16", "scored-cpu", "scores-h100",
+    "teacher-cpu", "teacher_general-cpu", "train_lora-avx512_bf16",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
 
@@ -511,10 +511,10 @@ def _quality_verdict(kept: list[Record]) -> list[str]:
     for family in ("unsup", "hardneg"):
         kit = {n: r["mean"] for n, r in res.items() if n.startswith(f"kit-{family}")}
         best, peer = max(kit, key=lambda n: kit[n]["best_stsb_dev"]), res[f"st-{family}"]["mean"]["avg"]
+        chosen = f"`{best}` (simcse-kit's best on STS-B dev)" if len(kit) > 1 else f"simcse-kit `{best}`"
         lines.append(
-            f"- {family}: the simcse-kit recipe best on STS-B dev, `{best}`, averages {kit[best]['avg']:.2f} "
-            f"against sentence-transformers' {peer:.2f} ({kit[best]['avg'] - peer:+.2f}; "
-            f"{interval_verdict(kept[0], best, f'st-{family}')})."
+            f"- {family}: {chosen} {kit[best]['avg']:.2f}, sentence-transformers {peer:.2f}; "
+            f"{interval_verdict(kept[0], best, f'st-{family}')}."
         )
     return lines
 

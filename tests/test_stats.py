@@ -202,8 +202,8 @@ def test_report_verdicts_use_the_interval_rule(tmp_path: Path, monkeypatch: pyte
     save_rows(tmp_path / "sts-cpu.npz", {"kit-unsup": _by_seed(perfect), "st-unsup": _by_seed(b),
                                          "kit-hardneg": _by_seed(a), "st-hardneg": _by_seed(a)}, gold)  # fmt: skip
     lines = report._quality_verdict([rec])
-    assert lines[0].endswith(": better).") and "interval rule, 7-task average: +" in lines[0]
-    assert lines[1].endswith("+0.00 (95% interval +0.00 to +0.00): no difference measured).")
+    assert lines[0].endswith(": better.") and "interval rule, 7-task average: +" in lines[0]
+    assert lines[1].endswith("+0.00 (95% interval +0.00 to +0.00): no difference measured.")
     assert report.interval_verdict(rec, "kit-unsup", "nope") == "no interval (no per-pair data for `nope`)"
 
 
