@@ -403,9 +403,8 @@ def sidecar(
     gold: dict[str, Any] = {}
     bases = bases or {}
     for row, seeds in folders.items():
-        files = {}
+        files, base = {}, bases.get(row)
         for seed, folder in seeds.items():
-            base = bases.get(row)
             if (folder / PREDICTIONS).is_file():
                 files[seed] = folder / PREDICTIONS
             elif base is not None and kept_base(folder) and (base / PREDICTIONS).is_file():
@@ -686,7 +685,8 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     folders = {f"{domain}-{u.name}" if domain else u.name: {0: Path(u.out)} for domain in spec.domains for u in untouched}
     folders |= {label: {seed: Path(rows[d, r](made.chosen[label], seed, False).out) / f"seed-{seed}" for seed in made.rows[label]}
                 for (d, r), label in labels.items() if label in made.rows}  # fmt: skip
-    bases = {label: Path(u.out) for (d, r), label in labels.items() for u in untouched if u.name == "base"}
+    base = next((Path(u.out) for u in untouched if u.name == "base"), None)  # what a kept-base seed scored
+    bases = dict.fromkeys(labels.values(), base) if base is not None else {}
     args.sidecar = sidecar({name: f for name, f in folders.items() if name in results}, bases)
     made_at = runs_commits({name: f for name, f in folders.items() if name in results})
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}

@@ -54,29 +54,39 @@ PROVENANCE_KEYS = ("commit", "dirty", "threads")
 NO_INTERVAL = "no interval (record predates per-pair data)"
 
 
-def interval_verdict(rec: Record, a: str, b: str) -> str:
-    """The interval rule on rows ``a`` - ``b`` of ``rec``: their 7-task averages' difference with its 95% interval
-    (a paired bootstrap over the test pairs and the seeds, ``benchmarks.stats``) and "better", "worse" or "no
-    difference measured"; where the record has no per-pair sidecar (``results/<record>.npz``), it says so."""
+def _per_pair(rec: Record, names: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]] | str:
+    """The per-pair rows and gold of ``rec``'s sidecar (``results/<record>.npz``), or why rows ``names`` have no
+    interval: the record has no sidecar, or it lacks one of them."""
     path = RESULTS / f"{rec.get('_file', '')}.npz"
     if not path.is_file():
         return NO_INTERVAL
     rows, gold = _sidecar(path)
-    missing = [r for r in (a, b) if r not in rows]
+    missing = [r for r in names if r not in rows]
     if missing:
         return f"no interval (no per-pair data for `{missing[0]}`)"
+    return rows, gold
+
+
+def interval_verdict(rec: Record, a: str, b: str) -> str:
+    """The interval rule on rows ``a`` - ``b`` of ``rec``: their 7-task averages' difference with its 95% interval
+    (a paired bootstrap over the test pairs and the seeds, ``benchmarks.stats``) and "better", "worse" or "no
+    difference measured"; where the record has no per-pair data for them, it says so."""
+    data = _per_pair(rec, (a, b))
+    if isinstance(data, str):
+        return data
+    rows, gold = data
     return f"interval rule, 7-task average: {spearman_difference(rows[a], rows[b], gold)}"
 
 
 def goal_verdict(rec: Record, row: str, goal: float) -> str:
     """Row ``row``'s 7-task average against ``goal`` by its 95% interval (the seeds and the test pairs drawn:
     ``benchmarks.stats.spearman_level``): "reaches" where the interval lies at or above it, "misses" where below,
-    else the goal lies inside the interval; where the record has no per-pair sidecar, it says so."""
-    path = RESULTS / f"{rec.get('_file', '')}.npz"
-    rows = _sidecar(path)[0] if path.is_file() else {}
-    if row not in rows:
-        return f"against {goal}: {NO_INTERVAL if not rows else f'no interval (no per-pair data for `{row}`)'}"
-    got = spearman_level(rows[row], _sidecar(path)[1])
+    else the goal lies inside the interval; where the record has no per-pair data for it, it says so."""
+    data = _per_pair(rec, (row,))
+    if isinstance(data, str):
+        return f"against {goal}: {data}"
+    rows, gold = data
+    got = spearman_level(rows[row], gold)
     if got.low >= goal:
         verdict = f"reaches {goal}"
     elif got.high < goal:
