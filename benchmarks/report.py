@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import REPO, SOUND_TASKS, spread
-from benchmarks.stats import load_rows, spearman_difference, spearman_level
+from benchmarks.stats import Interval, load_rows, spearman_difference, spearman_level
 
 RESULTS = REPO / "benchmarks" / "results"
 BENCH, README, DETAILS = REPO / "BENCHMARKS.md", REPO / "README.md", REPO / "docs" / "benchmark_details.md"
@@ -54,39 +54,50 @@ PROVENANCE_KEYS = ("commit", "dirty", "threads")
 NO_INTERVAL = "no interval (record predates per-pair data)"
 
 
-def _per_pair(rec: Record, names: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]] | str:
-    """The per-pair rows and gold of ``rec``'s sidecar (``results/<record>.npz``), or why rows ``names`` have no
+def _per_pair(rec: Record, names: Sequence[str]) -> Path | str:
+    """The per-pair sidecar of ``rec`` (``results/<record>.npz``) holding rows ``names``, or why they have no
     interval: the record has no sidecar, or it lacks one of them."""
     path = RESULTS / f"{rec.get('_file', '')}.npz"
     if not path.is_file():
         return NO_INTERVAL
-    rows, gold = _sidecar(path)
-    missing = [r for r in names if r not in rows]
+    missing = [r for r in names if r not in _sidecar(path)[0]]
     if missing:
         return f"no interval (no per-pair data for `{missing[0]}`)"
-    return rows, gold
+    return path
+
+
+# The bootstraps are deterministic (seed 0) and the slowest part of a report: a verdict shown in two blocks (a
+# summary and its full table), or generated again by the check, is computed once.
+@functools.lru_cache(maxsize=64)
+def _difference(path: Path, a: str, b: str) -> Interval:
+    rows, gold = _sidecar(path)
+    return spearman_difference(rows[a], rows[b], gold)
+
+
+@functools.lru_cache(maxsize=64)
+def _level(path: Path, row: str) -> Interval:
+    rows, gold = _sidecar(path)
+    return spearman_level(rows[row], gold)
 
 
 def interval_verdict(rec: Record, a: str, b: str) -> str:
     """The interval rule on rows ``a`` - ``b`` of ``rec``: their 7-task averages' difference with its 95% interval
     (a paired bootstrap over the test pairs and the seeds, ``benchmarks.stats``) and "better", "worse" or "no
     difference measured"; where the record has no per-pair data for them, it says so."""
-    data = _per_pair(rec, (a, b))
-    if isinstance(data, str):
-        return data
-    rows, gold = data
-    return f"interval rule, 7-task average: {spearman_difference(rows[a], rows[b], gold)}"
+    path = _per_pair(rec, (a, b))
+    if isinstance(path, str):
+        return path
+    return f"interval rule, 7-task average: {_difference(path, a, b)}"
 
 
 def goal_verdict(rec: Record, row: str, goal: float) -> str:
     """Row ``row``'s 7-task average against ``goal`` by its 95% interval (the seeds and the test pairs drawn:
     ``benchmarks.stats.spearman_level``): "reaches" where the interval lies at or above it, "misses" where below,
     else the goal lies inside the interval; where the record has no per-pair data for it, it says so."""
-    data = _per_pair(rec, (row,))
-    if isinstance(data, str):
-        return f"against {goal}: {data}"
-    rows, gold = data
-    got = spearman_level(rows[row], gold)
+    path = _per_pair(rec, (row,))
+    if isinstance(path, str):
+        return f"against {goal}: {path}"
+    got = _level(path, row)
     if got.low >= goal:
         verdict = f"reaches {goal}"
     elif got.high < goal:
