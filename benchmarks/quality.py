@@ -105,6 +105,12 @@ _TEACHER_ROWS = {
     "kit-similarity+simcse": Row("teacher/{d}", {"teacher_weight": "0.5"}, teacher=True),
     "st-mse": Row("teacher/{d}", peer="mse", teacher=True),
 }
+# train/teacher/general.yaml (Wikipedia only: no STS or SICK file) beside sentence-transformers' distillation from
+# the same teacher (MSELoss, the teacher's vectors reduced by PCA) on the same sentences, the same sweep for both.
+_TEACHER_GENERAL_ROWS = {
+    "kit-similarity": Row("teacher/general", teacher=True),
+    "st-mse": Row("teacher/general", peer="mse", teacher=True),
+}
 _GUIDE_ROWS = {
     "kit-hardneg": Row("hardneg"),
     "kit-hardneg-guide": Row("hardneg", guide=True),
@@ -177,6 +183,7 @@ TABLES = {
     "sts": Table(_STS_ROWS, list(_STS_ROWS), trains_on=(SNLI,)),
     "domain": Table(_DOMAIN_ROWS, ["domain", "st-mnrl", "st-tsdae", "st-ct"], "5e-6,1e-5,2e-5,3e-5,5e-5", ("sick", "stsb")),
     "teacher": Table(_TEACHER_ROWS, list(_TEACHER_ROWS), "1e-5,3e-5,1e-4", ("sick", "stsb"), ("base", "teacher")),
+    "teacher_general": Table(_TEACHER_GENERAL_ROWS, list(_TEACHER_GENERAL_ROWS), "1e-5,3e-5,1e-4", untouched=("base", "teacher")),
     "mining": Table(_MINING_ROWS | {"hardneg": Row("hardneg")}, ["sup", "sup-4509", "sup+mined", "hardneg"], trains_on=(SNLI,)),
     "negatives": Table(_NEGATIVE_ROWS, list(_NEGATIVE_ROWS), trains_on=(SNLI,)),
     "guide": Table(_GUIDE_ROWS, list(_GUIDE_ROWS), trains_on=(SNLI,)),
@@ -785,6 +792,7 @@ def main() -> None:
     save_rows(out.with_suffix(".npz"), *args.sidecar)  # report.py's intervals (benchmarks.stats)
     views = {"sts": report.QUALITY, "mining": report.MINING, "negatives": report.NEGATIVES, "guide": report.GUIDE}
     views |= {"multi": report.MULTI, "scores": report.SCORES, "lora": report.LORA, "scored": report.SCORED}
+    views |= {"teacher_general": report.TEACHER_GENERAL}
     spec_view = views.get(args.table, report.DOMAIN)
     print("\n".join(report.md_table(spec_view.head, spec_view.rows(record))))
     print(f"{time.perf_counter() - start:.0f} s; kept in {out} and {out.with_suffix('.npz').name} (copy both to "

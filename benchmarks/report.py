@@ -36,9 +36,9 @@ Record = dict[str, Any]
 Row = list[str]
 
 # Records kept before save_results stamped provenance (commit, dirty flag, threads): the check tolerates them
-# and the tables mark them "record predates provenance; to be re-run". teacher_general-cpu was typed in by
-# hand ("transcribed"). This list may only shrink: a re-run record has provenance and must leave
-# it (the check says so), and no new name may join it (issue 49: records that cannot drift).
+# and the tables mark them "record predates provenance; to be re-run". This list may only shrink: a re-run
+# record has provenance and must leave it (the check says so), and no new name may join it (issue 49:
+# records that cannot drift).
 LEGACY = frozenset({
     "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "corpus_scale-avx512_bf16",
     "corpus_scale_warm-avx512_bf16", "domain-h100", "gpu-h100-bertbase-l32",
@@ -46,7 +46,7 @@ LEGACY = frozenset({
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "guide-cpu", "lora-h100-minilm",
     "lora-h100-mpnet", "memory-avx512_bf16", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
     "negatives-cpu", "onnx_speed-avx512_bf16", "pipeline-avx512_bf16", "scored-cpu", "scores-h100",
-    "teacher-cpu", "teacher_general-cpu", "train_lora-avx512_bf16",
+    "teacher-cpu", "train_lora-avx512_bf16",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
 
@@ -224,8 +224,7 @@ def machine_line(rec: Record, label: str = "") -> str:
     versions = m.get("versions") or rec.get("versions") or {"torch": m.get("torch")}
     libs = ", ".join(f"{k} {v}" for k, v in versions.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
-    note = " (transcribed from the measurement log)" if rec.get("transcribed") else ""
-    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec['command']}`{note}{provenance_note(rec)}"
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec['command']}`{provenance_note(rec)}"
 
 
 # --------------------------------------------------------------------------- the renderer
@@ -731,13 +730,35 @@ def _clean_verdict(kept: list[Record]) -> list[str]:
             beyond = "beyond" if abs(gap) > spread_ else "within"
             lines.append(f"- `{CLEAN_RECIPE}` − `{peer}`: {gap:+.2f}, {beyond} the seed spread ({spread_:.2f}, the larger "
                          f"std); {interval_verdict(rec, CLEAN_RECIPE, peer)}.")  # fmt: skip
-        base = res.get("base", {}).get("mean", {})
-        keys = (*STS, *(f"retrieval:{t}" for t in SOUND_TASKS))
-        below = [f"{SHORT.get(k, k.replace('retrieval:', 'nDCG@10 '))} {ours[k] - base[k]:+.2f}"
-                 for k in keys if k in base and k in ours and ours[k] < base[k]]  # fmt: skip
-        if below:
-            lines.append(f"- Below the untouched base: {', '.join(below)}.")
+        lines += _below_base(res, CLEAN_RECIPE)
     return lines
+
+
+def _below_base(res: Record, row: str) -> list[str]:
+    """Every STS average and sound retrieval task on which row ``row``'s mean falls below the untouched base's."""
+    base, ours = res.get("base", {}).get("mean", {}), res[row]["mean"]
+    keys = (*STS, *(f"retrieval:{t}" for t in SOUND_TASKS))
+    below = [f"{SHORT.get(k, k.replace('retrieval:', 'nDCG@10 '))} {ours[k] - base[k]:+.2f}"
+             for k in keys if k in base and k in ours and ours[k] < base[k]]  # fmt: skip
+    return [f"- Below the untouched base: {', '.join(below)}."] if below else []
+
+
+def _teacher_general_rows(rec: Record) -> Iterable[Row]:
+    for name, s in rec["results"].items():
+        n, lr = _seeds(s), "–" if s.get("learning_rate") is None else f"{s['learning_rate']:g}"
+        cells = [_ms(s["mean"], s["std"], k, n) for k in (*STS, "best_stsb_dev")]
+        seen = "–" if s["kind"] in ("base", "teacher") else _seen(s)
+        yield [name, lr, str(n), *cells, _sound_ndcg(s), _best_step(s["per_seed"]), seen]
+
+
+def _teacher_general_verdict(kept: list[Record]) -> list[str]:
+    """The distilled recipe against the untouched student and the peer (the interval rule), and what it lowers."""
+    res, lines = kept[0]["results"], []
+    for other in ("base", "st-mse"):
+        if "kit-similarity" in res and other in res:
+            gap = res["kit-similarity"]["mean"]["avg"] - res[other]["mean"]["avg"]
+            lines.append(f"- `kit-similarity` − `{other}`: {gap:+.2f}; {interval_verdict(kept[0], 'kit-similarity', other)}.")
+    return lines + (_below_base(res, "kit-similarity") if "kit-similarity" in res else [])
 
 
 def _fixed(values: Iterable[float]) -> list[str]:
@@ -806,9 +827,13 @@ DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selecti
 DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
 TEACHER = Spec("teacher", "teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
 TEACHER_GENERAL = Spec(
-    "teacher-general", "teacher_general", "learning rate|best step|STS-B dev|STS-B test|SICK-R|7-task avg",
-    lambda rec: ([lr, str(r["best_step"]), *_fixed(r[k] for k in ("best_stsb_dev", "STSBenchmark", "SICKRelatedness", "avg"))]
-                 for lr, r in rec["results"].items()),
+    "teacher-general", "teacher_general",
+    f"row|lr|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 (stsb-similar, sick-related)|best step|test pairs trained on",
+    _teacher_general_rows,
+    "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: chosen on STS-B dev (one seed, dev only), the same "
+    "sweep for both rows; `teacher`: all-mpnet-base-v2 itself.",
+    after=_teacher_general_verdict,
+    command="python -m benchmarks.quality teacher_general --teacher /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
 MINING = Spec(
     "mining", "mining", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",

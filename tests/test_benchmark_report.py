@@ -330,7 +330,7 @@ def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypat
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     monkeypatch.setattr(report, "LEGACY", frozenset({"old-cpu", "gone-cpu"}))
     _write(tmp_path, "old-cpu", {})
-    _write(tmp_path, "typed-cpu", {"transcribed": True})
+    _write(tmp_path, "typed-cpu", {})
     _write(tmp_path, "clean-cpu", {"provenance": CLEAN})
     _write(tmp_path, "dirty-cpu", {"provenance": CLEAN | {"dirty": True}})
     assert report.provenance_problems() == [
@@ -345,7 +345,7 @@ def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypat
             for stem in ("clean-cpu", "dirty-cpu", "typed-cpu")}  # fmt: skip
     assert line["clean-cpu"].endswith("`python -m benchmarks.memory`")
     assert line["dirty-cpu"].endswith("`python -m benchmarks.memory` (written from a dirty tree: not evidence; to be re-run)")
-    assert line["typed-cpu"].endswith("(transcribed from the measurement log) (no provenance: report --check refuses it)")
+    assert line["typed-cpu"].endswith("`python -m benchmarks.memory` (no provenance: report --check refuses it)")
     legacy = report.machine_line({"machine": MACHINE, "command": "c", "_file": "gone-cpu"})
     assert legacy.endswith("`c` (record predates provenance; to be re-run)")
 
