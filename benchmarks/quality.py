@@ -36,6 +36,7 @@ from benchmarks.st_peers import (
     run_st,
     save_sts_pairs,
     stamp_run,
+    transfer_row,
 )
 from benchmarks.stats import save_rows
 from simcse_kit.config.run import DEFAULT_MODEL
@@ -211,6 +212,7 @@ class Job:
     dev_only: bool = False
     eval_data_dir: str = ""
     datasets: tuple[str, ...] = ()
+    transfer: int = 0  # the SentEval transfer tasks' folds (0: not scored)
 
     @classmethod
     def from_json(cls, text: str) -> Job:
@@ -264,6 +266,21 @@ def score_retrieval(model: str | Path, tasks: Sequence[str], max_seq_len: int, c
     return row
 
 
+def score_transfer(model: str | Path, data_dir: str | Path, kfold: int, folder: Path) -> dict[str, float]:
+    """:func:`st_peers.transfer_row` of ``model``, cached in ``folder/transfer.json`` with its folds."""
+    from simcse_kit.files import write_json_atomic
+    from simcse_kit.model.devices import resolve_device
+    from simcse_kit.model.inference import load_encoder
+
+    cache = folder / "transfer.json"
+    saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
+    if saved.get("kfold") == kfold and saved.get("model") == str(model):
+        return saved["row"]
+    row = transfer_row(load_encoder(str(model), device=str(resolve_device("auto"))).encode, str(data_dir), kfold)
+    write_json_atomic(cache, {"kfold": kfold, "model": str(model), "row": row})
+    return row
+
+
 def base_scores(job: Job) -> dict[str, float]:
     """The untouched ``job.model``'s STS table and retrieval row, cached in ``job.out``."""
     from simcse_kit.evaluation import STSEvaluator
@@ -285,6 +302,8 @@ def base_scores(job: Job) -> dict[str, float]:
     row = dict(saved["sts"])
     if job.retrieval:
         row |= score_retrieval(job.model, job.retrieval, 256, out / "retrieval.json")
+    if job.transfer:
+        row |= score_transfer(job.model, job.eval_data_dir, job.transfer, out)
     return row
 
 
@@ -334,7 +353,8 @@ def run_job(job: Job) -> dict[str, float]:
         return base_scores(job)
     if job.kind == "st":
         cfg = job_config(job, {"output_dir": job.out})
-        runs = run_st(cfg, [job.seed], job.loss, job.precision, Path(job.out), retrieval=job.retrieval, dev_only=job.dev_only)
+        runs = run_st(cfg, [job.seed], job.loss, job.precision, Path(job.out), retrieval=job.retrieval,
+                      dev_only=job.dev_only, transfer=job.transfer)  # fmt: skip
         return runs[job.seed]
     if job.kind != "kit":
         raise ValueError(f"unknown job kind {job.kind!r}")
@@ -361,6 +381,8 @@ def run_job(job: Job) -> dict[str, float]:
         row["guide_masked"] = float(metrics["guide"]["masked"])
     if job.retrieval and not job.dev_only:
         row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
+    if job.transfer and not job.dev_only:
+        row |= score_transfer(folder / "best_model", job.eval_data_dir or cfg.data.eval_data_dir, job.transfer, folder)
     if not job.dev_only and not (folder / PREDICTIONS).is_file():
         kit_sts_pairs(folder / "best_model", cfg, folder / PREDICTIONS)
     return row
@@ -572,6 +594,7 @@ def row_job(table: str, domain: str, name: str, lr: float, seed: int, sweep: boo
         retrieval=() if sweep else tuple(args.tasks),
         dev_only=sweep,
         datasets=row.datasets,
+        transfer=0 if sweep else args.transfer_kfold,
     )
 
 
@@ -670,8 +693,8 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     senteval = str(args.eval_data_dir or args.data_root / "senteval")
     models = {"base": args.model or DEFAULT_MODEL, "teacher": str(getattr(args, "teacher", None))}
     tasks = tuple(args.tasks)
-    untouched = [Job(u, "base", out=str(args.output_dir / u), model=models[u], retrieval=tasks, eval_data_dir=senteval)
-                 for u in spec.untouched]  # fmt: skip
+    untouched = [Job(u, "base", out=str(args.output_dir / u), model=models[u], retrieval=tasks, eval_data_dir=senteval,
+                     transfer=args.transfer_kfold) for u in spec.untouched]  # fmt: skip
     rows = {(d, r): (lambda lr, s, sw, d=d, r=r: row_job(table, d, r, lr, s, sw, args)) for d in spec.domains for r in args.rows}
     labels = {(d, r): f"{d}-{r}" if d else r for d, r in rows}
     made = sweep_and_run({labels[k]: job for k, job in rows.items()}, {labels[d, r]: rates[r] for d, r in rows}, args, untouched)
@@ -704,6 +727,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "data_root": str(args.data_root),
         "seeds": args.seeds,
         "steps": args.steps,
+        "transfer_kfold": args.transfer_kfold,
         "retrieval_tasks": args.task_names,
         "st_precision": resolve_precision(args.st_precision),
         "learning_rates": {r: rates[r] for r in args.rows},
@@ -751,6 +775,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--teacher-cache-dir", type=Path, default=None, help="where their vectors are cached (default: the kit's)")
     p.add_argument("--data-root", type=Path, default=None, help="default: $SIMCSE_KIT_DATA, else ../shared/data")
     p.add_argument("--retrieval-tasks", nargs="+", default=None, help="built-in retrieval tasks (default: all; none: skip)")
+    p.add_argument("--transfer-kfold", type=int, default=0, choices=(0, 5, 10),
+                   help="score each seed's model on the SentEval transfer tasks with this many folds (SentEval: 10; "
+                   "its quick setting: 5; 0: not scored)")  # fmt: skip
     p.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per run")
     p.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")

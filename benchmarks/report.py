@@ -676,6 +676,7 @@ def _multi_verdict(kept: list[Record]) -> list[str]:
 
 
 SHORT = dict(zip(STS[:-1], STS_HEAD.split("|")[:-1], strict=True))  # STSBenchmark -> STS-B
+SHORT |= {"avg": "7-task avg", "transfer:avg": "SentEval transfer avg"}
 
 
 def _seen(s: Record) -> str:
@@ -737,7 +738,7 @@ def _clean_verdict(kept: list[Record]) -> list[str]:
 def _below_base(res: Record, row: str) -> list[str]:
     """Every STS average and sound retrieval task on which row ``row``'s mean falls below the untouched base's."""
     base, ours = res.get("base", {}).get("mean", {}), res[row]["mean"]
-    keys = (*STS, *(f"retrieval:{t}" for t in SOUND_TASKS))
+    keys = (*STS, *(f"retrieval:{t}" for t in SOUND_TASKS), "transfer:avg")
     below = [f"{SHORT.get(k, k.replace('retrieval:', 'nDCG@10 '))} {ours[k] - base[k]:+.2f}"
              for k in keys if k in base and k in ours and ours[k] < base[k]]  # fmt: skip
     return [f"- Below the untouched base: {', '.join(below)}."] if below else []
@@ -748,7 +749,8 @@ def _teacher_general_rows(rec: Record) -> Iterable[Row]:
         n, lr = _seeds(s), "–" if s.get("learning_rate") is None else f"{s['learning_rate']:g}"
         cells = [_ms(s["mean"], s["std"], k, n) for k in (*STS, "best_stsb_dev")]
         seen = "–" if s["kind"] in ("base", "teacher") else _seen(s)
-        yield [name, lr, str(n), *cells, _sound_ndcg(s), _best_step(s["per_seed"]), seen]
+        transfer = _ms(s["mean"], s["std"], "transfer:avg", n)
+        yield [name, lr, str(n), *cells, _sound_ndcg(s), transfer, _best_step(s["per_seed"]), seen]
 
 
 def _teacher_general_verdict(kept: list[Record]) -> list[str]:
@@ -828,10 +830,12 @@ DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdi
 TEACHER = Spec("teacher", "teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
 TEACHER_GENERAL = Spec(
     "teacher-general", "teacher_general",
-    f"row|lr|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 (stsb-similar, sick-related)|best step|test pairs trained on",
+    f"row|lr|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 (stsb-similar, sick-related)|SentEval transfer avg|best step|"
+    "test pairs trained on",
     _teacher_general_rows,
-    "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: chosen on STS-B dev (one seed, dev only), the same "
-    "sweep for both rows; `teacher`: all-mpnet-base-v2 itself.",
+    lambda kept: "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: chosen on STS-B dev (one seed, dev "
+    "only), the same sweep for both rows; `teacher`: all-mpnet-base-v2 itself. SentEval transfer: the mean accuracy of "
+    f"`simcse-kit transfer`'s seven tasks, {kept[0].get('transfer_kfold') or 'not scored: no'}-fold.",
     after=_teacher_general_verdict,
     command="python -m benchmarks.quality teacher_general --teacher /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip

@@ -226,9 +226,10 @@ def resolve_precision(precision: str) -> str:
 
 
 def st_train(
-    cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False
+    cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False, transfer: int = 0
 ) -> dict[str, Any]:
-    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection."""
+    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection; ``transfer``: the
+    SentEval transfer tasks' folds (0: not scored)."""
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import AutoConfig
 
@@ -283,6 +284,7 @@ def st_train(
     # scores its best_model/ (fp32, loaded afresh).
     sts: dict[str, float] = {}
     scored: dict[str, float] = {}
+    transferred: dict[str, float] = {}
     if dev_only:
         pass
     elif selection.best_step == 0:
@@ -290,6 +292,9 @@ def st_train(
         # The same weights: the same tables.
         sts = base_table(str(path), str(cfg.data.eval_data_dir), eval_len, device)
         scored = base_retrieval(str(path), tuple(retrieval), eval_len, device)
+        if transfer:
+            transferred = transfer_row(encoder(SentenceTransformer(path, device=device), eval_len, eval_len),
+                                       str(cfg.data.eval_data_dir), transfer)  # fmt: skip
     else:
         best = SentenceTransformer(path, device=device)
         if cfg.model.lora_r > 0:
@@ -299,6 +304,8 @@ def st_train(
         pairs_file = Path(tempfile.mkdtemp()) / PREDICTIONS  # run_st moves it beside metrics.json
         save_sts_pairs(pairs_file, final_sts)
         scored = score_tasks(best, retrieval, eval_len, device)
+        if transfer:
+            transferred = transfer_row(encoder(best, eval_len, eval_len), str(cfg.data.eval_data_dir), transfer)
     return {
         "loss": loss,
         "best_step": selection.best_step,
@@ -309,6 +316,7 @@ def st_train(
         "device": device,
         "sts": sts,
         "retrieval": scored,
+        "transfer": transferred,
     } | ({"sts_pairs_file": str(pairs_file)} if not dev_only and selection.best_step != 0 else {})
 
 
@@ -362,6 +370,14 @@ def score_tasks(model: Any, tasks: Sequence[str], eval_len: int, device: str) ->
     return RetrievalEvaluator(tasks, batch_size=EVAL_BATCH_SIZE, device=device)(encoder(model, eval_len, eval_len))
 
 
+def transfer_row(encode: Callable[[list[str]], Any], data_dir: str, kfold: int) -> dict[str, float]:
+    """The SentEval transfer tasks of ``encode`` (``simcse-kit transfer``'s probe, ``kfold`` folds) under
+    ``transfer:<task>``; the tables read ``transfer:avg``, the mean accuracy of the seven."""
+    from simcse_kit.evaluation import TransferEvaluator
+
+    return {f"transfer:{k}": float(v) for k, v in TransferEvaluator(data_dir, kfold=kfold)(encode).items()}
+
+
 @functools.lru_cache(maxsize=4)
 def base_retrieval(path: str, tasks: tuple[str, ...], eval_len: int, device: str) -> dict[str, float]:
     """:func:`score_tasks` of the untouched model, once per process (as :func:`base_table`)."""
@@ -370,10 +386,13 @@ def base_retrieval(path: str, tasks: tuple[str, ...], eval_len: int, device: str
     return score_tasks(SentenceTransformer(path, device=device), tasks, eval_len, device) if tasks else {}
 
 
-def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False) -> dict[str, Any]:
+def run_settings(
+    cfg: Any, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False, transfer: int = 0
+) -> dict[str, Any]:
     """What a peer run depends on."""
     data, train = cfg.data, cfg.train
-    extra = {"retrieval": [Path(t).name for t in retrieval]} if retrieval else {}
+    extra: dict[str, Any] = {"retrieval": [Path(t).name for t in retrieval]} if retrieval else {}
+    extra |= {"transfer_kfold": transfer} if transfer and not dev_only else {}  # only then: older runs' settings stay equal
     if cfg.model.lora_r > 0:  # only then: the settings of the full fine-tuning runs kept before stay equal
         extra |= {k: getattr(cfg.model, k) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")}
     return {
@@ -406,11 +425,12 @@ def run_st(
     settings: dict[str, Any] | None = None,
     retrieval: Sequence[str] = (),
     dev_only: bool = False,
+    transfer: int = 0,
 ) -> dict[int, dict[str, float]]:
     """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its ``settings`` match); per seed its table."""
     from simcse_kit.files import write_json_atomic
 
-    settings = run_settings(cfg, loss, precision, retrieval, dev_only) if settings is None else settings
+    settings = run_settings(cfg, loss, precision, retrieval, dev_only, transfer) if settings is None else settings
     precision = resolve_precision(precision)
     per_seed = {}
     for seed in seeds:
@@ -419,7 +439,7 @@ def run_st(
         if metrics.get("settings") == settings:
             logger.info("reusing the finished run in %s", done.parent)
         else:
-            metrics = st_train(cfg, seed, loss, precision, retrieval, dev_only) | {"settings": settings}
+            metrics = st_train(cfg, seed, loss, precision, retrieval, dev_only, transfer) | {"settings": settings}
             pairs = metrics.pop("sts_pairs_file", None)
             (done.parent / PREDICTIONS).unlink(missing_ok=True)  # an older run's, if any
             if pairs:
@@ -437,6 +457,7 @@ def run_st(
             "train_seconds": metrics["train_seconds"],
             **dev_curve(curve),
             **row,
+            **(metrics.get("transfer") or {}),
         }
     return per_seed
 

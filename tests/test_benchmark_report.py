@@ -320,6 +320,39 @@ def test_multi_verdict_known_answer() -> None:
     assert list(report._multi_rows(gpu))[0][:2] == ["H100", "kit-multi-teacher"]
 
 
+def test_teacher_general_table_known_answer() -> None:
+    """The distillation table's rows (rate, seeds, the seven tasks, the sound retrieval tasks, the transfer average,
+    the guard's count) and its verdict: the recipe against the base and the peer, and every average it lowers
+    below the base named, the transfer average among them."""
+    sts = dict.fromkeys(report.STS[:-1], 80.0) | {"avg": 80.0, "best_stsb_dev": 87.0, "best_step": 50.0}
+    ndcg = {f"retrieval:{t}": 90.0 for t in report.SOUND_TASKS}
+    seeds = {"1": sts | ndcg, "2": sts | ndcg | {"best_step": 100.0}}
+    clean = {t: [0, 100] for t in report.STS[:-1]}
+
+    def row(kind: str, lr: float | None, **mean: float) -> dict[str, Any]:
+        cols = sts | ndcg | {"transfer:avg": 85.0} | {k.replace("_", ":"): v for k, v in mean.items()}
+        per_seed = seeds if lr is not None else {"0": cols}
+        return {"kind": kind, "learning_rate": lr, "n": len(per_seed), "mean": cols, "std": dict.fromkeys(cols, 0.25),
+                "per_seed": per_seed} | ({"test_pairs_seen": clean} if lr is not None else {})  # fmt: skip
+
+    results = {
+        "base": row("base", None, SICKRelatedness=81.0, transfer_avg=85.5, avg=79.0),
+        "kit-similarity": row("kit", 3e-5),
+        "st-mse": row("st", 1e-4, avg=79.75),
+    }
+    rows = list(report.TEACHER_GENERAL.rows({"results": results}))
+    assert rows[0][:3] == ["base", "–", "1"] and rows[0][-4:] == ["90.00", "85.50", "50", "–"]
+    ms = "80.00 ± 0.25"
+    assert rows[1] == ["kit-similarity", "3e-05", "2", *[ms] * 8, "87.00 ± 0.25", "90.00 ± 0.00", "85.00 ± 0.25",
+                       "75 (50, 100)", "0"]  # fmt: skip
+    assert rows[2][:3] == ["st-mse", "0.0001", "2"] and rows[2][10] == "79.75 ± 0.25"
+    assert report._teacher_general_verdict([{"results": results}]) == [
+        f"- `kit-similarity` − `base`: +1.00; {NO}.",
+        f"- `kit-similarity` − `st-mse`: +0.25; {NO}.",
+        "- Below the untouched base: SICK-R -1.00, SentEval transfer avg -0.50.",
+    ]
+
+
 def _write(folder: Path, stem: str, record: dict[str, Any]) -> None:
     (folder / f"{stem}.json").write_text(json.dumps({"machine": MACHINE, "command": "python -m benchmarks.memory"} | record))
 

@@ -229,7 +229,7 @@ def test_the_learning_rate_is_chosen_on_the_mean_dev_score_never_on_test() -> No
 
 def domain_args(tmp_path: Path, **changes: object) -> argparse.Namespace:
     values = {"eval_steps": 25, "data_root": tmp_path / "data", "steps": 2, "eval_data_dir": None, "output_dir": tmp_path / "out"}
-    values["model"] = None
+    values |= {"model": None, "transfer_kfold": 0}
     return argparse.Namespace(**values | {"st_precision": "auto", "tasks": ["/rt/mrpc-paraphrase", "/rt/sick-related"]} | changes)
 
 
@@ -530,6 +530,44 @@ def test_the_teacher_table_has_its_rows_on_one_protocol(tmp_path: Path) -> None:
     sweep = quality.row_job("teacher", "stsb", "kit-embedding", 1e-4, 1, True, args)
     assert sweep.dev_only and sweep.retrieval == ()
     assert sweep.out == str(tmp_path / "out" / "sweep" / "stsb-kit-embedding" / "lr1e-04")
+
+
+def test_the_tables_transfer_column_scores_each_seeds_model_once_never_a_sweep_run(
+    tmp_path: Path, tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--transfer-kfold K``: each seed's run (never a dev-only sweep run) and each untouched model get the SentEval
+    transfer tasks at K folds, as ``simcse-kit transfer`` scores them, under ``transfer:<task>`` (the column reads
+    ``transfer:avg``), cached beside the run with its folds; a peer run with another K is not reused."""
+    from test_evaluation_transfer import write_tiny_senteval
+
+    from benchmarks.st_peers import run_settings
+    from simcse_kit.evaluation import TransferEvaluator
+    from simcse_kit.model.inference import load_encoder
+
+    quality = bench("quality")
+    args = domain_args(tmp_path, transfer_kfold=5)
+    assert quality.row_job("domain", "sick", "domain", 1e-5, 1, False, args).transfer == 5
+    assert quality.row_job("domain", "sick", "domain", 1e-5, 1, True, args).transfer == 0  # dev only
+    job = quality.row_job("domain", "sick", "st-mnrl", 1e-5, 1, False, args)
+    assert job.transfer == 5 and type(job).from_json(json.dumps(dataclasses.asdict(job))) == job
+    cfg = quality.job_config(job)
+    settings = {(dev, k): run_settings(cfg, "mnrl", "fp32", (), dev, k) for dev in (False, True) for k in (0, 5, 10)}
+    assert settings[False, 5]["transfer_kfold"] == 5 and settings[False, 10] != settings[False, 5]
+    assert "transfer_kfold" not in settings[False, 0] and settings[True, 0] == settings[True, 5]  # as runs kept before
+
+    tiny_run.train("run", max_steps=2, eval_steps=2, save_steps=0)
+    model, senteval = tiny_run.folder / "run" / "best_model", write_tiny_senteval(tmp_path / "senteval")
+    row = quality.score_transfer(model, senteval, 3, tmp_path / "scored")
+    want = TransferEvaluator(senteval, kfold=3)(load_encoder(str(model)).encode)
+    assert row == {f"transfer:{k}": v for k, v in want.items()} and "transfer:avg" in row
+
+    def rescored(*_: object) -> dict[str, float]:
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(quality, "transfer_row", rescored)
+    assert quality.score_transfer(model, senteval, 3, tmp_path / "scored") == row  # cached
+    with pytest.raises(AssertionError, match="scored again"):
+        quality.score_transfer(model, senteval, 5, tmp_path / "scored")  # other folds: scored afresh
 
 
 def test_the_benchmarks_dev_curve_reads_the_metric_a_run_names() -> None:
