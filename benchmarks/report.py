@@ -44,7 +44,7 @@ LEGACY = frozenset({
     "corpus_scale_warm-avx512_bf16", "domain-h100", "gpu-h100-bertbase-l32",
     "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip", "gpu-h100-minilm", "gpu-h100-syncs-1-before",
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "guide-cpu", "lora-h100-minilm",
-    "lora-h100-mpnet", "memory-avx512_bf16", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
+    "lora-h100-mpnet", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
     "negatives-cpu", "onnx_speed-avx512_bf16", "pipeline-avx512_bf16", "scored-cpu", "scores-h100",
     "teacher-cpu", "train_lora-avx512_bf16",
 })  # fmt: skip
@@ -835,7 +835,8 @@ TEACHER_GENERAL = Spec(
     _teacher_general_rows,
     lambda kept: "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: chosen on STS-B dev (one seed, dev "
     "only), the same sweep for both rows; `teacher`: all-mpnet-base-v2 itself. SentEval transfer: the mean accuracy of "
-    f"`simcse-kit transfer`'s seven tasks, {kept[0].get('transfer_kfold') or 'not scored: no'}-fold.",
+    "`simcse-kit transfer`'s seven tasks, "
+    + (f"{k}-fold." if (k := kept[0].get("transfer_kfold")) else "not scored in this record (`--transfer-kfold`)."),
     after=_teacher_general_verdict,
     command="python -m benchmarks.quality teacher_general --teacher /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
