@@ -382,7 +382,7 @@ def run_job(job: Job) -> dict[str, float]:
     if job.retrieval and not job.dev_only:
         row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
     if job.transfer and not job.dev_only:
-        row |= score_transfer(folder / "best_model", job.eval_data_dir or cfg.data.eval_data_dir, job.transfer, folder)
+        row |= score_transfer(folder / "best_model", cfg.data.eval_data_dir, job.transfer, folder)
     if not job.dev_only and not (folder / PREDICTIONS).is_file():
         kit_sts_pairs(folder / "best_model", cfg, folder / PREDICTIONS)
     return row
