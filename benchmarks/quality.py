@@ -273,12 +273,18 @@ def score_transfer(model: str | Path, data_dir: str | Path, kfold: int, folder: 
     from simcse_kit.model.inference import load_encoder
 
     cache = folder / "transfer.json"
-    saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
-    if saved.get("kfold") == kfold and saved.get("model") == str(model):
-        return saved["row"]
+    if (saved := cached_transfer(model, kfold, folder)) is not None:
+        return saved
     row = transfer_row(load_encoder(str(model), device=str(resolve_device("auto"))).encode, str(data_dir), kfold)
     write_json_atomic(cache, {"kfold": kfold, "model": str(model), "row": row})
     return row
+
+
+def cached_transfer(model: str | Path, kfold: int, folder: Path) -> dict[str, float] | None:
+    """The transfer row :func:`score_transfer` cached in ``folder`` for ``model`` at ``kfold`` folds, else None."""
+    cache = folder / "transfer.json"
+    saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
+    return saved["row"] if saved.get("kfold") == kfold and saved.get("model") == str(model) else None
 
 
 def base_scores(job: Job) -> dict[str, float]:
@@ -452,16 +458,22 @@ def sidecar(
 def finished(job: Job) -> bool:
     """Whether ``job``'s run is done (no worker is started for it)."""
     out = Path(job.out)
+    # A run whose transfer scores are still to compute is not finished: they are computed in a worker,
+    # not one after another in this coordinating process (~25 min a model on one thread).
     if job.kind == "base":
-        return (out / "metrics.json").is_file() and (not job.retrieval or (out / "retrieval.json").is_file())
+        transferred = not job.transfer or cached_transfer(job.model, job.transfer, out) is not None
+        return (out / "metrics.json").is_file() and (not job.retrieval or (out / "retrieval.json").is_file()) and transferred
     done = out / f"seed-{job.seed}" / "metrics.json"
     if not done.is_file():
         return False
     if job.kind == "st":
         cfg = job_config(job, {"output_dir": job.out})
         saved = json.loads(done.read_text(encoding="utf-8")).get("settings")
-        return saved == run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only)
-    return job.dev_only or not job.retrieval or (done.parent / "retrieval.json").is_file()
+        return saved == run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only, job.transfer)
+    if job.dev_only:
+        return True
+    transferred = not job.transfer or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None
+    return (not job.retrieval or (done.parent / "retrieval.json").is_file()) and transferred
 
 
 def log_name(job: Job) -> str:
@@ -548,6 +560,16 @@ def sweep_and_run(
         extra={j.name: tables[j.name] for j in extra if j.name in tables},
         lost=lost,
     )
+
+
+def fill_kept_base_transfer(made: TableResults) -> None:
+    """A peer's seed that kept the untouched model (best step 0) is not scored on the transfer tasks
+    (``st_peers.st_train``): it takes the untouched ``base``'s scores, the same weights'."""
+    base = {k: v for k, v in made.extra.get("base", {}).items() if k.startswith("transfer:")}
+    for per_seed in made.rows.values():
+        for row in per_seed.values():
+            if base and row.get("best_step") == 0 and "transfer:avg" not in row:
+                row |= base
 
 
 # --------------------------------------------------------------------------- the tables' rows
@@ -694,10 +716,12 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     models = {"base": args.model or DEFAULT_MODEL, "teacher": str(getattr(args, "teacher", None))}
     tasks = tuple(args.tasks)
     untouched = [Job(u, "base", out=str(args.output_dir / u), model=models[u], retrieval=tasks, eval_data_dir=senteval,
-                     transfer=args.transfer_kfold) for u in spec.untouched]  # fmt: skip
+                     transfer=args.transfer_kfold if u == "base" or args.transfer_teacher else 0)
+                 for u in spec.untouched]  # fmt: skip
     rows = {(d, r): (lambda lr, s, sw, d=d, r=r: row_job(table, d, r, lr, s, sw, args)) for d in spec.domains for r in args.rows}
     labels = {(d, r): f"{d}-{r}" if d else r for d, r in rows}
     made = sweep_and_run({labels[k]: job for k, job in rows.items()}, {labels[d, r]: rates[r] for d, r in rows}, args, untouched)
+    fill_kept_base_transfer(made)
     results: dict[str, Any] = {}
     for domain in spec.domains:
         for u in untouched:
@@ -728,6 +752,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "seeds": args.seeds,
         "steps": args.steps,
         "transfer_kfold": args.transfer_kfold,
+        "transfer_teacher": args.transfer_teacher,
         "retrieval_tasks": args.task_names,
         "st_precision": resolve_precision(args.st_precision),
         "learning_rates": {r: rates[r] for r in args.rows},
@@ -778,6 +803,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--transfer-kfold", type=int, default=0, choices=(0, 5, 10),
                    help="score each seed's model on the SentEval transfer tasks with this many folds (SentEval: 10; "
                    "its quick setting: 5; 0: not scored)")  # fmt: skip
+    p.add_argument("--transfer-teacher", action="store_true",
+                   help="score the teacher too (without it: the student models only; the teacher is larger)")  # fmt: skip
     p.add_argument("--parallel", type=int, default=1, help="runs at once, each in a fresh interpreter (1: in this one)")
     p.add_argument("--threads", type=int, default=2, help="torch threads per run")
     p.add_argument("--keep-going", action="store_true", help="a failed run is left out of the table, not fatal")

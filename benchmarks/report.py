@@ -763,6 +763,13 @@ def _teacher_general_verdict(kept: list[Record]) -> list[str]:
     return lines + (_below_base(res, "kit-similarity") if "kit-similarity" in res else [])
 
 
+def _transfer_note(rec: Record) -> str:
+    """How a record's SentEval transfer column was scored, or that it was not."""
+    if not (k := rec.get("transfer_kfold")):
+        return "not scored in this record (`--transfer-kfold`)."
+    return f"{k}-fold" + ("." if rec.get("transfer_teacher") else "; the teacher not scored (`--transfer-teacher`).")
+
+
 def _fixed(values: Iterable[float]) -> list[str]:
     return [f"{v:.2f}" for v in values]
 
@@ -836,7 +843,7 @@ TEACHER_GENERAL = Spec(
     lambda kept: "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: chosen on STS-B dev (one seed, dev "
     "only), the same sweep for both rows; `teacher`: all-mpnet-base-v2 itself. SentEval transfer: the mean accuracy of "
     "`simcse-kit transfer`'s seven tasks, "
-    + (f"{k}-fold." if (k := kept[0].get("transfer_kfold")) else "not scored in this record (`--transfer-kfold`)."),
+    + _transfer_note(kept[0]),
     after=_teacher_general_verdict,
     command="python -m benchmarks.quality teacher_general --teacher /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip

@@ -292,8 +292,8 @@ def st_train(
         # The same weights: the same tables.
         sts = base_table(str(path), str(cfg.data.eval_data_dir), eval_len, device)
         scored = base_retrieval(str(path), tuple(retrieval), eval_len, device)
-        if transfer:
-            transferred = base_transfer(str(path), str(cfg.data.eval_data_dir), transfer, eval_len, device)
+        # Its transfer scores are the untouched model's, which the table scores once beside its rows
+        # (benchmarks.quality fills them in): rescoring them here costs ~25 min a seed on one thread.
     else:
         best = SentenceTransformer(path, device=device)
         if cfg.model.lora_r > 0:
@@ -375,14 +375,6 @@ def transfer_row(encode: Callable[[list[str]], Any], data_dir: str, kfold: int) 
     from simcse_kit.evaluation import TransferEvaluator
 
     return {f"transfer:{k}": float(v) for k, v in TransferEvaluator(data_dir, kfold=kfold)(encode).items()}
-
-
-@functools.lru_cache(maxsize=4)
-def base_transfer(path: str, data_dir: str, kfold: int, eval_len: int, device: str) -> dict[str, float]:
-    """:func:`transfer_row` of the untouched model, once per process (as :func:`base_table`)."""
-    from sentence_transformers import SentenceTransformer
-
-    return transfer_row(encoder(SentenceTransformer(path, device=device), eval_len, eval_len), data_dir, kfold)
 
 
 @functools.lru_cache(maxsize=4)

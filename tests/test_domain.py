@@ -229,7 +229,7 @@ def test_the_learning_rate_is_chosen_on_the_mean_dev_score_never_on_test() -> No
 
 def domain_args(tmp_path: Path, **changes: object) -> argparse.Namespace:
     values = {"eval_steps": 25, "data_root": tmp_path / "data", "steps": 2, "eval_data_dir": None, "output_dir": tmp_path / "out"}
-    values |= {"model": None, "transfer_kfold": 0}
+    values |= {"model": None, "transfer_kfold": 0, "transfer_teacher": False}
     return argparse.Namespace(**values | {"st_precision": "auto", "tasks": ["/rt/mrpc-paraphrase", "/rt/sick-related"]} | changes)
 
 
@@ -568,6 +568,29 @@ def test_the_tables_transfer_column_scores_each_seeds_model_once_never_a_sweep_r
     assert quality.score_transfer(model, senteval, 3, tmp_path / "scored") == row  # cached
     with pytest.raises(AssertionError, match="scored again"):
         quality.score_transfer(model, senteval, 5, tmp_path / "scored")  # other folds: scored afresh
+
+    # A run is finished (no worker started for it) only once its transfer scores at these folds are cached:
+    # otherwise this coordinating process would score every model in turn.
+    base = quality.Job("base", "base", out=str(tmp_path / "base"), model=str(model), eval_data_dir=str(senteval), transfer=3)
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "metrics.json").write_text("{}")
+    assert not quality.finished(base)
+    monkeypatch.undo()
+    quality.score_transfer(model, senteval, 3, tmp_path / "base")
+    assert quality.finished(base) and not quality.finished(dataclasses.replace(base, transfer=5))
+    assert quality.finished(dataclasses.replace(base, transfer=0))
+
+
+def test_a_peer_seed_that_kept_the_untouched_model_takes_the_bases_transfer_scores() -> None:
+    """Such a seed is not scored in its worker (``st_peers.st_train``): the table fills in the untouched model's
+    transfer columns, and nothing else of its row; a trained seed keeps its own."""
+    quality = bench("quality")
+    base = {"avg": 78.0, "transfer:avg": 85.0, "transfer:MR": 77.0}
+    kept, trained = {"best_step": 0, "avg": 78.0}, {"best_step": 50, "avg": 79.0, "transfer:avg": 84.0}
+    made = quality.TableResults(sweep={}, chosen={}, rows={"st-mse": {1: kept, 2: trained}}, extra={"base": base}, lost=[])
+    quality.fill_kept_base_transfer(made)
+    assert made.rows["st-mse"][1] == {"best_step": 0, "avg": 78.0, "transfer:avg": 85.0, "transfer:MR": 77.0}
+    assert made.rows["st-mse"][2] == {"best_step": 50, "avg": 79.0, "transfer:avg": 84.0}
 
 
 def test_the_benchmarks_dev_curve_reads_the_metric_a_run_names() -> None:

@@ -263,7 +263,7 @@ def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, m
     args = argparse.Namespace(
         rows=["kit-unsup", "st-unsup"], learning_rates="3e-5", output_dir=out, eval_data_dir=tmp_path, data_root=tmp_path,
         model=None, tasks=[], task_names=[], seeds=[1, 2], steps=2, threads=1, st_precision="fp32", teacher=None,
-        guide=None, teacher_cache_dir=None, eval_steps=25, transfer_kfold=0,
+        guide=None, teacher_cache_dir=None, eval_steps=25, transfer_kfold=0, transfer_teacher=False,
     )  # fmt: skip
     runs = {"kit-unsup": out / "kit-unsup" / "lr3e-05", "st-unsup": out / "st-unsup" / "lr3e-05"}
     for folder, row in zip(runs.values(), (a, b), strict=True):
