@@ -18,9 +18,21 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from benchmarks._common import DATA, ISA_LIMITS, REPO, emit, machine, module_command  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    DATA,
+    ISA_LIMITS,
+    REPO,
+    add_allow_dirty,
+    cpu_class,
+    cpu_flags,
+    emit,
+    machine,
+    module_command,
+    refuse_dirty,
+    save_results,
+)
 
-RESULTS = Path(__file__).resolve().parent / "results" / "onnx_speed-avx512_bf16.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def speed_sentences(data_dir: Path) -> list[str]:
@@ -125,7 +137,8 @@ def main() -> int:
     parser.add_argument(
         "--reuse-export", action="store_true", help="keep WORK_DIR/export if there (its gate STS from simcse_export.json)"
     )
-    parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--json", type=Path, default=None, help="default: results/onnx_speed-<CPU class>.json")
+    add_allow_dirty(parser)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--sentences-file", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--export", default=None, help=argparse.SUPPRESS)
@@ -134,6 +147,7 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
+    refuse_dirty(args.allow_dirty)  # before the runs: save_results would refuse their record
 
     import logging
 
@@ -228,13 +242,13 @@ def main() -> int:
         "cold_runs": cold,
     }
     payload["machine"]["load_avg_after"] = os.getloadavg()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(payload, indent=2) + "\n")
+    record = args.json or RESULTS / f"onnx_speed-{cpu_class(cpu_flags()[1])}.json"
+    save_results(record, payload, allow_dirty=args.allow_dirty)  # stamps the commit, the dirty flag, the threads
 
     from benchmarks import report
 
     print("\n".join(report.md_table(report.ONNX.head, report.ONNX.rows(payload))))
-    print(f"written {args.json}; load average before {load_before}, after {payload['machine']['load_avg_after']}")
+    print(f"load average before {load_before}, after {payload['machine']['load_avg_after']}")
     return 0
 
 
