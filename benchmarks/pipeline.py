@@ -33,6 +33,7 @@ VARIANTS = ("old", "new")
 
 
 def worker(args: argparse.Namespace) -> None:
+    import importlib.util
     import inspect
 
     import torch
@@ -40,14 +41,19 @@ def worker(args: argparse.Namespace) -> None:
     import simcse_kit
     from simcse_kit.config.recipes import find_recipe
     from simcse_kit.config.run import load_config
-    from simcse_kit.training.wiring.inputs import load_checked_tokenizer, load_training_data
-    from simcse_kit.training.wiring.loaders import make_loader
+
+    # Where each checkout keeps them: training/wiring/ since the one-run relayout, training/ before it
+    # (the default baseline's layout).
+    wiring = importlib.util.find_spec("simcse_kit.training.wiring") is not None
+    inputs = importlib.import_module(f"simcse_kit.training.{'wiring.inputs' if wiring else 'inputs'}")
+    loaders = importlib.import_module(f"simcse_kit.training.{'wiring.loaders' if wiring else 'run'}")
+    load_training_data, make_loader = inputs.load_training_data, loaders.make_loader
 
     torch.set_num_threads(1)
     overrides = {"cache_dir": args.cache_dir, "output_dir": tempfile.mkdtemp(), "report_to": "none"}
     cfg = load_config(find_recipe(args.mode), overrides)
     cpu = time.process_time()
-    tokenizer = load_checked_tokenizer(cfg)
+    tokenizer = inputs.load_checked_tokenizer(cfg)
     # The baseline reads texts only; this checkout's reader also maps (or builds) the token table.
     with_table = "tokenizer" in inspect.signature(load_training_data).parameters
     dataset = load_training_data(cfg, tokenizer) if with_table else load_training_data(cfg)
