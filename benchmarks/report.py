@@ -610,12 +610,23 @@ def _mining_verdict(kept: list[Record]) -> list[str]:
     return _gaps(kept, "sup+mined", {"sup-4509": "the same rows", "sup": "all rows"})
 
 
+def _negatives_rows(rec: Record) -> Iterable[Row]:
+    for name, s in rec["results"].items():
+        n, rows = _seeds(s), f"{s['rows']:,}" if s.get("rows") else "–"
+        cells = [_ms(s["mean"], s["std"], k, n) for k in ("avg", "STSBenchmark", "best_stsb_dev")]
+        seen = "–" if s.get("kind", name) == "base" else _seen(s)
+        yield [name, rows, str(n), *cells, _best_step(s["per_seed"]), _sound_ndcg(s), seen]
+
+
 def _negatives_verdict(kept: list[Record]) -> list[str]:
     m = {n: s["mean"] for n, s in kept[0]["results"].items()}
     k3, k1 = m["hardneg-k3"], m["hardneg-k1"]
     rule = interval_verdict(kept[0], "hardneg-k3", "hardneg-k1")
-    return [f"- k = 3 − k = 1 (the same rows): {k3['avg'] - k1['avg']:+.2f} on the 7-task average, "
-            f"{k3['retrieval:avg'] - k1['retrieval:avg']:+.2f} nDCG@10; {rule}"]  # fmt: skip
+    ndcg = ""
+    if all(f"retrieval:{t}" in r for t in SOUND_TASKS for r in (k3, k1)):  # mrpc-paraphrase is a smoke test
+        gap = sum(k3[f"retrieval:{t}"] - k1[f"retrieval:{t}"] for t in SOUND_TASKS) / len(SOUND_TASKS)
+        ndcg = f", {gap:+.2f} nDCG@10 ({', '.join(SOUND_TASKS)})"
+    return [f"- k = 3 − k = 1 (the same rows): {k3['avg'] - k1['avg']:+.2f} on the 7-task average{ndcg}; {rule}"]
 
 
 GUIDE_TASKS = ("mrpc-paraphrase", "stsb-similar", "sick-related")  # simcse_kit.evaluation.retrieval_tasks.RETRIEVAL_TASKS
@@ -708,8 +719,8 @@ def _clean_rows(rec: Record) -> Iterable[Row]:
     for name, s in rec["results"].items():
         n = _seeds(s)
         cells = [_ms(s["mean"], s["std"], k, n) for k in ("avg", "SICKRelatedness")]
-        dev = _ms(s["mean"], s["std"], "best_stsb_dev", n)
-        yield [name, str(n), *cells, _sound_ndcg(s), dev, "–" if s["kind"] == "base" else _seen(s)]
+        dev, transfer = (_ms(s["mean"], s["std"], k, n) for k in ("best_stsb_dev", "transfer:avg"))
+        yield [name, str(n), *cells, _sound_ndcg(s), transfer, dev, "–" if s["kind"] == "base" else _seen(s)]
 
 
 def _clean_verdict(kept: list[Record]) -> list[str]:
@@ -731,8 +742,21 @@ def _clean_verdict(kept: list[Record]) -> list[str]:
             beyond = "beyond" if abs(gap) > spread_ else "within"
             lines.append(f"- `{CLEAN_RECIPE}` − `{peer}`: {gap:+.2f}, {beyond} the seed spread ({spread_:.2f}, the larger "
                          f"std); {interval_verdict(rec, CLEAN_RECIPE, peer)}.")  # fmt: skip
+            lines += _transfer_gap(res, CLEAN_RECIPE, peer)
         lines += _below_base(res, CLEAN_RECIPE)
     return lines
+
+
+def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
+    """``row``'s SentEval transfer average against ``other``'s, called only beyond the seed spread: the accuracies
+    are not per-pair data, so no bootstrap interval is drawn."""
+    a, b = res[row], res[other]
+    if "transfer:avg" not in a["mean"] or "transfer:avg" not in b["mean"]:
+        return []
+    gap = a["mean"]["transfer:avg"] - b["mean"]["transfer:avg"]
+    spread_ = max(a["std"].get("transfer:avg", 0.0), b["std"].get("transfer:avg", 0.0))
+    verdict = ("higher" if gap > 0 else "lower") if abs(gap) > spread_ else "no difference measured"
+    return [f"- SentEval transfer avg, `{row}` − `{other}`: {gap:+.2f}, seed spread {spread_:.2f}: {verdict}."]
 
 
 def _below_base(res: Record, row: str) -> list[str]:
@@ -760,6 +784,7 @@ def _teacher_general_verdict(kept: list[Record]) -> list[str]:
         if "kit-similarity" in res and other in res:
             gap = res["kit-similarity"]["mean"]["avg"] - res[other]["mean"]["avg"]
             lines.append(f"- `kit-similarity` − `{other}`: {gap:+.2f}; {interval_verdict(kept[0], 'kit-similarity', other)}.")
+            lines += _transfer_gap(res, "kit-similarity", other)
     return lines + (_below_base(res, "kit-similarity") if "kit-similarity" in res else [])
 
 
@@ -859,8 +884,9 @@ GUIDE = Spec(
     command="python -m benchmarks.quality guide --guide /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
 NEGATIVES = Spec(
-    "negatives", "negatives", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 avg",
-    _mining_rows, after=_negatives_verdict,
+    "negatives", "negatives", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|"
+    "nDCG@10 (stsb-similar, sick-related)|test pairs trained on",
+    _negatives_rows, after=_negatives_verdict,
 )  # fmt: skip
 MULTI = Spec(
     "multi", "multi", f"machine|config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step", _multi_rows,
@@ -1058,11 +1084,12 @@ MINING_SUMMARY = Spec(
     after=_or_no_interval(_mining_verdict), home=BENCH,
 )  # fmt: skip
 MULTI_SUMMARY = Spec(
-    "multi-summary", "multi", "config|seeds|Avg.|SICK-R|nDCG@10 (stsb-similar, sick-related)|STS-B dev (selection)|"
-    "test pairs trained on",
+    "multi-summary", "multi", "config|seeds|Avg.|SICK-R|nDCG@10 (stsb-similar, sick-related)|SentEval transfer avg|"
+    "STS-B dev (selection)|test pairs trained on",
     _clean_rows,
-    "Wikipedia and the SNLI triplets, one epoch, one rate for all; peers: MNRL over both datasets, MSE distillation "
-    "from the same teacher (PCA). Last column: the guard's count of test pairs with both sentences in training.",
+    lambda kept: "Wikipedia and the SNLI triplets, one epoch, one rate for all; peers: MNRL over both datasets, MSE "
+    "distillation from the same teacher (PCA). Last column: the guard's count of test pairs with both sentences in "
+    "training. SentEval transfer: " + _transfer_note(kept[0]),
     after=_clean_verdict, files=("multi-clean-cpu",), home=BENCH,
 )  # fmt: skip
 SCORED_SUMMARY = Spec(

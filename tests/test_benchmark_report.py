@@ -349,7 +349,9 @@ def test_teacher_general_table_known_answer() -> None:
     assert rows[2][:3] == ["st-mse", "0.0001", "2"] and rows[2][10] == "79.75 ± 0.25"
     assert report._teacher_general_verdict([{"results": results}]) == [
         f"- `kit-similarity` − `base`: +1.00; {NO}.",
+        "- SentEval transfer avg, `kit-similarity` − `base`: -0.50, seed spread 0.25: lower.",
         f"- `kit-similarity` − `st-mse`: +0.25; {NO}.",
+        "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00, seed spread 0.25: no difference measured.",
         "- Below the untouched base: SICK-R -1.00, SentEval transfer avg -0.50.",
     ]
 
@@ -439,3 +441,33 @@ def test_every_runner_writes_its_record_through_save_results() -> None:
     unstamped = [n for n, text in scripts.items() if n not in no_record and not re.search(r"save_results\(|_harness", text)]
     assert unstamped == [], f"write their record without provenance: {unstamped}"
     assert "json.dumps" not in scripts["int8_batches"].replace("print(json.dumps", "")  # it prints, keeps nothing
+
+
+def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() -> None:
+    """The mined-negatives table's nDCG@10 is the mean over the sound tasks only (mrpc-paraphrase, a smoke test, is
+    left out), its last column the guard's count; the k = 3 − k = 1 verdict takes the same nDCG@10."""
+
+    def row(kind: str, stsb: float, sick: float, n: int) -> dict[str, Any]:
+        seed = {
+            "avg": 79.0,
+            "STSBenchmark": 82.0,
+            "best_stsb_dev": 86.0,
+            "best_step": 0.0,
+            "retrieval:mrpc-paraphrase": 10.0,
+            "retrieval:stsb-similar": stsb,
+            "retrieval:sick-related": sick,
+        }
+        mean = seed | {"retrieval:avg": (10.0 + stsb + sick) / 3}
+        per_seed = {str(i): seed for i in range(n)}
+        return {"kind": kind, "rows": 5059 if kind != "base" else None, "n": n, "mean": mean,
+                "std": dict.fromkeys(mean, 0.0), "per_seed": per_seed,
+                **({"test_pairs_seen": {"STS12": [0, 3108]}} if kind != "base" else {})}  # fmt: skip
+
+    results = {"base": row("base", 80.0, 90.0, 1), "hardneg-k1": row("kit", 81.0, 89.0, 3),
+               "hardneg-k3": row("kit", 82.0, 90.0, 3)}  # fmt: skip
+    rows = list(report.NEGATIVES.rows({"results": results}))
+    assert rows[0] == ["base", "–", "1", "79.00", "82.00", "86.00", "0", "85.00", "–"]
+    assert rows[1][1:3] == ["5,059", "3"] and rows[1][-2:] == ["85.00 ± 0.00", "0"]
+    assert rows[2][-2:] == ["86.00 ± 0.00", "0"]
+    (line,) = report._negatives_verdict([{"results": results}])
+    assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (stsb-similar, ")

@@ -236,14 +236,22 @@ def test_a_goal_is_judged_by_the_rows_interval(tmp_path: Path, monkeypatch: pyte
         "base": row("base", 79.0, 0.0, None) | {"mean": {"avg": 79.0, "SICKRelatedness": 78.5, "STS12": 70.0}},
         ours: row("kit", 80.0, 0.2, {"STS12": [0, 3108], "SICKRelatedness": [0, 4927]}),
         "st-mnrl": row("st", 79.5, 0.3, {"STS12": [311, 3108]}),
+        "st-mse": row("st", 79.9, 0.3, {"STS12": [0, 3108]}),
     }
+    transfer = {"base": (83.0, 0.0), ours: (83.4, 0.1), "st-mnrl": (83.3, 0.2)}  # st-mse: not scored
+    for name, (m, sd) in transfer.items():
+        rec["results"][name]["mean"]["transfer:avg"], rec["results"][name]["std"]["transfer:avg"] = m, sd
     lines = report._clean_verdict([rec])
     assert lines[0].startswith(f"- `{ours}` averages 80.00 ± 0.20 (seeds: 80.00, 80.00, 80.00), 95% interval")
     assert lines[1].startswith(f"- `{ours}` − `st-mnrl`: +0.50, beyond the seed spread (0.30, the larger std)")
     assert "interval rule, 7-task average: " in lines[1]
-    assert lines[2:] == ["- Below the untouched base: SICK-R -0.50."]  # the peer's own lines: none
-    cells = {r[0]: r[-1] for r in report._clean_rows(rec)}
-    assert cells == {"base": "–", ours: "0", "st-mnrl": "311 in 1 task, at most 10.0% (STS12)"}
+    assert lines[2] == f"- SentEval transfer avg, `{ours}` − `st-mnrl`: +0.10, seed spread 0.20: no difference measured."
+    assert lines[3].startswith(f"- `{ours}` − `st-mse`: +0.10, within the seed spread (0.30")
+    assert lines[4:] == ["- Below the untouched base: SICK-R -0.50."]  # no transfer line without st-mse's score
+    rows = {r[0]: r for r in report._clean_rows(rec)}
+    assert {n: r[-1] for n, r in rows.items()} == {"base": "–", ours: "0", "st-mnrl": "311 in 1 task, at most 10.0% (STS12)",
+                                                   "st-mse": "0"}  # fmt: skip
+    assert [rows[n][5] for n in rows] == ["83.00 ± 0.00", "83.40 ± 0.10", "83.30 ± 0.20", "–"]
 
 
 def _by_seed(row: dict[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
