@@ -21,6 +21,14 @@ WIKI = DATA / "train" / "wiki1m_head.txt"
 SOUND_TASKS = ("stsb-similar", "sick-related")  # the retrieval tasks BM25 is clearly below the base on (docs/retrieval.md)
 
 
+def lines_label(lines: int) -> str:
+    """``10M`` for 10,000,000 lines, ``250k`` for 250,000, the count itself otherwise."""
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if lines % size == 0:
+            return f"{lines // size}{unit}"
+    return str(lines)
+
+
 def setup_threads(threads: int) -> None:
     """Pin torch's intra-op threads (both frameworks get the same count)."""
     import torch

@@ -32,6 +32,10 @@ the build's own and its workers' CPU time) beside ``tokenizers``' ``encode_batch
 texts in one thread (the ceiling: the tokeniser alone)::
 
     python -m benchmarks.corpus_scale --shards 20 --lines 1000000 --rounds 3 --work /tmp/corpus
+
+A corpus of another length is kept beside it (``results/corpus_shards-10M-<cpu class>.json``); ``--layouts``
+runs some of the four (``file-1p,shards-1p,shards-2p``: the single file against the shards, ~15 min a run
+at 10M lines on 2 cores).
 """
 
 from __future__ import annotations
@@ -49,10 +53,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import DATA, REPO, WIKI, CpuActivity, cpu_class, cpu_flags, emit, module_command, setup_threads
+from benchmarks._common import (
+    DATA,
+    REPO,
+    WIKI,
+    CpuActivity,
+    cpu_class,
+    cpu_flags,
+    emit,
+    lines_label,
+    module_command,
+    setup_threads,
+)
 from benchmarks._harness import RESULTS, add_options, keep, start
 
 VARIANTS = ("kit", "st", "lists")
+LAYOUTS = ("file-1p", "file-2p", "shards-1p", "shards-2p")  # --shards: the corpus as one file or shards, 1 or 2 processes
 LISTS_MAX = 1_000_000  # the old lists need ~2.5 GB a million lines
 DEV_PAIRS = 100
 # The kit's log lines that end each phase (simcse_kit.data.readers, simcse_kit.training.engine.loop).
@@ -226,7 +242,8 @@ def shard_runs(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     lines = max(args.lines or [1_000_000])
     corpus = write_corpus(lines, args.work)
     folder = write_shards(corpus, args.shards)
-    variants = [(name, path, n) for name, path in (("file", corpus), ("shards", folder)) for n in (1, 2)]
+    variants = [(name, path, n) for name, path in (("file", corpus), ("shards", folder)) for n in (1, 2)
+                if f"{name}-{n}p" in args.layouts.split(",")]  # fmt: skip
     runs = []
     for round_ in range(args.rounds):
         for name, path, n in variants if round_ % 2 == 0 else variants[::-1]:
@@ -339,6 +356,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/simcse-kit-corpus"), help="corpora and caches (GBs)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shards", type=int, default=0, help="the cold start of the corpus in this many shards (docstring)")
+    parser.add_argument(
+        "--layouts",
+        default=",".join(LAYOUTS),
+        help="with --shards: which of the layouts run, a comma list (a 10M corpus takes ~15 min a run on 2 cores)",
+    )
     parser.add_argument("--file", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     add_options(parser, "corpus_scale", rounds=1)
@@ -350,6 +372,11 @@ def main() -> None:
     env = start(args)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.shards:
+        if unknown := set(args.layouts.split(",")) - set(LAYOUTS):
+            parser.error(f"--layouts: unknown {sorted(unknown)}; choose from {', '.join(LAYOUTS)}")
+        lines = max(args.lines or [1_000_000])
+        if args.json is None and lines != 1_000_000:  # beside the 1M record, not over it
+            args.json = RESULTS / f"corpus_shards-{lines_label(lines)}-{cpu_class(cpu_flags()[1])}.json"
         keep("corpus_scale", args, shard_runs(args, env), stem="corpus_shards")
         return
     runs: list[dict[str, Any]] = []

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._common import REPO, SOUND_TASKS, spread
+from benchmarks._common import REPO, SOUND_TASKS, lines_label, spread
 from benchmarks.stats import Interval, load_rows, spearman_difference, spearman_level
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -406,28 +406,26 @@ def _shard_rows(rec: Record) -> Iterable[Row]:
     for variant in dict.fromkeys(r["variant"] for r in runs):
         of = [r for r in runs if r["variant"] == variant]
         ratio = "–"
-        if variant.endswith("-2p"):  # over 1 process on the same layout, paired by round
-            one = {r["round"]: r["first_step_s"] for r in runs if r["variant"] == variant.replace("-2p", "-1p")}
+        one = {r["round"]: r["first_step_s"] for r in runs if r["variant"] == variant.replace("-2p", "-1p")}
+        if variant.endswith("-2p") and one:  # over 1 process on the same layout, paired by round
             ratio = _ratio(spread([r["first_step_s"] / one[r["round"]] for r in of]))
         table = spread([r["table_rows_per_cpu_s"] for r in of])
-        label = f"{variant} ({of[0]['tables']})"
+        label = f"{lines_label(of[0]['lines'])}, {variant} ({of[0]['tables']})"
         yield [label, _range(spread([r["first_step_s"] for r in of])), ratio,
-               f"{_range(table, 0)}: {table['median'] / encode['median']:.0%}"]  # fmt: skip
+               f"{_range(table, 0)}: {table['median'] / encode['median']:.0%} of {encode['median']:,.0f}"]  # fmt: skip
 
 
 def _shard_intro(kept: list[Record]) -> str:
-    r = kept[0]["runs"][0]
-    e = spread(kept[0]["encode_batch_rows_per_cpu_s"])
+    rounds = "/".join(str(n) for n in sorted({len({r["round"] for r in rec["runs"]}) for rec in kept}))
     return (
-        f"`simcse-kit train unsup`, {r['lines']:,} lines, cold; 1 process × 2 threads or 2 × 1; median (range) of "
-        f"{len({x['round'] for x in kept[0]['runs']})} rounds. Table build against `encode_batch` alone ({e['median']:,.0f} "
-        "rows/CPU-s)."
+        f"`simcse-kit train unsup`, cold; 1 process × 2 threads or 2 × 1; median (range) of {rounds} rounds; the "
+        "build against `encode_batch` alone on its texts."
     )
 
 
 SHARDS = Spec(
     "corpus-shards", "corpus_shards",
-    "layout-processes (parts)|first step at s|2 processes / 1|table rows/CPU-s: of encode_batch",
+    "lines, layout-processes (parts)|first step at s|2 processes / 1|table rows/CPU-s: of encode_batch's",
     _shard_rows,
     _shard_intro,
     home=BENCH,
@@ -1087,9 +1085,9 @@ MULTI_SUMMARY = Spec(
     "multi-summary", "multi", "config|seeds|Avg.|SICK-R|nDCG@10 (stsb-similar, sick-related)|SentEval transfer avg|"
     "STS-B dev (selection)|test pairs trained on",
     _clean_rows,
-    lambda kept: "Wikipedia and the SNLI triplets, one epoch, one rate for all; peers: MNRL over both datasets, MSE "
-    "distillation from the same teacher (PCA). Last column: the guard's count of test pairs with both sentences in "
-    "training. SentEval transfer: " + _transfer_note(kept[0]),
+    lambda kept: "Wikipedia and the SNLI triplets, one epoch, one rate for all; peers: MNRL, and MSE from the same "
+    "teacher (PCA). Last column: test pairs with both sentences in training (the guard). SentEval transfer: "
+    + _transfer_note(kept[0]),
     after=_clean_verdict, files=("multi-clean-cpu",), home=BENCH,
 )  # fmt: skip
 SCORED_SUMMARY = Spec(

@@ -471,3 +471,22 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
     assert rows[2][-2:] == ["86.00 ± 0.00", "0"]
     (line,) = report._negatives_verdict([{"results": results}])
     assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (stsb-similar, ")
+
+
+def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round() -> None:
+    """A 10M record run on three of the layouts (``--layouts``): each row names the length, the 2-process row's ratio
+    is over the 1-process run of its round, and the build is set against ``encode_batch``'s median."""
+
+    def run(variant: str, round_: int, first: float, rate: float) -> dict[str, Any]:
+        tables = 20 if variant.startswith("shards") else 2
+        return {"round": round_, "variant": variant, "lines": 10_000_000, "tables": tables, "first_step_s": first,
+                "table_rows_per_cpu_s": rate}  # fmt: skip
+
+    runs = [run("file-1p", r, 100.0 + r, 7000.0) for r in range(3)]
+    runs += [run("shards-1p", r, 100.0 * (r + 1), 6000.0) for r in range(3)]
+    runs += [run("shards-2p", r, 60.0 * (r + 1), 8000.0) for r in range(3)]
+    rows = list(report._shard_rows({"runs": runs, "encode_batch_rows_per_cpu_s": [7000.0, 8000.0, 9000.0]}))
+    assert [r[0] for r in rows] == ["10M, file-1p (2)", "10M, shards-1p (20)", "10M, shards-2p (20)"]
+    assert rows[0][2] == "–" and rows[2][2] == "**0.60x** (0.60–0.60)"  # 60/100, 120/200, 180/300
+    assert rows[1][3] == "6000 (6000–6000): 75% of 8,000"
+    assert [report.lines_label(n) for n in (10_000_000, 250_000, 1234)] == ["10M", "250k", "1234"]
