@@ -13,6 +13,7 @@ import argparse
 import concurrent.futures
 import csv
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -468,8 +469,12 @@ def finished(job: Job) -> bool:
         return False
     if job.kind == "st":
         cfg = job_config(job, {"output_dir": job.out})
-        saved = json.loads(done.read_text(encoding="utf-8")).get("settings")
-        return saved == run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only, job.transfer)
+        metrics = json.loads(done.read_text(encoding="utf-8"))
+        settings = functools.partial(run_settings, cfg, job.loss, job.precision, job.retrieval, job.dev_only)
+        # A seed that kept the untouched model takes the base's transfer scores (fill_kept_base_transfer):
+        # asking for them later must not retrain it.
+        kept = metrics.get("best_step") == 0 and metrics.get("settings") == settings(0)
+        return metrics.get("settings") == settings(job.transfer) or kept
     if job.dev_only:
         return True
     transferred = not job.transfer or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None

@@ -593,6 +593,31 @@ def test_a_peer_seed_that_kept_the_untouched_model_takes_the_bases_transfer_scor
     assert made.rows["st-mse"][2] == {"best_step": 50, "avg": 79.0, "transfer:avg": 84.0}
 
 
+def test_a_peer_seed_that_kept_the_untouched_model_is_not_retrained_for_its_transfer_scores(tmp_path: Path) -> None:
+    """A finished peer run made without ``--transfer-kfold`` is rerun when the folds are asked for (its worker
+    scores its own model), except where it kept the untouched model: the table fills in the base's scores
+    (``fill_kept_base_transfer``), so the same weights are not retrained to be scored again."""
+    from benchmarks.st_peers import run_settings
+
+    quality = bench("quality")
+    args = domain_args(tmp_path, transfer_kfold=5)
+    job = quality.row_job("domain", "sick", "st-mnrl", 1e-5, 1, False, args)
+    cfg = quality.job_config(job, {"output_dir": job.out})
+    done = Path(job.out) / f"seed-{job.seed}" / "metrics.json"
+    done.parent.mkdir(parents=True)
+
+    def made(best_step: int, transfer: int) -> bool:
+        settings = run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only, transfer)
+        done.write_text(json.dumps({"best_step": best_step, "settings": settings}))
+        return quality.finished(job)
+
+    assert made(50, 5) and made(0, 5)  # made with these folds
+    assert not made(50, 0)  # trained, made without them: its worker scores them
+    assert made(0, 0)  # kept the untouched model: the base's scores are its own
+    assert not made(0, 10)  # other folds of a kept seed: its settings differ in more than the folds asked
+    assert not quality.finished(dataclasses.replace(job, precision="bf16"))  # another setting: no reuse
+
+
 def test_the_benchmarks_dev_curve_reads_the_metric_a_run_names() -> None:
     """A SICK-selected run's evaluations hold ``sick_dev``; a folder written before the
     metric was named holds ``stsb_dev``: both give the trained checkpoints' best and last."""
