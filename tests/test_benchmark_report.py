@@ -299,7 +299,8 @@ def test_multi_verdict_known_answer() -> None:
     uncounted = "test pairs trained on: not counted (record predates the guard)"
 
     def row(avg: float, seeds: int = 3, ndcg: float | None = None) -> dict[str, Any]:
-        mean = {"avg": avg} | ({"retrieval:avg": ndcg} if ndcg is not None else {})
+        sound = {"retrieval:stsb-similar": ndcg - 1, "retrieval:sick-related": ndcg + 1} if ndcg is not None else {}
+        mean = {"avg": avg, "retrieval:mrpc-paraphrase": 0.0} | sound  # the smoke test is left out of nDCG@10
         return {"mean": mean, "std": {"avg": 0.1}, "per_seed": {str(s): {} for s in range(seeds)}}
 
     each = {"1": {"avg": 80.6}, "2": {"avg": 80.3}, "3": {"avg": 80.6}}  # a seed below 80.5 is named
@@ -311,11 +312,11 @@ def test_multi_verdict_known_answer() -> None:
     }}  # fmt: skip
     gpu = {"machine": {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3"}, "results": {"kit-multi-teacher": row(80.7)}}
     assert report._multi_verdict([cpu, gpu]) == [
-        f"- CPU: `kit-multi` − `kit-unsup`: +0.10 on the 7-task average, -0.40 nDCG@10; {NO}",
+        f"- CPU: `kit-multi` − `kit-unsup`: +0.10 on the 7-task average, -0.40 nDCG@10 (sound tasks); {NO}",
         f"- CPU: `kit-multi-teacher-t0.1` averages 80.50 ± 0.10 over 3 seeds (seeds: 80.60, 80.30, 80.60), {goal}; "
-        f"nDCG@10 89.50 against the base's 89.77, below it; {uncounted}",
+        f"nDCG@10 (sound tasks) 89.50 against the base's 89.77, below it; {uncounted}",
         f"- CPU: `kit-multi-teacher` averages 80.49 ± 0.10 over 3 seeds, {goal}; "
-        f"nDCG@10 89.77 against the base's 89.77, at least it; {uncounted}",
+        f"nDCG@10 (sound tasks) 89.77 against the base's 89.77, at least it; {uncounted}",
         f"- H100: `kit-multi-teacher` averages 80.70 ± 0.10 over 3 seeds, {goal}; nDCG@10 not measured; {uncounted}",
     ]
     assert list(report._multi_rows(gpu))[0][:2] == ["H100", "kit-multi-teacher"]
@@ -470,7 +471,7 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
     assert rows[1][1:3] == ["5,059", "3"] and rows[1][-2:] == ["85.00 ± 0.00", "0"]
     assert rows[2][-2:] == ["86.00 ± 0.00", "0"]
     (line,) = report._negatives_verdict([{"results": results}])
-    assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (stsb-similar, ")
+    assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (sound tasks); ")
 
 
 def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round() -> None:
