@@ -208,9 +208,10 @@ def _a(kept: list[Record], key: str) -> Any:
 # --------------------------------------------------------------------------- the machine line
 
 
-def machine_line(rec: Record, label: str = "") -> str:
+def machine_line(rec: Record, label: str = "", versions: bool = True) -> str:
     """Where, when and how ``rec`` was measured: date, CPU and ISA flags, threads, GPU and driver,
-    load, library versions, commit and command, all from its JSON."""
+    load, library versions (without ``versions``: left to the full tables' lines), commit and command,
+    all from its JSON."""
     m, args = rec["machine"], rec.get("args") or {}
     flags = m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]
     threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
@@ -221,10 +222,11 @@ def machine_line(rec: Record, label: str = "") -> str:
         where.append(f"{gpu}, driver {m.get('gpu_driver', '?')}")
     if (m.get("load_avg_1min") or 0) > (m.get("cores") or 1):
         where.append(f"1-min load average {m['load_avg_1min']:g} (a shared machine)")
-    versions = m.get("versions") or rec.get("versions") or {"torch": m.get("torch")}
-    libs = ", ".join(f"{k} {v}" for k, v in versions.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
+    libraries = m.get("versions") or rec.get("versions") or {"torch": m.get("torch")}
+    libs = ", ".join(f"{k} {v}" for k, v in libraries.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
+    where += [libs] if versions and libs else []
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
-    return f"- {label}{m['date_utc']}: {'; '.join(where)}; {libs}{commit}; `{rec['command']}`{provenance_note(rec)}"
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}{commit}; `{rec['command']}`{provenance_note(rec)}"
 
 
 # --------------------------------------------------------------------------- the renderer
@@ -268,8 +270,13 @@ def render_spec(spec: Spec) -> str:
     after = spec.after(kept) if spec.after else []
     out += ["", *after] if after else []
     if spec.machines:
-        out += ["", *(machine_line(r, f"{_class(r)}, " if "cpu_class" in r["machine"] and "runs" in r else "") for r in kept)]
+        out += ["", *(machine_line(r, _class_label(r), versions=spec.home != BENCH) for r in kept)]
     return "\n".join(out)
+
+
+def _class_label(rec: Record) -> str:
+    """``<CPU class>, `` before a speed record's machine line (its rows may be of several classes)."""
+    return f"{_class(rec)}, " if "cpu_class" in rec["machine"] and "runs" in rec else ""
 
 
 # --------------------------------------------------------------------------- CPU speed and memory
@@ -1224,8 +1231,8 @@ def compact_block() -> str:
     quality = [r for r in kept if r["rows"]]
     others = ", ".join(str(r["args"]["seed"]) for r in quality[1:] if r["args"].get("seed") is not None)
     same = f" Seeds {others}: the same command with their seed, same machine (details)." if others else ""
-    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}) + same] if quality else []
-    lines += [machine_line(r | {"command": _compact_command(r)}) for r in kept if not r["rows"]]
+    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}, versions=False) + same] if quality else []
+    lines += [machine_line(r | {"command": _compact_command(r)}, versions=False) for r in kept if not r["rows"]]
     return "\n".join([*out, *lines])
 
 

@@ -385,6 +385,12 @@ def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypat
     assert line["typed-cpu"].endswith("`python -m benchmarks.memory` (no provenance: report --check refuses it)")
     legacy = report.machine_line({"machine": MACHINE, "command": "c", "_file": "gone-cpu"})
     assert legacy.endswith("`c` (record predates provenance; to be re-run)")
+    # BENCHMARKS.md's lines leave the library versions to the full tables' (the page stays short).
+    assert (
+        legacy == "- 2026-11-24 07:00 UTC: Test CPU; torch 2.13.0; commit abc1234; `c` (record predates provenance; to be re-run)"
+    )
+    short = report.machine_line({"machine": MACHINE, "command": "c", "_file": "gone-cpu"}, versions=False)
+    assert short == legacy.replace("; torch 2.13.0", "")
 
 
 def test_the_kept_records_without_provenance_are_exactly_the_legacy_list() -> None:
