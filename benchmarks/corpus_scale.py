@@ -369,11 +369,11 @@ def main() -> None:
         return worker(args)
     if args.warm_only and args.json is None:  # beside the full record, not over it
         args.json = RESULTS / f"corpus_scale_warm-{cpu_class(cpu_flags()[1])}.json"
+    if unknown := set(args.layouts.split(",")) - set(LAYOUTS):  # before start() refuses a busy machine or dirty tree
+        parser.error(f"--layouts: unknown {sorted(unknown)}; choose from {', '.join(LAYOUTS)}")
     env = start(args)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.shards:
-        if unknown := set(args.layouts.split(",")) - set(LAYOUTS):
-            parser.error(f"--layouts: unknown {sorted(unknown)}; choose from {', '.join(LAYOUTS)}")
         lines = max(args.lines or [1_000_000])
         if args.json is None and lines != 1_000_000:  # beside the 1M record, not over it
             args.json = RESULTS / f"corpus_shards-{lines_label(lines)}-{cpu_class(cpu_flags()[1])}.json"
