@@ -13,7 +13,6 @@ import argparse
 import concurrent.futures
 import csv
 import dataclasses
-import functools
 import io
 import json
 import logging
@@ -37,6 +36,8 @@ from benchmarks.st_peers import (
     run_st,
     save_sts_pairs,
     stamp_run,
+    training_settings,
+    transfer_folds,
     transfer_row,
 )
 from benchmarks.stats import save_rows
@@ -470,11 +471,11 @@ def finished(job: Job) -> bool:
     if job.kind == "st":
         cfg = job_config(job, {"output_dir": job.out})
         metrics = json.loads(done.read_text(encoding="utf-8"))
-        settings = functools.partial(run_settings, cfg, job.loss, job.precision, job.retrieval, job.dev_only)
-        # A seed that kept the untouched model takes the base's transfer scores (fill_kept_base_transfer):
-        # asking for them later must not retrain it.
-        kept = metrics.get("best_step") == 0 and metrics.get("settings") == settings(0)
-        return metrics.get("settings") == settings(job.transfer) or kept
+        if training_settings(metrics.get("settings")) != run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only):
+            return False
+        # A seed that kept the untouched model takes the base's transfer scores (fill_kept_base_transfer); a trained
+        # one whose scores are missing is scored in its worker, from its kept best weights.
+        return not job.transfer or job.dev_only or metrics.get("best_step") == 0 or transfer_folds(metrics) == job.transfer
     if job.dev_only:
         return True
     transferred = not job.transfer or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None

@@ -626,7 +626,7 @@ def _avg_and_sound(rec: Record) -> Iterable[Row]:
 
 
 def _mining_verdict(kept: list[Record]) -> list[str]:
-    return _gaps(kept, "sup+mined", {"sup-4509": "the same rows", "sup": "all rows"})
+    return _gaps(kept, "sup+mined", {"sup-4509": "the same rows", "sup": "all rows"}) + _trained_below_base(kept)
 
 
 def _negatives_verdict(kept: list[Record]) -> list[str]:
@@ -634,7 +634,7 @@ def _negatives_verdict(kept: list[Record]) -> list[str]:
     k3, k1 = m["hardneg-k3"], m["hardneg-k1"]
     rule = interval_verdict(kept[0], "hardneg-k3", "hardneg-k1")
     return [f"- k = 3 − k = 1 (the same rows): {k3['avg'] - k1['avg']:+.2f} on the 7-task average, "
-            f"{_sound(k3) - _sound(k1):+.2f} nDCG@10 (sound tasks); {rule}"]  # fmt: skip
+            f"{_sound(k3) - _sound(k1):+.2f} nDCG@10 (sound tasks); {rule}", *_trained_below_base(kept)]  # fmt: skip
 
 
 GUIDE_TASKS = ("mrpc-paraphrase", "stsb-similar", "sick-related")  # simcse_kit.evaluation.retrieval_tasks.RETRIEVAL_TASKS
@@ -650,7 +650,7 @@ def _guide_rows(rec: Record) -> Iterable[Row]:
 
 
 def _guide_verdict(kept: list[Record]) -> list[str]:
-    return _gaps(kept, "kit-hardneg-guide", {"kit-hardneg": "", "st-gist": ""})
+    return _gaps(kept, "kit-hardneg-guide", {"kit-hardneg": "", "st-gist": ""}) + _trained_below_base(kept)
 
 
 def _where(rec: Record) -> str:
@@ -773,13 +773,25 @@ def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
     return [f"- SentEval transfer avg, `{row}` − `{other}`: {gap:+.2f}, seed spread {spread_:.2f}: {verdict}."]
 
 
+BELOW_BASE = "below the untouched base"
+
+
 def _below_base(res: Record, row: str) -> list[str]:
-    """Every STS average and sound retrieval task on which row ``row``'s mean falls below the untouched base's."""
-    base, ours = res.get("base", {}).get("mean", {}), res[row]["mean"]
+    """Every STS average, sound retrieval task and transfer average on which row ``row``'s mean falls below the
+    untouched base's by at least the shown 0.01, each with the row's seed std, so a reader sees whether the drop is
+    inside its noise."""
+    base, ours, sd = res.get("base", {}).get("mean", {}), res[row]["mean"], res[row].get("std", {})
     keys = (*STS, *(f"retrieval:{t}" for t in SOUND_TASKS), "transfer:avg")
-    below = [f"{SHORT.get(k, k.replace('retrieval:', 'nDCG@10 '))} {ours[k] - base[k]:+.2f}"
-             for k in keys if k in base and k in ours and ours[k] < base[k]]  # fmt: skip
-    return [f"- Below the untouched base: {', '.join(below)}."] if below else []
+    below = [f"{SHORT.get(k, k.replace('retrieval:', 'nDCG@10 '))} {ours[k] - base[k]:+.2f} (std {sd.get(k, 0.0):.2f})"
+             for k in keys if k in base and k in ours and round(ours[k] - base[k], 2) < 0]  # fmt: skip
+    return [f"- `{row}` {BELOW_BASE}: {', '.join(below)}."] if below else []
+
+
+def _trained_below_base(kept: list[Record]) -> list[str]:
+    """:func:`_below_base` for every trained row of a record (not the base, nor a teacher)."""
+    res = kept[0]["results"]
+    return [line for name, s in res.items() if (s.get("kind") or name) not in ("base", "teacher")
+            for line in _below_base(res, name)]  # fmt: skip
 
 
 def _teacher_general_rows(rec: Record) -> Iterable[Row]:
@@ -1009,8 +1021,10 @@ def _or_no_interval(verdict: Callable[[list[Record]], list[str]]) -> Callable[[l
 
     def lines(kept: list[Record]) -> list[str]:
         out = verdict(kept)
-        if out and all(NO_INTERVAL in line for line in out):
-            return ["- No interval on these differences: the record predates per-pair data."]
+        gaps = [line for line in out if BELOW_BASE not in line]
+        if gaps and all(NO_INTERVAL in line for line in gaps):
+            below = [line for line in out if BELOW_BASE in line]
+            return ["- No interval on these differences: the record predates per-pair data.", *below]
         return out
 
     return lines

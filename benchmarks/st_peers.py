@@ -21,6 +21,7 @@ from typing import Any
 
 import datasets
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import TrainerCallback
 
@@ -226,10 +227,10 @@ def resolve_precision(precision: str) -> str:
 
 
 def st_train(
-    cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False, transfer: int = 0
+    cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False
 ) -> dict[str, Any]:
-    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection; ``transfer``: the
-    SentEval transfer tasks' folds (0: not scored)."""
+    """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection; a trained best model's
+    weights are kept (``best_state_file``) so that scoring it later (:func:`rescore_transfer`) needs no retraining."""
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import AutoConfig
 
@@ -284,7 +285,6 @@ def st_train(
     # scores its best_model/ (fp32, loaded afresh).
     sts: dict[str, float] = {}
     scored: dict[str, float] = {}
-    transferred: dict[str, float] = {}
     if dev_only:
         pass
     elif selection.best_step == 0:
@@ -295,16 +295,12 @@ def st_train(
         # Its transfer scores are the untouched model's, which the table scores once beside its rows
         # (benchmarks.quality fills them in): rescoring them here costs ~25 min a seed on one thread.
     else:
-        best = SentenceTransformer(path, device=device)
-        if cfg.model.lora_r > 0:
-            add_lora(best, cfg.model)
-        best.load_state_dict(selection.state)
+        kept = Path(tempfile.mkdtemp())  # run_st moves both files beside metrics.json
+        save_file({k: v.contiguous() for k, v in selection.state.items()}, kept / BEST_STATE)
+        best = peer_best(cfg, kept / BEST_STATE, device)
         sts = final_sts(encoder(best, eval_len, eval_len))
-        pairs_file = Path(tempfile.mkdtemp()) / PREDICTIONS  # run_st moves it beside metrics.json
-        save_sts_pairs(pairs_file, final_sts)
+        save_sts_pairs(kept / PREDICTIONS, final_sts)
         scored = score_tasks(best, retrieval, eval_len, device)
-        if transfer:
-            transferred = transfer_row(encoder(best, eval_len, eval_len), str(cfg.data.eval_data_dir), transfer)
     return {
         "loss": loss,
         "best_step": selection.best_step,
@@ -315,12 +311,46 @@ def st_train(
         "device": device,
         "sts": sts,
         "retrieval": scored,
-        "transfer": transferred,
-    } | ({"sts_pairs_file": str(pairs_file)} if not dev_only and selection.best_step != 0 else {})
+    } | ({"kept_dir": str(kept)} if not dev_only and selection.best_step != 0 else {})
+
+
+def peer_best(cfg: Any, state_file: Path, device: str) -> Any:
+    """A fresh fp32 copy of ``cfg``'s model (with its LoRA adapter, if any) holding a peer run's kept best weights."""
+    from sentence_transformers import SentenceTransformer
+
+    from simcse_kit.model.modeling import resolve_model_path
+
+    best = SentenceTransformer(resolve_model_path(cfg.model.name_or_path), device=device)
+    if cfg.model.lora_r > 0:
+        add_lora(best, cfg.model)
+    best.load_state_dict(load_file(state_file, device=device))
+    return best
+
+
+def rescore_transfer(cfg: Any, folder: Path, kfold: int) -> dict[str, float]:
+    """The SentEval transfer row of the best model a finished peer run kept in ``folder`` (no retraining)."""
+    eval_len = cfg.model.eval_max_seq_len
+    best = peer_best(cfg, folder / BEST_STATE, peer_device())
+    return transfer_row(encoder(best, eval_len, eval_len), str(cfg.data.eval_data_dir), kfold)
+
+
+def transfer_folds(metrics: Mapping[str, Any]) -> int:
+    """The folds a finished peer run's transfer scores were made with (0: none); runs made before the scores were
+    kept apart from the training settings name them in their settings."""
+    if not metrics.get("transfer"):
+        return 0
+    return int(metrics.get("transfer_kfold", metrics.get("settings", {}).get("transfer_kfold", 0)))
+
+
+def training_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A peer run's settings without the transfer folds, which older runs kept among them: the folds change what
+    is scored, not what is trained."""
+    return {k: v for k, v in (settings or {}).items() if k != "transfer_kfold"}
 
 
 ST_SAMPLINGS = ("proportional", "round_robin")  # the samplings the trainer has under the kit's names
 PREDICTIONS = "predictions.npz"  # a run's per-pair cosines of the STS tasks, beside its metrics.json
+BEST_STATE = "best_state.safetensors"  # a trained peer's best weights, beside its metrics.json
 MADE_AT = "made_at.json"  # the commit a run was made at, beside its metrics.json (a reused run keeps its own)
 
 
@@ -385,13 +415,10 @@ def base_retrieval(path: str, tasks: tuple[str, ...], eval_len: int, device: str
     return score_tasks(SentenceTransformer(path, device=device), tasks, eval_len, device) if tasks else {}
 
 
-def run_settings(
-    cfg: Any, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False, transfer: int = 0
-) -> dict[str, Any]:
-    """What a peer run depends on."""
+def run_settings(cfg: Any, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False) -> dict[str, Any]:
+    """What a peer run's training and its tables depend on (the transfer folds are not: :func:`run_st`)."""
     data, train = cfg.data, cfg.train
     extra: dict[str, Any] = {"retrieval": [Path(t).name for t in retrieval]} if retrieval else {}
-    extra |= {"transfer_kfold": transfer} if transfer and not dev_only else {}  # only then: older runs' settings stay equal
     if cfg.model.lora_r > 0:  # only then: the settings of the full fine-tuning runs kept before stay equal
         extra |= {k: getattr(cfg.model, k) for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")}
     return {
@@ -426,26 +453,37 @@ def run_st(
     dev_only: bool = False,
     transfer: int = 0,
 ) -> dict[int, dict[str, float]]:
-    """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its ``settings`` match); per seed its table."""
+    """:func:`st_train` per seed into ``out/seed-N/metrics.json`` (reused when its ``settings`` match); per seed its
+    table. ``transfer``: the SentEval transfer tasks' folds (0: not scored), scored on the run's kept best model, so a
+    finished run asked for them later is scored, not retrained; a seed that kept the untouched model is not scored
+    (``quality.fill_kept_base_transfer`` gives it the base's scores)."""
     from simcse_kit.files import write_json_atomic
 
-    settings = run_settings(cfg, loss, precision, retrieval, dev_only, transfer) if settings is None else settings
+    settings = run_settings(cfg, loss, precision, retrieval, dev_only) if settings is None else settings
     precision = resolve_precision(precision)
     per_seed = {}
     for seed in seeds:
-        done = out / f"seed-{seed}" / "metrics.json"
+        folder = out / f"seed-{seed}"
+        done = folder / "metrics.json"
         metrics = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {}
-        if metrics.get("settings") == settings:
-            logger.info("reusing the finished run in %s", done.parent)
+        wanted = transfer if transfer and not dev_only and metrics.get("best_step") != 0 else 0
+        # A run made before the best weights were kept cannot be scored anew: it is trained again.
+        scorable = not wanted or transfer_folds(metrics) == wanted or (folder / BEST_STATE).is_file()
+        if training_settings(metrics.get("settings")) == settings and scorable:
+            logger.info("reusing the finished run in %s", folder)
         else:
-            metrics = st_train(cfg, seed, loss, precision, retrieval, dev_only, transfer) | {"settings": settings}
-            pairs = metrics.pop("sts_pairs_file", None)
-            (done.parent / PREDICTIONS).unlink(missing_ok=True)  # an older run's, if any
-            if pairs:
-                done.parent.mkdir(parents=True, exist_ok=True)
-                Path(pairs).replace(done.parent / PREDICTIONS)
+            metrics = st_train(cfg, seed, loss, precision, retrieval, dev_only) | {"settings": settings}
+            for name in (PREDICTIONS, BEST_STATE):  # an older run's, if any
+                (folder / name).unlink(missing_ok=True)
+            if kept := metrics.pop("kept_dir", None):
+                folder.mkdir(parents=True, exist_ok=True)
+                for name in (PREDICTIONS, BEST_STATE):
+                    (Path(kept) / name).replace(folder / name)
             write_json_atomic(done, metrics)
-            stamp_run(done.parent)
+            stamp_run(folder)
+        if transfer and not dev_only and metrics["best_step"] != 0 and transfer_folds(metrics) != transfer:
+            metrics |= {"transfer": rescore_transfer(cfg, folder, transfer), "transfer_kfold": transfer}
+            write_json_atomic(done, metrics)
         curve = {"evals": [{"step": step, "stsb_dev": score} for step, score in metrics["evals"]]}
         scored = metrics.get("retrieval") or {}
         row = retrieval_row(scored, retrieval) if retrieval and scored else {}
@@ -456,7 +494,7 @@ def run_st(
             "train_seconds": metrics["train_seconds"],
             **dev_curve(curve),
             **row,
-            **(metrics.get("transfer") or {}),
+            **(metrics["transfer"] if transfer and transfer_folds(metrics) == transfer else {}),
         }
     return per_seed
 

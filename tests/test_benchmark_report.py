@@ -353,7 +353,7 @@ def test_teacher_general_table_known_answer() -> None:
         "- SentEval transfer avg, `kit-similarity` − `base`: -0.50, seed spread 0.25: lower.",
         f"- `kit-similarity` − `st-mse`: +0.25; {NO}.",
         "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00, seed spread 0.25: no difference measured.",
-        "- Below the untouched base: SICK-R -1.00, SentEval transfer avg -0.50.",
+        "- `kit-similarity` below the untouched base: SICK-R -1.00 (std 0.25), SentEval transfer avg -0.50 (std 0.25).",
     ]
 
 
@@ -452,7 +452,8 @@ def test_every_runner_writes_its_record_through_save_results() -> None:
 
 def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() -> None:
     """The mined-negatives table's nDCG@10 is the mean over the sound tasks only (mrpc-paraphrase, a smoke test, is
-    left out), its last column the guard's count; the k = 3 − k = 1 verdict takes the same nDCG@10."""
+    left out), its last column the guard's count; the k = 3 − k = 1 verdict takes the same nDCG@10. A row below the
+    untouched base says so, but not for a gap that rounds to 0.00."""
 
     def row(kind: str, stsb: float, sick: float, n: int) -> dict[str, Any]:
         seed = {
@@ -471,13 +472,17 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
                 **({"test_pairs_seen": {"STS12": [0, 3108]}} if kind != "base" else {})}  # fmt: skip
 
     results = {"base": row("base", 80.0, 90.0, 1), "hardneg-k1": row("kit", 81.0, 89.0, 3),
-               "hardneg-k3": row("kit", 82.0, 90.0, 3)}  # fmt: skip
+               "hardneg-k3": row("kit", 82.0, 89.996, 3)}  # fmt: skip
     rows = list(report.NEGATIVES.rows({"results": results}))
     assert rows[0] == ["base", "–", "1", "79.00", "82.00", "86.00", "0", "85.00", "–"]
     assert rows[1][1:3] == ["5,059", "3"] and rows[1][-2:] == ["85.00 ± 0.00", "0"]
     assert rows[2][-2:] == ["86.00 ± 0.00", "0"]
-    (line,) = report._negatives_verdict([{"results": results}])
+    line, below = report._negatives_verdict([{"results": results}])
     assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (sound tasks); ")
+    assert below == "- `hardneg-k1` below the untouched base: nDCG@10 sick-related -1.00 (std 0.00)."
+    # Where no gap has an interval, the headline keeps one line for them, and the below-base lines.
+    headline = report._or_no_interval(lambda kept: [f"- a gap; {report.NO_INTERVAL}", below])([])
+    assert headline == ["- No interval on these differences: the record predates per-pair data.", below]
 
 
 def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round() -> None:

@@ -9,10 +9,13 @@ import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import datasets
 import pytest
+import torch
 from conftest import REPO, TinyRun, toy_sentences
+from safetensors.torch import save_file
 
 import simcse_kit.training.wiring.run
 from simcse_kit.config.run import load_config
@@ -542,7 +545,7 @@ def test_the_tables_transfer_column_scores_each_seeds_model_once_never_a_sweep_r
     ``transfer:avg``), cached beside the run with its folds; a peer run with another K is not reused."""
     from test_evaluation_transfer import write_tiny_senteval
 
-    from benchmarks.st_peers import run_settings
+    from benchmarks.st_peers import run_settings, training_settings
     from simcse_kit.evaluation import TransferEvaluator
     from simcse_kit.model.inference import load_encoder
 
@@ -553,9 +556,10 @@ def test_the_tables_transfer_column_scores_each_seeds_model_once_never_a_sweep_r
     job = quality.row_job("domain", "sick", "st-mnrl", 1e-5, 1, False, args)
     assert job.transfer == 5 and type(job).from_json(json.dumps(dataclasses.asdict(job))) == job
     cfg = quality.job_config(job)
-    settings = {(dev, k): run_settings(cfg, "mnrl", "fp32", (), dev, k) for dev in (False, True) for k in (0, 5, 10)}
-    assert settings[False, 5]["transfer_kfold"] == 5 and settings[False, 10] != settings[False, 5]
-    assert "transfer_kfold" not in settings[False, 0] and settings[True, 0] == settings[True, 5]  # as runs kept before
+    # The folds are not a training setting: a peer run asked for them later is scored from its kept weights
+    # (test_a_finished_peer_run_asked_for_transfer_scores_is_scored_from_its_kept_weights_not_retrained).
+    settings = run_settings(cfg, "mnrl", "fp32")
+    assert "transfer_kfold" not in settings and training_settings(settings | {"transfer_kfold": 5}) == settings
 
     tiny_run.train("run", max_steps=2, eval_steps=2, save_steps=0)
     model, senteval = tiny_run.folder / "run" / "best_model", write_tiny_senteval(tmp_path / "senteval")
@@ -596,9 +600,9 @@ def test_a_peer_seed_that_kept_the_untouched_model_takes_the_bases_transfer_scor
 
 
 def test_a_peer_seed_that_kept_the_untouched_model_is_not_retrained_for_its_transfer_scores(tmp_path: Path) -> None:
-    """A finished peer run made without ``--transfer-kfold`` is rerun when the folds are asked for (its worker
-    scores its own model), except where it kept the untouched model: the table fills in the base's scores
-    (``fill_kept_base_transfer``), so the same weights are not retrained to be scored again."""
+    """A finished peer run asked for ``--transfer-kfold`` scores later is not finished (its worker scores its kept
+    model) unless it holds them at these folds, or kept the untouched model: the table fills in the base's scores
+    (``fill_kept_base_transfer``). Settings of runs made when the folds were among them still match."""
     from benchmarks.st_peers import run_settings
 
     quality = bench("quality")
@@ -607,17 +611,76 @@ def test_a_peer_seed_that_kept_the_untouched_model_is_not_retrained_for_its_tran
     cfg = quality.job_config(job, {"output_dir": job.out})
     done = Path(job.out) / f"seed-{job.seed}" / "metrics.json"
     done.parent.mkdir(parents=True)
+    settings = run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only)
 
-    def made(best_step: int, transfer: int) -> bool:
-        settings = run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only, transfer)
-        done.write_text(json.dumps({"best_step": best_step, "settings": settings}))
+    def made(best_step: int, scored: int, **extra: Any) -> bool:
+        metrics = {"best_step": best_step, "settings": settings | extra}
+        metrics |= {"transfer": {"transfer:avg": 80.0}, "transfer_kfold": scored} if scored else {}
+        done.write_text(json.dumps(metrics))
         return quality.finished(job)
 
-    assert made(50, 5) and made(0, 5)  # made with these folds
-    assert not made(50, 0)  # trained, made without them: its worker scores them
-    assert made(0, 0)  # kept the untouched model: the base's scores are its own
-    assert not made(0, 10)  # other folds of a kept seed: its settings differ in more than the folds asked
-    assert not quality.finished(dataclasses.replace(job, precision="bf16"))  # another setting: no reuse
+    assert made(50, 5) and made(0, 0) and made(0, 10)  # scored at these folds; kept the untouched model
+    assert not made(50, 0) and not made(50, 10)  # trained, not scored at these folds: its worker scores them
+    old = {"best_step": 50, "settings": settings | {"transfer_kfold": 5}, "transfer": {"transfer:avg": 80.0}}
+    done.write_text(json.dumps(old))  # made when the folds were a setting
+    assert quality.finished(job) and not quality.finished(dataclasses.replace(job, transfer=10))
+    assert not made(50, 5, precision="bf16")  # another setting: no reuse
+
+
+def test_a_finished_peer_run_asked_for_transfer_scores_is_scored_from_its_kept_weights_not_retrained(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trained peer seed keeps its best weights beside metrics.json; asked for transfer scores later, ``run_st``
+    scores those weights (the same row as scoring the trained model itself) and trains nothing; the scores are kept
+    with their folds. A run made before the weights were kept is trained again."""
+    from sentence_transformers import SentenceTransformer
+    from test_evaluation_transfer import write_tiny_senteval
+
+    from benchmarks import st_peers
+
+    quality = bench("quality")
+    job = quality.row_job("domain", "sick", "st-mnrl", 1e-5, 1, False, domain_args(tmp_path))
+    cfg = quality.job_config(job)
+    senteval = write_tiny_senteval(tmp_path / "senteval")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name_or_path=str(tiny_model_dir)),
+                              data=dataclasses.replace(cfg.data, eval_data_dir=str(senteval)))  # fmt: skip
+    trained: list[Any] = []
+
+    def fake_train(*_: object) -> dict[str, Any]:  # the weights a run's dev selection kept: not the untouched ones
+        model = SentenceTransformer(str(tiny_model_dir), device="cpu")
+        torch.manual_seed(len(trained))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        trained.append(model)
+        kept = tmp_path / f"kept-{len(trained)}"
+        kept.mkdir()
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, kept / st_peers.BEST_STATE)
+        (kept / st_peers.PREDICTIONS).write_bytes(b"pairs")
+        return {"best_step": 2, "best_stsb_dev": 70.0, "evals": [(0, 60.0), (2, 70.0)], "train_seconds": 1.0,
+                "sts": {"avg": 50.0}, "retrieval": {}, "kept_dir": str(kept)}  # fmt: skip
+
+    monkeypatch.setattr(st_peers, "st_train", fake_train)
+    out, seed = tmp_path / "peer", tmp_path / "peer" / "seed-1"
+    row = st_peers.run_st(cfg, [1], "mnrl", "fp32", out)[1]
+    assert len(trained) == 1 and "transfer:avg" not in row and (seed / st_peers.BEST_STATE).is_file()
+    eval_len = cfg.model.eval_max_seq_len
+    want = st_peers.transfer_row(st_peers.encoder(trained[0], eval_len, eval_len), str(senteval), 3)
+    row = st_peers.run_st(cfg, [1], "mnrl", "fp32", out, transfer=3)[1]
+    assert len(trained) == 1 and row["avg"] == 50.0  # nothing retrained
+    assert {k: v for k, v in row.items() if k.startswith("transfer:")} == want and "transfer:avg" in want
+    assert json.loads((seed / "metrics.json").read_text())["transfer_kfold"] == 3
+
+    def rescored(*_: object) -> dict[str, float]:
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(st_peers, "rescore_transfer", rescored)
+    assert st_peers.run_st(cfg, [1], "mnrl", "fp32", out, transfer=3)[1] == row  # kept with its folds
+    assert "transfer:avg" not in st_peers.run_st(cfg, [1], "mnrl", "fp32", out)[1] and len(trained) == 1
+    (seed / st_peers.BEST_STATE).unlink()  # as a run made before the weights were kept
+    with pytest.raises(AssertionError, match="scored again"):
+        st_peers.run_st(cfg, [1], "mnrl", "fp32", out, transfer=5)
+    assert len(trained) == 2 and (seed / st_peers.BEST_STATE).is_file()  # trained again, its weights kept
 
 
 def test_the_benchmarks_dev_curve_reads_the_metric_a_run_names() -> None:

@@ -247,7 +247,8 @@ def test_a_goal_is_judged_by_the_rows_interval(tmp_path: Path, monkeypatch: pyte
     assert "interval rule, 7-task average: " in lines[1]
     assert lines[2] == f"- SentEval transfer avg, `{ours}` − `st-mnrl`: +0.10, seed spread 0.20: no difference measured."
     assert lines[3].startswith(f"- `{ours}` − `st-mse`: +0.10, within the seed spread (0.30")
-    assert lines[4:] == ["- Below the untouched base: SICK-R -0.50."]  # no transfer line without st-mse's score
+    # No transfer line without st-mse's score.
+    assert lines[4:] == [f"- `{ours}` below the untouched base: SICK-R -0.50 (std 0.00)."]
     rows = {r[0]: r for r in report._clean_rows(rec)}
     assert {n: r[-1] for n, r in rows.items()} == {"base": "–", ours: "0", "st-mnrl": "311 in 1 task, at most 10.0% (STS12)",
                                                    "st-mse": "0"}  # fmt: skip
