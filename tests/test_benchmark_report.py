@@ -501,4 +501,10 @@ def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round(
     assert [r[0] for r in rows] == ["10M, file-1p (2)", "10M, shards-1p (20)", "10M, shards-2p (20)"]
     assert rows[0][2] == "–" and rows[2][2] == "**0.60x** (0.60–0.60)"  # 60/100, 120/200, 180/300
     assert rows[1][3] == "6000 (6000–6000): 75% of 8,000"
+    # The headline: the layouts side by side, each goal judged (the ratio on every round, the slowest build).
+    record = {"runs": runs, "encode_batch_rows_per_cpu_s": [7000.0, 8000.0, 9000.0]}
+    (goals,) = report._shard_goal_rows(record)
+    assert goals == ["10M", "101 · 200 · 120", "**0.60x** (0.60–0.60): met", "75% (shards-1p): not met"]
+    runs[-1]["first_step_s"] = 190.0  # one round above 0.6x
+    assert next(iter(report._shard_goal_rows(record)))[2] == "**0.60x** (0.60–0.63): not met"
     assert [report.lines_label(n) for n in (10_000_000, 250_000, 1234)] == ["10M", "250k", "1234"]
