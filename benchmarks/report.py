@@ -208,14 +208,15 @@ def _a(kept: list[Record], key: str) -> Any:
 # --------------------------------------------------------------------------- the machine line
 
 
-def machine_line(rec: Record, label: str = "", versions: bool = True) -> str:
+def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
     """Where, when and how ``rec`` was measured: date, CPU and ISA flags, threads, GPU and driver,
-    load, library versions (without ``versions``: left to the full tables' lines), commit and command,
-    all from its JSON."""
+    load, library versions, commit and command, all from its JSON. Without ``full`` (BENCHMARKS.md, which stays short)
+    the ISA flags and library versions are left to the full tables' lines; a limit on the kernels stays."""
     m, args = rec["machine"], rec.get("args") or {}
-    flags = m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]
+    flags = (m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]) if full else []
     threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
-    detail = ", ".join(flags) + ("; kernels limited to AVX2" if m.get("kernel_limits") else "")
+    limit = ("; " if flags else "") + "kernels limited to AVX2" if m.get("kernel_limits") else ""
+    detail = ", ".join(flags) + limit
     where = [(f"{m['cpu']} ({detail})" if detail else m["cpu"]) + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")]
     gpu = rec.get("device") if rec.get("device", "cpu") != "cpu" else m.get("gpu")
     if gpu:
@@ -224,7 +225,7 @@ def machine_line(rec: Record, label: str = "", versions: bool = True) -> str:
         where.append(f"1-min load average {m['load_avg_1min']:g} (a shared machine)")
     libraries = m.get("versions") or rec.get("versions") or {"torch": m.get("torch")}
     libs = ", ".join(f"{k} {v}" for k, v in libraries.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
-    where += [libs] if versions and libs else []
+    where += [libs] if full and libs else []
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
     return f"- {label}{m['date_utc']}: {'; '.join(where)}{commit}; `{rec['command']}`{provenance_note(rec)}"
 
@@ -270,7 +271,7 @@ def render_spec(spec: Spec) -> str:
     after = spec.after(kept) if spec.after else []
     out += ["", *after] if after else []
     if spec.machines:
-        out += ["", *(machine_line(r, _class_label(r), versions=spec.home != BENCH) for r in kept)]
+        out += ["", *(machine_line(r, _class_label(r), full=spec.home != BENCH) for r in kept)]
     return "\n".join(out)
 
 
@@ -1276,8 +1277,8 @@ def compact_block() -> str:
     quality = [r for r in kept if r["rows"]]
     others = ", ".join(str(r["args"]["seed"]) for r in quality[1:] if r["args"].get("seed") is not None)
     same = f" Seeds {others}: the same command with their seed, same machine (details)." if others else ""
-    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}, versions=False) + same] if quality else []
-    lines += [machine_line(r | {"command": _compact_command(r)}, versions=False) for r in kept if not r["rows"]]
+    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}, full=False) + same] if quality else []
+    lines += [machine_line(r | {"command": _compact_command(r)}, full=False) for r in kept if not r["rows"]]
     return "\n".join([*out, *lines])
 
 

@@ -385,12 +385,17 @@ def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypat
     assert line["typed-cpu"].endswith("`python -m benchmarks.memory` (no provenance: report --check refuses it)")
     legacy = report.machine_line({"machine": MACHINE, "command": "c", "_file": "gone-cpu"})
     assert legacy.endswith("`c` (record predates provenance; to be re-run)")
-    # BENCHMARKS.md's lines leave the library versions to the full tables' (the page stays short).
+    # BENCHMARKS.md's lines leave the ISA flags and library versions to the full tables' (the page stays short);
+    # a limit on the kernels stays on both.
     assert (
         legacy == "- 2026-11-24 07:00 UTC: Test CPU; torch 2.13.0; commit abc1234; `c` (record predates provenance; to be re-run)"
     )
-    short = report.machine_line({"machine": MACHINE, "command": "c", "_file": "gone-cpu"}, versions=False)
-    assert short == legacy.replace("; torch 2.13.0", "")
+    flagged = {"machine": MACHINE | {"isa_flags": ["avx2", "avx512f"]}, "command": "c", "_file": "gone-cpu"}
+    assert report.machine_line(flagged).startswith("- 2026-11-24 07:00 UTC: Test CPU (avx2, avx512f); torch 2.13.0;")
+    assert report.machine_line(flagged, full=False) == legacy.replace("; torch 2.13.0", "")
+    limited = flagged | {"machine": flagged["machine"] | {"kernel_limits": {"ATEN_CPU_CAPABILITY": "avx2"}}}
+    assert "Test CPU (avx2, avx512f; kernels limited to AVX2); torch" in report.machine_line(limited)
+    assert report.machine_line(limited, full=False).startswith("- 2026-11-24 07:00 UTC: Test CPU (kernels limited to AVX2); commit")
 
 
 def test_the_kept_records_without_provenance_are_exactly_the_legacy_list() -> None:
