@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -477,8 +478,8 @@ def run_st(
                 (folder / name).unlink(missing_ok=True)
             if kept := metrics.pop("kept_dir", None):
                 folder.mkdir(parents=True, exist_ok=True)
-                for name in (PREDICTIONS, BEST_STATE):
-                    (Path(kept) / name).replace(folder / name)
+                for name in (PREDICTIONS, BEST_STATE):  # a move: the temporary folder may be on another device
+                    shutil.move(Path(kept) / name, folder / name)
             write_json_atomic(done, metrics)
             stamp_run(folder)
         if transfer and not dev_only and metrics["best_step"] != 0 and transfer_folds(metrics) != transfer:
