@@ -185,9 +185,11 @@ def _decided(rec: Record) -> str:
     return _precision(auto[0]["precision"]) if auto else "–"
 
 
-def _busy(rec: Record) -> str:
-    busy = sum(1 for x in rec["runs"] if x["activity"]["busy"])
-    return f"{busy}/{len(rec['runs'])} (max {100 * max(x['activity']['other_cpu_share'] for x in rec['runs']):.0f}%)"
+def _busy(rec: Record, runs: Sequence[Record] | None = None) -> str:
+    """How many of the record's runs (or of ``runs``) other processes made busy, and the largest share they took."""
+    runs = rec["runs"] if runs is None else runs
+    busy = sum(1 for x in runs if x["activity"]["busy"])
+    return f"{busy}/{len(runs)} (max {100 * max(x['activity']['other_cpu_share'] for x in runs):.0f}%)"
 
 
 def _ms(mean: dict[str, float], std: dict[str, float], key: str, n: int) -> str:
@@ -424,8 +426,9 @@ def _shard_rows(rec: Record) -> Iterable[Row]:
         of = [r for r in runs if r["variant"] == variant]
         table = spread([r["table_rows_per_cpu_s"] for r in of])
         label = f"{lines_label(of[0]['lines'])}, {variant} ({of[0]['tables']})"
-        yield [label, _range(spread([r["first_step_s"] for r in of])), _ratio(_paired_ratio(runs, variant)),
-               f"{_range(table, 0)}: {table['median'] / encode['median']:.0%} of {encode['median']:,.0f}"]  # fmt: skip
+        build = f"{_range(table, 0)}: {table['median'] / encode['median']:.0%} of {encode['median']:,.0f}"
+        first = _range(spread([r["first_step_s"] for r in of]))
+        yield [label, first, _ratio(_paired_ratio(runs, variant)), build, _busy(rec, of)]
 
 
 def _shard_intro(kept: list[Record]) -> str:
@@ -438,7 +441,7 @@ def _shard_intro(kept: list[Record]) -> str:
 
 SHARDS = Spec(
     "corpus-shards", "corpus_shards",
-    "lines, layout-processes (parts)|first step at s|2 processes / 1|table rows/CPU-s: of encode_batch's",
+    "lines, layout-processes (parts)|first step at s|2 processes / 1|table rows/CPU-s: of encode_batch's|runs busy",
     _shard_rows,
     _shard_intro,
     command="python -m benchmarks.corpus_scale --shards 20 --lines 1000000",
@@ -461,13 +464,13 @@ def _shard_goal_rows(rec: Record) -> Iterable[Row]:
     low = min(share, key=share.__getitem__)
     met = ("not met", "met")
     yield [lines_label(runs[0]["lines"]), first, f"{_ratio(ratio)}: {met[bool(ratio) and ratio['max'] <= SHARD_GOALS[0]]}",
-           f"{share[low]:.0%} ({low}): {met[share[low] >= SHARD_GOALS[1]]}"]  # fmt: skip
+           f"{share[low]:.0%} ({low}): {met[share[low] >= SHARD_GOALS[1]]}", _busy(rec)]  # fmt: skip
 
 
 SHARDS_SUMMARY = Spec(
     "corpus-shards-summary", "corpus_shards",
     "lines|first step at s: file-1p · shards-1p · shards-2p|shards, 2 processes / 1 (goal ≤ 0.6x)|slowest build, "
-    "of encode_batch's rows/CPU-s (goal ≥ 80%)",
+    "of encode_batch's rows/CPU-s (goal ≥ 80%)|runs busy",
     _shard_goal_rows,
     lambda kept: _shard_intro(kept) + " A goal is met only where every round meets it (the ratio) or the slowest "
     "layout's median does (the build).",

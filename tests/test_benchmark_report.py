@@ -395,7 +395,8 @@ def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypat
     assert report.machine_line(flagged, full=False) == legacy.replace("; torch 2.13.0", "")
     limited = flagged | {"machine": flagged["machine"] | {"kernel_limits": {"ATEN_CPU_CAPABILITY": "avx2"}}}
     assert "Test CPU (avx2, avx512f; kernels limited to AVX2); torch" in report.machine_line(limited)
-    assert report.machine_line(limited, full=False).startswith("- 2026-11-24 07:00 UTC: Test CPU (kernels limited to AVX2); commit")
+    short = report.machine_line(limited, full=False)
+    assert short.startswith("- 2026-11-24 07:00 UTC: Test CPU (kernels limited to AVX2); commit")
 
 
 def test_the_kept_records_without_provenance_are_exactly_the_legacy_list() -> None:
@@ -496,8 +497,9 @@ def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round(
 
     def run(variant: str, round_: int, first: float, rate: float) -> dict[str, Any]:
         tables = 20 if variant.startswith("shards") else 2
+        activity = {"busy": variant == "file-1p" and round_ == 0, "other_cpu_share": 0.2 if round_ == 0 else 0.01}
         return {"round": round_, "variant": variant, "lines": 10_000_000, "tables": tables, "first_step_s": first,
-                "table_rows_per_cpu_s": rate}  # fmt: skip
+                "table_rows_per_cpu_s": rate, "activity": activity}  # fmt: skip
 
     runs = [run("file-1p", r, 100.0 + r, 7000.0) for r in range(3)]
     runs += [run("shards-1p", r, 100.0 * (r + 1), 6000.0) for r in range(3)]
@@ -506,10 +508,11 @@ def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round(
     assert [r[0] for r in rows] == ["10M, file-1p (2)", "10M, shards-1p (20)", "10M, shards-2p (20)"]
     assert rows[0][2] == "–" and rows[2][2] == "**0.60x** (0.60–0.60)"  # 60/100, 120/200, 180/300
     assert rows[1][3] == "6000 (6000–6000): 75% of 8,000"
+    assert [r[4] for r in rows] == ["1/3 (max 20%)", "0/3 (max 20%)", "0/3 (max 20%)"]  # a busy round is shown
     # The headline: the layouts side by side, each goal judged (the ratio on every round, the slowest build).
     record = {"runs": runs, "encode_batch_rows_per_cpu_s": [7000.0, 8000.0, 9000.0]}
     (goals,) = report._shard_goal_rows(record)
-    assert goals == ["10M", "101 · 200 · 120", "**0.60x** (0.60–0.60): met", "75% (shards-1p): not met"]
+    assert goals == ["10M", "101 · 200 · 120", "**0.60x** (0.60–0.60): met", "75% (shards-1p): not met", "1/9 (max 20%)"]
     runs[-1]["first_step_s"] = 190.0  # one round above 0.6x
     assert next(iter(report._shard_goal_rows(record)))[2] == "**0.60x** (0.60–0.63): not met"
     assert [report.lines_label(n) for n in (10_000_000, 250_000, 1234)] == ["10M", "250k", "1234"]
