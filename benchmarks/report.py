@@ -463,7 +463,8 @@ def _shard_goal_rows(rec: Record) -> Iterable[Row]:
     share = {v: median(v, "table_rows_per_cpu_s") / encode for v in layouts}
     low = min(share, key=share.__getitem__)
     met = ("not met", "met")
-    yield [lines_label(runs[0]["lines"]), first, f"{_ratio(ratio)}: {met[bool(ratio) and ratio['max'] <= SHARD_GOALS[0]]}",
+    fast = ratio is not None and ratio["max"] <= SHARD_GOALS[0]
+    yield [lines_label(runs[0]["lines"]), first, f"{_ratio(ratio)}: {met[fast]}",
            f"{share[low]:.0%} ({low}): {met[share[low] >= SHARD_GOALS[1]]}", _busy(rec)]  # fmt: skip
 
 
