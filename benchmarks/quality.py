@@ -37,7 +37,7 @@ from benchmarks.st_peers import (
     save_sts_pairs,
     stamp_run,
     training_settings,
-    transfer_folds,
+    transfer_owed,
     transfer_row,
 )
 from benchmarks.stats import save_rows
@@ -475,7 +475,7 @@ def finished(job: Job) -> bool:
             return False
         # A seed that kept the untouched model takes the base's transfer scores (fill_kept_base_transfer); a trained
         # one whose scores are missing is scored in its worker, from its kept best weights.
-        return not job.transfer or job.dev_only or metrics.get("best_step") == 0 or transfer_folds(metrics) == job.transfer
+        return not transfer_owed(metrics, job.transfer, job.dev_only)
     if job.dev_only:
         return True
     transferred = not job.transfer or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None

@@ -185,9 +185,8 @@ def _decided(rec: Record) -> str:
     return _precision(auto[0]["precision"]) if auto else "–"
 
 
-def _busy(rec: Record, runs: Sequence[Record] | None = None) -> str:
-    """How many of the record's runs (or of ``runs``) other processes made busy, and the largest share they took."""
-    runs = rec["runs"] if runs is None else runs
+def _busy(runs: Sequence[Record]) -> str:
+    """How many of ``runs`` other processes made busy, and the largest share of the machine they took."""
     busy = sum(1 for x in runs if x["activity"]["busy"])
     return f"{busy}/{len(runs)} (max {100 * max(x['activity']['other_cpu_share'] for x in runs):.0f}%)"
 
@@ -289,14 +288,14 @@ def _throughput_rows(rec: Record) -> Iterable[Row]:
     s, r = rec["summary"], rec["ratios"]
     variants = [_cell(s, v) for v in ("st-fp32", "st-bf16", "kit-fp32", "kit-bf16", "kit-auto")]
     best = f"{_ratio(r.get('kit-auto/st-best'))} vs {r.get('st-best', '–')}"
-    yield [_class(rec), *variants, _decided(rec), _ratio(r.get("kit-fp32/st-fp32")), best, _busy(rec)]
+    yield [_class(rec), *variants, _decided(rec), _ratio(r.get("kit-fp32/st-fp32")), best, _busy(rec["runs"])]
 
 
 def _encode_rows(rec: Record) -> Iterable[Row]:
     for v, s in rec["summary"].items():
         cos = f"{s['min_cos_vs_st_fp32']['min']:.5f}" if "min_cos_vs_st_fp32" in s else "–"
         ratio = _ratio(rec["ratios"].get(f"{v}/st-fp32"))
-        yield [_class(rec), v, _range(s["sentences_per_s"]), ratio, f"{s['stsb_test']['median']:.2f}", cos, _busy(rec)]
+        yield [_class(rec), v, _range(s["sentences_per_s"]), ratio, f"{s['stsb_test']['median']:.2f}", cos, _busy(rec["runs"])]
 
 
 THROUGHPUT = Spec(
@@ -318,7 +317,7 @@ ENCODE = Spec(
 )  # fmt: skip
 MEMORY = Spec(
     "memory", "memory", "CPU class|point|peak RSS MiB|sentences/s|runs busy",
-    lambda rec: ([_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["sentences_per_s"]), _busy(rec)]
+    lambda rec: ([_class(rec), v, _range(s["peak_rss_mib"], 0), _range(s["sentences_per_s"]), _busy(rec["runs"])]
                  for v, s in rec["summary"].items()),
     lambda kept: f"Peak RSS of the unsup recipe's training loop ({_a(kept, 'precision')}, max length "
     f"{_a(kept, 'max_seq_len')}): `b<batch>` plain, `b<batch>-gc<chunk>` GradCache; median of the rounds (range). " + SPREAD,
@@ -428,7 +427,7 @@ def _shard_rows(rec: Record) -> Iterable[Row]:
         label = f"{lines_label(of[0]['lines'])}, {variant} ({of[0]['tables']})"
         build = f"{_range(table, 0)}: {table['median'] / encode['median']:.0%} of {encode['median']:,.0f}"
         first = _range(spread([r["first_step_s"] for r in of]))
-        yield [label, first, _ratio(_paired_ratio(runs, variant)), build, _busy(rec, of)]
+        yield [label, first, _ratio(_paired_ratio(runs, variant)), build, _busy(of)]
 
 
 def _shard_intro(kept: list[Record]) -> str:
@@ -465,7 +464,7 @@ def _shard_goal_rows(rec: Record) -> Iterable[Row]:
     met = ("not met", "met")
     fast = ratio is not None and ratio["max"] <= SHARD_GOALS[0]
     yield [lines_label(runs[0]["lines"]), first, f"{_ratio(ratio)}: {met[fast]}",
-           f"{share[low]:.0%} ({low}): {met[share[low] >= SHARD_GOALS[1]]}", _busy(rec)]  # fmt: skip
+           f"{share[low]:.0%} ({low}): {met[share[low] >= SHARD_GOALS[1]]}", _busy(runs)]  # fmt: skip
 
 
 SHARDS_SUMMARY = Spec(
@@ -487,7 +486,7 @@ def _pipeline_rows(rec: Record) -> Iterable[Row]:
         if table:
             build = f"{table['rows'] / table['cpu_seconds'] / 1000:.1f}k ({table['processes']} process)"
             first = f"{table['rows'] / (table['cpu_seconds'] + table['rows'] / s['new']['median']):,.0f}"
-        yield [_class(rec), mode, _range(s["old"], 0), _range(s["new"], 0), _ratio(s["ratio"]), build, first, _busy(rec)]
+        yield [_class(rec), mode, _range(s["old"], 0), _range(s["new"], 0), _ratio(s["ratio"]), build, first, _busy(rec["runs"])]
 
 
 PIPELINE = Spec(
@@ -636,7 +635,7 @@ def _mining_rows(rec: Record) -> Iterable[Row]:
     for name, s in rec["results"].items():
         n, rows = _seeds(s), f"{s['rows']:,}" if s.get("rows") else "–"
         cells = [_ms(s["mean"], s["std"], k, n) for k in ("avg", "STSBenchmark", "best_stsb_dev")]
-        seen = "–" if s.get("kind", name) in ("base", "teacher") else _seen(s)
+        seen = _seen(s) if _trained(name, s) else "–"
         yield [name, rows, str(n), *cells, _best_step(s["per_seed"]), _sound_ndcg(s), seen]
 
 
@@ -827,11 +826,16 @@ def _below_base(res: Record, row: str) -> list[str]:
     return [f"- `{row}` {BELOW_BASE}: {', '.join(below)}."] if below else []
 
 
+def _trained(name: str, s: Record) -> bool:
+    """Whether row ``name`` of a quality record was trained (not the base, nor a teacher); older records name the
+    kind only by the row's name."""
+    return s.get("kind", name) not in ("base", "teacher")
+
+
 def _trained_below_base(kept: list[Record]) -> list[str]:
-    """:func:`_below_base` for every trained row of a record (not the base, nor a teacher)."""
+    """:func:`_below_base` for every trained row of a record."""
     res = kept[0]["results"]
-    return [line for name, s in res.items() if (s.get("kind") or name) not in ("base", "teacher")
-            for line in _below_base(res, name)]  # fmt: skip
+    return [line for name, s in res.items() if _trained(name, s) for line in _below_base(res, name)]
 
 
 def _teacher_general_rows(rec: Record) -> Iterable[Row]:

@@ -231,7 +231,8 @@ def st_train(
     cfg: Any, seed: int, loss: str, precision: str, retrieval: Sequence[str] = (), dev_only: bool = False
 ) -> dict[str, Any]:
     """One sentence-transformers run of ``loss`` on ``cfg``'s data, budget and dev selection; a trained best model's
-    weights are kept (``best_state_file``) so that scoring it later (:func:`rescore_transfer`) needs no retraining."""
+    weights are kept (:data:`BEST_STATE` in ``kept_dir``) so that scoring it later (:func:`rescore_transfer`) needs no
+    retraining."""
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import AutoConfig
 
@@ -341,6 +342,14 @@ def transfer_folds(metrics: Mapping[str, Any]) -> int:
     if not metrics.get("transfer"):
         return 0
     return int(metrics.get("transfer_kfold", metrics.get("settings", {}).get("transfer_kfold", 0)))
+
+
+def transfer_owed(metrics: Mapping[str, Any], transfer: int, dev_only: bool) -> int:
+    """The transfer folds a finished peer run still has to be scored at (0: none): asked for, not a dev-only run, not
+    a seed that kept the untouched model (it takes the base's scores), and not scored at them yet."""
+    if not transfer or dev_only or metrics.get("best_step") == 0 or transfer_folds(metrics) == transfer:
+        return 0
+    return transfer
 
 
 def training_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -467,9 +476,8 @@ def run_st(
         folder = out / f"seed-{seed}"
         done = folder / "metrics.json"
         metrics = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {}
-        wanted = transfer if transfer and not dev_only and metrics.get("best_step") != 0 else 0
         # A run made before the best weights were kept cannot be scored anew: it is trained again.
-        scorable = not wanted or transfer_folds(metrics) == wanted or (folder / BEST_STATE).is_file()
+        scorable = not transfer_owed(metrics, transfer, dev_only) or (folder / BEST_STATE).is_file()
         if training_settings(metrics.get("settings")) == settings and scorable:
             logger.info("reusing the finished run in %s", folder)
         else:
@@ -482,8 +490,8 @@ def run_st(
                     shutil.move(Path(kept) / name, folder / name)
             write_json_atomic(done, metrics)
             stamp_run(folder)
-        if transfer and not dev_only and metrics["best_step"] != 0 and transfer_folds(metrics) != transfer:
-            metrics |= {"transfer": rescore_transfer(cfg, folder, transfer), "transfer_kfold": transfer}
+        if owed := transfer_owed(metrics, transfer, dev_only):
+            metrics |= {"transfer": rescore_transfer(cfg, folder, owed), "transfer_kfold": owed}
             write_json_atomic(done, metrics)
         curve = {"evals": [{"step": step, "stsb_dev": score} for step, score in metrics["evals"]]}
         scored = metrics.get("retrieval") or {}
