@@ -167,12 +167,10 @@ _SCORED_ROWS = {
     for loss in ("cosent", "angle")
     for side in ("kit", "st")
 }
-# The kit's rows in fp32, as the peer trains on a CPU (`--st-precision auto`), at the rate the kit's
-# bf16 rows chose on dev (2e-5 for both losses): `--rows kit-cosent-fp32 kit-angle-fp32`.
+# The kit's rows in fp32, as the peer trains on a CPU (`--st-precision auto`): `--rows kit-cosent-fp32
+# kit-angle-fp32`. Each precision gets the table's own rate sweep, as every peer row does.
 _SCORED_ROWS |= {
-    f"kit-{loss}-fp32": Row(
-        "scored/stsb", {"score_loss": loss, "mixed_precision": "no", "bf16_weights": "false"}, learning_rates="2e-5"
-    )
+    f"kit-{loss}-fp32": Row("scored/stsb", {"score_loss": loss, "mixed_precision": "no", "bf16_weights": "false"})
     for loss in ("cosent", "angle")
 }
 # LoRA (r 8, alpha 16, dropout 0.1: the kit's defaults; the peer gets the same LoraConfig) beside full
