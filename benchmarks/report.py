@@ -685,7 +685,8 @@ def _guide_rows(rec: Record) -> Iterable[Row]:
         keys = ("avg", "STSBenchmark", "best_stsb_dev", *(f"retrieval:{t}" for t in GUIDE_TASKS), "retrieval:avg")
         cells = [_ms(m, sd, k, n) for k in keys]
         masked = f"{m['guide_masked']:,.0f}" if "guide_masked" in m else "–"
-        yield [name, str(n), *cells[:3], _best_step(s["per_seed"]), *cells[3:], masked]
+        seen = _seen(s) if _trained(name, s) else "–"
+        yield [name, str(n), *cells[:3], _best_step(s["per_seed"]), *cells[3:], masked, seen]
 
 
 def _guide_verdict(kept: list[Record]) -> list[str]:
@@ -869,10 +870,15 @@ def _fixed(values: Iterable[float]) -> list[str]:
     return [f"{v:.2f}" for v in values]
 
 
+def _quality_rows(rec: Record) -> Iterable[Row]:
+    """The quality table: each row's STS tasks, dev selection and the guard's count of test pairs trained on."""
+    for name, r in rec["results"].items():
+        cells = (_ms(r["mean"], r["std"], k, r["n"]) for k in (*STS, "best_stsb_dev"))
+        yield [name, str(r["n"]), *cells, _seen(r) if _trained(name, r) else "–"]
+
+
 QUALITY = Spec(
-    "quality", "sts", f"config|seeds|{STS_HEAD}|STS-B dev (selection)",
-    lambda rec: ([n, str(r["n"]), *(_ms(r["mean"], r["std"], k, r["n"]) for k in (*STS, "best_stsb_dev"))]
-                 for n, r in rec["results"].items()),
+    "quality", "sts", f"config|seeds|{STS_HEAD}|STS-B dev (selection)|test pairs trained on", _quality_rows,
     "Spearman x 100 by cosine, mean ± sample std over the seeds.",
     after=_quality_verdict,
 )  # fmt: skip
@@ -950,7 +956,7 @@ MINING = Spec(
 GUIDE = Spec(
     "guide", "guide",
     "row|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|" + "|".join(f"nDCG@10 {t}" for t in GUIDE_TASKS)
-    + "|nDCG@10 avg|entries masked by the guide",
+    + "|nDCG@10 avg|entries masked by the guide|test pairs trained on",
     _guide_rows, after=_guide_verdict,
     command="python -m benchmarks.quality guide --guide /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip

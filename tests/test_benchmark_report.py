@@ -491,6 +491,29 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
     assert headline == ["- No interval on these differences: the record predates per-pair data.", below]
 
 
+def test_quality_and_guide_tables_end_with_the_guards_count_of_test_pairs_trained_on() -> None:
+    """The quality and guide tables' last column is the guard's count: ``0`` for a row trained on no test pair,
+    the pairs and the worst task's share for one that was, "–" for the untouched base, and "not counted" for a
+    row from before the guard."""
+    keys = (*report.STS, "best_stsb_dev", "retrieval:avg", *(f"retrieval:{t}" for t in report.GUIDE_TASKS))
+    seed = dict.fromkeys(keys, 80.0)
+
+    def row(kind: str, seen: dict[str, list[int]] | None) -> dict[str, Any]:
+        out = {"kind": kind, "n": 1, "mean": seed, "std": dict.fromkeys(seed, 0.0), "per_seed": {"1": seed}}
+        return out | ({"test_pairs_seen": seen} if seen is not None else {})
+
+    results = {
+        "base": row("base", None),
+        "clean": row("kit", {"STS12": [0, 3108], "SICKRelatedness": [0, 4927]}),
+        "seen": row("st", {"STS12": [14, 3108], "SICKRelatedness": [2533, 4927]}),
+        "old": row("kit", None),
+    }
+    for spec in (report.QUALITY, report.GUIDE):
+        assert isinstance(spec.head, str) and spec.head.endswith("|test pairs trained on")
+        last = [r[-1] for r in spec.rows({"results": results})]
+        assert last == ["–", "0", "2,547 in 2 tasks, at most 51.4% (SICK-R)", "not counted (record predates the guard)"]
+
+
 def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round() -> None:
     """A 10M record run on three of the layouts (``--layouts``): each row names the length, the 2-process row's ratio
     is over the 1-process run of its round, and the build is set against ``encode_batch``'s median."""
