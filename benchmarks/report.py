@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import REPO, SOUND_TASKS, lines_label, spread
-from benchmarks.stats import Interval, load_rows, spearman_difference, spearman_level
+from benchmarks.stats import Interval, load_rows, seed_difference, spearman_difference, spearman_level
 
 RESULTS = REPO / "benchmarks" / "results"
 BENCH, README, DETAILS = REPO / "BENCHMARKS.md", REPO / "README.md", REPO / "docs" / "benchmark_details.md"
@@ -803,14 +803,15 @@ def _seed_gap(a: Record, b: Record, key: str) -> tuple[float, float]:
 
 
 def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
-    """``row``'s SentEval transfer average against ``other``'s, called only beyond the seed spread: the accuracies
-    are not per-pair data, so no bootstrap interval is drawn."""
-    a, b = res[row], res[other]
-    if "transfer:avg" not in a["mean"] or "transfer:avg" not in b["mean"]:
+    """``row``'s SentEval transfer average against ``other``'s by the interval rule: the accuracies are not per-pair
+    data, so the interval is Welch's t over the seeds' averages (:func:`stats.seed_difference`)."""
+    key = "transfer:avg"
+    seeds = [[s[key] for s in res[r]["per_seed"].values() if key in s] for r in (row, other)]
+    if not all(seeds):
         return []
-    gap, spread_ = _seed_gap(a, b, "transfer:avg")
-    verdict = ("higher" if gap > 0 else "lower") if abs(gap) > spread_ else "no difference measured"
-    return [f"- SentEval transfer avg, `{row}` − `{other}`: {gap:+.2f}, seed spread {spread_:.2f}: {verdict}."]
+    i = seed_difference(*seeds)
+    return [f"- SentEval transfer avg, `{row}` − `{other}`: {i.difference:+.2f} (95% interval {i.low:+.2f} to "
+            f"{i.high:+.2f}, Welch's t over the seeds): {i.verdict}."]  # fmt: skip
 
 
 BELOW_BASE = "below the untouched base"

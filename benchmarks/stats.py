@@ -24,12 +24,13 @@ with the same generator reproduces them (``tests/test_stats.py`` does).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import rankdata
+from scipy.stats import t as student_t
 
 __all__ = [
     "REPLICATES",
@@ -246,6 +247,21 @@ def mean_difference(a: np.ndarray, b: np.ndarray, replicates: int = REPLICATES, 
     rng = np.random.default_rng(seed)
     values = np.array([diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(replicates)])
     return _interval(float(diff.mean()), values)
+
+
+def seed_difference(a: Sequence[float], b: Sequence[float]) -> Interval:
+    """mean(a) - mean(b) of per-seed scores that are not per-pair data (SentEval accuracies), with Welch's 95%
+    t interval over the seeds. A row of one seed (the untouched model: its score is deterministic) adds no
+    variance; where neither row varies, the interval is the difference itself. ``replicates``: the seeds."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    diff = float(x.mean() - y.mean())
+    parts = [(float(v.var(ddof=1)) / len(v), len(v) - 1) for v in (x, y) if len(v) > 1]
+    se2 = sum(q for q, _ in parts)
+    if se2 == 0:
+        return Interval(diff, diff, diff, len(x) + len(y))
+    df = se2**2 / sum(q**2 / dof for q, dof in parts if q > 0)
+    half = float(student_t.ppf(0.975, df)) * se2**0.5
+    return Interval(diff, diff - half, diff + half, len(x) + len(y))
 
 
 def _interval(observed: float, values: np.ndarray) -> Interval:

@@ -334,6 +334,8 @@ def test_teacher_general_table_known_answer() -> None:
     def row(kind: str, lr: float | None, **mean: float) -> dict[str, Any]:
         cols = sts | ndcg | {"transfer:avg": 85.0} | {k.replace("_", ":"): v for k, v in mean.items()}
         per_seed = seeds if lr is not None else {"0": cols}
+        if lr is not None:  # the transfer interval is drawn over the seeds: 84.75 and 85.25
+            per_seed = {k: v | {"transfer:avg": t} for (k, v), t in zip(seeds.items(), (84.75, 85.25), strict=True)}
         return {"kind": kind, "learning_rate": lr, "n": len(per_seed), "mean": cols, "std": dict.fromkeys(cols, 0.25),
                 "per_seed": per_seed} | ({"test_pairs_seen": clean} if lr is not None else {})  # fmt: skip
 
@@ -350,9 +352,13 @@ def test_teacher_general_table_known_answer() -> None:
     assert rows[2][:3] == ["st-mse", "0.0001", "2"] and rows[2][10] == "79.75 ± 0.25"
     assert report._teacher_general_verdict([{"results": results}]) == [
         f"- `kit-similarity` − `base`: +1.00; {NO}.",
-        "- SentEval transfer avg, `kit-similarity` − `base`: -0.50, seed spread 0.25: lower.",
+        # Two seeds 0.5 apart: standard error 0.25, 1 degree of freedom (t 12.706), against a deterministic base.
+        "- SentEval transfer avg, `kit-similarity` − `base`: -0.50 (95% interval -3.68 to +2.68, Welch's t over the "
+        "seeds): no difference measured.",
         f"- `kit-similarity` − `st-mse`: +0.25; {NO}.",
-        "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00, seed spread 0.25: no difference measured.",
+        # Two seeds each: standard error sqrt(2 x 0.125 / 2) = 0.354, 2 degrees of freedom (t 4.303).
+        "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00 (95% interval -1.52 to +1.52, Welch's t over the "
+        "seeds): no difference measured.",
         "- `kit-similarity` below the untouched base: SICK-R -1.00 (std 0.25), SentEval transfer avg -0.50 (std 0.25).",
     ]
 

@@ -15,6 +15,7 @@ from benchmarks.stats import (
     load_rows,
     mean_difference,
     save_rows,
+    seed_difference,
     spearman_average,
     spearman_difference,
     spearman_level,
@@ -238,14 +239,22 @@ def test_a_goal_is_judged_by_the_rows_interval(tmp_path: Path, monkeypatch: pyte
         "st-mnrl": row("st", 79.5, 0.3, {"STS12": [311, 3108]}),
         "st-mse": row("st", 79.9, 0.3, {"STS12": [0, 3108]}),
     }
-    transfer = {"base": (83.0, 0.0), ours: (83.4, 0.1), "st-mnrl": (83.3, 0.2)}  # st-mse: not scored
-    for name, (m, sd) in transfer.items():
-        rec["results"][name]["mean"]["transfer:avg"], rec["results"][name]["std"]["transfer:avg"] = m, sd
+    # Per seed: the interval is Welch's t over them (st-mse: not scored).
+    transfer = {"base": [83.0], ours: [83.3, 83.4, 83.5], "st-mnrl": [83.1, 83.3, 83.5]}
+    for name, values in transfer.items():
+        r = rec["results"][name]
+        r["mean"]["transfer:avg"], r["std"]["transfer:avg"] = (
+            float(np.mean(values)),
+            float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+        )
+        r["per_seed"] = {str(i): {"avg": r["per_seed"]["1"]["avg"], "transfer:avg": v} for i, v in enumerate(values, 1)}
     lines = report._clean_verdict([rec])
     assert lines[0].startswith(f"- `{ours}` averages 80.00 ± 0.20 (seeds: 80.00, 80.00, 80.00), 95% interval")
     assert lines[1].startswith(f"- `{ours}` − `st-mnrl`: +0.50, beyond the seed spread (0.30, the larger std)")
     assert "interval rule, 7-task average: " in lines[1]
-    assert lines[2] == f"- SentEval transfer avg, `{ours}` − `st-mnrl`: +0.10, seed spread 0.20: no difference measured."
+    gap = seed_difference(transfer[ours], transfer["st-mnrl"])
+    assert lines[2] == (f"- SentEval transfer avg, `{ours}` − `st-mnrl`: +0.10 (95% interval {gap.low:+.2f} to "
+                        f"{gap.high:+.2f}, Welch's t over the seeds): no difference measured.")  # fmt: skip
     assert lines[3].startswith(f"- `{ours}` − `st-mse`: +0.10, within the seed spread (0.30")
     # No transfer line without st-mse's score.
     assert lines[4:] == [f"- `{ours}` below the untouched base: SICK-R -0.50 (std 0.00)."]
@@ -336,3 +345,19 @@ def test_a_rows_seen_test_pairs_are_the_runs_guard_counts(tmp_path: Path, data_d
     want = sum(normalize(a) in keys and normalize(b) in keys for a, b in pairs)
     assert want >= 2 and seen["STSBenchmark"] == [want, len(pairs)]
     assert set(seen) >= {"STS12", "STS16", "SICKRelatedness"}  # every test task of the suite, counted
+
+
+def test_seed_difference_is_welchs_t_interval_over_the_seeds() -> None:
+    """Known answer: [1, 2, 3] against [4, 5, 6]: difference -3, each variance 1, so the standard error is
+    sqrt(2/3) and Welch's degrees of freedom 4, whose 97.5% t quantile is 2.7764 (a t table): -3 ± 2.2670, worse.
+    A one-seed row adds no variance; rows that do not vary give the difference itself."""
+    gap = seed_difference([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    assert gap.difference == pytest.approx(-3.0)
+    assert (gap.low, gap.high) == pytest.approx((-3 - 2.77645 * (2 / 3) ** 0.5, -3 + 2.77645 * (2 / 3) ** 0.5), abs=1e-4)
+    assert gap.verdict == "worse" and gap.replicates == 6
+    # One seed against three: only the three vary (variance 1 / 3, 2 degrees of freedom, t 4.3027).
+    one = seed_difference([5.0], [1.0, 2.0, 3.0])
+    assert (one.low, one.high) == pytest.approx((3 - 4.30265 / 3**0.5, 3 + 4.30265 / 3**0.5), abs=1e-4)
+    assert one.verdict == "better"
+    flat = seed_difference([83.04] * 3, [83.04])
+    assert (flat.difference, flat.low, flat.high, flat.verdict) == (0.0, 0.0, 0.0, "no difference measured")
