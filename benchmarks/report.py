@@ -635,8 +635,7 @@ def _mining_rows(rec: Record) -> Iterable[Row]:
     for name, s in rec["results"].items():
         n, rows = _seeds(s), f"{s['rows']:,}" if s.get("rows") else "–"
         cells = [_ms(s["mean"], s["std"], k, n) for k in ("avg", "STSBenchmark", "best_stsb_dev")]
-        seen = _seen(s) if _trained(name, s) else "–"
-        yield [name, rows, str(n), *cells, _best_step(s["per_seed"]), _sound_ndcg(s), seen]
+        yield [name, rows, str(n), *cells, _best_step(s["per_seed"]), _sound_ndcg(s), _guard_cell(name, s)]
 
 
 def _gaps(kept: list[Record], ours: str, others: Mapping[str, str]) -> list[str]:
@@ -685,8 +684,7 @@ def _guide_rows(rec: Record) -> Iterable[Row]:
         keys = ("avg", "STSBenchmark", "best_stsb_dev", *(f"retrieval:{t}" for t in GUIDE_TASKS), "retrieval:avg")
         cells = [_ms(m, sd, k, n) for k in keys]
         masked = f"{m['guide_masked']:,.0f}" if "guide_masked" in m else "–"
-        seen = _seen(s) if _trained(name, s) else "–"
-        yield [name, str(n), *cells[:3], _best_step(s["per_seed"]), *cells[3:], masked, seen]
+        yield [name, str(n), *cells[:3], _best_step(s["per_seed"]), *cells[3:], masked, _guard_cell(name, s)]
 
 
 def _guide_verdict(kept: list[Record]) -> list[str]:
@@ -730,7 +728,7 @@ def _multi_verdict(kept: list[Record]) -> list[str]:
                 ndcg = (
                     f"nDCG@10 (sound tasks) {got:.2f} against the base's {want:.2f}, {'at least' if got >= want else 'below'} it"
                 )
-            seen = f"; test pairs trained on: {_seen(r)}" if _seen(r) != "0" else ""
+            seen = f"; test pairs trained on: {count}" if (count := _seen(r)) != "0" else ""
             lines.append(f"- {_where(rec)}: `{name}` averages {avg:.2f} ± {std:.2f} over {len(r['per_seed'])} seeds{seeds}, "
                          f"{verdict}; {ndcg}{seen}")  # fmt: skip
     return lines
@@ -769,7 +767,7 @@ def _clean_rows(rec: Record) -> Iterable[Row]:
         n = _seeds(s)
         cells = [_ms(s["mean"], s["std"], k, n) for k in ("avg", "SICKRelatedness")]
         dev, transfer = (_ms(s["mean"], s["std"], k, n) for k in ("best_stsb_dev", "transfer:avg"))
-        yield [name, str(n), *cells, _sound_ndcg(s), transfer, dev, "–" if s["kind"] == "base" else _seen(s)]
+        yield [name, str(n), *cells, _sound_ndcg(s), transfer, dev, _guard_cell(name, s)]
 
 
 def _clean_verdict(kept: list[Record]) -> list[str]:
@@ -834,6 +832,12 @@ def _trained(name: str, s: Record) -> bool:
     return s.get("kind", name) not in ("base", "teacher")
 
 
+def _guard_cell(name: str, s: Record) -> str:
+    """A table's "test pairs trained on" cell: the guard's count (:func:`_seen`) for a trained row, "–" for the
+    untouched base and teacher."""
+    return _seen(s) if _trained(name, s) else "–"
+
+
 def _trained_below_base(kept: list[Record]) -> list[str]:
     """:func:`_below_base` for every trained row of a record."""
     res = kept[0]["results"]
@@ -844,9 +848,8 @@ def _teacher_general_rows(rec: Record) -> Iterable[Row]:
     for name, s in rec["results"].items():
         n, lr = _seeds(s), "–" if s.get("learning_rate") is None else f"{s['learning_rate']:g}"
         cells = [_ms(s["mean"], s["std"], k, n) for k in (*STS, "best_stsb_dev")]
-        seen = "–" if s["kind"] in ("base", "teacher") else _seen(s)
         transfer = _ms(s["mean"], s["std"], "transfer:avg", n)
-        yield [name, lr, str(n), *cells, _sound_ndcg(s), transfer, _best_step(s["per_seed"]), seen]
+        yield [name, lr, str(n), *cells, _sound_ndcg(s), transfer, _best_step(s["per_seed"]), _guard_cell(name, s)]
 
 
 def _teacher_general_verdict(kept: list[Record]) -> list[str]:
@@ -875,7 +878,7 @@ def _quality_rows(rec: Record) -> Iterable[Row]:
     """The quality table: each row's STS tasks, dev selection and the guard's count of test pairs trained on."""
     for name, r in rec["results"].items():
         cells = (_ms(r["mean"], r["std"], k, r["n"]) for k in (*STS, "best_stsb_dev"))
-        yield [name, str(r["n"]), *cells, _seen(r) if _trained(name, r) else "–"]
+        yield [name, str(r["n"]), *cells, _guard_cell(name, r)]
 
 
 QUALITY = Spec(
