@@ -607,7 +607,7 @@ def _domain_rows(rec: Record) -> Iterable[Row]:
         m, sd, n = s["mean"], s["std"], len(s["per_seed"])
         lr = "–" if s["learning_rate"] is None else f"{s['learning_rate']:g}"
         cells = [_ms(m, sd, k, n) for k in (s["target"], "avg", "best_stsb_dev")]
-        yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _ms(m, sd, "retrieval:avg", n)]
+        yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _ms(m, sd, "retrieval:avg", n), _guard_cell(name, s)]
 
 
 def _domain_verdict(kept: list[Record]) -> list[str]:
@@ -701,7 +701,7 @@ def _multi_rows(rec: Record) -> Iterable[Row]:
     for name, s in rec["results"].items():
         m, sd, n = s["mean"], s["std"], len(s["per_seed"])
         keys = (*STS, "best_stsb_dev", "retrieval:avg")
-        yield [_where(rec), name, str(n), *(_ms(m, sd, k, n) for k in keys), _best_step(s["per_seed"])]
+        yield [_where(rec), name, str(n), *(_ms(m, sd, k, n) for k in keys), _best_step(s["per_seed"]), _guard_cell(name, s)]
 
 
 QUALITY_GOAL = 80.5  # the 7-task average the shipped general recipe must reach (all-mpnet-base-v2: 80.53)
@@ -750,7 +750,26 @@ def _seen(s: Record) -> str:
     worst = max(hit, key=lambda t: hit[t][0] / hit[t][1])
     share = 100 * hit[worst][0] / hit[worst][1]
     tasks = f"{len(hit)} task{'s' * (len(hit) > 1)}"
-    return f"{sum(a for a, _ in hit.values()):,} in {tasks}, at most {share:.1f}% ({SHORT.get(worst, worst)})"
+    count = f"{sum(a for a, _ in hit.values()):,} in {tasks}, at most {share:.1f}% ({SHORT.get(worst, worst)})"
+    return count + _clean_average(s, seen)
+
+
+CONTAMINATED_SHARE = 0.01  # simcse_kit.evaluation.contamination's (a test keeps them equal; importing it loads torch)
+
+
+def _clean_average(s: Record, seen: Mapping[str, list[int]]) -> str:
+    """Where the guard calls a task contaminated (:data:`CONTAMINATED_SHARE` of its pairs trained on, as the run's
+    final table marks it), the average over the clean tasks, mean ± sample std over the seeds, naming them when
+    few; nothing where every task is clean (the 7-task average is then that average)."""
+    tasks = [t for t in STS[:-1] if t in seen]
+    clean = [t for t in tasks if not (seen[t][0] and seen[t][0] >= CONTAMINATED_SHARE * seen[t][1])]
+    if len(clean) == len(tasks):
+        return ""
+    if not clean:
+        return "; no clean task"
+    per_seed = [sum(p[t] for t in clean) / len(clean) for p in s["per_seed"].values()]
+    which = ", ".join(SHORT[t] for t in clean) if len(clean) <= 2 else f"{len(clean)} of {len(tasks)}"
+    return f"; clean-task avg {_mean_sd(per_seed)} ({which})"
 
 
 CLEAN_RECIPE = "kit-multi-teacher-t0.1-wiki+snli"  # train/teacher/multi.yaml
@@ -937,7 +956,7 @@ LORA = Spec(
     "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one seed, dev only).",
     after=_lora_verdict, command="python -m benchmarks.quality lora --retrieval-tasks none --parallel 2 --threads 1",
 )  # fmt: skip
-DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selection)|best step|nDCG@10 avg"
+DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selection)|best step|nDCG@10 avg|test pairs trained on"
 DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
 TEACHER = Spec("teacher", "teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
 TEACHER_GENERAL = Spec(
@@ -968,7 +987,8 @@ NEGATIVES = Spec(
     "negatives", "negatives", MINING.head, _mining_rows, after=_negatives_verdict,
 )  # fmt: skip
 MULTI = Spec(
-    "multi", "multi", f"machine|config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step", _multi_rows,
+    "multi", "multi", f"machine|config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step|test pairs trained on",
+    _multi_rows,
     "One dataset a run against all four in one run (`train/multi.yaml`), and the four with all-mpnet-base-v2 as "
     "teacher (`kit-multi-teacher`: τ 0.5; `-t0.1`, `-t0.05`: that τ; `-no-sick`, `-no-snli`, `-wiki+stsb`, "
     "`-wiki+snli`: τ 0.1 on those datasets only, the last being `train/teacher/multi.yaml`; `st-mse-wiki+snli`, "
@@ -989,7 +1009,7 @@ def _scored_rows(rec: Record) -> Iterable[Row]:
         m, sd, n = s["mean"], s["std"], len(s["per_seed"])
         lr = "–" if s["learning_rate"] is None else f"{s['learning_rate']:g}"
         cells = [_ms(m, sd, k, n) for k in ("STSBenchmark", "SICKRelatedness", "avg", "best_stsb_dev")]
-        yield [name, lr, str(n), *cells, _best_step(s["per_seed"])]
+        yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _guard_cell(name, s)]
 
 
 def _scored_verdict(kept: list[Record]) -> list[str]:
@@ -1016,7 +1036,8 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
 
 
 SCORED = Spec(
-    "scored", "scored", "row|lr|seeds|STS-B test|SICK-R|7-task avg|STS-B dev (selection)|best step", _scored_rows,
+    "scored", "scored", "row|lr|seeds|STS-B test|SICK-R|7-task avg|STS-B dev (selection)|best step|test pairs trained on",
+    _scored_rows,
     "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one seed, dev only).",
     after=_scored_verdict,
     command="python -m benchmarks.quality scored --steps 359 --eval-steps 60 --retrieval-tasks none --parallel 2 --threads 1",

@@ -277,7 +277,15 @@ def test_scored_table_known_answer() -> None:
         "st-cosent": row | {"learning_rate": 5e-5, "mean": cols | {"STSBenchmark": 83.5, "avg": 79.0}},
     }
     rows = list(report.SCORED.rows({"results": results}))
-    assert rows[1] == ["kit-cosent", "2e-05", "2", "84.00 ± 0.50", "78.00 ± 0.50", "80.00 ± 0.50", "88.00 ± 0.50", "90 (60, 120)"]
+    old = "not counted (record predates the guard)"
+    assert rows[1] == [
+        "kit-cosent",
+        "2e-05",
+        "2",
+        *["84.00 ± 0.50", "78.00 ± 0.50", "80.00 ± 0.50", "88.00 ± 0.50"],
+        "90 (60, 120)",
+        old,
+    ]
     assert rows[0][:3] == ["base", "–", "1"] and rows[2][3] == "83.50 ± 0.50"
     assert report._scored_verdict([{"results": results}]) == [
         "- cosent: STS-B test 84.00 (simcse-kit) against 83.50 (sentence-transformers), +0.50; over the base (82.00) "
@@ -517,7 +525,33 @@ def test_quality_and_guide_tables_end_with_the_guards_count_of_test_pairs_traine
     for spec in (report.QUALITY, report.GUIDE):
         assert isinstance(spec.head, str) and spec.head.endswith("|test pairs trained on")
         last = [r[-1] for r in spec.rows({"results": results})]
-        assert last == ["–", "0", "2,547 in 2 tasks, at most 51.4% (SICK-R)", "not counted (record predates the guard)"]
+        assert last == [
+            "–", "0", "2,547 in 2 tasks, at most 51.4% (SICK-R); clean-task avg 80.00 (STS12)",
+            "not counted (record predates the guard)",
+        ]  # fmt: skip
+    for spec in (report.DOMAIN, report.TEACHER, report.MULTI, report.SCORED):
+        assert isinstance(spec.head, str) and spec.head.endswith("|test pairs trained on")
+
+
+def test_a_contaminated_row_carries_the_average_over_the_tasks_the_guard_calls_clean() -> None:
+    """The guard marks a task at 1% of its pairs trained on (the package's threshold, kept equal here); the cell then
+    gives the other tasks' average, its mean and sample std over the seeds, hand-computed."""
+    from simcse_kit.evaluation.contamination import CONTAMINATED_SHARE
+
+    assert report.CONTAMINATED_SHARE == CONTAMINATED_SHARE
+    tasks = report.STS[:-1]
+    seeds = {"1": dict(zip(tasks, (70.0, 80.0, 75.0, 85.0, 79.0, 82.0, 77.0), strict=True)),
+             "2": dict(zip(tasks, (72.0, 82.0, 75.0, 85.0, 79.0, 90.0, 99.0), strict=True))}  # fmt: skip
+    # STS12 at 32/3108 (1.03%) and STS-B at 14/1379 (1.02%) are contaminated; STS13 at 14/1500 (0.93%) is not.
+    seen = dict.fromkeys(tasks, [0, 1000]) | {"STS12": [32, 3108], "STS13": [14, 1500], "STSBenchmark": [14, 1379]}
+    row = {"per_seed": seeds, "test_pairs_seen": seen}
+    # clean: STS13, STS14, STS15, STS16, SICK-R -> seed 1: 396 / 5 = 79.2, seed 2: 420 / 5 = 84.0; std 4.8 / sqrt 2
+    assert report._seen(row) == "60 in 3 tasks, at most 1.0% (STS12); clean-task avg 81.60 ± 3.39 (5 of 7)"
+    # STS13 and SICK-R (3/4927) clean -> seed 1: (80 + 77) / 2, seed 2: (82 + 99) / 2; std 12 / sqrt 2
+    two = dict.fromkeys(tasks, [500, 1000]) | {"STS13": [0, 1500], "SICKRelatedness": [3, 4927]}
+    assert report._seen({"per_seed": seeds, "test_pairs_seen": two}).endswith("clean-task avg 84.50 ± 8.49 (STS13, SICK-R)")
+    everywhere = dict.fromkeys(tasks, [500, 1000])
+    assert report._seen({"per_seed": seeds, "test_pairs_seen": everywhere}).endswith("; no clean task")
 
 
 def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round() -> None:
