@@ -259,8 +259,8 @@ def test_a_goal_is_judged_by_the_rows_interval(tmp_path: Path, monkeypatch: pyte
     # No transfer line without st-mse's score.
     assert lines[4:] == [f"- `{ours}` below the untouched base: SICK-R -0.50 (std 0.00)."]
     rows = {r[0]: r for r in report._clean_rows(rec)}
-    assert {n: r[-1] for n, r in rows.items()} == {"base": "–", ours: "0", "st-mnrl": "311 in 1 task, at most 10.0% (STS12)",
-                                                   "st-mse": "0"}  # fmt: skip
+    assert {n: r[-1] for n, r in rows.items()} == {"base": "–", ours: "0", "st-mse": "0",
+                                                   "st-mnrl": "311 in 1 task, at most 10.0% (STS12); no clean task"}  # fmt: skip
     assert [rows[n][5] for n in rows] == ["83.00 ± 0.00", "83.40 ± 0.10", "83.30 ± 0.20", "–"]
 
 
