@@ -176,15 +176,23 @@ def trained(train_file: Path, cache: Path, work: Path, threads: int, env: dict[s
 
 
 def kit_run(corpus: Path, cache: Path, work: Path, threads: int, env: dict[str, str], processes: int = 1) -> dict[str, Any]:
-    """One ``kit`` run: the phases' seconds, peak RSS, the cache's build rate."""
+    """One ``kit`` run: the phases' seconds, peak RSS, the cache's build rate.
+
+    A corpus over 128 MiB is cached in parts (byte ranges, :mod:`simcse_kit.data.corpus`), each with its sidecar
+    and token table: the rates are all parts' rows over their summed seconds (one process builds them in turn)."""
     res = trained(corpus, cache, work, threads, env, processes)
     result = {name: res[name] for name in (*PHASES, "first_step_s")}
-    sidecar = json.loads(next((cache / "simcse_kit_train").glob(f"{corpus.stem}-*.json")).read_text())
-    result |= {"rows": sidecar["rows"], "cache_build_rows_per_s": sidecar["rows"] / sidecar["seconds"]}
-    table = next((cache / "simcse_kit_train").glob(f"{corpus.stem}-*.tokens-*/table.json"), None)
-    if table is not None:  # the token table (simcse_kit.data.tokens): built by the cold run
-        built = json.loads(table.read_text())
-        result |= {"token_table_rows_per_s": built["rows"] / built["seconds"], "token_table_processes": built["processes"]}
+    folder = cache / "simcse_kit_train"
+    parts = [json.loads(p.read_text()) for p in folder.glob(f"{corpus.stem}-*.json")]
+    rows = sum(p["rows"] for p in parts)
+    result |= {"rows": rows, "parts": len(parts), "cache_build_rows_per_s": rows / sum(p["seconds"] for p in parts)}
+    tables = [json.loads(p.read_text()) for p in folder.glob(f"{corpus.stem}-*.tokens-*/table.json")]
+    if tables:  # the token tables (simcse_kit.data.tokens): built by the cold run
+        table_rows = sum(t["rows"] for t in tables)
+        result |= {
+            "token_table_rows_per_s": table_rows / sum(t["seconds"] for t in tables),
+            "token_table_processes": max(t["processes"] for t in tables),
+        }
     return result | {k: res[k] for k in ("peak_rss_mib", "children_peak_mib", "peak_anon_mib")}
 
 
@@ -399,6 +407,8 @@ def main() -> None:
                 with CpuActivity() as activity:
                     if variant == "kit":
                         result = kit_run(corpus, cache, args.work, args.threads, env)
+                        if result["rows"] != lines:  # a sidecar the glob missed (how one part once stood for 17)
+                            raise RuntimeError(f"{cache}: its parts' sidecars count {result['rows']} rows of {lines}")
                     else:
                         result = st_run(variant, corpus, cache, args.threads, env)
                 runs.append({"lines": lines, "variant": variant, "cache": state} | result | {"activity": activity.record})

@@ -22,11 +22,13 @@ from simcse_kit.data.overlap import dataset_keys, hashes_file, normalize, text_h
 from simcse_kit.data.readers import read_train_file
 from simcse_kit.errors import DataError
 from simcse_kit.evaluation.contamination import (
+    EvalSet,
     Guard,
     count_overlap,
     dev_set,
     file_keys,
     format_marked_table,
+    members,
     pair_set,
     suite_sets,
 )
@@ -135,6 +137,35 @@ def test_drop_removes_exactly_the_overlapping_rows_and_dev_only_when_asked() -> 
         assert kept is not None and kept.tolist() == naive
         assert g.report()["dropped"] == {"pairs.csv": len(rows) - len(naive)}
     assert naive == [0, 4]
+
+
+keys_strategy = st.lists(st.integers(0, 40), max_size=60).map(lambda v: np.array(v, dtype=np.uint64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys_strategy, keys_strategy)
+def test_members_is_isin_against_a_sorted_table(keys: np.ndarray, table: np.ndarray) -> None:
+    assert members(keys, np.unique(table)).tolist() == np.isin(keys, table).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30)), max_size=20), keys_strategy, keys_strategy,
+       st.sampled_from(["warn", "drop"]))  # fmt: skip
+def test_guard_counts_equal_a_naive_set_loop(test: list[tuple[int, int]], dev: np.ndarray, train: np.ndarray, mode: str) -> None:
+    """A source keeps only the evaluation keys (not a corpus's millions): the counts are still a set loop's."""
+    pairs = np.array(test, dtype=np.uint64).reshape(-1, 2)
+    no_pairs = np.empty((0, 2), np.uint64)
+    g = Guard([EvalSet("T", "test", "t", pairs, np.unique(pairs)), EvalSet("D", "dev", "d", no_pairs, np.unique(dev))], mode)
+    rows = train.reshape(-1, 2) if len(train) % 2 == 0 else train[:, None]
+    g.check("train", rows, lambda i: ["?"] * rows.shape[1])
+    guarded = {int(k) for k in pairs.ravel()}
+    kept = [r for r in rows.tolist() if mode == "warn" or not guarded & set(r)]
+    seen = {k for r in kept for k in r}
+    task = g.report()["tasks"]["T"]
+    assert task["sentences_seen"] == len(guarded & seen)
+    assert task["pairs_seen"] == sum(a in seen and b in seen for a, b in pairs.tolist())
+    assert g.report()["tasks"]["D"]["sentences_seen"] == len({int(k) for k in dev} & seen)
+    assert set(g.sources["train"].tolist()) == seen & (guarded | {int(k) for k in dev})
 
 
 def test_error_names_the_file_line_and_task(tmp_path: Path) -> None:
