@@ -40,8 +40,7 @@ Row = list[str]
 # record has provenance and must leave it (the check says so), and no new name may join it (issue 49:
 # records that cannot drift).
 LEGACY = frozenset({
-    "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "corpus_scale-avx512_bf16",
-    "corpus_scale_warm-avx512_bf16", "domain-h100", "gpu-h100-bertbase-l32",
+    "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "domain-h100", "gpu-h100-bertbase-l32",
     "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip", "gpu-h100-minilm", "gpu-h100-syncs-1-before",
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "lora-h100-minilm",
     "lora-h100-mpnet", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
