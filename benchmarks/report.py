@@ -45,7 +45,6 @@ LEGACY = frozenset({
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "lora-h100-minilm",
     "lora-h100-mpnet", "mining-h100", "multi-cpu-mixtures", "multi-cpu", "multi-h100",
     "scores-h100",
-    "train_lora-avx512_bf16",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
 
