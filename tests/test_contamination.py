@@ -22,6 +22,7 @@ from simcse_kit.data.overlap import dataset_keys, hashes_file, normalize, text_h
 from simcse_kit.data.readers import read_train_file
 from simcse_kit.errors import DataError
 from simcse_kit.evaluation.contamination import (
+    FILTER_BITS,
     EvalSet,
     Guard,
     count_overlap,
@@ -139,12 +140,15 @@ def test_drop_removes_exactly_the_overlapping_rows_and_dev_only_when_asked() -> 
     assert naive == [0, 4]
 
 
-keys_strategy = st.lists(st.integers(0, 40), max_size=60).map(lambda v: np.array(v, dtype=np.uint64))
+# Keys that share their low bits (members' bitmap slot) and differ above them, up to 2**64 - 1.
+key_values = st.tuples(st.integers(0, 4), st.sampled_from([0, 1, 7, 2**42 - 1])).map(lambda lh: lh[0] + (lh[1] << FILTER_BITS))
+keys_strategy = st.lists(key_values, max_size=60).map(lambda v: np.array(v, dtype=np.uint64))
 
 
 @settings(max_examples=200, deadline=None)
-@given(keys_strategy, keys_strategy)
-def test_members_is_isin_against_a_sorted_table(keys: np.ndarray, table: np.ndarray) -> None:
+@given(keys_strategy, keys_strategy, st.booleans())
+def test_members_is_isin_against_a_sorted_table(keys: np.ndarray, table: np.ndarray, rows: bool) -> None:
+    keys = keys[: len(keys) // 2 * 2].reshape(-1, 2) if rows else keys  # a corpus's [rows, text columns] too
     assert members(keys, np.unique(table)).tolist() == np.isin(keys, table).tolist()
 
 

@@ -23,6 +23,7 @@ import torch
 from conftest import TinyRun, toy_sentences
 
 from simcse_kit.cli import main as cli_main
+from simcse_kit.data import corpus as corpus_module
 from simcse_kit.data import readers
 from simcse_kit.data.corpus import BadRows, Corpus, Report, each_shard
 from simcse_kit.data.readers import byte_ranges, read_rows, read_train_file, sentence_batches
@@ -169,6 +170,30 @@ def test_duplicates_are_counted_across_shards(tmp_path: Path) -> None:
     corpus = read_train_file(tmp_path, "unsup", cache_dir=tmp_path / "cache")
     # Each shard alone has none; across them, two (the guard's keys: case, punctuation and spaces aside).
     assert corpus.report.duplicates == 2 and corpus.report.rows == 5
+
+
+def test_the_count_across_shards_is_kept_and_follows_an_edited_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.txt").write_text("a dog runs\nthe cat sleeps\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("A dog  runs.\na bird sings\n", encoding="utf-8")
+    cache = tmp_path / "cache"
+    first = read_train_file(tmp_path, "unsup", cache_dir=cache)
+    kept = corpus_module.repeats_file(first_parts(first), "sent0")
+    assert first.report.duplicates == 1 and kept.read_text() == "1\n"
+    counted: list[int] = []
+    monkeypatch.setattr(corpus_module, "repeats", lambda keys: counted.append(len(keys)) or 0)
+    # A warm start reads the kept count: no keys sorted.
+    assert read_train_file(tmp_path, "unsup", cache_dir=cache).report.duplicates == 1 and counted == []
+    kept.write_text("not a number", encoding="utf-8")  # damaged: counted again (here by the stub: 0)
+    assert read_train_file(tmp_path, "unsup", cache_dir=cache).report.duplicates == 0 and counted == [4]
+    monkeypatch.undo()
+    (tmp_path / "b.txt").write_text("a bird sings\nthe cat sleeps\na dog runs\n", encoding="utf-8")
+    edited = read_train_file(tmp_path, "unsup", cache_dir=cache)
+    assert corpus_module.repeats_file(first_parts(edited), "sent0") != kept and edited.report.duplicates == 2
+
+
+def first_parts(corpus: Corpus) -> list[Corpus]:
+    """``corpus``'s parts as :func:`~simcse_kit.data.corpus.repeats_file` names them (only their cache files count)."""
+    return [Corpus(corpus.dataset, REPORT, (f,), True) for f in corpus.cache_files]
 
 
 def test_a_large_text_file_is_cut_into_byte_ranges_at_line_starts(tmp_path: Path) -> None:
