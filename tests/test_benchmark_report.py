@@ -202,6 +202,28 @@ def test_memory_table_known_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     )
 
 
+def test_encode_summary_compares_each_precision_with_its_own_peer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stsb = {"st-fp32": 82.00, "kit-fp32": 82.03, "st-bf16": 82.04, "kit-bf16": 81.99}
+    summary = {v: {"stsb_test": {"median": x}} for v, x in stsb.items()}
+    ratio = {"kit-fp32/st-fp32": (1.5, 1.4, 1.6), "kit-bf16/st-fp32": (3.0, 2.9, 3.1), "kit-bf16/st-bf16": (1.2, 1.1, 1.3)}
+    ratios = {k: dict(zip(("median", "min", "max"), v, strict=True)) for k, v in ratio.items()}
+    runs = [{"activity": {"busy": share > 0.05, "other_cpu_share": share}} for share in (0.0, 0.07, 0.01, 0.0)]
+    keep(
+        tmp_path,
+        monkeypatch,
+        "encode_throughput",
+        {"batch_size": 128, "max_seq_len": 256},
+        {"summary": summary, "ratios": ratios, "runs": runs},
+    )
+    table = report.render_spec(report.ENCODE_SUMMARY).split("\n")[2:5]
+    # bf16 against ST's bf16 (1.2x), not against ST's fp32 (3.0x); the STS-B gaps kit - ST per precision.
+    assert table == [
+        "| CPU class | fp32: kit / ST | bf16: kit / ST | STS-B, kit − ST (fp32 / bf16) | runs busy |",
+        "|---|---|---|---|---|",
+        "| avx2 | **1.50x** (1.40–1.60) | **1.20x** (1.10–1.30) | +0.03 / -0.05 | 1/4 (max 7%) |",
+    ]
+
+
 def test_a_block_without_kept_results_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     assert report.render_spec(report.ENCODE) == (
