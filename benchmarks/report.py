@@ -685,12 +685,19 @@ def _mining_verdict(kept: list[Record]) -> list[str]:
     return _gaps(kept, "sup+mined", {"sup-4509": "the same rows", "sup": "all rows"}) + _trained_below_base(kept)
 
 
+def _negatives_rows(rec: Record) -> Iterable[Row]:
+    """:func:`_mining_rows` with each row's SentEval transfer average before the guard's count."""
+    for row, s in zip(_mining_rows(rec), rec["results"].values(), strict=True):
+        yield [*row[:-1], _ms(s["mean"], s["std"], "transfer:avg", _seeds(s)), row[-1]]
+
+
 def _negatives_verdict(kept: list[Record]) -> list[str]:
-    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
-    k3, k1 = m["hardneg-k3"], m["hardneg-k1"]
+    res = kept[0]["results"]
+    k3, k1 = res["hardneg-k3"]["mean"], res["hardneg-k1"]["mean"]
     rule = interval_verdict(kept[0], "hardneg-k3", "hardneg-k1")
     return [f"- k = 3 − k = 1 (the same rows): {k3['avg'] - k1['avg']:+.2f} on the 7-task average, "
-            f"{_sound(k3) - _sound(k1):+.2f} nDCG@10 (sound tasks); {rule}", *_trained_below_base(kept)]  # fmt: skip
+            f"{_sound(k3) - _sound(k1):+.2f} nDCG@10 (sound tasks); {rule}",
+            *_transfer_gap(res, "hardneg-k3", "hardneg-k1"), *_trained_below_base(kept)]  # fmt: skip
 
 
 GUIDE_TASKS = ("mrpc-paraphrase", "stsb-similar", "sick-related")  # simcse_kit.evaluation.retrieval_tasks.RETRIEVAL_TASKS
@@ -989,11 +996,8 @@ TEACHER_GENERAL = Spec(
     after=_teacher_general_verdict,
     command="python -m benchmarks.quality teacher_general --teacher /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
-MINING = Spec(
-    "mining", "mining", "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|"
-    "nDCG@10 (stsb-similar, sick-related)|test pairs trained on",
-    _mining_rows, after=_mining_verdict,
-)  # fmt: skip
+MINING_HEAD = "config|rows|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|nDCG@10 (stsb-similar, sick-related)"
+MINING = Spec("mining", "mining", MINING_HEAD + "|test pairs trained on", _mining_rows, after=_mining_verdict)
 GUIDE = Spec(
     "guide", "guide",
     "row|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|" + "|".join(f"nDCG@10 {t}" for t in GUIDE_TASKS)
@@ -1002,7 +1006,9 @@ GUIDE = Spec(
     command="python -m benchmarks.quality guide --guide /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
 NEGATIVES = Spec(
-    "negatives", "negatives", MINING.head, _mining_rows, after=_negatives_verdict,
+    "negatives", "negatives",
+    MINING_HEAD + "|SentEval transfer avg|test pairs trained on",
+    _negatives_rows, lambda kept: "SentEval transfer: " + _transfer_note(kept[0]), after=_negatives_verdict,
 )  # fmt: skip
 MULTI = Spec(
     "multi", "multi", f"machine|config|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 avg|best step|test pairs trained on",

@@ -494,10 +494,11 @@ def test_every_runner_writes_its_record_through_save_results() -> None:
 
 def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() -> None:
     """The mined-negatives table's nDCG@10 is the mean over the sound tasks only (mrpc-paraphrase, a smoke test, is
-    left out), its last column the guard's count; the k = 3 − k = 1 verdict takes the same nDCG@10. A row below the
-    untouched base says so, but not for a gap that rounds to 0.00."""
+    left out), then the SentEval transfer average (Welch's t over the seeds for k = 3 − k = 1), and its last column
+    the guard's count; the k = 3 − k = 1 verdict takes the same nDCG@10. A row below the untouched base says so, but
+    not for a gap that rounds to 0.00."""
 
-    def row(kind: str, stsb: float, sick: float, n: int) -> dict[str, Any]:
+    def row(kind: str, stsb: float, sick: float, transfer: list[float]) -> dict[str, Any]:
         seed = {
             "avg": 79.0,
             "STSBenchmark": 82.0,
@@ -507,20 +508,29 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
             "retrieval:stsb-similar": stsb,
             "retrieval:sick-related": sick,
         }
+        n = max(len(transfer), 1)
+        per_seed = {str(i): seed | ({"transfer:avg": transfer[i]} if transfer else {}) for i in range(n)}
         mean = seed | {"retrieval:avg": (10.0 + stsb + sick) / 3}
-        per_seed = {str(i): seed for i in range(n)}
+        std = dict.fromkeys(mean, 0.0)
+        if transfer:
+            mean["transfer:avg"], std["transfer:avg"] = sum(transfer) / n, 0.1  # the std of either row's seeds
         return {"kind": kind, "rows": 5059 if kind != "base" else None, "n": n, "mean": mean,
-                "std": dict.fromkeys(mean, 0.0), "per_seed": per_seed,
+                "std": std, "per_seed": per_seed,
                 **({"test_pairs_seen": {"STS12": [0, 3108]}} if kind != "base" else {})}  # fmt: skip
 
-    results = {"base": row("base", 80.0, 90.0, 1), "hardneg-k1": row("kit", 81.0, 89.0, 3),
-               "hardneg-k3": row("kit", 82.0, 89.996, 3)}  # fmt: skip
+    results = {"base": row("base", 80.0, 90.0, []), "hardneg-k1": row("kit", 81.0, 89.0, [83.0, 83.2, 83.1]),
+               "hardneg-k3": row("kit", 82.0, 89.996, [83.5, 83.6, 83.4])}  # fmt: skip
     rows = list(report.NEGATIVES.rows({"results": results}))
-    assert rows[0] == ["base", "–", "1", "79.00", "82.00", "86.00", "0", "85.00", "–"]
-    assert rows[1][1:3] == ["5,059", "3"] and rows[1][-2:] == ["85.00 ± 0.00", "0"]
-    assert rows[2][-2:] == ["86.00 ± 0.00", "0"]
-    line, below = report._negatives_verdict([{"results": results}])
+    assert rows[0] == ["base", "–", "1", "79.00", "82.00", "86.00", "0", "85.00", "–", "–"]
+    assert rows[1][1:3] == ["5,059", "3"] and rows[1][-3:] == ["85.00 ± 0.00", "83.10 ± 0.10", "0"]
+    assert rows[2][-3:] == ["86.00 ± 0.00", "83.50 ± 0.10", "0"]
+    line, transfer, below = report._negatives_verdict([{"results": results}])
     assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (sound tasks); ")
+    # Welch's t by hand: differences of means 0.40, each row's seed variance 0.01, 3 seeds: se 0.0816, t(4) 2.776.
+    assert (
+        transfer == "- SentEval transfer avg, `hardneg-k3` − `hardneg-k1`: +0.40 (95% interval +0.17 to +0.63, "
+        "Welch's t over the seeds): better."
+    )
     assert below == "- `hardneg-k1` below the untouched base: nDCG@10 sick-related -1.00 (std 0.00)."
     # Where no gap has an interval, the headline keeps one line for them, and the below-base lines.
     headline = report._or_no_interval(lambda kept: [f"- a gap; {report.NO_INTERVAL}", below])([])
