@@ -44,7 +44,10 @@ def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def assert_grads_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float) -> None:
     assert got.keys() == want.keys()
     for name in want:
-        torch.testing.assert_close(got[name], want[name], atol=atol, rtol=0, msg=name)
+        # ``atol`` per unit of the tensor's largest entry: a row every token adds into (token_type_embeddings) sums
+        # hundreds of terms, and with AVX2 kernels on an Intel Xeon its fp32 sum came 1.2e-5 off on entries of 4.
+        scale = max(1.0, want[name].abs().max().item())
+        torch.testing.assert_close(got[name], want[name], atol=atol * scale, rtol=0, msg=name)
     # The comparison must not be vacuous: the gradients are far from zero.
     assert sum(g.abs().sum() for g in want.values()) > 1e-2
 
