@@ -64,11 +64,18 @@ def test_export_ships_ranges_that_reproduce_the_runs_int8_vectors(tmp_path: Path
     onnx_int8 = encoder.encode(PROBES, precision="int8")
     assert np.array_equal(onnx_int8, quantize_embeddings(encoder.encode(PROBES), "int8", ranges=ranges))
     assert np.array_equal(encoder.encode(PROBES, precision="ubinary"), quantize_embeddings(run_vectors, "ubinary"))
-    for name, codes in {"sentence-transformers": st_int8, "onnx": onnx_int8}.items():
-        # Float vectors agree to ~1e-7, so a code can differ only where a value sits on a
-        # bucket edge: by one step, and rarely.
+    # A value's distance to the nearest bucket edge (sentence-transformers' int8 buckets: 255 steps over the range).
+    step = (ranges[1] - ranges[0]) / 255
+    at = (run_vectors - ranges[0]) / step
+    to_edge = np.abs(at - np.round(at)) * step
+    for name, codes, floats in (("sentence-transformers", st_int8, st_vectors), ("onnx", onnx_int8, encoder.encode(PROBES))):
+        # The float vectors agree to ~1e-7, so a code can differ only by one step, and only where the run's value
+        # lies within that gap of an edge. (How often that is depends on the steps: a trained tiny model can have
+        # dimensions with a range of 0.003, steps of 1e-5; on one CI machine 7 of 640 ONNX codes differed so.)
+        gap = float(np.abs(floats - run_vectors).max())
         diff = np.abs(codes.astype(int) - run_int8.astype(int))
-        assert diff.max() <= 1 and (diff == 0).mean() >= 0.99, (name, diff.max(), (diff == 0).mean())
+        assert gap < 1e-6 and diff.max() <= 1, (name, gap, diff.max())
+        assert (to_edge[diff > 0] <= 2 * gap).all(), (name, gap, to_edge[diff > 0].max())
     assert np.array_equal(st_int8, run_int8)  # the same torch computation: every code
 
     card = (out / "README.md").read_text()
