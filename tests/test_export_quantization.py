@@ -61,14 +61,14 @@ def test_export_ships_ranges_that_reproduce_the_runs_int8_vectors(tmp_path: Path
     assert np.array_equal(quantize_embeddings(st_vectors, "int8", calibration_embeddings=ranges), st_int8)
     # ONNX through the kit's serving class (no sentence-transformers there).
     encoder = OnnxEncoder(out)
-    onnx_int8 = encoder.encode(PROBES, precision="int8")
-    assert np.array_equal(onnx_int8, quantize_embeddings(encoder.encode(PROBES), "int8", ranges=ranges))
+    onnx_int8, onnx_vectors = encoder.encode(PROBES, precision="int8"), encoder.encode(PROBES)
+    assert np.array_equal(onnx_int8, quantize_embeddings(onnx_vectors, "int8", ranges=ranges))
     assert np.array_equal(encoder.encode(PROBES, precision="ubinary"), quantize_embeddings(run_vectors, "ubinary"))
     # A value's distance to the nearest bucket edge (sentence-transformers' int8 buckets: 255 steps over the range).
     step = (ranges[1] - ranges[0]) / 255
     at = (run_vectors - ranges[0]) / step
     to_edge = np.abs(at - np.round(at)) * step
-    for name, codes, floats in (("sentence-transformers", st_int8, st_vectors), ("onnx", onnx_int8, encoder.encode(PROBES))):
+    for name, codes, floats in (("sentence-transformers", st_int8, st_vectors), ("onnx", onnx_int8, onnx_vectors)):
         # The float vectors agree to ~1e-7, so a code can differ only by one step, and only where the run's value
         # lies within that gap of an edge. (How often that is depends on the steps: a trained tiny model can have
         # dimensions with a range of 0.003, steps of 1e-5; on one CI machine 7 of 640 ONNX codes differed so.)

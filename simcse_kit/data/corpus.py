@@ -285,17 +285,17 @@ def _repeats_across(parts: Sequence[Corpus], column: str) -> int:
     """:func:`repeats` of ``column`` over every part's keys together, counted once and kept
     (:func:`repeats_file`): a warm start of a 10M-row corpus reads one number instead of
     loading and sorting 10M keys again."""
-    kept = repeats_file(parts, column)
+    path = repeats_file(parts, column)
     try:
-        return int(kept.read_text(encoding="utf-8"))
+        return int(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):  # not counted yet, or a damaged file: counted again
         pass
     at = parts[0].report.columns.index(column)
     count = repeats(np.concatenate([np.load(hashes_file(p.cache_files[0]), mmap_mode="r")[:, at] for p in parts]))
     try:
-        write_text_atomic(kept, f"{count}\n")
+        write_text_atomic(path, f"{count}\n")
     except OSError as exc:  # a read-only cache folder (a StorageError): the next start counts again
-        logger.info("the count of repeated sentences not kept at %s (%s)", kept, exc)
+        logger.info("the count of repeated sentences not kept at %s (%s)", path, exc)
     return count
 
 
