@@ -568,12 +568,18 @@ def _dated(kept: list[Record], sync_debug: bool) -> list[str]:
     return [f"- {r['_file']}: {r['machine']['date_utc']}; `{r['command']}`" for r in chosen]
 
 
+def _gpu_machine(kept: list[Record], full: bool) -> list[str]:
+    """The GPU records' one machine line (the runs share it), then each file's date and command; ``full`` as in
+    :func:`machine_line`."""
+    return [machine_line(kept[0], full=full).split("; `")[0], *_dated(kept, False)]
+
+
 GPU = Spec(
     "gpu", "gpu", "file|job|variant|sentences/s|vs sentence-transformers, same workers|peak MiB|MFU (bf16 peak)",
     _gpu_rows,
     lambda kept: f"Median of {_a(kept, 'rounds')} rounds (range); `-wN`: DataLoader workers; `pack`/`pad`: packing on/off; "
     "`padc`: padded with `train.compile: true`. MFU: matmul FLOPs of the real tokens over the dense bf16 peak.",
-    after=lambda kept: [machine_line(kept[0]).split("; `")[0], *_dated(kept, False)],
+    after=lambda kept: _gpu_machine(kept, full=True),
     machines=False,
 )  # fmt: skip
 GPU_SYNCS = Spec(
@@ -908,10 +914,13 @@ def _teacher_general_verdict(kept: list[Record]) -> list[str]:
 
 
 def _transfer_note(rec: Record) -> str:
-    """How a record's SentEval transfer column was scored, or that it was not."""
+    """How a record's SentEval transfer column was scored, or that it was not; the teacher is named only where the
+    record's command has one."""
     if not (k := rec.get("transfer_kfold")):
         return "not scored in this record (`--transfer-kfold`)."
-    return f"{k}-fold" + ("." if rec.get("transfer_teacher") else "; the teacher not scored (`--transfer-teacher`).")
+    if rec.get("transfer_teacher") or "--teacher " not in rec.get("command", ""):
+        return f"{k}-fold."
+    return f"{k}-fold; the teacher not scored (`--transfer-teacher`)."
 
 
 def _fixed(values: Iterable[float]) -> list[str]:
@@ -1206,8 +1215,9 @@ DOMAIN_SUMMARY = Spec(
     "The domain's test set:", after=_or_no_interval(_domain_verdict), home=BENCH,
 )  # fmt: skip
 MINING_SUMMARY = Spec(
-    "mining-summary", "mining", "config|seeds|7-task avg|nDCG@10 (sound tasks)", _avg_and_sound,
-    after=_or_no_interval(_mining_verdict), home=BENCH,
+    "mining-summary", "negatives", "config|seeds|7-task avg|nDCG@10 (sound tasks)|SentEval transfer avg",
+    _pick(_negatives_rows, 0, 2, 3, 7, 8), lambda kept: "SentEval transfer: " + _transfer_note(kept[0]),
+    after=_or_no_interval(_negatives_verdict), home=BENCH,
 )  # fmt: skip
 MULTI_SUMMARY = Spec(
     "multi-summary", "multi", "config|seeds|Avg.|SICK-R|nDCG@10 (stsb-similar, sick-related)|SentEval transfer avg|"
@@ -1255,7 +1265,7 @@ GPU_SUMMARY = dataclasses.replace(
     GPU, name="gpu-summary", head="file|job|workers|kit pad|kit pack|kit padc (compiled)", rows=_gpu_pivot,
     intro=lambda kept: f"simcse-kit's sentences/s over the peer's with the same DataLoader workers, median of "
     f"{_a(kept, 'rounds')} paired rounds (range):",
-    home=BENCH,
+    after=lambda kept: _gpu_machine(kept, full=False), home=BENCH,
 )  # fmt: skip
 BACKBONE_SUMMARY = dataclasses.replace(
     BACKBONE, name="backbone-summary", head="model|variant|peak MiB|s/step", rows=_pick(_backbone_rows, 1, 2, 4, 5),

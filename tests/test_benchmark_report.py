@@ -524,6 +524,10 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
     assert rows[0] == ["base", "–", "1", "79.00", "82.00", "86.00", "0", "85.00", "–", "–"]
     assert rows[1][1:3] == ["5,059", "3"] and rows[1][-3:] == ["85.00 ± 0.00", "83.10 ± 0.10", "0"]
     assert rows[2][-3:] == ["86.00 ± 0.00", "83.50 ± 0.10", "0"]
+    # The headline keeps the row's name, seeds, 7-task average, nDCG@10 and transfer average.
+    assert report.MINING_SUMMARY.script == "negatives"
+    headline_rows = list(report.MINING_SUMMARY.rows({"results": results}))
+    assert headline_rows[1] == ["hardneg-k1", "3", "79.00 ± 0.00", "85.00 ± 0.00", "83.10 ± 0.10"]
     line, transfer, below = report._negatives_verdict([{"results": results}])
     assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (sound tasks); ")
     # Welch's t by hand: differences of means 0.40, each row's seed variance 0.01, 3 seeds: se 0.0816, t(4) 2.776.
@@ -611,3 +615,14 @@ def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round(
     runs[-1]["first_step_s"] = 190.0  # one round above 0.6x
     assert next(iter(report._shard_goal_rows(record)))[2] == "**0.60x** (0.60–0.63): not met"
     assert [report.lines_label(n) for n in (10_000_000, 250_000, 1234)] == ["10M", "250k", "1234"]
+
+
+def test_transfer_note_names_the_teacher_only_where_the_record_has_one() -> None:
+    """A table without a teacher does not say its teacher was not scored."""
+    teacher = "python -m benchmarks.quality multi --teacher /m/mpnet --transfer-kfold 5"
+    assert report._transfer_note({"transfer_kfold": 5, "command": teacher}) == (
+        "5-fold; the teacher not scored (`--transfer-teacher`)."
+    )
+    assert report._transfer_note({"transfer_kfold": 5, "command": teacher, "transfer_teacher": True}) == "5-fold."
+    assert report._transfer_note({"transfer_kfold": 5, "command": "python -m benchmarks.quality negatives"}) == "5-fold."
+    assert report._transfer_note({"command": teacher}) == "not scored in this record (`--transfer-kfold`)."
