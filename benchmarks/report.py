@@ -1216,7 +1216,7 @@ DOMAIN_SUMMARY = Spec(
 )  # fmt: skip
 MINING_SUMMARY = Spec(
     "mining-summary", "negatives", "config|seeds|7-task avg|nDCG@10 (sound tasks)|SentEval transfer avg",
-    _pick(_negatives_rows, 0, 2, 3, 7, 8), lambda kept: "SentEval transfer: " + _transfer_note(kept[0]),
+    _pick(_negatives_rows, 0, 2, 3, 7, 8),
     after=_or_no_interval(_negatives_verdict), home=BENCH,
 )  # fmt: skip
 MULTI_SUMMARY = Spec(
