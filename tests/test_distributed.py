@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import toy_sentences
+from test_gradcache import assert_grads_equal
 from transformers import AutoTokenizer
 
 from simcse_kit.config.run import LossConfig, ModelConfig
@@ -158,17 +159,11 @@ def test_two_processes_equal_one_process_on_concatenated_batch(tmp_path: Path, t
         want_loss, want_grads = run_case(model, str(tiny_model_dir), mode, options, exs)
         loss, grads = got["results"][name]
         assert abs(loss - want_loss) < TOL, (name, loss, want_loss)
-        assert grads.keys() == want_grads.keys()
-        for key, g in grads.items():
-            # TOL per unit of the tensor's largest entry (test_gradcache.assert_grads_equal says why).
-            atol = TOL * max(1.0, want_grads[key].abs().max().item())
-            assert torch.allclose(g, want_grads[key], atol=atol, rtol=0), (name, key, (g - want_grads[key]).abs().max())
+        assert_grads_equal(grads, want_grads, atol=TOL)  # TOL per unit of each tensor's largest entry
     want_loss, want_grads = supcon_case(model, unsup_collator, exs, SUPCON_LABELS)
     loss, grads = got["results"]["supcon"]
     assert abs(loss - want_loss) < TOL
-    for key, g in grads.items():
-        atol = TOL * max(1.0, want_grads[key].abs().max().item())
-        assert torch.allclose(g, want_grads[key], atol=atol, rtol=0), ("supcon", key)
+    assert_grads_equal(grads, want_grads, atol=TOL)
 
     # The gather must really widen the batch: a process alone (its 4 examples) gets
     # a different loss from the gathered one.
