@@ -276,15 +276,19 @@ def score_transfer(model: str | Path, data_dir: str | Path, kfold: int, folder: 
     if (saved := cached_transfer(model, kfold, folder)) is not None:
         return saved
     row = transfer_row(load_encoder(str(model), device=str(resolve_device("auto"))).encode, str(data_dir), kfold)
-    write_json_atomic(cache, {"kfold": kfold, "model": str(model), "row": row})
+    write_json_atomic(cache, {"kfold": kfold, "model": str(model), "normalize": True, "row": row})
     return row
 
 
 def cached_transfer(model: str | Path, kfold: int, folder: Path) -> dict[str, float] | None:
-    """The transfer row :func:`score_transfer` cached in ``folder`` for ``model`` at ``kfold`` folds, else None."""
+    """The transfer row :func:`score_transfer` cached in ``folder`` for ``model`` at ``kfold`` folds, else None.
+
+    A cache without ``normalize`` was probed on the raw vectors of a simcse-kit folder, before the probe took unit
+    vectors for every model (:class:`~simcse_kit.evaluation.TransferEvaluator`): it is scored again."""
     cache = folder / "transfer.json"
     saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
-    return saved["row"] if saved.get("kfold") == kfold and saved.get("model") == str(model) else None
+    fresh = saved.get("kfold") == kfold and saved.get("model") == str(model) and saved.get("normalize") is True
+    return saved["row"] if fresh else None
 
 
 def base_scores(job: Job) -> dict[str, float]:
@@ -756,6 +760,8 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "seeds": args.seeds,
         "steps": args.steps,
         "transfer_kfold": args.transfer_kfold,
+        # Every row's transfer probe on unit vectors; records without this key probed simcse-kit rows raw.
+        "transfer_normalize": True,
         "transfer_teacher": args.transfer_teacher,
         "retrieval_tasks": args.task_names,
         "st_precision": resolve_precision(args.st_precision),

@@ -338,7 +338,8 @@ def rescore_transfer(cfg: Any, folder: Path, kfold: int) -> dict[str, float]:
 
 def transfer_folds(metrics: Mapping[str, Any]) -> int:
     """The folds a finished peer run's transfer scores were made with (0: none); runs made before the scores were
-    kept apart from the training settings name them in their settings."""
+    kept apart from the training settings name them in their settings. Scores made before the probe normalised every
+    vector stand: a peer model ends with the base's ``Normalize``, so its vectors were unit vectors already."""
     if not metrics.get("transfer"):
         return 0
     return int(metrics.get("transfer_kfold", metrics.get("settings", {}).get("transfer_kfold", 0)))

@@ -585,6 +585,13 @@ def test_the_tables_transfer_column_scores_each_seeds_model_once_never_a_sweep_r
     assert quality.score_transfer(model, senteval, 3, tmp_path / "scored") == row  # cached
     with pytest.raises(AssertionError, match="scored again"):
         quality.score_transfer(model, senteval, 5, tmp_path / "scored")  # other folds: scored afresh
+    # A cache from before the probe took unit vectors (no "normalize" key) held a kit folder's raw-vector scores.
+    cache = tmp_path / "scored" / "transfer.json"
+    saved = json.loads(cache.read_text())
+    assert saved["normalize"] is True
+    cache.write_text(json.dumps({k: v for k, v in saved.items() if k != "normalize"}))
+    with pytest.raises(AssertionError, match="scored again"):
+        quality.score_transfer(model, senteval, 3, tmp_path / "scored")
 
     # A run is finished (no worker started for it) only once its transfer scores at these folds are cached:
     # otherwise this coordinating process would score every model in turn.

@@ -4,6 +4,7 @@ SentEval's validation.py, and an end-to-end known answer (readers: test_evaluati
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -188,6 +189,31 @@ def test_keyword_encoder_scores_100_on_every_task(tmp_path: Path) -> None:
     # A constant encoder learns nothing: the majority class on balanced MR is 50%.
     flat = TransferEvaluator(folder, tasks=["MR"], kfold=3)(lambda texts: torch.ones(len(texts), 4))
     assert flat["MR"] == 50.0 and "avg" not in flat
+
+
+def test_probe_takes_unit_vectors_so_a_final_normalize_changes_nothing(tmp_path: Path) -> None:
+    """The same encoder with and without a final ``Normalize`` (here: each text's vector scaled by its own factor)
+    scores alike by default; probed as encoded (``normalize=False``) the scales change the scores."""
+    folder = write_tiny_senteval(tmp_path / "senteval")
+
+    def noisy(texts: list[str]) -> torch.Tensor:
+        # Keyword features drowned in per-text noise, so the probe is not at 100 and the C grid matters.
+        rng = [np.random.default_rng(zlib.crc32(t.encode())) for t in texts]
+        return keyword_encoder(texts) + torch.tensor(np.stack([1.5 * r.normal(size=len(KEYWORDS)) for r in rng]))
+
+    def scaled(texts: list[str]) -> torch.Tensor:
+        scale = [0.05 + 20 * (zlib.crc32(t[::-1].encode()) % 1000) / 1000 for t in texts]
+        return noisy(texts) * torch.tensor(scale, dtype=torch.float64)[:, None]
+
+    tasks = ["MR", "SUBJ", "TREC", "MRPC"]
+    unit = TransferEvaluator(folder, tasks=tasks, kfold=3)
+    assert unit(scaled) == unit(noisy)
+    assert any(unit(noisy)[t] < 100.0 for t in tasks)
+    raw = TransferEvaluator(folder, tasks=tasks, kfold=3, normalize=False)
+    assert raw(scaled) != raw(noisy)
+    # Unit vectors as encoded: probing them raw is probing them normalised.
+    unit_encode = lambda texts: torch.nn.functional.normalize(noisy(texts), dim=-1)  # noqa: E731
+    assert raw(unit_encode) == unit(noisy)
 
 
 def test_max_train_samples_subsamples_training_data_only(tmp_path: Path) -> None:

@@ -24,7 +24,15 @@ def cmd_transfer(args: argparse.Namespace, extra: list[str]) -> int:
 
     data_dir = senteval_dir(args.data_dir, args.data_root)
     # Read the data first: a bad data folder fails before the model loads.
-    evaluator = TransferEvaluator(data_dir, args.tasks, args.kfold, args.batch_size, args.max_train_samples, args.mrpc_features)
+    evaluator = TransferEvaluator(
+        data_dir,
+        args.tasks,
+        args.kfold,
+        args.batch_size,
+        args.max_train_samples,
+        args.mrpc_features,
+        normalize=args.normalize,
+    )
     check_output(args.json)
     results = run_evaluator(
         evaluator, args.model, pooler=args.pooler, device=args.device, trust_remote_code=args.trust_remote_code
@@ -41,6 +49,9 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--kfold", type=int, default=10, help="folds for CV (SentEval: 10; 5 for a quick look)")
     p.add_argument("--max-train-samples", type=int, default=None, help="subsample each task's training data (quick runs)")
     p.add_argument("--mrpc-features", choices=("senteval", "full"), default="senteval", help="[|u-v|, u*v] or [u, v, |u-v|, u*v]")
+    p.add_argument("--no-normalize", dest="normalize", action="store_false",
+                   help="probe the vectors as encoded (SentEval's setting) instead of unit vectors, which score a model "
+                   "alike with or without a final Normalize")  # fmt: skip
     add_json(p)
     add_batch_size(p)
     add_device(p)
