@@ -23,6 +23,7 @@ from simcse_kit.evaluation.transfer import (
     pair_features,
     split_validation,
 )
+from simcse_kit.model.inference import load_encoder
 
 # --------------------------------------------------------------------------- probes vs SentEval's loops
 
@@ -232,4 +233,12 @@ def test_cli_transfer_on_tiny_model(tmp_path: Path, tiny_model_dir: Path, capsys
     assert set(TRANSFER_TASKS) | {"avg", "MRPC/f1"} <= set(results)
     assert all(0.0 <= results[t] <= 100.0 for t in TRANSFER_TASKS)
     assert "MPQA" in capsys.readouterr().out
+    # --no-normalize reaches the probe: the scores are the evaluator's on the vectors as encoded.
+    raw = tmp_path / "raw.json"
+    argv = ["transfer", str(tiny_model_dir), "--pooler", "avg", "--data-dir", str(folder), "--tasks", "MR", "TREC"]
+    assert main([*argv, "--kfold", "3", "--no-normalize", "--json", str(raw)]) == 0
+    encode = load_encoder(str(tiny_model_dir), pooler="avg").encode
+    for normalize in (True, False):
+        want = TransferEvaluator(folder, tasks=["MR", "TREC"], kfold=3, normalize=normalize)(encode)
+        assert (json.loads(raw.read_text()) == want) is not normalize
     assert main(["transfer", str(tiny_model_dir), "--data-dir", str(tmp_path / "missing")]) == 2
