@@ -915,12 +915,14 @@ def _teacher_general_verdict(kept: list[Record]) -> list[str]:
 
 def _transfer_note(rec: Record) -> str:
     """How a record's SentEval transfer column was scored, or that it was not; the teacher is named only where the
-    record's command has one."""
+    record's command has one. A record from before the probe normalised every vector (no ``transfer_normalize``)
+    scored simcse-kit folders raw and the ``Normalize``-ended models unit: its gaps between the two are not clean."""
     if not (k := rec.get("transfer_kfold")):
         return "not scored in this record (`--transfer-kfold`)."
-    if rec.get("transfer_teacher") or "--teacher " not in rec.get("command", ""):
-        return f"{k}-fold."
-    return f"{k}-fold; the teacher not scored (`--transfer-teacher`)."
+    scored = rec.get("transfer_teacher") or "--teacher " not in rec.get("command", "")
+    teacher = "" if scored else "; the teacher not scored (`--transfer-teacher`)"
+    raw = "; simcse-kit rows raw, the others unit vectors (raw: 0.12 lower for the same weights), so gaps between the two"
+    return f"{k}-fold{teacher}" + ("." if rec.get("transfer_normalize") else f"{raw} are not clean.")
 
 
 def _fixed(values: Iterable[float]) -> list[str]:

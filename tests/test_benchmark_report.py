@@ -618,11 +618,13 @@ def test_shard_rows_name_the_corpus_length_and_pair_2_processes_with_1_by_round(
 
 
 def test_transfer_note_names_the_teacher_only_where_the_record_has_one() -> None:
-    """A table without a teacher does not say its teacher was not scored."""
+    """A table without a teacher does not say its teacher was not scored; a record made before the probe normalised
+    every vector says its gaps between simcse-kit and the other rows are not clean."""
     teacher = "python -m benchmarks.quality multi --teacher /m/mpnet --transfer-kfold 5"
-    assert report._transfer_note({"transfer_kfold": 5, "command": teacher}) == (
-        "5-fold; the teacher not scored (`--transfer-teacher`)."
-    )
-    assert report._transfer_note({"transfer_kfold": 5, "command": teacher, "transfer_teacher": True}) == "5-fold."
-    assert report._transfer_note({"transfer_kfold": 5, "command": "python -m benchmarks.quality negatives"}) == "5-fold."
+    unit = {"transfer_kfold": 5, "transfer_normalize": True}
+    assert report._transfer_note(unit | {"command": teacher}) == "5-fold; the teacher not scored (`--transfer-teacher`)."
+    assert report._transfer_note(unit | {"command": teacher, "transfer_teacher": True}) == "5-fold."
+    assert report._transfer_note(unit | {"command": "python -m benchmarks.quality negatives"}) == "5-fold."
+    before = report._transfer_note({"transfer_kfold": 5, "command": "python -m benchmarks.quality negatives"})
+    assert before.startswith("5-fold; simcse-kit rows raw") and "not clean" in before
     assert report._transfer_note({"command": teacher}) == "not scored in this record (`--transfer-kfold`)."
