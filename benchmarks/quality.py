@@ -29,6 +29,7 @@ from benchmarks._common import REPO, add_allow_dirty, machine, refuse_dirty, sav
 from benchmarks.st_peers import (
     MADE_AT,
     PREDICTIONS,
+    TRANSFER_NORMALIZE,
     dev_curve,
     resolve_precision,
     retrieval_row,
@@ -276,7 +277,7 @@ def score_transfer(model: str | Path, data_dir: str | Path, kfold: int, folder: 
     if (saved := cached_transfer(model, kfold, folder)) is not None:
         return saved
     row = transfer_row(load_encoder(str(model), device=str(resolve_device("auto"))).encode, str(data_dir), kfold)
-    write_json_atomic(cache, {"kfold": kfold, "model": str(model), "normalize": True, "row": row})
+    write_json_atomic(cache, {"kfold": kfold, "model": str(model), "normalize": TRANSFER_NORMALIZE, "row": row})
     return row
 
 
@@ -287,7 +288,7 @@ def cached_transfer(model: str | Path, kfold: int, folder: Path) -> dict[str, fl
     vectors for every model (:class:`~simcse_kit.evaluation.TransferEvaluator`): it is scored again."""
     cache = folder / "transfer.json"
     saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
-    fresh = saved.get("kfold") == kfold and saved.get("model") == str(model) and saved.get("normalize") is True
+    fresh = saved.get("kfold") == kfold and saved.get("model") == str(model) and saved.get("normalize") is TRANSFER_NORMALIZE
     return saved["row"] if fresh else None
 
 
@@ -760,8 +761,8 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "seeds": args.seeds,
         "steps": args.steps,
         "transfer_kfold": args.transfer_kfold,
-        # Every row's transfer probe on unit vectors; records without this key probed simcse-kit rows raw.
-        "transfer_normalize": True,
+        # Records without this key probed simcse-kit rows raw and the Normalize-ended models unit.
+        "transfer_normalize": TRANSFER_NORMALIZE,
         "transfer_teacher": args.transfer_teacher,
         "retrieval_tasks": args.task_names,
         "st_precision": resolve_precision(args.st_precision),

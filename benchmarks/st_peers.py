@@ -410,12 +410,18 @@ def score_tasks(model: Any, tasks: Sequence[str], eval_len: int, device: str) ->
     return RetrievalEvaluator(tasks, batch_size=EVAL_BATCH_SIZE, device=device)(encoder(model, eval_len, eval_len))
 
 
+# Every row's probe on unit vectors (TransferEvaluator's normalize): the caches and records say which.
+TRANSFER_NORMALIZE = True
+
+
 def transfer_row(encode: Callable[[list[str]], Any], data_dir: str, kfold: int) -> dict[str, float]:
-    """The SentEval transfer tasks of ``encode`` (``simcse-kit transfer``'s probe, ``kfold`` folds) under
-    ``transfer:<task>``; the tables read ``transfer:avg``, the mean accuracy of the seven."""
+    """The SentEval transfer tasks of ``encode`` (``simcse-kit transfer``'s probe, ``kfold`` folds, on unit vectors:
+    :data:`TRANSFER_NORMALIZE`) under ``transfer:<task>``; the tables read ``transfer:avg``, the mean accuracy of
+    the seven."""
     from simcse_kit.evaluation import TransferEvaluator
 
-    return {f"transfer:{k}": float(v) for k, v in TransferEvaluator(data_dir, kfold=kfold)(encode).items()}
+    evaluator = TransferEvaluator(data_dir, kfold=kfold, normalize=TRANSFER_NORMALIZE)
+    return {f"transfer:{k}": float(v) for k, v in evaluator(encode).items()}
 
 
 @functools.lru_cache(maxsize=4)
