@@ -921,8 +921,11 @@ def _transfer_note(rec: Record) -> str:
         return "not scored in this record (`--transfer-kfold`)."
     scored = rec.get("transfer_teacher") or "--teacher " not in rec.get("command", "")
     teacher = "" if scored else "; the teacher not scored (`--transfer-teacher`)"
-    raw = "; simcse-kit rows raw, the others unit vectors (raw: 0.12 lower for the same weights), so gaps between the two"
-    return f"{k}-fold{teacher}" + ("." if rec.get("transfer_normalize") else f"{raw} are not clean.")
+    raw = (
+        "; simcse-kit rows raw, the others unit vectors (raw: 0.12 lower for the same weights), so gaps between the two "
+        "are not clean"
+    )
+    return f"{k}-fold{teacher}{'' if rec.get('transfer_normalize') else raw}."
 
 
 def _fixed(values: Iterable[float]) -> list[str]:
