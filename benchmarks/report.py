@@ -682,9 +682,11 @@ def _sound(mean: Mapping[str, float]) -> float:
 
 
 def _avg_and_sound(rec: Record) -> Iterable[Row]:
-    """Per row of a quality record: its name, seeds, 7-task average and nDCG@10 over the sound tasks."""
+    """Per row of a quality record: its name, seeds, 7-task average, nDCG@10 over the sound tasks and SentEval
+    transfer average."""
     for name, s in rec["results"].items():
-        yield [name, str(_seeds(s)), _ms(s["mean"], s["std"], "avg", _seeds(s)), _sound_ndcg(s)]
+        n = _seeds(s)
+        yield [name, str(n), _ms(s["mean"], s["std"], "avg", n), _sound_ndcg(s), _ms(s["mean"], s["std"], "transfer:avg", n)]
 
 
 def _mining_verdict(kept: list[Record]) -> list[str]:
@@ -715,11 +717,18 @@ def _guide_rows(rec: Record) -> Iterable[Row]:
         keys = ("avg", "STSBenchmark", "best_stsb_dev", *(f"retrieval:{t}" for t in GUIDE_TASKS), "retrieval:avg")
         cells = [_ms(m, sd, k, n) for k in keys]
         masked = f"{m['guide_masked']:,.0f}" if "guide_masked" in m else "–"
-        yield [name, str(n), *cells[:3], _best_step(s["per_seed"]), *cells[3:], masked, _guard_cell(name, s)]
+        transfer = _ms(m, sd, "transfer:avg", n)
+        yield [name, str(n), *cells[:3], _best_step(s["per_seed"]), *cells[3:], transfer, masked, _guard_cell(name, s)]
 
 
-def _guide_verdict(kept: list[Record]) -> list[str]:
-    return _gaps(kept, "kit-hardneg-guide", {"kit-hardneg": "", "st-gist": ""}) + _trained_below_base(kept)
+def _guide_verdict(kept: list[Record], below: tuple[str, ...] | None = None) -> list[str]:
+    """The guided row against the unguided one and the peer; then the trained rows below the base (only ``below``'s,
+    where given: the headline keeps the guided row's, the full table every row's)."""
+    res, ours = kept[0]["results"], "kit-hardneg-guide"
+    transfer = [line for other in ("kit-hardneg", "st-gist") if other in res for line in _transfer_gap(res, ours, other)]
+    names = below if below is not None else [n for n, s in res.items() if _trained(n, s)]
+    lower = [line for name in names if name in res for line in _below_base(res, name)]
+    return _gaps(kept, ours, {"kit-hardneg": "", "st-gist": ""}) + transfer + lower
 
 
 def _where(rec: Record) -> str:
@@ -859,7 +868,7 @@ def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
         return []
     i = seed_difference(*seeds)
     return [f"- SentEval transfer avg, `{row}` − `{other}`: {i.difference:+.2f} (95% interval {i.low:+.2f} to "
-            f"{i.high:+.2f}, Welch's t over the seeds): {i.verdict}."]  # fmt: skip
+            f"{i.high:+.2f} over the seeds): {i.verdict}."]  # fmt: skip
 
 
 BELOW_BASE = "below the untouched base"
@@ -1015,8 +1024,8 @@ MINING = Spec("mining", "mining", MINING_HEAD + "|test pairs trained on", _minin
 GUIDE = Spec(
     "guide", "guide",
     "row|seeds|7-task avg|STS-B test|STS-B dev (selection)|best step|" + "|".join(f"nDCG@10 {t}" for t in GUIDE_TASKS)
-    + "|nDCG@10 avg|entries masked by the guide|test pairs trained on",
-    _guide_rows, after=_guide_verdict,
+    + "|nDCG@10 avg|SentEval transfer avg|entries masked by the guide|test pairs trained on",
+    _guide_rows, lambda kept: "SentEval transfer: " + _transfer_note(kept[0]), after=_guide_verdict,
     command="python -m benchmarks.quality guide --guide /path/to/all-mpnet-base-v2 --parallel 2 --threads 1",
 )  # fmt: skip
 NEGATIVES = Spec(
@@ -1238,8 +1247,8 @@ SCORED_SUMMARY = Spec(
     "STS-B test:", after=_or_no_interval(_scored_verdict), home=BENCH,
 )  # fmt: skip
 GUIDE_SUMMARY = Spec(
-    "guide-summary", "guide", "row|seeds|7-task avg|nDCG@10 (sound tasks)", _avg_and_sound,
-    after=_or_no_interval(_guide_verdict), home=BENCH,
+    "guide-summary", "guide", "row|seeds|7-task avg|nDCG@10 (sound tasks)|SentEval transfer avg", _avg_and_sound,
+    after=_or_no_interval(lambda kept: _guide_verdict(kept, below=("kit-hardneg-guide",))), home=BENCH,
 )  # fmt: skip
 SCORES_SUMMARY = Spec(
     "scores-summary", "scores", "config|seeds|7-task avg|STS-B test", _means("avg", "STSBenchmark"),

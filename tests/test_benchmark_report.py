@@ -383,12 +383,12 @@ def test_teacher_general_table_known_answer() -> None:
     assert report._teacher_general_verdict([{"results": results}]) == [
         f"- `kit-similarity` − `base`: +1.00; {NO}.",
         # Two seeds 0.5 apart: standard error 0.25, 1 degree of freedom (t 12.706), against a deterministic base.
-        "- SentEval transfer avg, `kit-similarity` − `base`: -0.50 (95% interval -3.68 to +2.68, Welch's t over the "
-        "seeds): no difference measured.",
+        "- SentEval transfer avg, `kit-similarity` − `base`: -0.50 (95% interval -3.68 to +2.68 over the seeds): "
+        "no difference measured.",
         f"- `kit-similarity` − `st-mse`: +0.25; {NO}.",
         # Two seeds each: standard error sqrt(2 x 0.125 / 2) = 0.354, 2 degrees of freedom (t 4.303).
-        "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00 (95% interval -1.52 to +1.52, Welch's t over the "
-        "seeds): no difference measured.",
+        "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00 (95% interval -1.52 to +1.52 over the seeds): "
+        "no difference measured.",
         "- `kit-similarity` below the untouched base: SICK-R -1.00 (std 0.25), SentEval transfer avg -0.50 (std 0.25).",
     ]
 
@@ -532,13 +532,51 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
     assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (sound tasks); ")
     # Welch's t by hand: differences of means 0.40, each row's seed variance 0.01, 3 seeds: se 0.0816, t(4) 2.776.
     assert (
-        transfer == "- SentEval transfer avg, `hardneg-k3` − `hardneg-k1`: +0.40 (95% interval +0.17 to +0.63, "
-        "Welch's t over the seeds): better."
+        transfer == "- SentEval transfer avg, `hardneg-k3` − `hardneg-k1`: +0.40 (95% interval +0.17 to +0.63 over "
+        "the seeds): better."
     )
     assert below == "- `hardneg-k1` below the untouched base: nDCG@10 sick-related -1.00 (std 0.00)."
     # Where no gap has an interval, the headline keeps one line for them, and the below-base lines.
     headline = report._or_no_interval(lambda kept: [f"- a gap; {report.NO_INTERVAL}", below])([])
     assert headline == ["- No interval on these differences: the record predates per-pair data.", below]
+
+
+def test_guide_tables_carry_the_transfer_average_and_its_verdict_against_both_rows() -> None:
+    """The guide's full table puts each row's SentEval transfer average after nDCG@10 avg, its headline after nDCG@10
+    over the sound tasks, and the verdict gives the guided row's transfer gap to the unguided row and to the peer,
+    each by Welch's t over the seeds (hand-computed below); the untouched base, one seed, has no interval."""
+    keys = ("avg", "STSBenchmark", "best_stsb_dev", "retrieval:avg", *(f"retrieval:{t}" for t in report.GUIDE_TASKS))
+
+    def row(kind: str, transfer: list[float]) -> dict[str, Any]:
+        seed = dict.fromkeys(keys, 80.0) | {"best_step": 0.0}
+        per_seed = {str(i): seed | {"transfer:avg": t} for i, t in enumerate(transfer)}
+        mean = seed | {"transfer:avg": sum(transfer) / len(transfer)}
+        std = dict.fromkeys(mean, 0.0) | {"transfer:avg": 0.1 if len(transfer) > 1 else 0.0}
+        return {"kind": kind, "n": len(transfer), "mean": mean, "std": std, "per_seed": per_seed}
+
+    results = {"base": row("base", [83.0]), "kit-hardneg": row("kit", [83.0, 83.2, 83.1]),
+               "kit-hardneg-guide": row("kit", [83.5, 83.6, 83.4]), "st-gist": row("st", [82.9, 83.0, 83.1])}  # fmt: skip
+    head = str(report.GUIDE.head).split("|")
+    at = head.index("SentEval transfer avg")
+    assert head[at - 1] == "nDCG@10 avg" and head[at + 1] == "entries masked by the guide"
+    full = list(report.GUIDE.rows({"results": results}))
+    assert [r[at] for r in full] == ["83.00", "83.10 ± 0.10", "83.50 ± 0.10", "83.00 ± 0.10"]
+    assert str(report.GUIDE_SUMMARY.head).endswith("|nDCG@10 (sound tasks)|SentEval transfer avg")
+    assert [r[-1] for r in report.GUIDE_SUMMARY.rows({"results": results})] == [r[at] for r in full]
+    lines = [x for x in report._guide_verdict([{"results": results}]) if x.startswith("- SentEval transfer avg")]
+    # Each pair: seed variances 0.01, 3 seeds: se 0.0816, t(4) 2.776, half-width 0.23.
+    assert lines == [
+        "- SentEval transfer avg, `kit-hardneg-guide` − `kit-hardneg`: +0.40 (95% interval +0.17 to +0.63 over the "
+        "seeds): better.",
+        "- SentEval transfer avg, `kit-hardneg-guide` − `st-gist`: +0.50 (95% interval +0.27 to +0.73 over the seeds): better.",
+    ]
+    # A row below the base: the full table's verdict names it, the headline only the guided row.
+    results["kit-hardneg"]["mean"]["retrieval:sick-related"] = 79.0
+    below = "- `kit-hardneg` below the untouched base: nDCG@10 sick-related -1.00 (std 0.00)."
+    assert below in report._guide_verdict([{"results": results}])
+    assert callable(report.GUIDE_SUMMARY.after) and below not in report.GUIDE_SUMMARY.after([{"results": results}])
+    results["kit-hardneg-guide"]["mean"]["retrieval:sick-related"] = 79.0
+    assert below.replace("`kit-hardneg`", "`kit-hardneg-guide`") in report.GUIDE_SUMMARY.after([{"results": results}])
 
 
 def test_quality_and_guide_tables_end_with_the_guards_count_of_test_pairs_trained_on() -> None:
