@@ -410,17 +410,24 @@ def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> None:
     save_sts_pairs(path, evaluator)
 
 
+def _made_at(folder: Path) -> dict[str, Any] | None:
+    return json.loads((folder / MADE_AT).read_text(encoding="utf-8")) if (folder / MADE_AT).is_file() else None
+
+
 def runs_commits(folders: Mapping[str, Mapping[int, Path]]) -> dict[str, list[str]]:
     """Each row's commits its runs were made at ("unknown": a run made before runs were stamped; "+dirty": from a
     dirty tree), so the report can mark a record that reuses runs of another commit."""
     out = {}
     for row, seeds in folders.items():
-        made = set()
-        for folder in seeds.values():
-            stamp = json.loads((folder / MADE_AT).read_text(encoding="utf-8")) if (folder / MADE_AT).is_file() else None
-            made.add("unknown" if stamp is None else stamp["commit"] + ("+dirty" if stamp["dirty"] else ""))
-        out[row] = sorted(made)
+        stamps = [_made_at(folder) for folder in seeds.values()]
+        out[row] = sorted({"unknown" if s is None else s["commit"] + ("+dirty" if s["dirty"] else "") for s in stamps})
     return out
+
+
+def runs_cpus(folders: Mapping[str, Mapping[int, Path]]) -> dict[str, list[str]]:
+    """Each row's CPUs its runs were made on ("unknown": stamped before runs named their CPU). A table resumed
+    on another machine mixes two: the report names the other one."""
+    return {row: sorted({(_made_at(f) or {}).get("cpu", "unknown") for f in seeds.values()}) for row, seeds in folders.items()}
 
 
 def kept_base(folder: Path) -> bool:
@@ -750,8 +757,9 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
                 for (d, r), label in labels.items() if label in made.rows}  # fmt: skip
     base = next((Path(u.out) for u in untouched if u.name == "base"), None)  # what a kept-base seed scored
     bases = dict.fromkeys(labels.values(), base) if base is not None else {}
-    args.sidecar = sidecar({name: f for name, f in folders.items() if name in results}, bases)
-    made_at = runs_commits({name: f for name, f in folders.items() if name in results})
+    kept = {name: f for name, f in folders.items() if name in results}
+    args.sidecar = sidecar(kept, bases)
+    made_at, made_on = runs_commits(kept), runs_cpus(kept)
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     # The runs' threads (--threads), not this coordinating process's (it encodes on all the workers' cores).
     where = machine() | {"torch_threads": args.threads}
@@ -773,6 +781,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "results": results,
         "predictions": "per-pair cosines of each row's seeds: the .npz of the same name beside this record",
         "runs_made_at": made_at,
+        "runs_made_on": made_on,
     }
 
 

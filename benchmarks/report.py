@@ -119,7 +119,12 @@ def provenance_note(rec: Record) -> str:
     if stamp.get("dirty"):
         return " (written from a dirty tree: not evidence; to be re-run)"
     other = sorted({c for made in (rec.get("runs_made_at") or {}).values() for c in made if c != stamp.get("commit")})
-    return f" (reuses runs made at another commit: {', '.join(c[:12] for c in other)})" if other else ""
+    note = f" (reuses runs made at another commit: {', '.join(c[:12] for c in other)})" if other else ""
+    # A table resumed on another machine: the record names the last one; its runs name their own ("unknown" is
+    # a run stamped before runs named their CPU, already marked by its commit).
+    here = rec.get("machine", {}).get("cpu")
+    cpus = sorted({c for made in (rec.get("runs_made_on") or {}).values() for c in made if c not in (here, "unknown")})
+    return note + (f" (some runs made on another CPU: {', '.join(cpus)})" if cpus else "")
 
 
 def provenance_problems() -> list[str]:
@@ -726,8 +731,10 @@ def _guide_verdict(kept: list[Record], below: tuple[str, ...] | None = None) -> 
     where given: the headline keeps the guided row's, the full table every row's)."""
     res, ours = kept[0]["results"], "kit-hardneg-guide"
     transfer = [line for other in ("kit-hardneg", "st-gist") if other in res for line in _transfer_gap(res, ours, other)]
-    names = below if below is not None else [n for n, s in res.items() if _trained(n, s)]
-    lower = [line for name in names if name in res for line in _below_base(res, name)]
+    if below is None:
+        lower = _trained_below_base(kept)
+    else:
+        lower = [line for name in below if name in res for line in _below_base(res, name)]
     return _gaps(kept, ours, {"kit-hardneg": "", "st-gist": ""}) + transfer + lower
 
 

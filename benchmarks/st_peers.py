@@ -366,12 +366,13 @@ MADE_AT = "made_at.json"  # the commit a run was made at, beside its metrics.jso
 
 
 def stamp_run(folder: Path) -> None:
-    """Record the commit (and dirty flag) a run was just made at, so a record reusing it later can say so."""
-    from benchmarks._common import provenance
+    """Record the commit (and dirty flag) a run was just made at, and the CPU it ran on, so a record reusing it
+    later, or finishing its table on another machine, can say so."""
+    from benchmarks._common import cpu_flags, provenance
     from simcse_kit.files import write_json_atomic
 
     stamp = provenance(None)
-    write_json_atomic(folder / MADE_AT, {"commit": stamp["commit"], "dirty": stamp["dirty"]})
+    write_json_atomic(folder / MADE_AT, {"commit": stamp["commit"], "dirty": stamp["dirty"], "cpu": cpu_flags()[0]})
 
 
 def save_sts_pairs(path: Path, evaluator: Any) -> None:

@@ -290,8 +290,10 @@ def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, m
             save_sts_pairs(folder / f"seed-{seed}" / PREDICTIONS, pairs)
     save_sts_pairs(out / "base" / PREDICTIONS, _fake_evaluator({t: g for t, g in gold.items()}, gold))
     # The kit row's runs were made at this commit and at another; the peer's before runs were stamped.
-    for seed, commit in ((1, "c" * 40), (2, "d" * 40)):
-        (runs["kit-unsup"] / f"seed-{seed}" / "made_at.json").write_text(json.dumps({"commit": commit, "dirty": seed == 2}))
+    # Seed 2 was also made on another CPU (a table resumed on another machine).
+    for seed, commit, cpu in ((1, "c" * 40, "CPU A"), (2, "d" * 40, "CPU B")):
+        stamp = {"commit": commit, "dirty": seed == 2, "cpu": cpu}
+        (runs["kit-unsup"] / f"seed-{seed}" / "made_at.json").write_text(json.dumps(stamp))
     (out / "base" / "made_at.json").write_text(json.dumps({"commit": "c" * 40, "dirty": False}))
     per_seed = {1: {"avg": 80.0}, 2: {"avg": 81.0}}
     made = quality.TableResults(sweep={}, chosen=dict.fromkeys(runs, 3e-5), rows=dict.fromkeys(runs, per_seed),
@@ -310,12 +312,16 @@ def test_build_collects_each_rows_chosen_runs_into_the_sidecar(tmp_path: Path, m
     assert record["runs_made_at"] == {"base": ["c" * 40], "kit-unsup": ["c" * 40, "d" * 40 + "+dirty"], "st-unsup": ["unknown"]}
     from benchmarks import report
 
-    note = report.provenance_note(record | {"provenance": {"commit": "c" * 40, "dirty": False, "threads": 1}})
-    assert note == f" (reuses runs made at another commit: {'d' * 12}, unknown)"
+    assert record["runs_made_on"] == {"base": ["unknown"], "kit-unsup": ["CPU A", "CPU B"], "st-unsup": ["unknown"]}
+    written = record | {"provenance": {"commit": "c" * 40, "dirty": False, "threads": 1}}
+    note = report.provenance_note(written | {"machine": {"cpu": "CPU A"}})
+    assert note == f" (reuses runs made at another commit: {'d' * 12}, unknown) (some runs made on another CPU: CPU B)"
+    written["runs_made_at"] = {row: ["c" * 40] for row in written["runs_made_at"]}
+    assert report.provenance_note(written | {"machine": {"cpu": "CPU B"}}) == " (some runs made on another CPU: CPU A)"
     assert report.provenance_note({"provenance": {"commit": "c" * 40, "dirty": False}, "runs_made_at": {"x": ["c" * 40]}}) == ""
 
 
-def test_a_run_is_stamped_with_the_commit_it_was_made_at(tmp_path: Path) -> None:
+def test_a_run_is_stamped_with_the_commit_and_cpu_it_was_made_at(tmp_path: Path) -> None:
     import subprocess
 
     from benchmarks._common import REPO, tree_dirty
@@ -323,7 +329,10 @@ def test_a_run_is_stamped_with_the_commit_it_was_made_at(tmp_path: Path) -> None
 
     stamp_run(tmp_path)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    assert json.loads((tmp_path / MADE_AT).read_text()) == {"commit": head, "dirty": tree_dirty()}
+    cpu = next(
+        line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")
+    )
+    assert json.loads((tmp_path / MADE_AT).read_text()) == {"commit": head, "dirty": tree_dirty(), "cpu": cpu}
 
 
 def test_a_rows_seen_test_pairs_are_the_runs_guard_counts(tmp_path: Path, data_dir: Path) -> None:
