@@ -410,24 +410,18 @@ def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> None:
     save_sts_pairs(path, evaluator)
 
 
-def _made_at(folder: Path) -> dict[str, Any] | None:
-    return json.loads((folder / MADE_AT).read_text(encoding="utf-8")) if (folder / MADE_AT).is_file() else None
-
-
-def runs_commits(folders: Mapping[str, Mapping[int, Path]]) -> dict[str, list[str]]:
-    """Each row's commits its runs were made at ("unknown": a run made before runs were stamped; "+dirty": from a
-    dirty tree), so the report can mark a record that reuses runs of another commit."""
-    out = {}
+def runs_stamps(folders: Mapping[str, Mapping[int, Path]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each row's commits and CPUs its runs were made at, from one read of their stamps. A commit is "unknown"
+    for a run made before runs were stamped and ends "+dirty" for one from a dirty tree; a CPU is "unknown" for
+    a run stamped before runs named their CPU. The report marks a record that reuses runs of another commit, or
+    whose table was resumed on another machine."""
+    commits, cpus = {}, {}
     for row, seeds in folders.items():
-        stamps = [_made_at(folder) for folder in seeds.values()]
-        out[row] = sorted({"unknown" if s is None else s["commit"] + ("+dirty" if s["dirty"] else "") for s in stamps})
-    return out
-
-
-def runs_cpus(folders: Mapping[str, Mapping[int, Path]]) -> dict[str, list[str]]:
-    """Each row's CPUs its runs were made on ("unknown": stamped before runs named their CPU). A table resumed
-    on another machine mixes two: the report names the other one."""
-    return {row: sorted({(_made_at(f) or {}).get("cpu", "unknown") for f in seeds.values()}) for row, seeds in folders.items()}
+        stamps = [json.loads((f / MADE_AT).read_text(encoding="utf-8")) if (f / MADE_AT).is_file() else None
+                  for f in seeds.values()]  # fmt: skip
+        commits[row] = sorted({"unknown" if s is None else s["commit"] + ("+dirty" if s["dirty"] else "") for s in stamps})
+        cpus[row] = sorted({(s or {}).get("cpu", "unknown") for s in stamps})
+    return commits, cpus
 
 
 def kept_base(folder: Path) -> bool:
@@ -759,7 +753,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
     bases = dict.fromkeys(labels.values(), base) if base is not None else {}
     kept = {name: f for name, f in folders.items() if name in results}
     args.sidecar = sidecar(kept, bases)
-    made_at, made_on = runs_commits(kept), runs_cpus(kept)
+    made_at, made_on = runs_stamps(kept)
     sweep = {name: {f"{lr:g}": t for lr, t in by_lr.items()} for name, by_lr in made.sweep.items()}
     # The runs' threads (--threads), not this coordinating process's (it encodes on all the workers' cores).
     where = machine() | {"torch_threads": args.threads}

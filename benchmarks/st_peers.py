@@ -362,7 +362,7 @@ def training_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
 ST_SAMPLINGS = ("proportional", "round_robin")  # the samplings the trainer has under the kit's names
 PREDICTIONS = "predictions.npz"  # a run's per-pair cosines of the STS tasks, beside its metrics.json
 BEST_STATE = "best_state.safetensors"  # a trained peer's best weights, beside its metrics.json
-MADE_AT = "made_at.json"  # the commit a run was made at, beside its metrics.json (a reused run keeps its own)
+MADE_AT = "made_at.json"  # the commit, dirty flag and CPU a run was made at, beside its metrics.json (a reused run keeps its own)
 
 
 def stamp_run(folder: Path) -> None:
