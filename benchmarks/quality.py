@@ -381,7 +381,8 @@ def run_job(job: Job) -> dict[str, float]:
             shutil.rmtree(folder)
         run_seeds(cfg, [job.seed])
         stamp_run(folder)
-    metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    done = folder / "metrics.json"
+    metrics = json.loads(done.read_text(encoding="utf-8")) if job.dev_only else table_owed(folder, cfg)
     row = {
         **metrics.get("sts", {}),
         DEV_KEY: float(dev_selection(metrics).best or float("nan")),
@@ -399,15 +400,39 @@ def run_job(job: Job) -> dict[str, float]:
     return row
 
 
-def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> None:
-    """The per-pair cosines of a kit run's best model (as its final evaluation scores it: fp32, the eval length)."""
+def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> dict[str, float]:
+    """The per-pair cosines of a kit run's best model (as its final evaluation scores it: fp32, the eval length,
+    its batch size), saved to ``path``; returns the STS table."""
     from simcse_kit.evaluation import STSEvaluator
     from simcse_kit.model.devices import resolve_device
     from simcse_kit.model.inference import load_encoder
+    from simcse_kit.training.wiring.run import EVAL_BATCH_SIZE
 
-    evaluator = STSEvaluator(cfg.data.eval_data_dir)
-    evaluator(load_encoder(model, max_seq_len=cfg.model.eval_max_seq_len, device=str(resolve_device("auto"))).encode)
+    evaluator = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
+    table = evaluator(load_encoder(model, max_seq_len=cfg.model.eval_max_seq_len, device=str(resolve_device("auto"))).encode)
     save_sts_pairs(path, evaluator)
+    return table
+
+
+def lacks_table(folder: Path) -> bool:
+    """Whether the kit run in ``folder`` finished training but not its final STS table: the kit writes metrics.json
+    before that table (a stop there keeps the training's results), so such a run has a best model and no ``sts``."""
+    metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    return "sts" not in metrics and (folder / "best_model").is_dir()
+
+
+def table_owed(folder: Path, cfg: Any) -> dict[str, Any]:
+    """The metrics of the finished kit run in ``folder``; where it stopped before its final STS table
+    (:func:`lacks_table`), the table is scored from its best model, as the kit's message says, and written into its
+    metrics.json with the per-pair cosines beside it."""
+    from simcse_kit.files import write_json_atomic
+
+    metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    if lacks_table(folder):
+        logger.info("%s: training finished without its final STS table; scoring its best model", folder)
+        metrics["sts"] = kit_sts_pairs(folder / "best_model", cfg, folder / PREDICTIONS)
+        write_json_atomic(folder / "metrics.json", metrics)
+    return metrics
 
 
 def runs_stamps(folders: Mapping[str, Mapping[int, Path]]) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -482,6 +507,8 @@ def finished(job: Job) -> bool:
         return not transfer_owed(metrics, job.transfer, job.dev_only)
     if job.dev_only:
         return True
+    if lacks_table(done.parent):  # its worker scores the table
+        return False
     transferred = not job.transfer or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None
     return (not job.retrieval or (done.parent / "retrieval.json").is_file()) and transferred
 

@@ -710,3 +710,31 @@ def test_the_benchmarks_dev_curve_reads_the_metric_a_run_names() -> None:
     sick = {"dev_metric": "sick_dev", "evals": [{"step": s, "sick_dev": v, "alignment": 0.1} for s, v in scores]}
     older = {"best_stsb_dev": 74.0, "evals": [{"step": s, "stsb_dev": v} for s, v in scores]}
     assert dev_curve(sick) == dev_curve(older) == {"dev_trained": 74.0, "dev_end": 72.0}
+
+
+def test_a_run_stopped_before_its_final_sts_table_is_scored_from_its_best_model_on_resume(
+    tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kit writes metrics.json before the final STS table; a table stopped there (a killed worker) kept a run
+    with a best model and no ``sts``. Such a run is not finished: its table is scored from the best model, the same
+    table the kit writes (to float noise), into its metrics.json with the per-pair cosines; a full run is read as is."""
+    quality = bench("quality")
+    tiny_run.train("seed-1", max_steps=2, eval_steps=2, save_steps=0)
+    folder = tiny_run.folder / "seed-1"
+    metrics = json.loads((folder / "metrics.json").read_text())
+    want = metrics.pop("sts")
+    job = quality.Job(name="x", kind="kit", seed=1, out=str(tiny_run.folder))
+    assert quality.finished(job) and not quality.lacks_table(folder)
+    (folder / "metrics.json").write_text(json.dumps(metrics))  # as the stop left it
+    assert quality.lacks_table(folder) and not quality.finished(job)
+    cfg = tiny_run.config("seed-1")
+    got = quality.table_owed(folder, cfg)["sts"]
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], abs=1e-4) for k in want)
+    assert json.loads((folder / "metrics.json").read_text())["sts"] == got and (folder / quality.PREDICTIONS).is_file()
+    assert quality.finished(job)
+
+    def rescored(*_: object) -> dict[str, float]:
+        raise AssertionError("scored again")
+
+    monkeypatch.setattr(quality, "kit_sts_pairs", rescored)
+    assert quality.table_owed(folder, cfg)["sts"] == got
