@@ -666,3 +666,52 @@ def test_transfer_note_names_the_teacher_only_where_the_record_has_one() -> None
     before = report._transfer_note({"transfer_kfold": 5, "command": "python -m benchmarks.quality negatives"})
     assert before.startswith("5-fold; simcse-kit rows raw") and "not clean" in before
     assert report._transfer_note({"command": teacher}) == "not scored in this record (`--transfer-kfold`)."
+
+
+def test_quality_tables_carry_the_transfer_average_its_verdict_and_what_lowers_the_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `sts` table: the full table puts each row's SentEval transfer average after dev selection, the headline
+    after the 7-task average; each family's chosen row gets its transfer gap to the peer by Welch's t over the seeds
+    (hand-computed below); every trained row's drop below the base is named under the full table, none under the
+    headline (its prose); a record without transfer prints "–" and no transfer line."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)  # no per-pair sidecar: the 7-task lines say "no interval"
+
+    def row(kind: str, transfer: list[float], sick: float = 80.0) -> dict[str, Any]:
+        seed = dict.fromkeys((*report.STS, "best_stsb_dev"), 80.0) | {"SICKRelatedness": sick}
+        per_seed = {str(i): seed | {"transfer:avg": t} for i, t in enumerate(transfer)}
+        mean = seed | {"transfer:avg": sum(transfer) / len(transfer)}
+        std = dict.fromkeys(mean, 0.0) | {"transfer:avg": 0.1 if len(transfer) > 1 else 0.0}
+        return {"kind": kind, "n": len(transfer), "mean": mean, "std": std, "per_seed": per_seed}
+
+    results = {"base": row("base", [83.0]), "kit-unsup": row("kit", [83.5, 83.6, 83.4], sick=79.0),
+               "st-unsup": row("st", [83.0, 83.2, 83.1], sick=78.0),
+               "kit-hardneg": row("kit", [82.9, 83.0, 83.1]), "st-hardneg": row("st", [83.0, 83.2, 83.1])}  # fmt: skip
+    rec = {"_file": "sts-cpu", "results": results, "transfer_kfold": 5, "transfer_normalize": True, "command": "x"}
+    head = str(report.QUALITY.head).split("|")
+    at = head.index("SentEval transfer avg")
+    assert head[at - 1] == "STS-B dev (selection)" and head[at + 1] == "test pairs trained on"
+    full = list(report.QUALITY.rows(rec))
+    assert [r[at] for r in full] == ["83.00", "83.50 ± 0.10", "83.10 ± 0.10", "83.00 ± 0.10", "83.10 ± 0.10"]
+    assert str(report.QUALITY_SUMMARY.head) == "config|seeds|Avg.|SentEval transfer avg|STS-B dev (selection)"
+    assert [r[3] for r in report.QUALITY_SUMMARY.rows(rec)] == [r[at] for r in full]
+    assert callable(report.QUALITY.intro) and report.QUALITY.intro([rec]).endswith("SentEval transfer: 5-fold.")
+    # Each pair: seed variances 0.01, 3 seeds: se 0.0816, t(4) 2.776, half-width 0.23.
+    unsup = "- SentEval transfer avg, `kit-unsup` − `st-unsup`: +0.40 (95% interval +0.17 to +0.63 over the seeds): better."
+    hardneg = (
+        "- SentEval transfer avg, `kit-hardneg` − `st-hardneg`: -0.10 (95% interval -0.33 to +0.13 over the seeds): "
+        "no difference measured."
+    )
+    lines = report._quality_verdict([rec])
+    assert lines[1] == unsup and lines[3] == hardneg
+    kit_below = "- `kit-unsup` below the untouched base: SICK-R -1.00 (std 0.00)."
+    st_below = "- `st-unsup` below the untouched base: SICK-R -2.00 (std 0.00)."
+    assert lines[4:] == [kit_below, st_below]
+    assert callable(report.QUALITY_SUMMARY.after)
+    headline = report.QUALITY_SUMMARY.after([rec])
+    assert headline == [lines[0], unsup, lines[2], hardneg]
+    for r in results.values():  # a record from before transfer was scored
+        for table in (r["mean"], r["std"], *r["per_seed"].values()):
+            table.pop("transfer:avg")
+    assert [r[at] for r in report.QUALITY.rows(rec)] == ["–"] * 5
+    assert not [x for x in report._quality_verdict([rec]) if "transfer" in x]
