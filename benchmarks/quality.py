@@ -414,10 +414,12 @@ def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> dict[str, float]:
     return table
 
 
-def lacks_table(folder: Path) -> bool:
-    """Whether the kit run in ``folder`` finished training but not its final STS table: the kit writes metrics.json
-    before that table (a stop there keeps the training's results), so such a run has a best model and no ``sts``."""
-    metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+def lacks_table(folder: Path, metrics: Mapping[str, Any] | None = None) -> bool:
+    """Whether the kit run in ``folder`` (its ``metrics``, read if not given) finished training but not its final STS
+    table: the kit writes metrics.json before that table (a stop there keeps the training's results), so such a run
+    has a best model and no ``sts``."""
+    if metrics is None:
+        metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
     return "sts" not in metrics and (folder / "best_model").is_dir()
 
 
@@ -428,7 +430,7 @@ def table_owed(folder: Path, cfg: Any) -> dict[str, Any]:
     from simcse_kit.files import write_json_atomic
 
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
-    if lacks_table(folder):
+    if lacks_table(folder, metrics):
         logger.info("%s: training finished without its final STS table; scoring its best model", folder)
         metrics["sts"] = kit_sts_pairs(folder / "best_model", cfg, folder / PREDICTIONS)
         write_json_atomic(folder / "metrics.json", metrics)

@@ -601,8 +601,7 @@ GPU_SYNCS = Spec(
 
 def _quality_verdict(kept: list[Record], full: bool = True) -> list[str]:
     """Per family, simcse-kit's row chosen on dev against the peer (the interval rule, 7-task and transfer averages);
-    under the full table, then, every trained row's scores below the base (the headline's prose names what matters:
-    no row lowers an average)."""
+    under the full table, then, every trained row's scores below the base (the headline leaves them to its prose)."""
     res, lines = kept[0]["results"], []
     for family in ("unsup", "hardneg"):
         kit = {n: r["mean"] for n, r in res.items() if n.startswith(f"kit-{family}")}
