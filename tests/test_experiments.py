@@ -173,6 +173,42 @@ def test_cli_seeds_real_runs_equal_single_runs(tmp_path: Path, tiny_run: TinyRun
     assert load_config(single / "config.yaml").train.seed == 1
 
 
+def test_a_seed_stopped_before_its_final_table_gets_it_when_the_command_runs_again(
+    tmp_path: Path, tiny_run: TinyRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run writes metrics.json before its final STS table, so a stop there keeps the training and no table.
+    Reused as it stood, that seed had no STS columns and seeds.json lost them for every seed. The same command
+    now scores the table from the seed's best model (the run's own table, to float noise) into its metrics.json,
+    and trains nothing again."""
+    recipe = tiny_run.recipe("multi", **TINY)
+    assert main(["train", str(recipe), "--seeds", "1,2"]) == 0
+    seed1, seed2 = (tmp_path / "multi" / f"seed-{s}" for s in (1, 2))
+    metrics = json.loads((seed2 / "metrics.json").read_text())
+    want = metrics.pop("sts")
+    (seed2 / "metrics.json").write_text(json.dumps(metrics))  # as the stop left it
+    weights = {f.name: f.stat().st_mtime_ns for f in (seed2 / "best_model").iterdir()}
+    assert main(["train", str(recipe), "--seeds", "1,2"]) == 0
+    got = json.loads((seed2 / "metrics.json").read_text())["sts"]
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], abs=1e-4) for k in want)
+    assert {f.name: f.stat().st_mtime_ns for f in (seed2 / "best_model").iterdir()} == weights  # not retrained
+    summary = json.loads((tmp_path / "multi" / "seeds.json").read_text())
+    first = json.loads((seed1 / "metrics.json").read_text())["sts"]
+    assert summary["mean"]["STS12"] == pytest.approx((first["STS12"] + got["STS12"]) / 2)
+    assert summary["mean"]["avg"] == pytest.approx((first["avg"] + got["avg"]) / 2)
+
+    # A recipe without a final table (train.final_eval: false) is read as it stands: nothing is scored.
+    def scored(*_: object) -> dict[str, float]:
+        raise AssertionError("scored a run whose recipe has no final table")
+
+    monkeypatch.setattr("simcse_kit.training.wiring.run.owed_table", scored)
+    (seed2 / "metrics.json").write_text(json.dumps(metrics))
+    saved = yaml.safe_load((seed2 / "config.yaml").read_text())
+    saved["train"]["final_eval"] = False  # as such a recipe's run saves it
+    (seed2 / "config.yaml").write_text(yaml.safe_dump(saved))
+    quiet = load_config(recipe, {"final_eval": "false", "output_dir": str(tmp_path / "multi")})
+    assert "STS12" not in run_seeds(quiet, [2])["per_seed"]["2"]
+
+
 def test_masking_and_queue_through_a_real_run(tmp_path: Path, tiny_run: TinyRun) -> None:
     recipe = tiny_run.recipe("fn", **TINY)
     # Every sentence four times: with batch 8, duplicates share batches.

@@ -12,7 +12,8 @@ model (STS-B dev Spearman unless the recipe names another dev split; the runs'
 and :func:`format_sweep` make the text the CLI prints.
 
 A finished run is reused when its saved config equals the one requested, so an
-interrupted multi-seed run or sweep is continued by running the same command again.
+interrupted multi-seed run or sweep is continued by running the same command again (a
+run stopped during its final STS table gets the table then, without training again).
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def _set(cfg: RunConfig, dotted: str, value: Any) -> None:
 
 def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     """The metrics of a finished run in ``cfg.train.output_dir`` with the same config,
-    else None. A finished run with a *different* config is an error, never reused."""
-    from simcse_kit.training.wiring.folder import config_differences
+    else None. A finished run with a *different* config is an error, never reused; one
+    that a stop cut off before its final STS table gets the table now, from its best model."""
+    from simcse_kit.training.wiring.folder import BEST_MODEL, config_differences
+    from simcse_kit.training.wiring.run import owed_table
 
     out = Path(cfg.train.output_dir)
     if not (out / "metrics.json").is_file():
@@ -103,7 +106,15 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
             f"{out} holds a finished run with another config ({'; '.join(diffs)}); pass --overwrite or use another --output-dir"
         )
     logger.info("reusing the finished run in %s", out)
-    return json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    metrics: dict[str, Any] = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    # The run writes metrics.json before its final table, so a stop there keeps the training. Reused as it
+    # stands, the seed would have no STS columns and seeds.json would lose them for every seed (aggregate
+    # keeps the keys all seeds share). The table is owed, not the training.
+    if cfg.train.final_eval and "sts" not in metrics and (out / BEST_MODEL).is_dir():
+        logger.info("%s: training finished without its final STS table; scoring its best model", out)
+        metrics["sts"] = owed_table(cfg, out)
+        write_json_atomic(out / "metrics.json", metrics)
+    return metrics
 
 
 def _train(cfg: RunConfig, overwrite: bool, train_fn: TrainFn | None) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from simcse_kit.config.run import RunConfig, files_label
 from simcse_kit.data.readers import negatives_of, skipped_rows
 from simcse_kit.errors import ConfigError
-from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, plot_trajectory
+from simcse_kit.evaluation import DevEvaluator, RetrievalDevEvaluator, STSEvaluator, plot_trajectory, run_evaluator
 from simcse_kit.evaluation.contamination import Guard, format_marked_table
 from simcse_kit.evaluation.encoding import Encode, encode_once, prompted
 from simcse_kit.evaluation.plots import plot_training_curves
@@ -508,7 +508,8 @@ def final_table(run: Run, state: LoopState, out: Path, metrics: dict[str, Any]) 
     assert run.final_sts is not None  # finish checked it
     what = (
         f"the final STS table; training had finished and {out / 'metrics.json'} holds its results without the "
-        f"table: score the best model with simcse-kit evaluate {out}"
+        f"table: score the best model with simcse-kit evaluate {out} (a multi-seed run scores it when its command "
+        "runs again)"
     )
     with AfterTrainingSignals(what):
         model = SimCSEModel.load(out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
@@ -518,6 +519,14 @@ def final_table(run: Run, state: LoopState, out: Path, metrics: dict[str, Any]) 
     write_json_atomic(out / "metrics.json", metrics)
     marked = format_marked_table(metrics["sts"], metrics.get("contamination"))
     logger.info("STS table of the best model:\n%s", marked)  # the CLI prints it too
+
+
+def owed_table(cfg: RunConfig, out: Path) -> dict[str, float]:
+    """The final STS table of the run in ``out`` that a stop cut off (:func:`finish` writes metrics.json
+    first): its best model scored as :func:`final_table` scores it (fp32, at the evaluation length and with
+    the query prompt the model was saved with, the same batch size), on this machine's best device."""
+    evaluator = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
+    return run_evaluator(evaluator, out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
 
 
 # --------------------------------------------------------------------------- the pieces
