@@ -221,7 +221,8 @@ def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
     threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
     limit = ("; " if flags else "") + "kernels limited to AVX2" if m.get("kernel_limits") else ""
     detail = ", ".join(flags) + limit
-    where = [(f"{m['cpu']} ({detail})" if detail else m["cpu"]) + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")]
+    cpu = " ".join(filter(None, (m["cpu"], m.get("cpu_generation"))))  # records before the generation was kept: the name
+    where = [(f"{cpu} ({detail})" if detail else cpu) + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")]
     gpu = rec.get("device") if rec.get("device", "cpu") != "cpu" else m.get("gpu")
     if gpu:
         where.append(f"{gpu}, driver {m.get('gpu_driver', '?')}")
@@ -231,7 +232,10 @@ def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
     libs = ", ".join(f"{k} {v}" for k, v in libraries.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
     where += [libs] if full and libs else []
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
-    return f"- {label}{m['date_utc']}: {'; '.join(where)}{commit}; `{rec['command']}`{provenance_note(rec)}"
+    # Where the record was first written (``--json``, outside the checkout so the next run's tree stays clean) is
+    # not part of how it was measured: the line gives the command that remakes it in results/.
+    command = re.sub(r" --json[ =]\S+", "", rec["command"])
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}{commit}; `{command}`{provenance_note(rec)}"
 
 
 # --------------------------------------------------------------------------- the renderer

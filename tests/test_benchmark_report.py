@@ -435,6 +435,21 @@ def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypat
     assert short.startswith("- 2026-11-24 07:00 UTC: Test CPU (kernels limited to AVX2); commit")
 
 
+def test_a_speed_record_names_the_cpu_generation_a_model_name_hides() -> None:
+    """Two "AMD EPYC" machines of one CPU class encoded at 459 and 883 sentences/s with the same ST code: the record
+    keeps the x86 family and model of /proc/cpuinfo's first processor, and the machine line prints them."""
+    from benchmarks._common import cpu_generation
+
+    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n\n"
+    assert cpu_generation(cpuinfo + "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n") == "family 26 model 2"
+    assert cpu_generation("processor\t: 0\nmodel name\t: ARM\n") == ""  # no family: nothing is guessed
+    named = {"machine": MACHINE | {"cpu_generation": "family 26 model 2"}, "command": "c", "_file": "gone-cpu"}
+    assert report.machine_line(named, full=False).startswith("- 2026-11-24 07:00 UTC: Test CPU family 26 model 2; commit")
+    # A record written outside the checkout (--json) is shown with the command that remakes it in results/.
+    moved = named | {"command": "python -m benchmarks.memory --json /tmp/out/memory.json --rounds 3"}
+    assert "; commit abc1234; `python -m benchmarks.memory --rounds 3` (" in report.machine_line(moved)
+
+
 def test_the_kept_records_without_provenance_are_exactly_the_legacy_list() -> None:
     lacking = {p.stem for p in RESULTS.glob("*.json") if "provenance" not in json.loads(p.read_text())}
     assert lacking == report.LEGACY  # every legacy record still lacks it; no other record does
