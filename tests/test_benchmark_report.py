@@ -436,7 +436,7 @@ def test_the_check_refuses_a_record_without_provenance(tmp_path: Path, monkeypat
 
 
 def test_a_speed_record_names_the_cpu_generation_a_model_name_hides() -> None:
-    """Two "AMD EPYC" machines of one CPU class encoded at 459 and 883 sentences/s with the same ST code: the record
+    """Two "AMD EPYC" machines of one CPU class encoded at 459 and 923 sentences/s with the same ST code: the record
     keeps the x86 family and model of /proc/cpuinfo's first processor, and the machine line prints them."""
     from benchmarks._common import cpu_generation
 
