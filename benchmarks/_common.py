@@ -72,9 +72,9 @@ def cpu_flags() -> tuple[str, set[str]]:
 
 
 def cpu_generation(cpuinfo: str | None = None) -> str:
-    """``"family 26 model 2"`` of an x86 CPU (``/proc/cpuinfo``, or ``cpuinfo`` given; empty where unknown). A model
-    name such as "AMD EPYC" spans generations whose speeds differ by 2x (ST's own bf16 encoding: 459 and 923
-    sentences/s on two "AMD EPYC" machines of the same CPU class), so a speed record names the generation."""
+    """``"family 26 model 2"`` of an x86 CPU (``/proc/cpuinfo``, or ``cpuinfo`` given; empty where unknown). One model
+    name covers machines whose speeds differ by 2x (ST's own bf16 encoding: 459 and 923 sentences/s on two
+    "AMD EPYC" machines of the same CPU class), so a speed record names the family and model as well."""
     try:
         text = Path("/proc/cpuinfo").read_text() if cpuinfo is None else cpuinfo
     except OSError:
