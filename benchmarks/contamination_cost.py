@@ -17,23 +17,39 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks._common import check_quiet, cpu_class, cpu_flags, machine, save_results
+from benchmarks._common import add_allow_dirty, check_quiet, cpu_class, cpu_flags, machine, refuse_dirty, save_results
 from benchmarks._harness import RESULTS
 from benchmarks.corpus_scale import write_corpus
 from simcse_kit.data import corpus as corpus_module
 from simcse_kit.data.readers import read_train_file
 
 
+class NumberedKeys:
+    """``row_hashes`` without the hashing: the build still gets a key per row and text column (it counts repeated
+    texts from them), here the row's number, counted on across batches so that no text repeats another."""
+
+    def __init__(self) -> None:
+        self.next_row = 0
+
+    def __call__(self, columns: Iterable[Sequence[str]]) -> np.ndarray:
+        lengths = [len(c) for c in columns]
+        n = lengths[0] if lengths else 0
+        rows = np.arange(self.next_row, self.next_row + n, dtype=np.uint64)
+        self.next_row += n
+        return np.repeat(rows[:, None], len(lengths), axis=1)
+
+
 def build_seconds(path: Path, cache: Path, keys: bool) -> float:
     """Seconds to build ``path``'s text cache in the empty folder ``cache``."""
     original = corpus_module.row_hashes
     if not keys:
-        corpus_module.row_hashes = lambda columns: np.empty((0, 0), dtype=np.uint64)
+        corpus_module.row_hashes = NumberedKeys()
     try:
         start = time.perf_counter()
         read_train_file(path, "unsup", cache_dir=cache)
@@ -64,8 +80,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "contamination_cost")
     parser.add_argument("--allow-busy", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
+    add_allow_dirty(parser)
     args = parser.parse_args()
     check_quiet(args.allow_busy)
+    refuse_dirty(args.allow_dirty)  # before the runs: save_results would refuse their record
     args.work.mkdir(parents=True, exist_ok=True)
     path = write_corpus(args.lines, args.work)
     times: dict[str, list[float]] = {"keys": [], "no-keys": []}
@@ -87,8 +105,8 @@ def main() -> None:
     print({k: v for k, v in record.items() if k != "seconds"})
     _, flags = cpu_flags()
     out = args.json or RESULTS / f"contamination_cost-{cpu_class(flags)}.json"
-    command = f"python -m benchmarks.contamination_cost --lines {args.lines} --rounds {args.rounds}"
-    save_results(out, {"machine": machine(), "command": command, **record})
+    command = f"python -m benchmarks.contamination_cost --lines {args.lines} --rounds {args.rounds}" + " --tokens" * args.tokens
+    save_results(out, {"machine": machine(), "command": command, **record}, allow_dirty=args.allow_dirty)
 
 
 if __name__ == "__main__":

@@ -240,6 +240,28 @@ def test_memory_points_and_their_names() -> None:
     assert memory.parse_variant("b1024-gc128") == (1024, 128) and memory.parse_variant("b64") == (64, 0)
 
 
+def test_the_guard_cost_script_times_both_builds_and_records_what_it_timed(tmp_path: Path) -> None:
+    """contamination_cost.py end to end on 3,000 lines: its no-keys build gives the cache a numbered key per row
+    (the build counts repeated texts from the keys; an empty stand-in stopped it with an IndexError), and the
+    record's command names --tokens when the token table was timed."""
+    from benchmarks.contamination_cost import NumberedKeys
+
+    numbered = NumberedKeys()
+    first, second = numbered([["a", "b", "c"]]), numbered([["d", "e"], ["f", "g"]])
+    assert first.tolist() == [[0], [1], [2]] and second.tolist() == [[3, 3], [4, 4]]
+    out = tmp_path / "cost.json"
+    argv = ["--lines", "3000", "--rounds", "1", "--tokens", "--work", str(tmp_path / "work")]
+    argv += ["--allow-busy", "--allow-dirty", "--json", str(out)]  # a test runs in a checkout being edited
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.contamination_cost", *argv], capture_output=True, text=True, timeout=300, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert [len(record["seconds"][v]) for v in ("keys", "no-keys")] == [1, 1] and record["token_table_s"] > 0
+    assert record["command"] == "python -m benchmarks.contamination_cost --lines 3000 --rounds 1 --tokens"
+    assert record["added_to_text_cache"] == pytest.approx(record["median_keys_s"] / record["median_no_keys_s"] - 1)
+
+
 @pytest.mark.slow  # three fresh interpreters encoding with the real all-MiniLM-L6-v2 (~15 s CPU)
 def test_a_harness_script_keeps_every_round_with_its_machine(tmp_path: Path) -> None:
     """encode_throughput.py end to end on 64 sentences (fresh interpreters, seconds): each round
