@@ -396,21 +396,19 @@ def run_job(job: Job) -> dict[str, float]:
     if job.transfer and not job.dev_only:
         row |= score_transfer(folder / "best_model", cfg.data.eval_data_dir, job.transfer, folder)
     if not job.dev_only and not (folder / PREDICTIONS).is_file():
-        kit_sts_pairs(folder / "best_model", cfg, folder / PREDICTIONS)
+        kit_sts_pairs(folder, cfg)
     return row
 
 
-def kit_sts_pairs(model: Path, cfg: Any, path: Path) -> dict[str, float]:
-    """The per-pair cosines of a kit run's best model (as its final evaluation scores it: fp32, the eval length,
-    its batch size), saved to ``path``; returns the STS table."""
+def kit_sts_pairs(folder: Path, cfg: Any) -> dict[str, float]:
+    """The STS table of the kit run in ``folder``, its best model scored as the kit scores its final table
+    (:func:`~simcse_kit.training.wiring.run.owed_table`), with the per-pair cosines saved beside it."""
     from simcse_kit.evaluation import STSEvaluator
-    from simcse_kit.model.devices import resolve_device
-    from simcse_kit.model.inference import load_encoder
-    from simcse_kit.training.wiring.run import EVAL_BATCH_SIZE
+    from simcse_kit.training.wiring.run import EVAL_BATCH_SIZE, owed_table
 
     evaluator = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
-    table = evaluator(load_encoder(model, max_seq_len=cfg.model.eval_max_seq_len, device=str(resolve_device("auto"))).encode)
-    save_sts_pairs(path, evaluator)
+    table = owed_table(cfg, folder, evaluator)
+    save_sts_pairs(folder / PREDICTIONS, evaluator)
     return table
 
 
@@ -432,7 +430,7 @@ def table_owed(folder: Path, cfg: Any) -> dict[str, Any]:
     metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
     if lacks_table(folder, metrics):
         logger.info("%s: training finished without its final STS table; scoring its best model", folder)
-        metrics["sts"] = kit_sts_pairs(folder / "best_model", cfg, folder / PREDICTIONS)
+        metrics["sts"] = kit_sts_pairs(folder, cfg)
         write_json_atomic(folder / "metrics.json", metrics)
     return metrics
 

@@ -738,3 +738,22 @@ def test_a_run_stopped_before_its_final_sts_table_is_scored_from_its_best_model_
 
     monkeypatch.setattr(quality, "kit_sts_pairs", rescored)
     assert quality.table_owed(folder, cfg)["sts"] == got
+
+
+def test_the_benchmarks_score_a_prompted_run_as_the_kit_scored_its_final_table(tiny_run: TinyRun) -> None:
+    """The per-pair cosines the tables' intervals are drawn from come from the run's best model read as the kit
+    reads it: with the query prompt it was saved with. Without the prompt the benchmark scored another model."""
+    from simcse_kit.evaluation import STSEvaluator
+    from simcse_kit.model.inference import load_encoder
+
+    quality = bench("quality")
+    prompts = "{query: 'query: ', document: 'passage: '}"
+    tiny_run.train("seed-1", max_steps=2, eval_steps=2, save_steps=0, prompts=prompts)
+    folder = tiny_run.folder / "seed-1"
+    want = json.loads((folder / "metrics.json").read_text())["sts"]
+    cfg = tiny_run.config("seed-1", prompts=prompts)
+    got = quality.kit_sts_pairs(folder, cfg)
+    assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], abs=1e-4) for k in want)
+    assert (folder / quality.PREDICTIONS).is_file()
+    unprompted = STSEvaluator(cfg.data.eval_data_dir)(load_encoder(folder / "best_model").encode)
+    assert any(abs(unprompted[k] - want[k]) > 1e-3 for k in want), "the prompt changes no score: the test shows nothing"

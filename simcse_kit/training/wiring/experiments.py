@@ -95,7 +95,6 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     else None. A finished run with a *different* config is an error, never reused; one
     that a stop cut off before its final STS table gets the table now, from its best model."""
     from simcse_kit.training.wiring.folder import BEST_MODEL, config_differences
-    from simcse_kit.training.wiring.run import owed_table
 
     out = Path(cfg.train.output_dir)
     if not (out / "metrics.json").is_file():
@@ -111,6 +110,8 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     # stands, the seed would have no STS columns and seeds.json would lose them for every seed (aggregate
     # keeps the keys all seeds share). The table is owed, not the training.
     if cfg.train.final_eval and "sts" not in metrics and (out / BEST_MODEL).is_dir():
+        from simcse_kit.training.wiring.run import owed_table  # only here: a reused run builds no model
+
         logger.info("%s: training finished without its final STS table; scoring its best model", out)
         metrics["sts"] = owed_table(cfg, out)
         write_json_atomic(out / "metrics.json", metrics)

@@ -512,21 +512,29 @@ def final_table(run: Run, state: LoopState, out: Path, metrics: dict[str, Any]) 
         "runs again)"
     )
     with AfterTrainingSignals(what):
-        model = SimCSEModel.load(out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
-        best = Encoder(model, run.tokenizer, cfg.model.eval_max_seq_len, accelerator.device)
-        metrics["sts"] = run.final_sts(prompted(best.encode, (cfg.data.prompts or {}).get("query", "")))
+        metrics["sts"] = score_best_model(run.final_sts, cfg, out, str(accelerator.device))
     accelerator.log({f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step)
     write_json_atomic(out / "metrics.json", metrics)
     marked = format_marked_table(metrics["sts"], metrics.get("contamination"))
     logger.info("STS table of the best model:\n%s", marked)  # the CLI prints it too
 
 
-def owed_table(cfg: RunConfig, out: Path) -> dict[str, float]:
+def owed_table(cfg: RunConfig, out: Path, evaluator: STSEvaluator | None = None) -> dict[str, float]:
     """The final STS table of the run in ``out`` that a stop cut off (:func:`finish` writes metrics.json
-    first): its best model scored as :func:`final_table` scores it (fp32, at the evaluation length and with
-    the query prompt the model was saved with, the same batch size), on this machine's best device."""
-    evaluator = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
-    return run_evaluator(evaluator, out / BEST_MODEL, trust_remote_code=cfg.model.trust_remote_code)
+    first), on this machine's best device; ``evaluator``: the table's (a fresh one by default), which keeps
+    the per-pair scores for a caller that wants them."""
+    if evaluator is None:
+        evaluator = STSEvaluator(cfg.data.eval_data_dir, batch_size=EVAL_BATCH_SIZE)
+    return score_best_model(evaluator, cfg, out)
+
+
+def score_best_model(
+    evaluator: Callable[[Encode], dict[str, float]], cfg: RunConfig, out: Path, device: str = "auto"
+) -> dict[str, float]:
+    """``evaluator`` on the best model of the run in ``out``, the one way its tables are scored (the final
+    table, one a stop cut off, a benchmark's): fp32, at the evaluation length and with the query prompt the
+    model was saved with."""
+    return run_evaluator(evaluator, out / BEST_MODEL, device=device, trust_remote_code=cfg.model.trust_remote_code)
 
 
 # --------------------------------------------------------------------------- the pieces
