@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from simcse_kit.config.recipes import senteval_dir
 from simcse_kit.evaluation.encoding import Encode, prompted, truncated
 from simcse_kit.evaluation.hub import HubSTSEvaluator
@@ -78,7 +80,7 @@ def run_evaluator(
     *,
     pooler: str | None = None,
     precision: str = "no",
-    device: str = "auto",
+    device: str | torch.device = "auto",
     truncate_dim: int | None = None,
     quantized: Quantized | None = None,
     trust_remote_code: bool = False,
@@ -95,7 +97,7 @@ def run_evaluator(
         pooler: Pooler for a plain HF model.
         precision: Inference autocast: ``"no"``, ``"bf16"``, ``"fp16"`` or ``"auto"``.
         device: Where to encode: ``auto`` (CUDA, else MPS, else CPU), ``cpu``,
-            ``cuda``, ``cuda:N`` or ``mps``.
+            ``cuda``, ``cuda:N``, ``mps``, or a ``torch.device`` (a training process's own).
         truncate_dim: Score the first this many coordinates of each embedding only
             (a Matryoshka model at a smaller size).
         quantized: Score quantized vectors (int8 codes, binary codes) instead of floats.

@@ -512,7 +512,8 @@ def final_table(run: Run, state: LoopState, out: Path, metrics: dict[str, Any]) 
         "runs again)"
     )
     with AfterTrainingSignals(what):
-        metrics["sts"] = score_best_model(run.final_sts, cfg, out, str(accelerator.device))
+        # accelerator.device, not its name: a CPU process of a launched run is "cpu:0", which no --device names
+        metrics["sts"] = score_best_model(run.final_sts, cfg, out, accelerator.device)
     accelerator.log({f"test/{task}": score for task, score in metrics["sts"].items() if "/" not in task}, step=state.global_step)
     write_json_atomic(out / "metrics.json", metrics)
     marked = format_marked_table(metrics["sts"], metrics.get("contamination"))
@@ -529,7 +530,7 @@ def owed_table(cfg: RunConfig, out: Path, evaluator: STSEvaluator | None = None)
 
 
 def score_best_model(
-    evaluator: Callable[[Encode], dict[str, float]], cfg: RunConfig, out: Path, device: str = "auto"
+    evaluator: Callable[[Encode], dict[str, float]], cfg: RunConfig, out: Path, device: str | torch.device = "auto"
 ) -> dict[str, float]:
     """``evaluator`` on the best model of the run in ``out``, the one way its tables are scored (the final
     table, one a stop cut off, a benchmark's): fp32, at the evaluation length and with the query prompt the
