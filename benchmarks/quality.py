@@ -414,11 +414,12 @@ def kit_sts_pairs(folder: Path, cfg: Any) -> dict[str, float]:
 
 def lacks_table(folder: Path, metrics: Mapping[str, Any] | None = None) -> bool:
     """Whether the kit run in ``folder`` (its ``metrics``, read if not given) finished training but not its final STS
-    table: the kit writes metrics.json before that table (a stop there keeps the training's results), so such a run
-    has a best model and no ``sts``."""
+    table (the kit's own check, :func:`~simcse_kit.training.wiring.folder.lacks_final_table`)."""
+    from simcse_kit.training.wiring.folder import lacks_final_table
+
     if metrics is None:
         metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
-    return "sts" not in metrics and (folder / "best_model").is_dir()
+    return lacks_final_table(folder, metrics)
 
 
 def table_owed(folder: Path, cfg: Any) -> dict[str, Any]:

@@ -94,7 +94,7 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     """The metrics of a finished run in ``cfg.train.output_dir`` with the same config,
     else None. A finished run with a *different* config is an error, never reused; one
     that a stop cut off before its final STS table gets the table now, from its best model."""
-    from simcse_kit.training.wiring.folder import BEST_MODEL, config_differences
+    from simcse_kit.training.wiring.folder import config_differences, lacks_final_table
 
     out = Path(cfg.train.output_dir)
     if not (out / "metrics.json").is_file():
@@ -109,7 +109,7 @@ def _finished(cfg: RunConfig) -> dict[str, Any] | None:
     # The run writes metrics.json before its final table, so a stop there keeps the training. Reused as it
     # stands, the seed would have no STS columns and seeds.json would lose them for every seed (aggregate
     # keeps the keys all seeds share). The table is owed, not the training.
-    if cfg.train.final_eval and "sts" not in metrics and (out / BEST_MODEL).is_dir():
+    if cfg.train.final_eval and lacks_final_table(out, metrics):
         from simcse_kit.training.wiring.run import owed_table  # only here: a reused run builds no model
 
         logger.info("%s: training finished without its final STS table; scoring its best model", out)

@@ -15,9 +15,11 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator, PartialState
@@ -53,6 +55,12 @@ CHECKPOINTS = "checkpoints"
 DATA_FINGERPRINTS = "data_fingerprints.json"
 LOGS = "logs"  # the experiment trackers' folder in the run folder
 BEST_MODEL = "best_model"
+
+
+def lacks_final_table(out: Path, metrics: Mapping[str, Any]) -> bool:
+    """Whether the finished run in ``out`` (its ``metrics``) stopped before its final STS table: a run writes
+    metrics.json before that table, so a stop there leaves a best model and no ``sts``."""
+    return "sts" not in metrics and (out / BEST_MODEL).is_dir()
 
 
 def with_concrete_precision(
