@@ -29,6 +29,7 @@ from benchmarks._common import REPO, add_allow_dirty, machine, refuse_dirty, sav
 from benchmarks.st_peers import (
     MADE_AT,
     PREDICTIONS,
+    TRANSFER_BATCHES,
     TRANSFER_NORMALIZE,
     dev_curve,
     resolve_precision,
@@ -277,7 +278,8 @@ def score_transfer(model: str | Path, data_dir: str | Path, kfold: int, folder: 
     if (saved := cached_transfer(model, kfold, folder)) is not None:
         return saved
     row = transfer_row(load_encoder(str(model), device=str(resolve_device("auto"))).encode, str(data_dir), kfold)
-    write_json_atomic(cache, {"kfold": kfold, "model": str(model), "normalize": TRANSFER_NORMALIZE, "row": row})
+    probe = {"normalize": TRANSFER_NORMALIZE, "batches": TRANSFER_BATCHES}
+    write_json_atomic(cache, {"kfold": kfold, "model": str(model), **probe, "row": row})
     return row
 
 
@@ -285,10 +287,12 @@ def cached_transfer(model: str | Path, kfold: int, folder: Path) -> dict[str, fl
     """The transfer row :func:`score_transfer` cached in ``folder`` for ``model`` at ``kfold`` folds, else None.
 
     A cache without ``normalize`` was probed on the raw vectors of a simcse-kit folder, before the probe took unit
-    vectors for every model (:class:`~simcse_kit.evaluation.TransferEvaluator`): it is scored again."""
+    vectors for every model (:class:`~simcse_kit.evaluation.TransferEvaluator`), and one without ``batches`` on
+    alphabetical batches (:data:`~benchmarks.st_peers.TRANSFER_BATCHES`): either is scored again."""
     cache = folder / "transfer.json"
     saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
-    fresh = saved.get("kfold") == kfold and saved.get("model") == str(model) and saved.get("normalize") is TRANSFER_NORMALIZE
+    probe = saved.get("normalize") is TRANSFER_NORMALIZE and saved.get("batches") == TRANSFER_BATCHES
+    fresh = saved.get("kfold") == kfold and saved.get("model") == str(model) and probe
     return saved["row"] if fresh else None
 
 
@@ -491,7 +495,7 @@ def finished(job: Job) -> bool:
     """Whether ``job``'s run is done (no worker is started for it)."""
     out = Path(job.out)
     # A run whose transfer scores are still to compute is not finished: they are computed in a worker,
-    # not one after another in this coordinating process (~25 min a model on one thread).
+    # not one after another in this coordinating process (~15 min a model on one busy thread).
     if job.kind == "base":
         transferred = not job.transfer or cached_transfer(job.model, job.transfer, out) is not None
         return (out / "metrics.json").is_file() and (not job.retrieval or (out / "retrieval.json").is_file()) and transferred
@@ -793,6 +797,7 @@ def build(table: str, args: argparse.Namespace) -> dict[str, Any]:
         "transfer_kfold": args.transfer_kfold,
         # Records without this key probed simcse-kit rows raw and the Normalize-ended models unit.
         "transfer_normalize": TRANSFER_NORMALIZE,
+        "transfer_batches": TRANSFER_BATCHES,  # records without it batched the probe's sentences alphabetically
         "transfer_teacher": args.transfer_teacher,
         "retrieval_tasks": args.task_names,
         "st_precision": resolve_precision(args.st_precision),

@@ -295,7 +295,7 @@ def st_train(
         sts = base_table(str(path), str(cfg.data.eval_data_dir), eval_len, device)
         scored = base_retrieval(str(path), tuple(retrieval), eval_len, device)
         # Its transfer scores are the untouched model's, which the table scores once beside its rows
-        # (benchmarks.quality fills them in): rescoring them here costs ~25 min a seed on one thread.
+        # (benchmarks.quality fills them in): rescoring them here costs ~15 min a seed on one thread.
     else:
         kept = Path(tempfile.mkdtemp())  # run_st moves both files beside metrics.json
         save_file({k: v.contiguous() for k, v in selection.state.items()}, kept / BEST_STATE)
@@ -339,8 +339,9 @@ def rescore_transfer(cfg: Any, folder: Path, kfold: int) -> dict[str, float]:
 def transfer_folds(metrics: Mapping[str, Any]) -> int:
     """The folds a finished peer run's transfer scores were made with (0: none); runs made before the scores were
     kept apart from the training settings name them in their settings. Scores made before the probe normalised every
-    vector stand: a peer model ends with the base's ``Normalize``, so its vectors were unit vectors already."""
-    if not metrics.get("transfer"):
+    vector would stand (a peer model ends with the base's ``Normalize``), but not those batched alphabetically
+    (:data:`TRANSFER_BATCHES`): those count as none."""
+    if not metrics.get("transfer") or metrics.get("transfer_batches") != TRANSFER_BATCHES:
         return 0
     return int(metrics.get("transfer_kfold", metrics.get("settings", {}).get("transfer_kfold", 0)))
 
@@ -413,6 +414,10 @@ def score_tasks(model: Any, tasks: Sequence[str], eval_len: int, device: str) ->
 
 # Every row's probe on unit vectors (TransferEvaluator's normalize): the caches and records say which.
 TRANSFER_NORMALIZE = True
+# The probe's sentences batched longest first, as every evaluator's (simcse_kit.evaluation.encoding); before 2026-12
+# alphabetically, which changes each vector in its last bits and can flip a prediction. A cache without this value
+# holds such scores and is scored again; records say which.
+TRANSFER_BATCHES = "longest_first"
 
 
 def transfer_row(encode: Callable[[list[str]], Any], data_dir: str, kfold: int) -> dict[str, float]:
@@ -499,7 +504,11 @@ def run_st(
             write_json_atomic(done, metrics)
             stamp_run(folder)
         if owed := transfer_owed(metrics, transfer, dev_only):
-            metrics |= {"transfer": rescore_transfer(cfg, folder, owed), "transfer_kfold": owed}
+            metrics |= {
+                "transfer": rescore_transfer(cfg, folder, owed),
+                "transfer_kfold": owed,
+                "transfer_batches": TRANSFER_BATCHES,
+            }
             write_json_atomic(done, metrics)
         curve = {"evals": [{"step": step, "stsb_dev": score} for step, score in metrics["evals"]]}
         scored = metrics.get("retrieval") or {}

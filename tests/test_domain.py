@@ -592,6 +592,11 @@ def test_the_tables_transfer_column_scores_each_seeds_model_once_never_a_sweep_r
     cache.write_text(json.dumps({k: v for k, v in saved.items() if k != "normalize"}))
     with pytest.raises(AssertionError, match="scored again"):
         quality.score_transfer(model, senteval, 3, tmp_path / "scored")
+    # Nor one from before the probe batched longest first (no "batches" key): its sentences were batched alphabetically.
+    assert saved["batches"] == "longest_first"
+    cache.write_text(json.dumps({k: v for k, v in saved.items() if k != "batches"}))
+    with pytest.raises(AssertionError, match="scored again"):
+        quality.score_transfer(model, senteval, 3, tmp_path / "scored")
 
     # A run is finished (no worker started for it) only once its transfer scores at these folds are cached:
     # otherwise this coordinating process would score every model in turn.
@@ -620,8 +625,9 @@ def test_a_peer_seed_that_kept_the_untouched_model_takes_the_bases_transfer_scor
 def test_a_peer_seed_that_kept_the_untouched_model_is_not_retrained_for_its_transfer_scores(tmp_path: Path) -> None:
     """A finished peer run asked for ``--transfer-kfold`` scores later is not finished (its worker scores its kept
     model) unless it holds them at these folds, or kept the untouched model: the table fills in the base's scores
-    (``fill_kept_base_transfer``). Settings of runs made when the folds were among them still match."""
-    from benchmarks.st_peers import run_settings
+    (``fill_kept_base_transfer``). Settings of runs made when the folds were among them still match. Scores made
+    before the probe batched longest first (no ``transfer_batches``) are owed again."""
+    from benchmarks.st_peers import TRANSFER_BATCHES, run_settings
 
     quality = bench("quality")
     args = domain_args(tmp_path, transfer_kfold=5)
@@ -631,16 +637,18 @@ def test_a_peer_seed_that_kept_the_untouched_model_is_not_retrained_for_its_tran
     done.parent.mkdir(parents=True)
     settings = run_settings(cfg, job.loss, job.precision, job.retrieval, job.dev_only)
 
-    def made(best_step: int, scored: int, **extra: Any) -> bool:
+    def made(best_step: int, scored: int, batches: str | None = TRANSFER_BATCHES, **extra: Any) -> bool:
         metrics = {"best_step": best_step, "settings": settings | extra}
         metrics |= {"transfer": {"transfer:avg": 80.0}, "transfer_kfold": scored} if scored else {}
+        metrics |= {"transfer_batches": batches} if scored and batches else {}
         done.write_text(json.dumps(metrics))
         return quality.finished(job)
 
     assert made(50, 5) and made(0, 0) and made(0, 10)  # scored at these folds; kept the untouched model
     assert not made(50, 0) and not made(50, 10)  # trained, not scored at these folds: its worker scores them
+    assert not made(50, 5, batches=None) and made(0, 5, batches=None)  # batched alphabetically: owed again
     old = {"best_step": 50, "settings": settings | {"transfer_kfold": 5}, "transfer": {"transfer:avg": 80.0}}
-    done.write_text(json.dumps(old))  # made when the folds were a setting
+    done.write_text(json.dumps(old | {"transfer_batches": TRANSFER_BATCHES}))  # made when the folds were a setting
     assert quality.finished(job) and not quality.finished(dataclasses.replace(job, transfer=10))
     assert not made(50, 5, precision="bf16")  # another setting: no reuse
 
@@ -687,13 +695,18 @@ def test_a_finished_peer_run_asked_for_transfer_scores_is_scored_from_its_kept_w
     row = st_peers.run_st(cfg, [1], "mnrl", "fp32", out, transfer=3)[1]
     assert len(trained) == 1 and row["avg"] == 50.0  # nothing retrained
     assert {k: v for k, v in row.items() if k.startswith("transfer:")} == want and "transfer:avg" in want
-    assert json.loads((seed / "metrics.json").read_text())["transfer_kfold"] == 3
+    saved = json.loads((seed / "metrics.json").read_text())
+    assert saved["transfer_kfold"] == 3 and saved["transfer_batches"] == st_peers.TRANSFER_BATCHES
 
     def rescored(*_: object) -> dict[str, float]:
         raise AssertionError("scored again")
 
     monkeypatch.setattr(st_peers, "rescore_transfer", rescored)
     assert st_peers.run_st(cfg, [1], "mnrl", "fp32", out, transfer=3)[1] == row  # kept with its folds
+    (seed / "metrics.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "transfer_batches"}))
+    with pytest.raises(AssertionError, match="scored again"):  # batched alphabetically, before 2026-12
+        st_peers.run_st(cfg, [1], "mnrl", "fp32", out, transfer=3)
+    (seed / "metrics.json").write_text(json.dumps(saved))
     assert "transfer:avg" not in st_peers.run_st(cfg, [1], "mnrl", "fp32", out)[1] and len(trained) == 1
     (seed / st_peers.BEST_STATE).unlink()  # as a run made before the weights were kept
     with pytest.raises(AssertionError, match="scored again"):

@@ -61,13 +61,3 @@ def test_bad_encoder_output_and_arguments() -> None:
         encode_unique(Recorder(), ["a"], batch_size=0)
     with pytest.raises(KeyError):
         encode_once(Recorder(), ["a"], batch_size=1).index(["b"])
-
-
-def test_text_order_batches_alphabetically() -> None:
-    # The transfer evaluator's order (its numbers were made with sorted batches).
-    encode = Recorder()
-    embedded = encode_once(encode, ["pear", "fig", "apple", "fig", "kiwi"], batch_size=2, order="text")
-    assert encode.batches == [["apple", "fig"], ["kiwi", "pear"]]
-    assert embedded.of(["pear", "fig"])[:, 0].tolist() == [4.0, 3.0]
-    with pytest.raises(ValueError, match="order"):
-        encode_unique(Recorder(), ["a"], batch_size=1, order="random")  # type: ignore[arg-type]

@@ -165,9 +165,11 @@ def keyword_encoder(texts: list[str]) -> torch.Tensor:
 def test_keyword_encoder_scores_100_on_every_task(tmp_path: Path) -> None:
     folder = write_tiny_senteval(tmp_path / "senteval")
     calls: list[int] = []
+    lengths: list[list[int]] = []
 
     def encode(texts: list[str]) -> torch.Tensor:
         calls.append(len(texts))
+        lengths.append([len(t) for t in texts])
         return keyword_encoder(texts)
 
     results = TransferEvaluator(folder, kfold=3, batch_size=16)(encode)
@@ -176,6 +178,9 @@ def test_keyword_encoder_scores_100_on_every_task(tmp_path: Path) -> None:
         assert results[f"{name}/devacc"] == 100.0
     assert results["MRPC/f1"] == 100.0 and results["avg"] == 100.0
     assert max(calls) <= 16  # encoded in batches of batch_size
+    # Batched longest first, as every evaluator batches: each batch pads to its own first sentence.
+    # (Alphabetical batches, before 2026-12, padded each to the longest of a random 16.)
+    assert all(batch == sorted(batch, reverse=True) for batch in lengths)
     # Each split's distinct texts once (MRPC: each side of its pairs).
     folder_texts = {t: load_transfer_task(folder, t) for t in TRANSFER_TASKS}
     distinct = 0

@@ -8,17 +8,16 @@ The batching is part of the numbers: a model's output for a sentence can differ 
 the last bits with the other sentences of its batch (padding length picks the
 kernel). Sentences are sorted by character length, longest first, then cut into
 ``batch_size`` batches: padding per batch stays small, and an out-of-memory error
-shows on the first batch rather than the last. The transfer evaluator alone asks for
-``order="text"`` (alphabetical batches), the order its published numbers were made
-with: on a random tiny BERT the two orders differ by ~2e-7 per embedding, enough to
-flip a logistic-regression prediction or two and move an accuracy by 0.1.
+shows on the first batch rather than the last. The transfer evaluator batched in
+alphabetical order until 2026-12 (its records before then): each batch padded to the
+longest of a random 128 sentences, and encoding was most of the probe's time. The two
+orders differ by ~3e-7 per embedding, enough to flip a logistic-regression prediction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -26,19 +25,15 @@ from tqdm.auto import tqdm
 
 from simcse_kit.errors import ConfigError
 
-__all__ = ["Embedded", "Encode", "Order", "encode_once", "encode_unique", "prompted", "truncated"]
+__all__ = ["Embedded", "Encode", "encode_once", "encode_unique", "prompted", "truncated"]
 
 Encode = Callable[[list[str]], "torch.Tensor | np.ndarray"]
 """Maps a batch of N sentences to embeddings of shape ``(N, D)`` (a torch tensor on any
 device and dtype, or a numpy array)."""
 
-Order = Literal["longest_first", "text"]
 
-
-def encode_unique(
-    encode: Encode, sentences: Sequence[str], batch_size: int, order: Order = "longest_first", progress: bool = False
-) -> np.ndarray:
-    """Encodes ``sentences`` (distinct) in batches, by default longest first, under ``torch.no_grad``.
+def encode_unique(encode: Encode, sentences: Sequence[str], batch_size: int, progress: bool = False) -> np.ndarray:
+    """Encodes ``sentences`` (distinct) in batches, longest first, under ``torch.no_grad``.
 
     ``no_grad`` so that an encoder built on a model in training keeps no graph.
 
@@ -46,8 +41,6 @@ def encode_unique(
         encode: The encoder, called once per batch of at most ``batch_size`` sentences.
         sentences: U distinct sentences.
         batch_size: Sentences per ``encode`` call.
-        order: Batch the sentences by character length, longest first (ties in
-            input order), or ``"text"``: in sorted (code-point) order.
         progress: Show a progress bar over the batches (long encodes, e.g. a corpus).
 
     Returns:
@@ -61,12 +54,7 @@ def encode_unique(
         raise ValueError("no sentences to encode")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if order == "longest_first":
-        perm = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
-    elif order == "text":
-        perm = sorted(range(len(sentences)), key=lambda i: sentences[i])
-    else:
-        raise ValueError(f"order must be 'longest_first' or 'text', got {order!r}")
+    perm = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))  # by character length; ties in input order
     chunks: list[np.ndarray] = []
     with torch.no_grad():
         for start in tqdm(range(0, len(perm), batch_size), desc="encoding", unit="batch", disable=not progress):
@@ -108,9 +96,7 @@ class Embedded:
         return self.vectors[self.index(sentences)]
 
 
-def encode_once(
-    encode: Encode, sentences: Iterable[str], batch_size: int, order: Order = "longest_first", progress: bool = False
-) -> Embedded:
+def encode_once(encode: Encode, sentences: Iterable[str], batch_size: int, progress: bool = False) -> Embedded:
     """Encodes each distinct sentence of ``sentences`` once (see :func:`encode_unique`).
 
     Args:
@@ -118,7 +104,6 @@ def encode_once(
         sentences: Any number of sentences, repeats allowed (e.g. every first and
             second sentence of every pair of a task).
         batch_size: Sentences per ``encode`` call.
-        order: How the distinct sentences are batched (see :func:`encode_unique`).
         progress: Show a progress bar over the batches.
 
     Returns:
@@ -128,7 +113,7 @@ def encode_once(
     rows: dict[str, int] = {}
     for s in sentences:
         rows.setdefault(s, len(rows))
-    return Embedded(encode_unique(encode, list(rows), batch_size, order, progress), rows)
+    return Embedded(encode_unique(encode, list(rows), batch_size, progress), rows)
 
 
 def truncated(encode: Encode, dim: int | None) -> Encode:

@@ -224,12 +224,9 @@ class TransferEvaluator:
             self.tasks[name] = task
 
     def _embed(self, encode: Encode, texts: Sequence[str]) -> np.ndarray:
-        """``[N, D]`` float64 embeddings of ``texts`` (unit length if ``normalize``), each distinct text encoded once.
-
-        Batched in text order, not longest first: the order this evaluator's numbers
-        have always been made with (see :mod:`simcse_kit.evaluation.encoding`).
-        """
-        x = encode_once(encode, texts, self.batch_size, order="text").of(texts).astype(np.float64)
+        """``[N, D]`` float64 embeddings of ``texts`` (unit length if ``normalize``), each distinct text encoded once,
+        batched as every evaluator batches (:mod:`simcse_kit.evaluation.encoding`)."""
+        x = encode_once(encode, texts, self.batch_size).of(texts).astype(np.float64)
         return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12) if self.normalize else x
 
     def _features(self, encode: Encode, task: TransferTask, split: str) -> tuple[np.ndarray, np.ndarray]:
