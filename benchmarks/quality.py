@@ -268,18 +268,22 @@ def score_retrieval(model: str | Path, tasks: Sequence[str], max_seq_len: int, c
     return row
 
 
+def transfer_cache_key(model: str | Path, kfold: int) -> dict[str, Any]:
+    """What a ``transfer.json`` holds its row for: the model, the folds and the probe's settings. The one source of
+    what :func:`score_transfer` writes and :func:`cached_transfer` asks of a cache."""
+    return {"kfold": kfold, "model": str(model), "normalize": TRANSFER_NORMALIZE, "batches": TRANSFER_BATCHES}
+
+
 def score_transfer(model: str | Path, data_dir: str | Path, kfold: int, folder: Path) -> dict[str, float]:
     """:func:`st_peers.transfer_row` of ``model``, cached in ``folder/transfer.json`` with its folds."""
     from simcse_kit.files import write_json_atomic
     from simcse_kit.model.devices import resolve_device
     from simcse_kit.model.inference import load_encoder
 
-    cache = folder / "transfer.json"
     if (saved := cached_transfer(model, kfold, folder)) is not None:
         return saved
     row = transfer_row(load_encoder(str(model), device=str(resolve_device("auto"))).encode, str(data_dir), kfold)
-    probe = {"normalize": TRANSFER_NORMALIZE, "batches": TRANSFER_BATCHES}
-    write_json_atomic(cache, {"kfold": kfold, "model": str(model), **probe, "row": row})
+    write_json_atomic(folder / "transfer.json", transfer_cache_key(model, kfold) | {"row": row})
     return row
 
 
@@ -291,8 +295,8 @@ def cached_transfer(model: str | Path, kfold: int, folder: Path) -> dict[str, fl
     alphabetical batches (:data:`~benchmarks.st_peers.TRANSFER_BATCHES`): either is scored again."""
     cache = folder / "transfer.json"
     saved = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else {}
-    probe = saved.get("normalize") is TRANSFER_NORMALIZE and saved.get("batches") == TRANSFER_BATCHES
-    fresh = saved.get("kfold") == kfold and saved.get("model") == str(model) and probe
+    # Each value of its own type too: a normalize of 1 is not True.
+    fresh = all(type(saved.get(k)) is type(v) and saved.get(k) == v for k, v in transfer_cache_key(model, kfold).items())
     return saved["row"] if fresh else None
 
 
