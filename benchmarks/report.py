@@ -1072,13 +1072,15 @@ def _scored_rows(rec: Record) -> Iterable[Row]:
     for name, s in rec["results"].items():
         m, sd, n = s["mean"], s["std"], len(s["per_seed"])
         lr = "–" if s["learning_rate"] is None else f"{s['learning_rate']:g}"
-        cells = [_ms(m, sd, k, n) for k in ("STSBenchmark", "SICKRelatedness", "avg", "best_stsb_dev")]
+        cells = [_ms(m, sd, k, n) for k in ("STSBenchmark", "SICKRelatedness", "avg", "transfer:avg", "best_stsb_dev")]
         yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _guard_cell(name, s)]
 
 
 def _scored_verdict(kept: list[Record]) -> list[str]:
-    """Per score loss: the kit against the sentence-transformers trainer, and both against the base, on STS-B test."""
-    m = {n: s["mean"] for n, s in kept[0]["results"].items()}
+    """Per score loss: the kit against the sentence-transformers trainer, and both against the base, on STS-B test;
+    then the SentEval transfer averages by the interval rule, where the record scored them."""
+    res = kept[0]["results"]
+    m = {n: s["mean"] for n, s in res.items()}
     base, lines = m["base"]["STSBenchmark"], []
     for loss in ("cosent", "angle"):
         kit, st = m.get(f"kit-{loss}"), m.get(f"st-{loss}")
@@ -1089,6 +1091,7 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
                 f"{kit['STSBenchmark'] - base:+.2f} and {st['STSBenchmark'] - base:+.2f}; 7-task average "
                 f"{kit['avg']:.2f} against {st['avg']:.2f} ({interval_verdict(kept[0], f'kit-{loss}', f'st-{loss}')})."
             )
+            lines += _transfer_gap(res, f"kit-{loss}", f"st-{loss}")
         fp32 = m.get(f"kit-{loss}-fp32")
         if fp32 and st:  # the same precision as the peer on a CPU
             lines.append(
@@ -1096,13 +1099,16 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
                 f"{fp32['STSBenchmark'] - st['STSBenchmark']:+.2f}; 7-task average {fp32['avg']:.2f} "
                 f"({interval_verdict(kept[0], f'kit-{loss}-fp32', f'st-{loss}')})."
             )
+            lines += _transfer_gap(res, f"kit-{loss}-fp32", f"st-{loss}")
     return lines
 
 
 SCORED = Spec(
-    "scored", "scored", "row|lr|seeds|STS-B test|SICK-R|7-task avg|STS-B dev (selection)|best step|test pairs trained on",
+    "scored", "scored",
+    "row|lr|seeds|STS-B test|SICK-R|7-task avg|SentEval transfer avg|STS-B dev (selection)|best step|test pairs trained on",
     _scored_rows,
-    "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one seed, dev only).",
+    lambda kept: "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one "
+    "seed, dev only). SentEval transfer: " + _transfer_note(kept[0]),
     after=_scored_verdict,
     command="python -m benchmarks.quality scored --steps 359 --eval-steps 60 --retrieval-tasks none --parallel 2 --threads 1",
 )  # fmt: skip

@@ -312,7 +312,8 @@ def test_lora_tables_known_answer() -> None:
 
 def test_scored_table_known_answer() -> None:
     """The scored table's rows (rate, seeds, columns, the best steps per seed) and its verdict: the kit
-    against the peer with the same loss, and both against the base, on STS-B test."""
+    against the peer with the same loss, and both against the base, on STS-B test; with transfer scores,
+    the SentEval transfer gap by Welch's interval over the seeds (hand-computed below)."""
     cols = {"STSBenchmark": 84.0, "SICKRelatedness": 78.0, "avg": 80.0, "best_stsb_dev": 88.0, "best_step": 60.0}
     row = {"mean": cols, "std": dict.fromkeys(cols, 0.5), "per_seed": {"1": cols, "2": cols | {"best_step": 120.0}}}
     results = {
@@ -326,7 +327,7 @@ def test_scored_table_known_answer() -> None:
         "kit-cosent",
         "2e-05",
         "2",
-        *["84.00 ± 0.50", "78.00 ± 0.50", "80.00 ± 0.50", "88.00 ± 0.50"],
+        *["84.00 ± 0.50", "78.00 ± 0.50", "80.00 ± 0.50", "–", "88.00 ± 0.50"],
         "90 (60, 120)",
         old,
     ]
@@ -338,6 +339,23 @@ def test_scored_table_known_answer() -> None:
     results["kit-cosent-fp32"] = row | {"learning_rate": 2e-5, "mean": cols | {"STSBenchmark": 83.25, "avg": 79.5}}
     assert report._scored_verdict([{"results": results}])[1] == (
         f"- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50 ({NO})."
+    )
+    # Transfer averages per seed: kit 83.6, 83.8; peer 83.0, 83.2. Difference 0.60; each variance 0.02, so
+    # se = sqrt(0.02 / 2 + 0.02 / 2) = 0.1414 on Welch's df = 0.02^2 / (0.01^2 + 0.01^2) = 2; t(0.975, 2) = 4.3027,
+    # half-width 0.6085: -0.01 to +1.21, which holds zero.
+    for name, seeds in (("kit-cosent", (83.6, 83.8)), ("st-cosent", (83.0, 83.2))):
+        r = results[name]
+        per_seed = {k: v | {"transfer:avg": t} for (k, v), t in zip(r["per_seed"].items(), seeds, strict=True)}
+        mean, std = r["mean"] | {"transfer:avg": sum(seeds) / 2}, r["std"] | {"transfer:avg": 0.1414}
+        results[name] = r | {"mean": mean, "std": std, "per_seed": per_seed}
+    assert list(report.SCORED.rows({"results": results}))[1][6] == "83.70 ± 0.14"
+    assert report._scored_verdict([{"results": results}])[1:3] == [
+        "- SentEval transfer avg, `kit-cosent` − `st-cosent`: +0.60 (95% interval -0.01 to +1.21 over the seeds): "
+        "no difference measured.",
+        f"- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50 ({NO}).",
+    ]
+    assert report.SCORED.intro([{"transfer_kfold": 5, "transfer_normalize": True, "command": "x"}]).endswith(  # type: ignore[operator]
+        "SentEval transfer: 5-fold."
     )
 
 
