@@ -1103,6 +1103,17 @@ def _scored_verdict(kept: list[Record]) -> list[str]:
     return lines
 
 
+def _scored_summary_verdict(kept: list[Record]) -> list[str]:
+    """The headline's lines: each simcse-kit row against the peer with its loss, on the 7-task average and the
+    SentEval transfer average by the interval rule; the STS-B test scores are in the table above them."""
+    res, lines = kept[0]["results"], []
+    for kit in (f"kit-{loss}{p}" for loss in ("cosent", "angle") for p in ("", "-fp32")):
+        st = f"st-{kit.split('-')[1]}"
+        if kit in res and st in res:
+            lines += [f"- `{kit}` − `{st}`: {interval_verdict(kept[0], kit, st)}.", *_transfer_gap(res, kit, st)]
+    return lines
+
+
 SCORED = Spec(
     "scored", "scored",
     "row|lr|seeds|STS-B test|SICK-R|7-task avg|SentEval transfer avg|STS-B dev (selection)|best step|test pairs trained on",
@@ -1268,7 +1279,8 @@ MULTI_SUMMARY = Spec(
 )  # fmt: skip
 SCORED_SUMMARY = Spec(
     "scored-summary", "scored", "loss|simcse-kit (auto)|sentence-transformers|simcse-kit fp32", _scored_pivot,
-    "STS-B test:", after=_or_no_interval(_scored_verdict), home=BENCH,
+    lambda kept: f"STS-B test (the untouched base: {kept[0]['results']['base']['mean']['STSBenchmark']:.2f}):",
+    after=_or_no_interval(_scored_summary_verdict), home=BENCH,
 )  # fmt: skip
 GUIDE_SUMMARY = Spec(
     "guide-summary", "guide", "row|seeds|7-task avg|nDCG@10 (sound tasks)|SentEval transfer avg", _avg_and_sound,

@@ -354,6 +354,13 @@ def test_scored_table_known_answer() -> None:
         "no difference measured.",
         f"- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50 ({NO}).",
     ]
+    transfer = "- SentEval transfer avg, `kit-cosent` − `st-cosent`: +0.60 (95% interval -0.01 to +1.21 over the seeds): "
+    assert report._scored_summary_verdict([{"results": results}]) == [  # the headline: each kit row against the peer
+        f"- `kit-cosent` − `st-cosent`: {NO}.",
+        transfer + "no difference measured.",
+        f"- `kit-cosent-fp32` − `st-cosent`: {NO}.",
+    ]
+    assert report.SCORED_SUMMARY.intro([{"results": results}]) == "STS-B test (the untouched base: 82.00):"  # type: ignore[operator]
     assert report.SCORED.intro([{"transfer_kfold": 5, "transfer_normalize": True, "command": "x"}]).endswith(  # type: ignore[operator]
         "SentEval transfer: 5-fold."
     )
