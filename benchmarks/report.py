@@ -882,7 +882,7 @@ def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
         return []
     i = seed_difference(*seeds)
     return [f"- SentEval transfer avg, `{row}` − `{other}`: {i.difference:+.2f} (95% interval {i.low:+.2f} to "
-            f"{i.high:+.2f} over the seeds): {i.verdict}."]  # fmt: skip
+            f"{i.high:+.2f}): {i.verdict}."]  # fmt: skip
 
 
 BELOW_BASE = "below the untouched base"

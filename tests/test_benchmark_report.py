@@ -350,11 +350,10 @@ def test_scored_table_known_answer() -> None:
         results[name] = r | {"mean": mean, "std": std, "per_seed": per_seed}
     assert list(report.SCORED.rows({"results": results}))[1][6] == "83.70 ± 0.14"
     assert report._scored_verdict([{"results": results}])[1:3] == [
-        "- SentEval transfer avg, `kit-cosent` − `st-cosent`: +0.60 (95% interval -0.01 to +1.21 over the seeds): "
-        "no difference measured.",
+        "- SentEval transfer avg, `kit-cosent` − `st-cosent`: +0.60 (95% interval -0.01 to +1.21): no difference measured.",
         f"- cosent, simcse-kit in fp32: STS-B test 83.25 against 83.50, -0.25; 7-task average 79.50 ({NO}).",
     ]
-    transfer = "- SentEval transfer avg, `kit-cosent` − `st-cosent`: +0.60 (95% interval -0.01 to +1.21 over the seeds): "
+    transfer = "- SentEval transfer avg, `kit-cosent` − `st-cosent`: +0.60 (95% interval -0.01 to +1.21): "
     assert report._scored_summary_verdict([{"results": results}]) == [  # the headline: each kit row against the peer
         f"- `kit-cosent` − `st-cosent`: {NO}.",
         transfer + "no difference measured.",
@@ -430,12 +429,10 @@ def test_teacher_general_table_known_answer() -> None:
     assert report._teacher_general_verdict([{"results": results}]) == [
         f"- `kit-similarity` − `base`: +1.00; {NO}.",
         # Two seeds 0.5 apart: standard error 0.25, 1 degree of freedom (t 12.706), against a deterministic base.
-        "- SentEval transfer avg, `kit-similarity` − `base`: -0.50 (95% interval -3.68 to +2.68 over the seeds): "
-        "no difference measured.",
+        "- SentEval transfer avg, `kit-similarity` − `base`: -0.50 (95% interval -3.68 to +2.68): no difference measured.",
         f"- `kit-similarity` − `st-mse`: +0.25; {NO}.",
         # Two seeds each: standard error sqrt(2 x 0.125 / 2) = 0.354, 2 degrees of freedom (t 4.303).
-        "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00 (95% interval -1.52 to +1.52 over the seeds): "
-        "no difference measured.",
+        "- SentEval transfer avg, `kit-similarity` − `st-mse`: +0.00 (95% interval -1.52 to +1.52): no difference measured.",
         "- `kit-similarity` below the untouched base: SICK-R -1.00 (std 0.25), SentEval transfer avg -0.50 (std 0.25).",
     ]
 
@@ -593,10 +590,7 @@ def test_negatives_table_reads_the_sound_retrieval_tasks_and_the_guards_count() 
     line, transfer, below = report._negatives_verdict([{"results": results}])
     assert line.startswith("- k = 3 − k = 1 (the same rows): +0.00 on the 7-task average, +1.00 nDCG@10 (sound tasks); ")
     # Welch's t by hand: differences of means 0.40, each row's seed variance 0.01, 3 seeds: se 0.0816, t(4) 2.776.
-    assert (
-        transfer == "- SentEval transfer avg, `hardneg-k3` − `hardneg-k1`: +0.40 (95% interval +0.17 to +0.63 over "
-        "the seeds): better."
-    )
+    assert transfer == "- SentEval transfer avg, `hardneg-k3` − `hardneg-k1`: +0.40 (95% interval +0.17 to +0.63): better."
     assert below == "- `hardneg-k1` below the untouched base: nDCG@10 sick-related -1.00 (std 0.00)."
     # Where no gap has an interval, the headline keeps one line for them, and the below-base lines.
     headline = report._or_no_interval(lambda kept: [f"- a gap; {report.NO_INTERVAL}", below])([])
@@ -628,9 +622,8 @@ def test_guide_tables_carry_the_transfer_average_and_its_verdict_against_both_ro
     lines = [x for x in report._guide_verdict([{"results": results}]) if x.startswith("- SentEval transfer avg")]
     # Each pair: seed variances 0.01, 3 seeds: se 0.0816, t(4) 2.776, half-width 0.23.
     assert lines == [
-        "- SentEval transfer avg, `kit-hardneg-guide` − `kit-hardneg`: +0.40 (95% interval +0.17 to +0.63 over the "
-        "seeds): better.",
-        "- SentEval transfer avg, `kit-hardneg-guide` − `st-gist`: +0.50 (95% interval +0.27 to +0.73 over the seeds): better.",
+        "- SentEval transfer avg, `kit-hardneg-guide` − `kit-hardneg`: +0.40 (95% interval +0.17 to +0.63): better.",
+        "- SentEval transfer avg, `kit-hardneg-guide` − `st-gist`: +0.50 (95% interval +0.27 to +0.73): better.",
     ]
     # A row below the base: the full table's verdict names it, the headline only the guided row.
     results["kit-hardneg"]["mean"]["retrieval:sick-related"] = 79.0
@@ -759,10 +752,9 @@ def test_quality_tables_carry_the_transfer_average_its_verdict_and_what_lowers_t
     assert [r[3] for r in report.QUALITY_SUMMARY.rows(rec)] == [r[at] for r in full]
     assert callable(report.QUALITY.intro) and report.QUALITY.intro([rec]).endswith("SentEval transfer: 5-fold.")
     # Each pair: seed variances 0.01, 3 seeds: se 0.0816, t(4) 2.776, half-width 0.23.
-    unsup = "- SentEval transfer avg, `kit-unsup` − `st-unsup`: +0.40 (95% interval +0.17 to +0.63 over the seeds): better."
+    unsup = "- SentEval transfer avg, `kit-unsup` − `st-unsup`: +0.40 (95% interval +0.17 to +0.63): better."
     hardneg = (
-        "- SentEval transfer avg, `kit-hardneg` − `st-hardneg`: -0.10 (95% interval -0.33 to +0.13 over the seeds): "
-        "no difference measured."
+        "- SentEval transfer avg, `kit-hardneg` − `st-hardneg`: -0.10 (95% interval -0.33 to +0.13): no difference measured."
     )
     lines = report._quality_verdict([rec])
     assert lines[1] == unsup and lines[3] == hardneg

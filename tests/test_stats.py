@@ -254,7 +254,7 @@ def test_a_goal_is_judged_by_the_rows_interval(tmp_path: Path, monkeypatch: pyte
     assert "interval rule, 7-task average: " in lines[1]
     gap = seed_difference(transfer[ours], transfer["st-mnrl"])
     assert lines[2] == (f"- SentEval transfer avg, `{ours}` − `st-mnrl`: +0.10 (95% interval {gap.low:+.2f} to "
-                        f"{gap.high:+.2f} over the seeds): no difference measured.")  # fmt: skip
+                        f"{gap.high:+.2f}): no difference measured.")  # fmt: skip
     assert lines[3].startswith(f"- `{ours}` − `st-mse`: +0.10, within the seed spread (0.30")
     # No transfer line without st-mse's score.
     assert lines[4:] == [f"- `{ours}` below the untouched base: SICK-R -0.50 (std 0.00)."]
