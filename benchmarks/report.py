@@ -215,7 +215,8 @@ def _a(kept: list[Record], key: str) -> Any:
 def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
     """Where, when and how ``rec`` was measured: date, CPU and ISA flags, threads, GPU and driver,
     load, library versions, commit and command, all from its JSON. Without ``full`` (BENCHMARKS.md, which stays short)
-    the ISA flags and library versions are left to the full tables' lines; a limit on the kernels stays."""
+    the ISA flags, library versions and the command's local paths are left to the full tables' lines; a limit on the
+    kernels stays."""
     m, args = rec["machine"], rec.get("args") or {}
     flags = (m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]) if full else []
     threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
@@ -235,6 +236,8 @@ def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
     # Where the record was first written (``--json``, outside the checkout so the next run's tree stays clean) is
     # not part of how it was measured: the line gives the command that remakes it in results/.
     command = re.sub(r" --json[ =]\S+", "", rec["command"])
+    if not full:  # where that machine kept its data, caches and runs: the full line names them
+        command = re.sub(r" --(output-dir|data-root|teacher-cache-dir|work)[ =]\S+", "", command)
     return f"- {label}{m['date_utc']}: {'; '.join(where)}{commit}; `{command}`{provenance_note(rec)}"
 
 
@@ -642,12 +645,13 @@ def _domain_rows(rec: Record) -> Iterable[Row]:
     for name, s in _domain_tables(rec).items():
         m, sd, n = s["mean"], s["std"], len(s["per_seed"])
         lr = "–" if s["learning_rate"] is None else f"{s['learning_rate']:g}"
-        cells = [_ms(m, sd, k, n) for k in (s["target"], "avg", "best_stsb_dev")]
+        cells = [_ms(m, sd, k, n) for k in (s["target"], "avg", "transfer:avg", "best_stsb_dev")]
         yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _ms(m, sd, "retrieval:avg", n), _guard_cell(name, s)]
 
 
-def _domain_verdict(kept: list[Record]) -> list[str]:
-    """Per domain: the kit row chosen on dev (never on test) against base and the best peer."""
+def _domain_verdict(kept: list[Record], transfer_to: Sequence[str] = ("base", "peer")) -> list[str]:
+    """Per domain: the kit row chosen on dev (never on test) against base and the best peer; then its SentEval
+    transfer average against each of ``transfer_to`` by the interval rule, where the record scored it."""
     stats, lines = _domain_tables(kept[0]), []
     for domain in dict.fromkeys(s["domain"] for s in stats.values()):
         of = {n: s for n, s in stats.items() if s["domain"] == domain}
@@ -662,7 +666,16 @@ def _domain_verdict(kept: list[Record]) -> list[str]:
             f"{score - peers[peer]:+.2f} over the best peer `{peer}` ({interval_verdict(kept[0], best, peer)}); "
             f"7-task average {kit[best]['avg']:.2f}."
         )
+        others = {"base": next(n for n, s in of.items() if s["kind"] == "base"), "peer": peer}
+        for other in transfer_to:
+            lines += _transfer_gap(stats, best, others[other])
     return lines
+
+
+def _domain_headline(kept: list[Record]) -> list[str]:
+    """:func:`_domain_verdict` for BENCHMARKS.md: the transfer gap to the best peer only (the base's is in the
+    details)."""
+    return _domain_verdict(kept, ("peer",))
 
 
 def _mining_rows(rec: Record) -> Iterable[Row]:
@@ -1021,9 +1034,15 @@ LORA = Spec(
     "Spearman x 100 by cosine, mean ± sample std over the seeds; lr: the rate chosen on STS-B dev (one seed, dev only).",
     after=_lora_verdict, command="python -m benchmarks.quality lora --retrieval-tasks none --parallel 2 --threads 1",
 )  # fmt: skip
-DOMAIN_HEAD = "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|dev (selection)|best step|nDCG@10 avg|test pairs trained on"
-DOMAIN = Spec("domain", "domain", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
-TEACHER = Spec("teacher", "teacher", DOMAIN_HEAD, _domain_rows, after=_domain_verdict)
+DOMAIN_HEAD = (
+    "row|lr|seeds|domain test (SICK-R / STS-B)|7-task avg|SentEval transfer avg|dev (selection)|best step|nDCG@10 avg|"
+    "test pairs trained on"
+)
+DOMAIN = Spec(
+    "domain", "domain", DOMAIN_HEAD, _domain_rows, lambda kept: "SentEval transfer: " + _transfer_note(kept[0]),
+    after=_domain_verdict,
+)  # fmt: skip
+TEACHER = dataclasses.replace(DOMAIN, name="teacher", script="teacher")
 TEACHER_GENERAL = Spec(
     "teacher-general", "teacher_general",
     f"row|lr|seeds|{STS_HEAD}|STS-B dev (selection)|nDCG@10 (stsb-similar, sick-related)|SentEval transfer avg|best step|"
@@ -1261,7 +1280,7 @@ QUALITY_SUMMARY = Spec(
 DOMAIN_SUMMARY = Spec(
     "domain-summary", "domain", "domain: test set|base|domain (simcse-kit)|st-mnrl|st-tsdae|st-ct",
     _domain_pivot(("base", "domain", "st-mnrl", "st-tsdae", "st-ct")),
-    "The domain's test set:", after=_or_no_interval(_domain_verdict), home=BENCH,
+    "The domain's test set:", after=_or_no_interval(_domain_headline), home=BENCH,
 )  # fmt: skip
 MINING_SUMMARY = Spec(
     "mining-summary", "negatives", "config|seeds|7-task avg|nDCG@10 (sound tasks)|SentEval transfer avg",
@@ -1294,7 +1313,7 @@ TEACHER_SUMMARY = Spec(
     "teacher-summary", "teacher",
     "domain: test set|base|teacher|kit-unsup|kit-similarity|kit-embedding|kit-similarity+simcse|st-mse",
     _domain_pivot(("base", "teacher", "kit-unsup", "kit-similarity", "kit-embedding", "kit-similarity+simcse", "st-mse")),
-    "The domain's test set:", after=_or_no_interval(_domain_verdict), home=BENCH,
+    "The domain's test set:", after=_or_no_interval(_domain_headline), home=BENCH,
 )  # fmt: skip
 THROUGHPUT = dataclasses.replace(
     THROUGHPUT_FULL, name="train-throughput",

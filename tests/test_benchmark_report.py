@@ -365,6 +365,47 @@ def test_scored_table_known_answer() -> None:
     )
 
 
+def test_domain_and_teacher_tables_carry_the_transfer_average_and_its_verdict() -> None:
+    """The domain and teacher tables: a SentEval transfer column after the 7-task average ('–' in a record that did not
+    score it), and below the dev-chosen kit row's line its transfer gap to the base and to the best peer by Welch's
+    interval (hand-computed below); BENCHMARKS.md's headline keeps the peer's gap only."""
+
+    def row(kind: str, target: float, dev: float, transfer: tuple[float, ...]) -> dict[str, Any]:
+        per_seed = {str(i): {"transfer:avg": t} for i, t in enumerate(transfer, 1)}
+        mean = {"SICKRelatedness": target, "avg": 79.0, "best_stsb_dev": dev}
+        if transfer:
+            mean["transfer:avg"] = sum(transfer) / len(transfer)
+        return {"kind": kind, "domain": "sick", "target": "SICKRelatedness", "learning_rate": None, "mean": mean,
+                "std": dict.fromkeys(mean, 0.1), "per_seed": per_seed or {"1": {}}}  # fmt: skip
+
+    results = {
+        "sick-base": row("base", 77.0, 80.0, (83.0,)),
+        "sick-kit-similarity": row("kit", 78.0, 81.0, (83.5, 83.7, 83.9)),
+        "sick-kit-unsup": row("kit", 79.0, 80.5, (84.0, 84.0, 84.0)),  # higher on test, lower on dev: not chosen
+        "sick-st-mse": row("st", 77.5, 80.9, (83.2, 83.4, 83.6)),
+    }
+    rows = list(report.TEACHER.rows({"results": results}))
+    assert [r[5] for r in rows] == ["83.00", "83.70 ± 0.10", "84.00 ± 0.10", "83.40 ± 0.10"]
+    assert report.TEACHER.head == report.DOMAIN.head and report.TEACHER.script == "teacher"
+    record = {"results": results, "transfer_kfold": 5, "transfer_normalize": True, "command": "x --teacher t"}
+    assert report.TEACHER.intro([record]) == "SentEval transfer: 5-fold; the teacher not scored (`--transfer-teacher`)."  # type: ignore[operator]
+    # Against the one-seed base (no variance): se = sqrt(0.04 / 3) = 0.1155 on 2 df, t 4.3027: 0.70 ± 0.50.
+    # Against the peer: two variances 0.04 over 3 seeds, se = 0.1633 on df 4, t 2.7764: 0.30 ± 0.45.
+    base = "- SentEval transfer avg, `sick-kit-similarity` − `sick-base`: +0.70 (95% interval +0.20 to +1.20): better."
+    peer = (
+        "- SentEval transfer avg, `sick-kit-similarity` − `sick-st-mse`: +0.30 (95% interval -0.15 to +0.75): "
+        "no difference measured."
+    )
+    lines = report._domain_verdict([record])
+    assert lines[0].startswith("- sick: chosen on dev `sick-kit-similarity`, SICKRelatedness 78.00: +1.00 over the base")
+    assert lines[1:] == [base, peer]
+    assert report._domain_headline([record])[1:] == [peer]
+    for name in results:  # a record without transfer scores: '–' and no transfer line
+        results[name] = row(results[name]["kind"], 77.0, 80.0, ())
+    assert [r[5] for r in report.DOMAIN.rows({"results": results})] == ["–"] * 4
+    assert len(report._domain_verdict([{"results": results}])) == 1
+
+
 def test_multi_verdict_known_answer() -> None:
     """Each record's machine, the mixture against a one-dataset row, and each teacher row of 3+ seeds
     against the 80.5 goal and the base's nDCG@10. Without per-pair data no mean is said to reach or miss
@@ -492,6 +533,12 @@ def test_a_speed_record_names_the_cpu_generation_a_model_name_hides() -> None:
     # A record written outside the checkout (--json) is shown with the command that remakes it in results/.
     moved = named | {"command": "python -m benchmarks.memory --json /tmp/out/memory.json --rounds 3"}
     assert "; commit abc1234; `python -m benchmarks.memory --rounds 3` (" in report.machine_line(moved)
+    # BENCHMARKS.md's line leaves that machine's paths (data, caches, runs) to the full line; other options stay.
+    paths = " --output-dir /w/runs --data-root=/w/data --teacher-cache-dir /w/cache --work /tmp/c"
+    local = named | {"command": f"python -m benchmarks.quality teacher --teacher /m/mpnet{paths} --seeds 1,2"}
+    assert f"`python -m benchmarks.quality teacher --teacher /m/mpnet{paths} --seeds 1,2` (" in report.machine_line(local)
+    short = "`python -m benchmarks.quality teacher --teacher /m/mpnet --seeds 1,2` ("
+    assert short in report.machine_line(local, full=False)
 
 
 def test_the_kept_records_without_provenance_are_exactly_the_legacy_list() -> None:
