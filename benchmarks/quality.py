@@ -401,7 +401,7 @@ def run_job(job: Job) -> dict[str, float]:
         row["guide_masked"] = float(metrics["guide"]["masked"])
     if job.retrieval and not job.dev_only:
         row |= score_retrieval(folder / "best_model", job.retrieval, cfg.model.eval_max_seq_len, folder / "retrieval.json")
-    if job.transfer and not job.dev_only:
+    if job.transfer and not job.dev_only and not takes_base_transfer(folder, cfg.model.name_or_path):
         row |= score_transfer(folder / "best_model", cfg.data.eval_data_dir, job.transfer, folder)
     if not job.dev_only and not (folder / PREDICTIONS).is_file():
         kit_sts_pairs(folder, cfg)
@@ -456,6 +456,39 @@ def runs_stamps(folders: Mapping[str, Mapping[int, Path]]) -> tuple[dict[str, li
         commits[row] = sorted({"unknown" if s is None else s["commit"] + ("+dirty" if s["dirty"] else "") for s in stamps})
         cpus[row] = sorted({(s or {}).get("cpu", "unknown") for s in stamps})
     return commits, cpus
+
+
+# Sentences of every shape the probe meets (short, long, punctuation, digits): two models that embed them alike
+# to fp32 rounding are one encoder (same weights, pooling and normalisation).
+PROBE_SENTENCES = (
+    "A man is playing a guitar.",
+    "the movie was n't worth the ticket , sadly .",
+    "How many people live in Tokyo as of 2020?",
+    "Revenue rose 4.5% in the third quarter, the company said on Tuesday, beating analysts' forecasts.",
+)
+
+
+def encodes_as(model: str | Path, base: str | Path, atol: float = 1e-4) -> bool:
+    """Whether ``model`` embeds :data:`PROBE_SENTENCES` as ``base`` does, as the transfer probe reads them
+    (unit vectors: :data:`TRANSFER_NORMALIZE`): a run that kept the untouched model (best step 0) saves
+    the base's weights, yet a recipe may pool otherwise than the base model's own folder, and then its step-0
+    model is another encoder."""
+    import torch
+
+    from simcse_kit.model.inference import load_encoder
+
+    def vectors(m: str | Path) -> torch.Tensor:
+        x = torch.as_tensor(load_encoder(str(m), device="cpu").encode(list(PROBE_SENTENCES)))
+        return torch.nn.functional.normalize(x, dim=-1) if TRANSFER_NORMALIZE else x
+
+    a, b = vectors(model), vectors(base)
+    return a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=0)
+
+
+def takes_base_transfer(folder: Path, base: str | Path) -> bool:
+    """Whether the kit run in ``folder`` kept the untouched model as the same encoder (:func:`encodes_as`): it is
+    not probed on the transfer tasks but takes the base's scores (:func:`fill_kept_base_transfer`)."""
+    return kept_base(folder) and encodes_as(folder / "best_model", base)
 
 
 def kept_base(folder: Path) -> bool:
@@ -519,6 +552,7 @@ def finished(job: Job) -> bool:
     if lacks_table(done.parent):  # its worker scores the table
         return False
     transferred = not job.transfer or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None
+    transferred = transferred or takes_base_transfer(done.parent, job_config(job).model.name_or_path)
     return (not job.retrieval or (done.parent / "retrieval.json").is_file()) and transferred
 
 
@@ -609,8 +643,9 @@ def sweep_and_run(
 
 
 def fill_kept_base_transfer(made: TableResults) -> None:
-    """A peer's seed that kept the untouched model (best step 0) is not scored on the transfer tasks
-    (``st_peers.st_train``): it takes the untouched ``base``'s scores, the same weights'."""
+    """A seed that kept the untouched model (best step 0) is not scored on the transfer tasks (a peer's:
+    ``st_peers.st_train``; a kit run's: :func:`run_job`, where :func:`encodes_as` finds it the base's
+    encoder): it takes the untouched ``base``'s scores, the same encoder's."""
     base = {k: v for k, v in made.extra.get("base", {}).items() if k.startswith("transfer:")}
     for per_seed in made.rows.values():
         for row in per_seed.values():

@@ -15,7 +15,7 @@ import datasets
 import pytest
 import torch
 from conftest import REPO, TinyRun, toy_sentences
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import simcse_kit.training.wiring.run
 from simcse_kit.config.run import load_config
@@ -622,6 +622,41 @@ def test_a_peer_seed_that_kept_the_untouched_model_takes_the_bases_transfer_scor
     quality.fill_kept_base_transfer(made)
     assert made.rows["st-mse"][1] == {"best_step": 0, "avg": 78.0, "transfer:avg": 85.0, "transfer:MR": 77.0}
     assert made.rows["st-mse"][2] == {"best_step": 50, "avg": 79.0, "transfer:avg": 84.0}
+
+
+def test_a_kit_seed_that_kept_the_untouched_model_takes_the_bases_transfer_scores_only_as_the_same_encoder(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A kit run whose dev selection kept step 0 saved the base's weights: pooled as the base model's own folder
+    pools them (mean, then unit length as sentence-transformers' Normalize), it is the base's encoder and takes the
+    base's transfer scores, scored once (no worker owes them); pooled otherwise (CLS) it is another encoder and is
+    probed itself, as is a run with other weights."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules
+
+    quality = bench("quality")
+    base = tmp_path / "st-base"
+    transformer = modules.Transformer(str(tiny_model_dir))
+    pooling = modules.Pooling(transformer.get_word_embedding_dimension(), "mean")
+    SentenceTransformer(modules=[transformer, pooling, modules.Normalize()], device="cpu").save(str(base))
+    run = TinyRun(tmp_path, base)
+    # A rate far too high: every evaluation after step 0 scores below it, and the run keeps the untouched weights.
+    for pooler in ("avg", "cls"):
+        assert run.train(pooler, max_steps=4, eval_steps=2, save_steps=0, learning_rate=1.0, pooler=pooler)["best_step"] == 0
+    assert quality.takes_base_transfer(tmp_path / "avg", base)
+    assert not quality.takes_base_transfer(tmp_path / "cls", base)
+    assert quality.encodes_as(tmp_path / "avg" / "best_model", tmp_path / "avg" / "best_model")
+    metrics = tmp_path / "avg" / "metrics.json"
+    done = json.loads(metrics.read_text())
+    metrics.write_text(json.dumps(done | {"best_step": 2}))
+    assert not quality.takes_base_transfer(tmp_path / "avg", base)  # a trained step kept: probed itself
+    metrics.write_text(json.dumps(done))
+    # Other weights, whatever its metrics say: another encoder.
+    weights = tmp_path / "avg" / "best_model" / "model.safetensors"
+    state = load_file(weights)
+    name = next(k for k in state if k.endswith("word_embeddings.weight"))
+    save_file(state | {name: state[name] + 0.01 * torch.randn_like(state[name])}, weights)
+    assert not quality.takes_base_transfer(tmp_path / "avg", base)
 
 
 def test_a_peer_seed_that_kept_the_untouched_model_is_not_retrained_for_its_transfer_scores(tmp_path: Path) -> None:
