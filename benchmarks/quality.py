@@ -551,8 +551,11 @@ def finished(job: Job) -> bool:
         return True
     if lacks_table(done.parent):  # its worker scores the table
         return False
-    transferred = not job.transfer or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None
-    transferred = transferred or takes_base_transfer(done.parent, job_config(job).model.name_or_path)
+    transferred = (
+        not job.transfer
+        or cached_transfer(done.parent / "best_model", job.transfer, done.parent) is not None
+        or takes_base_transfer(done.parent, job_config(job).model.name_or_path)
+    )
     return (not job.retrieval or (done.parent / "retrieval.json").is_file()) and transferred
 
 
