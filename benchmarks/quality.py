@@ -37,7 +37,8 @@ from benchmarks.st_peers import (
     run_settings,
     run_st,
     save_sts_pairs,
-    stamp_run,
+    settle_stamp,
+    stamp_start,
     training_settings,
     transfer_owed,
     transfer_row,
@@ -312,12 +313,14 @@ def base_scores(job: Job) -> dict[str, float]:
     saved = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {}
     fresh = saved.get("eval_data_dir") == job.eval_data_dir and saved.get("model") == job.model and "sts" in saved
     if not fresh or not (out / PREDICTIONS).is_file():
+        stamp_start(out)
         evaluator = STSEvaluator(job.eval_data_dir)
         sts = evaluator(load_encoder(job.model, device=str(resolve_device("auto"))).encode)
         save_sts_pairs(out / PREDICTIONS, evaluator)
         saved = {"sts": sts, "eval_data_dir": job.eval_data_dir, "model": job.model}
+        (out / MADE_AT).unlink(missing_ok=True)  # an earlier scoring's
         write_json_atomic(done, saved)
-        stamp_run(out)
+    settle_stamp(out)
     row = dict(saved["sts"])
     if job.retrieval:
         row |= score_retrieval(job.model, job.retrieval, 256, out / "retrieval.json")
@@ -387,8 +390,9 @@ def run_job(job: Job) -> dict[str, float]:
         if folder.is_dir():  # stopped part-way: the kit refuses to write over it
             logger.warning("removing the unfinished run in %s", folder)
             shutil.rmtree(folder)
+        stamp_start(folder)
         run_seeds(cfg, [job.seed])
-        stamp_run(folder)
+    settle_stamp(folder)  # also a run resumed after its worker was killed before its final table
     done = folder / "metrics.json"
     metrics = json.loads(done.read_text(encoding="utf-8")) if job.dev_only else table_owed(folder, cfg)
     row = {

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import random
 import shutil
 import tempfile
@@ -366,14 +367,31 @@ BEST_STATE = "best_state.safetensors"  # a trained peer's best weights, beside i
 MADE_AT = "made_at.json"  # the commit, dirty flag and CPU a run was made at, beside its metrics.json (a reused run keeps its own)
 
 
-def stamp_run(folder: Path) -> None:
-    """Record the commit (and dirty flag) a run was just made at, and the CPU it ran on, so a record reusing it
-    later, or finishing its table on another machine, can say so."""
+def pending_stamp(folder: Path) -> Path:
+    """Where a run's stamp waits while the run is made: beside its folder (the kit refuses to train into a folder
+    that exists), from the run's start, so a worker killed between training and its stamp loses nothing."""
+    return folder.with_name(f"{folder.name}.{MADE_AT}")
+
+
+def stamp_start(folder: Path) -> None:
+    """Record the commit (and dirty flag) the run about to be made in ``folder`` starts at, and the CPU it runs on, so
+    a record reusing it later, or finishing its table on another machine, can say so (:func:`settle_stamp` files it)."""
     from benchmarks._common import cpu_flags, provenance
     from simcse_kit.files import write_json_atomic
 
     stamp = provenance(None)
-    write_json_atomic(folder / MADE_AT, {"commit": stamp["commit"], "dirty": stamp["dirty"], "cpu": cpu_flags()[0]})
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(pending_stamp(folder), {"commit": stamp["commit"], "dirty": stamp["dirty"], "cpu": cpu_flags()[0]})
+
+
+def settle_stamp(folder: Path) -> None:
+    """Move the stamp :func:`stamp_start` wrote into ``folder`` once the run's metrics.json exists, also on the
+    resume of a run whose worker was killed before it got there. Only a metrics.json written after the stamp (not an
+    older run's) takes it, and never over a stamp already there: a run is never stamped with a later commit."""
+    pending, done = pending_stamp(folder), folder / "metrics.json"
+    if pending.is_file() and done.is_file() and not (folder / MADE_AT).is_file():
+        if done.stat().st_mtime_ns >= pending.stat().st_mtime_ns:
+            os.replace(pending, folder / MADE_AT)
 
 
 def save_sts_pairs(path: Path, evaluator: Any) -> None:
@@ -494,15 +512,16 @@ def run_st(
         if training_settings(metrics.get("settings")) == settings and scorable:
             logger.info("reusing the finished run in %s", folder)
         else:
+            stamp_start(folder)
             metrics = st_train(cfg, seed, loss, precision, retrieval, dev_only) | {"settings": settings}
-            for name in (PREDICTIONS, BEST_STATE):  # an older run's, if any
+            for name in (PREDICTIONS, BEST_STATE, MADE_AT):  # an older run's, if any
                 (folder / name).unlink(missing_ok=True)
             if kept := metrics.pop("kept_dir", None):
                 folder.mkdir(parents=True, exist_ok=True)
                 for name in (PREDICTIONS, BEST_STATE):  # a move: the temporary folder may be on another device
                     shutil.move(Path(kept) / name, folder / name)
             write_json_atomic(done, metrics)
-            stamp_run(folder)
+        settle_stamp(folder)
         if owed := transfer_owed(metrics, transfer, dev_only):
             metrics |= {
                 "transfer": rescore_transfer(cfg, folder, owed),

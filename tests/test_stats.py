@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -325,14 +327,89 @@ def test_a_run_is_stamped_with_the_commit_and_cpu_it_was_made_at(tmp_path: Path)
     import subprocess
 
     from benchmarks._common import REPO, tree_dirty
-    from benchmarks.st_peers import MADE_AT, stamp_run
+    from benchmarks.st_peers import MADE_AT, settle_stamp, stamp_start
 
-    stamp_run(tmp_path)
+    folder = tmp_path / "seed-1"
+    stamp_start(folder)
+    folder.mkdir()
+    settle_stamp(folder)  # no metrics.json yet: the run is not made
+    assert not (folder / MADE_AT).exists()
+    (folder / "metrics.json").write_text("{}")
+    settle_stamp(folder)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     cpu = next(
         line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")
     )
-    assert json.loads((tmp_path / MADE_AT).read_text()) == {"commit": head, "dirty": tree_dirty(), "cpu": cpu}
+    assert json.loads((folder / MADE_AT).read_text()) == {"commit": head, "dirty": tree_dirty(), "cpu": cpu}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed-1"]  # the pending stamp was moved, not copied
+
+
+def test_a_run_killed_before_its_final_table_keeps_the_commit_it_was_trained_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kit writes metrics.json before the final STS table: a worker killed there left a trained run, which the
+    resumed table scores and reuses. It is stamped with the commit its training started at, not with none (the run
+    stamp used to be written after the table, so the record said "unknown") and never with the resuming commit; a
+    run trained again from scratch takes the new commit. A peer run is stamped the same way."""
+    import dataclasses
+
+    from benchmarks import _common, quality, st_peers
+    from simcse_kit.config.run import save_config
+    from simcse_kit.training.wiring import experiments
+
+    head = {"commit": "a" * 40}
+    monkeypatch.setattr(_common, "provenance", lambda _: {"commit": head["commit"], "dirty": False, "threads": None})
+    recipe = str(quality.REPO / "train" / "domain" / "sick.yaml")
+    job = quality.Job(name="x", kind="kit", recipe=recipe, seed=1, out=str(tmp_path))
+    folder = tmp_path / "seed-1"
+    metrics = {"best_step": 2, "train_seconds": 1.0, "best_stsb_dev": 70.0, "evals": [{"step": 2, "stsb_dev": 70.0}]}
+
+    def trained(cfg: Any, seeds: list[int], killed: bool = False) -> None:  # run_seeds: writes metrics.json, then the table
+        folder.mkdir()
+        save_config(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seeds[0])), folder / "config.yaml")
+        (folder / "metrics.json").write_text(json.dumps(metrics))
+        head["commit"] = "b" * 40  # the code moves on while the run is out
+        if killed:
+            raise KeyboardInterrupt
+
+    def retrained(*_: object) -> None:
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(experiments, "run_seeds", lambda cfg, seeds: trained(cfg, seeds, killed=True))
+    with pytest.raises(KeyboardInterrupt):
+        quality.run_job(job)
+    monkeypatch.setattr(experiments, "run_seeds", retrained)
+    monkeypatch.setattr(quality, "table_owed", lambda f, cfg: metrics | {"sts": {"avg": 80.0}})
+    monkeypatch.setattr(quality, "kit_sts_pairs", lambda f, cfg: {})
+    assert quality.run_job(job)["avg"] == 80.0  # resumed at "b": scored, not retrained
+    assert quality.runs_stamps({"x": {1: folder}})[0] == {"x": ["a" * 40]}
+    assert quality.run_job(job)["avg"] == 80.0 and quality.runs_stamps({"x": {1: folder}})[0] == {"x": ["a" * 40]}
+
+    (folder / "metrics.json").unlink()  # stopped before training ended: removed and made again, at "c"
+    head["commit"] = "c" * 40
+    monkeypatch.setattr(experiments, "run_seeds", trained)
+    quality.run_job(job)
+    assert quality.runs_stamps({"x": {1: folder}})[0] == {"x": ["c" * 40]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed-1"]
+    # A pending stamp newer than the run's metrics.json is another attempt's (killed in training): never this run's.
+    done, stamp = folder / "metrics.json", folder / st_peers.MADE_AT
+    stamp.unlink()
+    os.utime(done, ns=(done.stat().st_atime_ns, done.stat().st_mtime_ns - 10**9))
+    st_peers.stamp_start(folder)
+    st_peers.settle_stamp(folder)
+    assert not stamp.exists()
+
+    def peer_trained(*_: object) -> dict[str, Any]:
+        head["commit"] = "e" * 40
+        return {"best_step": 2, "best_stsb_dev": 70.0, "evals": [(2, 70.0)], "train_seconds": 1.0, "sts": {"avg": 50.0}}
+
+    monkeypatch.setattr(st_peers, "st_train", peer_trained)
+    head["commit"] = "d" * 40
+    peer = tmp_path / "peer"
+    cfg = quality.job_config(job)
+    for settings, made_at in (({"lr": 1}, "d"), ({"lr": 2}, "e")):  # the second: another setting, trained again
+        assert st_peers.run_st(cfg, [1], "mnrl", "fp32", peer, settings=settings)[1]["avg"] == 50.0
+        assert json.loads((peer / "seed-1" / st_peers.MADE_AT).read_text())["commit"] == made_at * 40
 
 
 def test_a_rows_seen_test_pairs_are_the_runs_guard_counts(tmp_path: Path, data_dir: Path) -> None:
