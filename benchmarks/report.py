@@ -664,14 +664,26 @@ def _domain_verdict(kept: list[Record], transfer_to_base: bool = True) -> list[s
         base = of[base_row]["mean"][target]
         peers = {n: s["mean"][target] for n, s in of.items() if s["kind"] == "st"}
         peer, score = max(peers, key=peers.__getitem__), kit[best][target]
+        # A peer that kept the untouched model in every seed scores as the base: one comparison, said once.
+        same = _kept_base(of[peer]) and f"{score - base:+.2f}" == f"{score - peers[peer]:+.2f}"
+        gaps = (
+            f"{score - base:+.2f} over the base and the best peer `{peer}`, which kept it in every seed"
+            if same
+            else f"{score - base:+.2f} over the base, {score - peers[peer]:+.2f} over the best peer `{peer}`"
+        )
         lines.append(
-            f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {score - base:+.2f} over the base, "
-            f"{score - peers[peer]:+.2f} over the best peer `{peer}` ({interval_verdict(kept[0], best, peer)}); "
+            f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {gaps} ({interval_verdict(kept[0], best, peer)}); "
             f"7-task average {kit[best]['avg']:.2f}."
         )
-        for other in (base_row, peer) if transfer_to_base else (peer,):
+        for other in (peer,) if not transfer_to_base else (base_row,) if same else (base_row, peer):
             lines += _transfer_gap(stats, best, other)
     return lines
+
+
+def _kept_base(row: Record) -> bool:
+    """Whether every seed of ``row`` kept the untouched model (best step 0), so that it scores as the base."""
+    steps = [s.get("best_step") for s in row.get("per_seed", {}).values()]
+    return bool(steps) and all(step == 0 for step in steps)
 
 
 def _domain_headline(kept: list[Record]) -> list[str]:
