@@ -675,7 +675,8 @@ def _domain_verdict(kept: list[Record], transfer_to_base: bool = True) -> list[s
             f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {gaps} ({interval_verdict(kept[0], best, peer)}); "
             f"7-task average {kit[best]['avg']:.2f}."
         )
-        for other in (peer,) if not transfer_to_base else (base_row,) if same else (base_row, peer):
+        against = ((base_row,) if same else (base_row, peer)) if transfer_to_base else (peer,)
+        for other in against:
             lines += _transfer_gap(stats, best, other)
     return lines
 
