@@ -64,15 +64,23 @@ def train_command(out: Path, dev_file: Path, data_root: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def start_run(index: int, folder: Path, dev_file: Path, data_root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    command = train_command(folder / f"run-{index}", dev_file, data_root)
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run_batch(commands: list[list[str]], env: dict[str, str], full_step: bool) -> list[dict[str, Any]]:
+    """Starts every command at once, then reads each one's decision in turn.
+
+    Each run's ``seconds_to_decision`` counts from its own start: the later runs of a batch
+    decide while the first is read, so a clock started on reading gives them 0 s.
+    """
+    procs = [
+        (subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), time.monotonic())
+        for c in commands
+    ]  # fmt: skip
+    return [read_decision(proc, started, full_step) for proc, started in procs]
 
 
-def read_decision(proc: subprocess.Popen[str], full_step: bool) -> dict[str, Any]:
-    """The run's decision from its log; the run is stopped after it unless ``full_step``."""
+def read_decision(proc: subprocess.Popen[str], started: float, full_step: bool) -> dict[str, Any]:
+    """The run's decision from its log (``started``: its start, on ``time.monotonic``); it is stopped after
+    the decision unless ``full_step``."""
     assert proc.stdout is not None
-    started = time.monotonic()
     found: dict[str, Any] = {"choice": None, "facts": None, "probe_warning": False}
     tail: collections.deque[str] = collections.deque(maxlen=20)
     for line in proc.stdout:
@@ -114,10 +122,10 @@ def measure(args: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any
                     logger.warning("--budget-s %d spent: %d of %d runs made", args.budget_s, first, args.runs)
                     break
                 batch = range(first, min(args.runs, first + args.parallel))
-                procs = [start_run(i, folder, dev_file, args.data_root, env) for i in batch]
-                for i, proc in zip(batch, procs, strict=True):
-                    results.append({"run": i} | read_decision(proc, args.full_step))
-                    logger.info("run %d: %s", i, results[-1]["choice"])
+                commands = [train_command(folder / f"run-{i}", dev_file, args.data_root) for i in batch]
+                for i, found in zip(batch, run_batch(commands, env, args.full_step), strict=True):
+                    results.append({"run": i} | found)
+                    logger.info("run %d: %s after %.1f s", i, found["choice"], found.get("seconds_to_decision", float("nan")))
     return results
 
 
