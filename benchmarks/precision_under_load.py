@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -65,16 +66,18 @@ def train_command(out: Path, dev_file: Path, data_root: Path) -> list[str]:
 
 
 def run_batch(commands: list[list[str]], env: dict[str, str], full_step: bool) -> list[dict[str, Any]]:
-    """Starts every command at once, then reads each one's decision in turn.
+    """Starts every command at once and reads their logs side by side, a thread each.
 
-    Each run's ``seconds_to_decision`` counts from its own start: the later runs of a batch
-    decide while the first is read, so a clock started on reading gives them 0 s.
+    A run's ``seconds_to_decision`` is when its own line came, counted from its own start.
+    Read in turn, each run of a batch would get the time the reader reached it (the runs
+    before it, to their end under ``full_step``), and its output would wait in a full pipe.
     """
-    procs = [
-        (subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), time.monotonic())
-        for c in commands
-    ]  # fmt: skip
-    return [read_decision(proc, started, full_step) for proc, started in procs]
+    procs, starts = [], []
+    for command in commands:
+        procs.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        starts.append(time.monotonic())
+    with ThreadPoolExecutor(max_workers=len(procs)) as pool:
+        return list(pool.map(read_decision, procs, starts, [full_step] * len(procs)))
 
 
 def read_decision(proc: subprocess.Popen[str], started: float, full_step: bool) -> dict[str, Any]:
