@@ -44,7 +44,7 @@ LEGACY = frozenset({
     "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "domain-h100", "gpu-h100-bertbase-l32",
     "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip", "gpu-h100-minilm", "gpu-h100-syncs-1-before",
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "lora-h100-minilm",
-    "lora-h100-mpnet", "mining-h100", "multi-cpu", "multi-h100",
+    "lora-h100-mpnet", "mining-h100", "multi-h100",
     "scores-h100",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
