@@ -244,7 +244,7 @@ SHARE_SENTENCES = 48  # 6 global batches of 8 an epoch: 3 per process
 SHARE_EPOCHS = 2
 
 
-def _train_and_record(rank: int, model_dir: str, folder: str, port: int) -> None:
+def _train_and_record(rank: int, recipe: str, folder: str, port: int) -> None:
     """One process of a 2-process CPU run (Accelerate reads the launcher's variables): ``fit``
     on the kit's own run, every batch's sentences recorded as its collator gets them."""
     os.environ |= {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
@@ -259,8 +259,7 @@ def _train_and_record(rank: int, model_dir: str, folder: str, port: int) -> None
     def record(collate: Callable[[list[dict[str, str]]], object]) -> Callable[[list[dict[str, str]]], object]:
         return lambda features: (seen.append([f["sent0"] for f in features]), collate(features))[1]
 
-    recipe = write_recipe(Path(folder), Path(model_dir), Path(folder) / "run", num_epochs=SHARE_EPOCHS, eval_steps=0)
-    cfg = load_config(recipe, {"train_file": f"{folder}/corpus.txt", "cache_dir": f"{folder}/cache", "save_steps": "0"})
+    cfg = load_config(Path(recipe), {"train_file": f"{folder}/corpus.txt", "cache_dir": f"{folder}/cache", "save_steps": "0"})
     run = build_run(cfg, evaluate=False, cpu=True, wrap_collate=record)
     assert run.accelerator.num_processes == 2
     fit(run, run.step, run.cfg.train)
@@ -280,7 +279,10 @@ def test_two_processes_see_every_example_once_an_epoch(tmp_path: Path, tiny_mode
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_train_and_record, args=(str(tiny_model_dir), str(tmp_path), port), nprocs=2, join=True)
+    # Written once, before the processes start: written by each, one could read the other's half-written
+    # recipe (seen in CI: a process ran with the default batch of 64, not the recipe's 8).
+    recipe = write_recipe(tmp_path, tiny_model_dir, tmp_path / "run", num_epochs=SHARE_EPOCHS, eval_steps=0)
+    mp.spawn(_train_and_record, args=(str(recipe), str(tmp_path), port), nprocs=2, join=True)
     seen = [json.loads((tmp_path / f"seen-{rank}.json").read_text(encoding="utf-8")) for rank in (0, 1)]
     per_epoch = SHARE_SENTENCES // 8
     assert [len(batches) for batches in seen] == [per_epoch * SHARE_EPOCHS] * 2
