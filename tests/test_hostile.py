@@ -163,6 +163,14 @@ def test_invalid_yaml(recipe: Path, capsys: pytest.CaptureFixture[str]) -> None:
     train_fails(recipe, capsys, [], str(recipe), "not valid YAML")
 
 
+def test_empty_recipe(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 0-byte recipe (a failed save) is refused, not trained as the defaults; nothing is written.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.yaml").write_bytes(b"")
+    fails(["train", "empty.yaml"], capsys, "empty.yaml: empty recipe (no sections)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.yaml"]
+
+
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fails(["train", str(tmp_path / "nope.yaml")], capsys, "nope.yaml: config file not found")
 

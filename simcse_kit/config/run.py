@@ -250,7 +250,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
-            raw = yaml.load(text, Loader=UniqueKeyLoader) or {}
+            raw = yaml.load(text, Loader=UniqueKeyLoader)
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except RecipeShapeError as exc:
@@ -258,6 +258,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             hint = f' (quote values that start with {DATA_ROOT}: "{DATA_ROOT}/...")' if DATA_ROOT in text else ""
             raise ConfigError(f"{path}: not valid YAML: {exc}{hint}") from None
+        # An empty file is more often a failed save or a half-written copy than a wish for the defaults;
+        # trained as the defaults, it would spend a run on a model nobody asked for.
+        if raw is None:
+            raise ConfigError(f"{path}: empty recipe (no sections); write sections {list(SECTIONS)}, or '{{}}' for every default")
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections {list(SECTIONS)}")
         for section, values in raw.items():
