@@ -1264,6 +1264,15 @@ def _bm25_rows(rec: Record) -> Iterable[Row]:
         yield [task, f"{t['bm25']['ndcg@10']:.2f}", f"{t['model']['ndcg@10']:.2f}", _interval(t["difference"]), t["verdict"]]
 
 
+def _also_rows(rec: Record) -> Iterable[Row]:
+    """Each model scored beside the judged one: its nDCG@10 and its paired differences from BM25 and from it."""
+    for task, t in rec["tasks"].items():
+        for name, a in t.get("also", {}).items():
+            d = a["minus_model"]
+            verdict = Interval(d["ndcg@10"], d["low"], d["high"], d["replicates"]).verdict
+            yield [task, name, f"{a['ndcg@10']:.2f}", _interval(a["minus_bm25"]), _interval(d), verdict]
+
+
 def _bm25_verdict(kept: list[Record]) -> list[str]:
     """Which tasks an nDCG@10 claim may rest on."""
     tasks = kept[0]["tasks"]
@@ -1369,6 +1378,16 @@ BM25 = Spec(
     f"bootstrap replicates). Sound: the model leads by at least {_a(kept, 'margin'):g} points and the interval "
     "excludes 0; else a smoke test.",
     after=_bm25_verdict, home=BENCH,
+)  # fmt: skip
+BM25_ALSO = Spec(
+    "bm25-also", "retrieval_baseline",
+    "task|model|nDCG@10|− BM25 (95% interval)|− the untouched model (95% interval)|against the untouched model",
+    _also_rows,
+    lambda kept: f"Other models untouched on the same tasks, beside {_a(kept, 'model')} (the model the rule judges "
+    "tasks by; they are not judged by it); exact search, fp32, x 100. Both differences are paired over the queries "
+    "as above; no claim rests on a smoke test's rows ("
+    + (", ".join(f"`{n}`" for n, t in kept[0]["tasks"].items() if t["verdict"] != "sound") or "none")
+    + ").",
 )  # fmt: skip
 
 
@@ -1550,7 +1569,7 @@ SPECS += (TEACHER_GENERAL, THROUGHPUT, PIPELINE, ENCODE, MEMORY, MULTI, CORPUS, 
 SPECS += (ONNX, BACKBONE, LORA_STEPS)
 SPECS += (QUALITY_SUMMARY, DOMAIN_SUMMARY, MINING_SUMMARY, MULTI_SUMMARY, SCORED_SUMMARY, GUIDE_SUMMARY, SCORES_SUMMARY)
 SPECS += (TEACHER_SUMMARY, PIPELINE_SUMMARY, GPU_SUMMARY, BACKBONE_SUMMARY, LORA_SUMMARY, SHARDS_SUMMARY)
-SPECS += (BM25, MEMORY_SUMMARY, ENCODE_SUMMARY, THROUGHPUT_FULL)
+SPECS += (BM25, BM25_ALSO, MEMORY_SUMMARY, ENCODE_SUMMARY, THROUGHPUT_FULL)
 BLOCKS: dict[str, tuple[Callable[[], str], Path]] = {s.name: (functools.partial(render_spec, s), s.home) for s in SPECS}
 BLOCKS |= {
     "speed-headline": (headline, README),
