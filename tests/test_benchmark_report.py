@@ -121,6 +121,22 @@ def test_the_bm25_block_shows_the_record() -> None:
     assert verdicts <= {"sound", "smoke test"} and f"`{next(iter(record['tasks']))}`" in retrieval
 
 
+def test_the_bm25_also_block_shows_each_model_beside_the_judged_one() -> None:
+    """A model scored with --also: its nDCG@10, both paired differences and the interval rule's verdict
+    against the judged model, per task, in benchmark_details' Retrieval section."""
+    record = json.loads((RESULTS / "retrieval_baseline-cpu.json").read_text())
+    (name, also), *_ = record["tasks"]["sick-related"]["also"].items()
+    b, d = also["minus_bm25"], also["minus_model"]
+    verdict = "better" if d["low"] > 0 else "worse" if d["high"] < 0 else "no difference measured"
+    row = (
+        f"| sick-related | {name} | {also['ndcg@10']:.2f} | {b['ndcg@10']:+.2f} ({b['low']:+.2f} to {b['high']:+.2f}) | "
+        f"{d['ndcg@10']:+.2f} ({d['low']:+.2f} to {d['high']:+.2f}) | {verdict} |"
+    )
+    assert row in report.render_spec(report.BM25_ALSO)
+    retrieval = report.DETAILS.read_text().split("\n## Retrieval\n", 1)[1].split("\n## ", 1)[0]
+    assert "<!-- generated:bm25-also -->" in retrieval and row in retrieval
+
+
 @pytest.mark.parametrize(
     ("ours", "theirs", "want"),
     [
