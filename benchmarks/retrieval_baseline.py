@@ -63,6 +63,9 @@ def measure(model: str, data_root: Path, out: Path, also: Sequence[str] = ()) ->
     from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks
     from simcse_kit.model.inference import load_encoder
 
+    names = [Path(m).name for m in also]  # the record keys each by its folder name
+    if clash := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"--also: several models in folders named {clash}; the record keys each model by its folder name")
     encoders = {name: load_encoder(name, device="cpu") for name in (model, *also)}
     tasks: dict[str, Any] = {}
     for name, folder in build_retrieval_tasks(out, data_root).items():

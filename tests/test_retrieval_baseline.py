@@ -55,3 +55,8 @@ def test_also_is_scored_against_bm25_and_the_judged_model(tmp_path: Path, monkey
     assert other["minus_model"]["ndcg@10"] == pytest.approx(other["ndcg@10"] - task["model"]["ndcg@10"])
     assert other["minus_bm25"]["ndcg@10"] == pytest.approx(other["ndcg@10"] - task["bm25"]["ndcg@10"])
     assert other["minus_model"]["low"] <= other["minus_model"]["ndcg@10"] <= other["minus_model"]["high"]
+
+
+def test_also_refuses_two_models_the_record_would_key_alike(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"folders named \['model'\]"):
+        retrieval_baseline.measure("judged", tmp_path, tmp_path, also=["/a/model", "/b/model"])
