@@ -1273,11 +1273,15 @@ def _also_rows(rec: Record) -> Iterable[Row]:
             yield [task, name, f"{a['ndcg@10']:.2f}", _interval(a["minus_bm25"]), _interval(d), verdict]
 
 
+def _bm25_tasks(kept: list[Record], verdict: str) -> str:
+    """The tasks the rule gave ``verdict`` (``sound`` or ``smoke test``), as code, or ``none``."""
+    return ", ".join(f"`{n}`" for n, t in kept[0]["tasks"].items() if t["verdict"] == verdict) or "none"
+
+
 def _bm25_verdict(kept: list[Record]) -> list[str]:
     """Which tasks an nDCG@10 claim may rest on."""
-    tasks = kept[0]["tasks"]
-    named = {v: ", ".join(f"`{n}`" for n, t in tasks.items() if t["verdict"] == v) for v in ("sound", "smoke test")}
-    return [f"- Sound: {named['sound'] or 'none'}. Smoke test (no retrieval claim rests on it): {named['smoke test'] or 'none'}."]
+    sound, smoke = _bm25_tasks(kept, "sound"), _bm25_tasks(kept, "smoke test")
+    return [f"- Sound: {sound}. Smoke test (no retrieval claim rests on it): {smoke}."]
 
 
 def _gpu_pivot(rec: Record) -> Iterable[Row]:
@@ -1385,9 +1389,7 @@ BM25_ALSO = Spec(
     _also_rows,
     lambda kept: f"Other models untouched on the same tasks, beside {_a(kept, 'model')} (the model the rule judges "
     "tasks by; they are not judged by it); exact search, fp32, x 100. Both differences are paired over the queries "
-    "as above; no claim rests on a smoke test's rows ("
-    + (", ".join(f"`{n}`" for n, t in kept[0]["tasks"].items() if t["verdict"] != "sound") or "none")
-    + ").",
+    f"as above; no claim rests on a smoke test's rows ({_bm25_tasks(kept, 'smoke test')}).",
 )  # fmt: skip
 
 

@@ -80,8 +80,8 @@ def measure(model: str, data_root: Path, out: Path, also: Sequence[str] = ()) ->
             "bm25": means["bm25"], "model": means[model],
             "difference": difference,
             "verdict": task_verdict(difference["ndcg@10"], difference["low"]),
-            "also": {Path(m).name: {**means[m], "minus_bm25": _difference(ndcg[m], ndcg["bm25"]),
-                                    "minus_model": _difference(ndcg[m], ndcg[model])} for m in also},
+            "also": {n: {**means[m], "minus_bm25": _difference(ndcg[m], ndcg["bm25"]),
+                         "minus_model": _difference(ndcg[m], ndcg[model])} for n, m in zip(names, also, strict=True)},
         }  # fmt: skip
         print(f"{name}: BM25 {tasks[name]['bm25']['ndcg@10']:.2f}, model {tasks[name]['model']['ndcg@10']:.2f}, "
               f"{difference['ndcg@10']:+.2f} ({difference['low']:+.2f} to {difference['high']:+.2f}): "
