@@ -44,11 +44,13 @@ class StoppedAfterTraining(Exception):
 
 
 def where(path: object, line: int | None = None) -> str:
-    """``'file.txt, line 3'`` — the prefix every DataError message starts with; a Parquet
-    file has rows, not lines (``'train-00016-of-00020.parquet, row 3'``, counted from 1)."""
+    """``'file.txt, line 3'`` — the prefix every DataError message starts with; a Parquet or
+    Arrow file, or a hub dataset (``hub:<id>``), has rows, not lines
+    (``'train-00016-of-00020.parquet, row 3'``, counted from 1)."""
     if line is None:
         return str(path)
-    return f"{path}, {'row' if str(path).lower().endswith('.parquet') else 'line'} {line}"
+    rows = str(path).lower().endswith((".parquet", ".arrow")) or str(path).startswith("hub:")
+    return f"{path}, {'row' if rows else 'line'} {line}"
 
 
 class PeerLost(RuntimeError):

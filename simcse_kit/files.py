@@ -16,6 +16,7 @@ so colleagues on a shared machine can read a run folder.
 
 from __future__ import annotations
 
+import codecs
 import errno
 import glob
 import io
@@ -33,6 +34,10 @@ from typing import IO, Any
 from simcse_kit.errors import DataError, StorageError, where
 
 BOM = "\ufeff"
+#: The UTF-16 byte-order marks (UTF-32 LE's begins with UTF-16 LE's): Excel's "Unicode Text" and
+#: Windows PowerShell 5's ``>`` write one. Read as UTF-8, such a file's first byte is "bad" and
+#: every later line holds NULs, so it is named for what it is instead.
+UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 # Write failures that are the disk's doing, not a bug: one line, no traceback.
 DISK_ERRORS = {
     errno.ENOSPC: "no space left on device",
@@ -65,12 +70,13 @@ def read_lines(path: str | Path, what: str = "file", latin1_fallback: bool = Fal
     """
     path = check_readable(path, what)
     data = path.read_bytes()
+    check_not_utf16(path, data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         if not latin1_fallback:
             line = data[: exc.start].count(b"\n") + 1
-            raise DataError(f"{where(path, line)}: not valid UTF-8 (byte 0x{data[exc.start]:02x})") from None
+            raise not_utf8(path, line, data[exc.start]) from None
         text = data.decode("latin-1")
     if text.startswith(BOM):
         text = text[1:]
@@ -103,6 +109,26 @@ def check_readable(path: str | Path, what: str = "file") -> Path:
     return path
 
 
+def check_not_utf16(path: str | Path, head: bytes) -> None:
+    """Refuse a file whose first bytes ``head`` are a UTF-16 byte-order mark (:data:`UTF16_BOMS`).
+
+    Raises:
+        DataError: naming the file, its encoding and how to save it as UTF-8.
+    """
+    if head.startswith(UTF16_BOMS):
+        raise DataError(
+            f"{where(path, 1)}: UTF-16 text (the file opens with UTF-16's byte-order mark), not UTF-8; save it as "
+            'UTF-8 (Excel: "CSV UTF-8"; or iconv -f UTF-16 -t UTF-8)'
+        )
+
+
+def not_utf8(path: str | Path, line: int, byte: int) -> DataError:
+    """The error of a ``line`` of ``path`` that is not UTF-8 at ``byte``; for a CSV or TSV, with
+    what saved it so most often (Excel's plain "CSV" is in the Windows code page)."""
+    hint = '; Excel\'s plain "CSV" is not UTF-8: save it as "CSV UTF-8"' if data_suffix(path) in (".csv", ".tsv") else ""
+    return DataError(f"{where(path, line)}: not valid UTF-8 (byte 0x{byte:02x}){hint}")
+
+
 def nul_error(path: str | Path, line: int) -> DataError:
     """The error of a file whose text holds NUL characters at ``line``: valid UTF-8, but no
     text file holds them (UTF-16 without its byte-order mark, or binary data)."""
@@ -119,6 +145,10 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 #: markers Spark and Hadoop write beside their shards (``_SUCCESS``, ``_committed_*``).
 IGNORED_PREFIXES = (".", "_")
 GLOB_CHARS = "*?["
+#: What ``datasets``' ``save_to_disk`` writes beside a dataset's ``data-*.arrow`` files (not
+#: shards), and what it writes for a ``DatasetDict`` (one subfolder a split).
+DATASETS_METADATA = ("dataset_info.json", "state.json")
+DATASET_DICT = "dataset_dict.json"
 
 
 def compression_of(path: str | Path) -> str | None:
@@ -201,7 +231,15 @@ def shard_paths(source: str | Path | Sequence[str | Path], what: str = "file") -
             raise DataError("an empty list of files; give at least one file, folder or pattern")
     elif Path(source).is_dir():
         folder = Path(source)
+        if (folder / DATASET_DICT).is_file():
+            splits = sorted(p.name for p in folder.iterdir() if p.is_dir())
+            raise DataError(
+                f"{where(folder)}: a DatasetDict saved by datasets' save_to_disk (splits {splits}); give the folder "
+                f"of one split, e.g. {folder / ('train' if 'train' in splits or not splits else splits[0])}"
+            )
         paths = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(IGNORED_PREFIXES))
+        if any(data_suffix(p) == ".arrow" for p in paths):  # a Dataset saved by save_to_disk: its data files
+            paths = [p for p in paths if p.name not in DATASETS_METADATA]
         if not paths:
             raise DataError(f"{where(folder)}: is a folder without files; a folder is read as a dataset's files (its shards)")
     elif is_glob(source):
@@ -247,12 +285,14 @@ class LineStream:
         # inside scraped sentences), exactly as read_lines splits the decoded text.
         with open_binary(self.path) as fh:
             for number, raw in enumerate(fh, start=1):
+                if number == 1:
+                    check_not_utf16(self.path, raw)
                 if number == 1 and raw.startswith(BOM.encode("utf-8")):
                     raw = raw[3:]
                 try:
                     text = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    error = DataError(f"{where(self.path, number)}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})")
+                    error = not_utf8(self.path, number, raw[exc.start])
                     if not self.keep_bad:
                         raise error from None
                     self.bad = self.bad or error

@@ -3,6 +3,7 @@ training-file readers (UTF-8 with or without a byte-order mark, through files)."
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from simcse_kit.core.batch import (
 from simcse_kit.data.collate import ContrastiveCollator
 from simcse_kit.data.readers import COLUMNS, load_train_dataset, read_rows, read_sentences
 from simcse_kit.errors import DataError
+from simcse_kit.files import read_lines
 
 EXAMPLES = [
     {"sent0": "a dog", "sent1": "a cat", "hard_neg": "a car"},
@@ -101,6 +103,80 @@ def test_excel_utf8_bom_csv_is_accepted(tmp_path: Path) -> None:
     assert load_train_dataset(str(path), "sup")["sent0"] == ["a café", "c"]
 
 
+def test_excel_semicolon_csv_reads_as_the_comma_file(tmp_path: Path) -> None:
+    """Excel saves "CSV" with semicolons, and numbers with a decimal comma, where the locale's
+    decimal separator is a comma: the header decides the separator, and the scores read as numbers."""
+    rows = [["a café", "b; quoted", "x"], ["c", "d", "y"]]
+    comma = tmp_path / "comma.csv"
+    comma.write_text("sent0,sent1,hard_neg\n" + "".join(",".join(f'"{f}"' for f in r) + "\n" for r in rows), "utf-8")
+    semi = tmp_path / "semi.csv"
+    body = "".join(";".join(f'"{f}"' if ";" in f else f for f in r) + "\r\n" for r in rows)
+    semi.write_bytes(("sent0;sent1;hard_neg\r\n" + body).encode("utf-8-sig"))
+    assert read_rows(semi, ("sent0", "sent1"), hard_negatives=True) == read_rows(comma, ("sent0", "sent1"), hard_negatives=True)
+    assert load_train_dataset(str(semi), "hardneg")["sent1"] == ["b; quoted", "d"]
+    tabs = tmp_path / "tabs.csv"  # a TSV named .csv
+    tabs.write_text("sent0\tsent1\thard_neg\n" + "".join("\t".join(r) + "\n" for r in rows), "utf-8")
+    assert read_rows(tabs, ("sent0", "sent1"), hard_negatives=True) == read_rows(comma, ("sent0", "sent1"), hard_negatives=True)
+    scored = tmp_path / "scored.csv"
+    scored.write_text("sent0;sent1;score\na;b;4,5\nc;d;3\ne;f;1.25\n", "utf-8")
+    got = read_rows(scored, ("sent0", "sent1"), score_column="score", score_range=(0, 5))
+    assert [r["score"] for r in got] == [0.9, 0.6, 0.25]
+    scored.write_text("sent0;sent1;score\na;b;4,5,1\n", "utf-8")
+    with pytest.raises(DataError, match=r"scored.csv, line 2: score '4,5,1' \(column 'score'\) is not a number"):
+        read_rows(scored, ("sent0", "sent1"), score_column="score")
+
+
+def test_excel_empty_columns_are_not_read(tmp_path: Path) -> None:
+    """Excel saves a formatted sheet's empty columns (a header ``sent0,sent1,,``) and empty rows
+    (``,,,``): the unnamed columns are not read, where they were refused as a repeated name ''."""
+    path = tmp_path / "p.csv"
+    path.write_text("sent0,sent1,,\r\na man,a person,,\r\na dog,an animal,,note\r\n,,,\r\n", "utf-8")
+    assert read_rows(path, ("sent0", "sent1")) == [
+        {"sent0": "a man", "sent1": "a person"},
+        {"sent0": "a dog", "sent1": "an animal"},
+    ]
+    path.write_text("sent0,sent1,sent1\na,b,c\nd,e,f\n", "utf-8")  # a name given twice is still refused
+    with pytest.raises(DataError, match=r"repeats column\(s\) \['sent1'\]"):
+        read_rows(path, ("sent0", "sent1"))
+
+
+def test_a_comma_csv_is_not_taken_for_a_semicolon_one(tmp_path: Path) -> None:
+    """Only a header that semicolons split into the wanted columns switches the separator;
+    in a comma file a semicolon is text, and a decimal comma is not read as a point."""
+    path = tmp_path / "p.csv"
+    path.write_text("sent0;x\na;b\n", "utf-8")  # no sent1 either way: the comma header is reported
+    with pytest.raises(DataError, match=r"p.csv, line 1: header \['sent0;x'\] lacks column\(s\) \['sent0', 'sent1'\]"):
+        read_rows(path, ("sent0", "sent1"))
+    path.write_text('sent0,sent1,score\na;b,c,"4,5"\nd,e,1\n', "utf-8")
+    with pytest.raises(DataError, match=r"score '4,5' \(column 'score'\) is not a number"):
+        read_rows(path, ("sent0", "sent1"), score_column="score")
+    path.write_text("sent0,sent1\na;b,c\nd,e\n", "utf-8")
+    assert read_rows(path, ("sent0", "sent1")) == [{"sent0": "a;b", "sent1": "c"}, {"sent0": "d", "sent1": "e"}]
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("name", ["corpus.txt", "pairs.csv", "pairs.jsonl"])
+def test_a_utf16_file_is_named_so(tmp_path: Path, name: str, encoding: str) -> None:
+    """Excel's "Unicode Text" and PowerShell 5's ``>`` write UTF-16 with a byte-order mark:
+    the error says UTF-16 and how to save it, not "byte 0xff" (with the mark) and not a bare NUL."""
+    text = {"corpus.txt": "a dog\nthe cat\n", "pairs.csv": "sent0,sent1\na,b\n", "pairs.jsonl": '{"sent0": "a", "sent1": "b"}\n'}
+    path = tmp_path / name
+    marked = encoding == "utf-16"  # Python's "utf-16" writes the mark; the -le/-be codecs do not
+    path.write_bytes(text[name].encode(encoding))
+    mode = "unsup" if name.endswith(".txt") else "sup"
+    expected = r"line 1: UTF-16 text .*save it as UTF-8" if marked else r"line 1: holds NUL characters"
+    with pytest.raises(DataError, match=expected):
+        load_train_dataset(str(path), mode)
+    if marked:
+        with pytest.raises(DataError, match=expected):
+            read_lines(path)
+    if not marked:  # with the mark written by hand: the BE codec's output after a BE mark
+        path.write_bytes(codecs.BOM_UTF16_BE + text[name].encode("utf-16-be") if encoding.endswith("be") else
+                         codecs.BOM_UTF16_LE + text[name].encode("utf-16-le"))  # fmt: skip
+        with pytest.raises(DataError, match=r"line 1: UTF-16 text"):
+            load_train_dataset(str(path), mode)
+
+
 def test_bom_text_and_jsonl_are_accepted(tmp_path: Path) -> None:
     txt = tmp_path / "s.txt"
     txt.write_bytes("a dog\nthe cat\n".encode("utf-8-sig"))
@@ -128,6 +204,48 @@ def test_a_bad_byte_names_its_line(tmp_path: Path) -> None:
     path.write_bytes(b"sent0,sent1\na,b\nc\xff,d\n")
     with pytest.raises(DataError, match=r"p.csv, line 3: not valid UTF-8"):
         read_rows(path, ("sent0", "sent1"))
+
+
+def test_a_windows_code_page_csv_says_how_to_save_it(tmp_path: Path) -> None:
+    """Excel's plain "CSV" is written in the Windows code page (é is byte 0xe9): a CSV's error says
+    to save it as "CSV UTF-8"; a text corpus's bad byte has no such hint."""
+    path = tmp_path / "p.csv"
+    path.write_bytes("sent0,sent1\r\na café,b\r\nc,d\r\n".encode("cp1252"))
+    with pytest.raises(DataError, match=r'p.csv, line 2: not valid UTF-8 \(byte 0xe9\); .*save it as "CSV UTF-8"'):
+        read_rows(path, ("sent0", "sent1"))
+    with pytest.raises(DataError, match=r'line 2: .*"CSV UTF-8"'):
+        read_lines(path)
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes("a dog\na café\n".encode("cp1252"))
+    with pytest.raises(DataError, match=r"c.txt, line 2: not valid UTF-8 \(byte 0xe9\)$"):
+        load_train_dataset(str(corpus), "unsup")
+
+
+def test_a_hub_datasets_rows_are_checked_as_a_files(tmp_path: Path) -> None:
+    """A hub dataset (here `datasets.load_dataset` of a local folder, as ``hub:`` reads one) gets a
+    file's row checks: a missing or blank text names its row (a None reached the tokenizer, a blank
+    text was trained on), ``bad_rows: skip`` leaves such rows out, and texts are stripped as a file's are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    rows = [
+        {"sent0": " a man ", "sent1": "a person"},
+        {"sent0": "a dog", "sent1": None},
+        {"sent0": "a cat", "sent1": "a pet"},
+        {"sent0": "\t", "sent1": "x"},
+        {"sent0": "a bird", "sent1": "it flies"},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "train.parquet")
+    source = f"hub:{folder}"
+    with pytest.raises(DataError, match=rf"^{source}, row 2: missing value for column 'sent1'$"):
+        load_train_dataset(source, "sup")
+    ds = load_train_dataset(source, "sup", bad_rows="skip")
+    assert ds[:] == {"sent0": ["a man", "a cat", "a bird"], "sent1": ["a person", "a pet", "it flies"]}
+    pq.write_table(pa.Table.from_pylist(rows[1:3]), folder / "train.parquet")
+    with pytest.raises(DataError, match=rf"^{source}: 1 usable row\(s\)"):
+        load_train_dataset(source, "sup", bad_rows="skip")
 
 
 # --------------------------------------------------------------------------- word repetition (ESimCSE)

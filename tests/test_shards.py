@@ -17,6 +17,7 @@ from pathlib import Path
 
 import datasets
 import pyarrow as pa
+import pyarrow.feather
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -74,6 +75,12 @@ def write_form(form: str, d: Path, rows: list[dict[str, str]]) -> str:
     if form == "parquet":
         parquet(rows, d / "train.parquet")
         return str(d / "train.parquet")
+    if form == "arrow":  # an Arrow IPC file (Feather v2)
+        pa.feather.write_feather(pa.Table.from_pylist(rows), d / "train.arrow")
+        return str(d / "train.arrow")
+    if form == "save_to_disk folder":  # datasets' data-*.arrow streams beside its two JSON files
+        datasets.Dataset.from_list(rows).save_to_disk(str(d / "saved"), num_shards=4)
+        return str(d / "saved")
     if form in ("jsonl.gz", "jsonl.zst", "txt.gz", "txt.zst"):
         data = jsonl_bytes(rows) if form.startswith("jsonl") else text_bytes(rows)
         path = d / f"train.{form}"
@@ -103,8 +110,8 @@ def write_form(form: str, d: Path, rows: list[dict[str, str]]) -> str:
     return str(d / "part-*.csv.gz")
 
 
-FORMS = ["parquet", "jsonl.gz", "jsonl.zst", "tsv", "folder of parquet", "glob of csv.gz"]
-TEXT_FORMS = ["txt.gz", "txt.zst", "folder of txt", "parquet"]
+FORMS = ["parquet", "jsonl.gz", "jsonl.zst", "tsv", "folder of parquet", "glob of csv.gz", "arrow", "save_to_disk folder"]
+TEXT_FORMS = ["txt.gz", "txt.zst", "folder of txt", "parquet", "save_to_disk folder"]
 
 
 def batches(tiny_run: TinyRun, train_file: str, mode: str) -> list[dict[str, list]]:
@@ -131,6 +138,24 @@ def test_compressed_parquet_and_sharded_data_train_to_the_batches_of_one_plain_f
     folder.mkdir()
     source = write_form(form, folder, rows)
     assert batches(tiny_run, source, mode) == batches(tiny_run, str(plain), mode)
+
+
+def test_a_save_to_disk_folder_names_its_shard_and_row_and_a_dataset_dict_its_splits(tmp_path: Path) -> None:
+    rows = pair_rows(30)
+    rows[17]["sent1"] = " "  # the 8th row of the second of 3 shards
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"), num_shards=3)
+    with pytest.raises(DataError, match=r"saved/data-00001-of-00003\.arrow, row 8: empty value in column 'sent1'"):
+        read_train_file(tmp_path / "saved", "sup", cache_dir=tmp_path / "cache")
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows)}).save_to_disk(
+        str(tmp_path / "dict")
+    )
+    with pytest.raises(DataError, match=r"dict: a DatasetDict saved by datasets' save_to_disk \(splits \['test', 'train'\]\); "
+                       r"give the folder of one split, e.g. .*dict/train"):  # fmt: skip
+        read_train_file(tmp_path / "dict", "sup", cache_dir=tmp_path / "cache")
+    whole = (tmp_path / "saved" / "data-00000-of-00003.arrow").read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(whole[: len(whole) - 40])  # cut short inside its last batch
+    with pytest.raises(DataError, match=r"cut\.arrow: not an Arrow file"):
+        read_train_file(tmp_path / "cut.arrow", "sup", cache_dir=tmp_path / "cache")
 
 
 def test_shards_are_read_in_sorted_order_as_one_cached_dataset(tmp_path: Path) -> None:

@@ -352,5 +352,5 @@ def test_a_hub_dataset_carries_its_scores_checked(monkeypatch: pytest.MonkeyPatc
     ds = load_train_dataset("hub:org/scored", "hardneg", teacher_scores=True)
     assert ds["scores"] == rows["scores"] and ds["hard_neg_2"] == ["y", "w"]
     rows["scores"] = [[0.9, 0.2, 0.1], [0.8, 0.3]]
-    with pytest.raises(DataError, match=r"hub:org/scored, line 2: 2 teacher score\(s\) for a positive and 2 hard negative"):
+    with pytest.raises(DataError, match=r"hub:org/scored, row 2: 2 teacher score\(s\) for a positive and 2 hard negative"):
         load_train_dataset("hub:org/scored", "hardneg", teacher_scores=True)

@@ -21,9 +21,13 @@ memory. Formats, by training mode:
     ``hard_neg_1 .. hard_neg_k``). The dataset's column :data:`TEACHER_SCORES` holds the list.
   * ``hub:<id>``: a hub dataset (users with internet), same columns, split ``train``.
 
-The table formats are CSV (``.csv``), TSV (``.tsv``: CSV's rules, tab-separated), JSONL
-(``.jsonl``, ``.json``) and Parquet (``.parquet``: one row an example, the JSONL keys as
-its columns; a ``hard_neg`` column may hold lists). A text, CSV, TSV or JSONL file may be
+The table formats are CSV (``.csv``; a header separated by semicolons, as Excel saves CSV
+where the decimal separator is a comma, makes the file's separator ``;`` and its scores'
+decimal separator ``,``; one separated by tabs, tabs), TSV (``.tsv``: CSV's rules,
+tab-separated), JSONL (``.jsonl``, ``.json``), Parquet (``.parquet``: one row an example,
+the JSONL keys as its columns; a ``hard_neg`` column may hold lists) and Arrow (``.arrow``,
+the same columns: the IPC stream ``datasets`` saves, or an IPC file; a ``save_to_disk``
+folder is its ``data-*.arrow`` shards). A text, CSV, TSV or JSONL file may be
 gzip- or zstd-compressed (``train.jsonl.gz``, ``wiki.txt.zst``: :func:`simcse_kit.files.open_binary`).
 A dataset may be several files, its *shards* (:func:`simcse_kit.files.shard_paths`: a glob
 pattern, a folder, or a list; a single file is a list of one): they are read in that order,
@@ -33,6 +37,7 @@ one after the other, as one dataset of rows, and an error names the shard and it
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -44,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 
 from simcse_kit.core import modes
 from simcse_kit.core.batch import VIEW_COLUMNS
@@ -64,10 +70,12 @@ from simcse_kit.errors import DataError, where
 from simcse_kit.files import (
     BOM,
     LineStream,
+    check_not_utf16,
     check_readable,
     compression_of,
     data_suffix,
     json_object,
+    not_utf8,
     nul_error,
     open_binary,
     shard_paths,
@@ -82,7 +90,8 @@ logger = logging.getLogger(__name__)
 # The columns a training file of each mode must have: those its views are read from.
 COLUMNS: dict[str, tuple[str, ...]] = {mode: tuple(dict.fromkeys(cols)) for mode, cols in VIEW_COLUMNS.items()}
 #: The suffixes (:func:`simcse_kit.files.data_suffix`) of table formats; any other file is text, one sentence a line.
-TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet", ".arrow")
+COLUMNAR = {".parquet": "a Parquet", ".arrow": "an Arrow"}  #: formats of rows in record batches, by suffix
 
 
 def read_sentences(path: Source) -> list[str]:
@@ -145,6 +154,8 @@ def sentence_batches(path: Path, bad: BadRows, part: tuple[int, int] | None = No
                 rest = data
                 continue
             block, rest = data[:cut], data[cut:]
+            if lines_before == 0:
+                check_not_utf16(path, block)
             if lines_before == 0 and block.startswith(BOM_BYTES):
                 block = block[len(BOM_BYTES) :]
             if lines_before == 0 and b"\n" not in block.rstrip(b"\n") and b"\r" in block.rstrip(b"\r\n"):
@@ -205,14 +216,14 @@ def _block_sentences(path: Path, block: bytes, lines_before: int, bad: BadRows) 
         try:
             text = raw.decode("utf-8").strip()
         except UnicodeDecodeError as exc:
-            bad(DataError(f"{where(path, number)}: not valid UTF-8 (byte 0x{raw[exc.start]:02x})"))
+            bad(not_utf8(path, number, raw[exc.start]))
             continue
         if text:
             sentences.append(text)
     return sentences
 
 
-def _check_row(path: Path, number: int, row: Mapping[str, object], columns: tuple[str, ...]) -> dict[str, str]:
+def _check_row(path: object, number: int, row: Mapping[str, object], columns: tuple[str, ...]) -> dict[str, str]:
     out: dict[str, str] = {}
     for col in columns:
         value = row.get(col)
@@ -277,7 +288,8 @@ def _csv_records(reader: Iterator[list[str]], path: Path) -> Iterator[list[str]]
 
 NEGATIVE = "hard_neg"
 """The hard-negative column: one text, or (JSONL) a list of ``k`` texts."""
-_NUMBERED = re.compile(r"hard_neg_(\d+)")
+NUMBERED_NEGATIVE = re.compile(r"hard_neg_(\d+)")
+"""The numbered hard-negative columns, ``hard_neg_1 .. hard_neg_k``."""
 
 
 def negatives_of(columns: Sequence[str]) -> int:
@@ -290,7 +302,7 @@ def _numbered_negatives(path: Path, number: int, keys: Sequence[str]) -> list[st
     order of their numbers; zero-padded numbers are the same numbers (``hard_neg_01 ..
     hard_neg_10`` sort as text in the order they count). A gap, a number given twice
     (``hard_neg_2`` and ``hard_neg_02``) or a ``hard_neg`` beside them is an error naming the line."""
-    numbered = sorted((int(m.group(1)), key) for key in keys if (m := _NUMBERED.fullmatch(key)))
+    numbered = sorted((int(m.group(1)), key) for key in keys if (m := NUMBERED_NEGATIVE.fullmatch(key)))
     if not numbered:
         return []
     if [n for n, _ in numbered] != list(range(1, len(numbered) + 1)):
@@ -432,8 +444,8 @@ def table_rows(
     suffix = data_suffix(path)
     if suffix in (".jsonl", ".json"):
         return _jsonl_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k)
-    if suffix == ".parquet":
-        return _parquet_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k)
+    if suffix in COLUMNAR:
+        return _columnar_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k)
     delimiter = "\t" if suffix == ".tsv" else ","
     return _csv_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k, delimiter=delimiter)
 
@@ -501,9 +513,77 @@ def _jsonl_rows(
 
 
 PARQUET_BATCH_ROWS = 10_000  #: rows of a Parquet file decoded at once
+ARROW_FILE_MAGIC = b"ARROW1"  # opens an Arrow IPC *file*; a stream (what datasets writes) opens with a message
 
 
-def _parquet_rows(
+@contextlib.contextmanager
+def record_batches(path: Path) -> Iterator[tuple[list[str], Iterator[pa.RecordBatch]]]:
+    """The column names and record batches of a Parquet file, or of an Arrow IPC file: the
+    stream format ``datasets`` writes (``save_to_disk``'s ``data-*.arrow``) or the file format
+    (Feather v2, ``pyarrow.ipc.new_file``)."""
+    import pyarrow.parquet as pq
+
+    suffix = data_suffix(path)
+    kind = COLUMNAR[suffix]
+    if compression_of(path) is not None:
+        raise DataError(f"{where(path)}: {kind} file compresses its own columns; give it uncompressed")
+    with contextlib.ExitStack() as stack:
+        try:
+            if suffix == ".parquet":
+                parquet = stack.enter_context(pq.ParquetFile(path))
+                names, batches = parquet.schema_arrow.names, parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+            else:
+                source = stack.enter_context(pa.memory_map(str(path)))
+                if source.read(len(ARROW_FILE_MAGIC)) == ARROW_FILE_MAGIC:
+                    ipc = stack.enter_context(pa.ipc.open_file(source))
+                    names, batches = ipc.schema.names, (ipc.get_batch(i) for i in range(ipc.num_record_batches))
+                else:
+                    source.seek(0)
+                    stream = stack.enter_context(pa.ipc.open_stream(source))
+                    names, batches = stream.schema.names, iter(stream)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DataError(f"{where(path)}: not {kind} file ({reason})") from None
+        yield names, _named_errors(batches, path, kind)
+
+
+def _named_errors(batches: Iterator[pa.RecordBatch], path: Path, kind: str) -> Iterator[pa.RecordBatch]:
+    """``batches``, a damaged one (a truncated file) raising a DataError naming the file, not pyarrow's error."""
+    try:
+        yield from batches
+    except (OSError, ValueError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DataError(f"{where(path)}: not {kind} file past its first rows ({reason})") from None
+
+
+def table_columns(path: Path) -> list[str]:
+    """A table file's column names, read from its start only: a Parquet or Arrow file's
+    schema, a JSONL file's first object's keys, a CSV's or TSV's header (a ``.csv`` header
+    that is one field holding semicolons or tabs split by them, as :func:`table_rows` would).
+    ``[]`` for a file without any (empty, or a first JSONL line that is not an object): its
+    reader says what is wrong with it."""
+    suffix = data_suffix(path)
+    if suffix in COLUMNAR:
+        with record_batches(path) as (names, _):
+            return list(names)
+    text = ""
+    for _, text in LineStream(path):  # leaving the loop closes the file
+        if text.strip():
+            break
+    if suffix in (".jsonl", ".json"):
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return []
+        return list(obj) if isinstance(obj, dict) else []
+    header = [h.strip() for h in next(csv.reader([text], delimiter="\t" if suffix == ".tsv" else ","), [])]
+    for separator in (";", "\t") if len(header) == 1 else ():
+        if separator in header[0]:
+            return [h.strip() for h in next(csv.reader([header[0]], delimiter=separator))]
+    return header
+
+
+def _columnar_rows(
     path: Path,
     columns: tuple[str, ...],
     hard_negatives: bool,
@@ -512,28 +592,19 @@ def _parquet_rows(
     teacher_scores: bool = False,
     k: int = 0,
 ) -> Iterator[dict[str, Any]]:
-    """A Parquet file's rows, each checked as a JSONL object (:func:`_object_row`), numbered from 1."""
-    import pyarrow.parquet as pq
-
-    if compression_of(path) is not None:
-        raise DataError(f"{where(path)}: a Parquet file compresses its own columns; give it uncompressed (.parquet)")
-    try:
-        parquet = pq.ParquetFile(path)
-    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DataError(f"{where(path)}: not a Parquet file ({reason})") from None
-    names = parquet.schema_arrow.names
-    missing = [c for c in _required(columns, score) if c not in names]
-    if hard_negatives and NEGATIVE not in names and not any(_NUMBERED.fullmatch(n) for n in names):
-        missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
-    if teacher_scores and TEACHER_SCORES not in names:
-        missing.append(TEACHER_SCORES)
-    if missing:
-        raise DataError(f"{where(path)}: columns {names} lack {missing}")
-    first = EARLIER_SHARD if k else FIRST_ROW
-    number = 0
-    with parquet:
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+    """A Parquet or Arrow file's rows (:func:`record_batches`), each checked as a JSONL object
+    (:func:`_object_row`), numbered from 1."""
+    with record_batches(path) as (names, batches):
+        missing = [c for c in _required(columns, score) if c not in names]
+        if hard_negatives and NEGATIVE not in names and not any(NUMBERED_NEGATIVE.fullmatch(n) for n in names):
+            missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
+        if teacher_scores and TEACHER_SCORES not in names:
+            missing.append(TEACHER_SCORES)
+        if missing:
+            raise DataError(f"{where(path)}: columns {names} lack {missing}")
+        first = EARLIER_SHARD if k else FIRST_ROW
+        number = 0
+        for batch in batches:
             for obj in batch.to_pylist():
                 number += 1
                 try:
@@ -542,6 +613,24 @@ def _parquet_rows(
                     bad(exc)
                     continue
                 yield row
+
+
+def _header_separator(header: list[str], required: Sequence[str]) -> str | None:
+    """The separator, other than the comma, that splits ``header`` (one field when read with
+    commas) into fields holding the ``required`` columns: ``;`` (Excel saves CSV so where the
+    decimal separator is a comma) or a tab (a TSV named ``.csv``); None for neither."""
+    if len(header) != 1:
+        return None
+    for separator in (";", "\t"):
+        fields = next(csv.reader([header[0]], delimiter=separator))
+        if separator in header[0] and set(required) <= {f.strip() for f in fields}:
+            return separator
+    return None
+
+
+def _decimal_point(text: str) -> str:
+    """``text`` with its decimal comma made a point ("4,5" -> "4.5"), where it has one comma and no point."""
+    return text.replace(",", ".") if text.count(",") == 1 and "." not in text else text
 
 
 def _csv_rows(
@@ -556,7 +645,8 @@ def _csv_rows(
 ) -> Iterator[dict[str, Any]]:
     required = _required(columns, score)
     lines = LineStream(path, keep_bad=bad.policy == "skip")
-    reader = csv.reader((text + "\n" for _, text in lines), delimiter=delimiter)
+    texts = (text + "\n" for _, text in lines)
+    reader = csv.reader(texts, delimiter=delimiter)
     records = _csv_records(reader, path)
     try:
         header = [h.strip() for h in next(records)]
@@ -564,8 +654,16 @@ def _csv_rows(
         raise DataError(f"{path}: empty file; expected a header row with {list(required)}") from None
     if lines.bad is not None:  # the header is the file's: no row to skip
         raise lines.bad
-    repeated = sorted({h for h in header if header.count(h) > 1})
-    if repeated:  # a zip of header and fields would silently keep the last of the copies
+    separator = _header_separator(header, required) if delimiter == "," else None
+    if separator is not None:  # the header says how the whole file is separated: read it again so
+        texts.close()
+        logger.info("%s: its header is separated by %r, not commas: reading the file so", path, separator)
+        yield from _csv_rows(path, columns, hard_negatives, bad, *score, teacher_scores=teacher_scores, k=k, delimiter=separator)
+        return
+    # Unnamed columns are not read (Excel saves the empty columns of a sheet it has formatted as ",,"),
+    # so only a name given twice is refused: a zip of header and fields would keep the last copy.
+    repeated = sorted({h for h in header if h and header.count(h) > 1})
+    if repeated:
         raise DataError(f"{where(path, 1)}: header {header} repeats column(s) {repeated}; name each column once")
     missing = [c for c in required if c not in header]
     negative_names: list[str] = []
@@ -575,6 +673,8 @@ def _csv_rows(
             missing.append(f"{NEGATIVE} (or hard_neg_1 .. hard_neg_k)")
     teacher_columns = score_columns(negative_names) if teacher_scores and negative_names else []
     missing += [c for c in teacher_columns if c not in header]
+    # A semicolon CSV's numbers have a decimal comma ("4,5"); only the score columns are numbers.
+    decimal_comma = [c for c in [score[0], *teacher_columns] if c] if delimiter == ";" else []
     if missing:
         raise DataError(f"{where(path, 1)}: header {header} lacks column(s) {missing}")
     if k and negative_names and len(negative_names) != k:
@@ -602,6 +702,8 @@ def _csv_rows(
             if len(record) != len(header):
                 raise DataError(f"{where(path, number)}: {len(record)} fields, header has {len(header)}")
             fields = dict(zip(header, record, strict=True))
+            for c in decimal_comma:
+                fields[c] = _decimal_point(fields[c])
             row = _scored(path, number, dict(_check_row(path, number, fields, columns)), fields, score)
             if hard_negatives:
                 row = _with_negatives(path, number, row, [fields[name] for name in negative_names], len(negative_names))
@@ -727,6 +829,38 @@ def scored_dataset(
     )
 
 
+HUB_CHECK_ROWS = 10_000  #: rows of a hub dataset checked at once
+
+
+def _checked_texts(ds: datasets.Dataset, source: str, columns: Sequence[str], bad: BadRows) -> datasets.Dataset:
+    """A hub dataset's text ``columns`` checked as a file's rows are (:func:`_check_row`: each a
+    text, not blank; rows counted from 1): a bad row raises naming it, or (``bad_rows: skip``)
+    is left out; the texts are stripped, as a file's are."""
+    keep: list[int] = []
+    unstripped = False
+    for start in range(0, len(ds), HUB_CHECK_ROWS):
+        batch = ds[start : start + HUB_CHECK_ROWS]
+        for i, values in enumerate(zip(*(batch[c] for c in columns), strict=True), start):
+            try:
+                checked = _check_row(source, i + 1, dict(zip(columns, values, strict=True)), tuple(columns))
+            except DataError as exc:
+                bad(exc)
+                continue
+            keep.append(i)
+            unstripped = unstripped or list(checked.values()) != list(values)
+    if len(keep) < len(ds):
+        logger.warning("%s: %d bad row(s) skipped (data.bad_rows: skip)", source, len(ds) - len(keep))
+        ds = ds.select(keep)
+    _enough_rows(source, len(ds))
+    if unstripped:
+        ds = ds.map(_strip_texts, batched=True, fn_kwargs={"columns": list(columns)}, desc="stripping texts")
+    return ds
+
+
+def _strip_texts(batch: dict[str, list[Any]], columns: list[str]) -> dict[str, list[str]]:
+    return {c: [text.strip() for text in batch[c]] for c in columns}
+
+
 def load_train_dataset(
     source: Source,
     mode: str,
@@ -772,7 +906,7 @@ def load_train_dataset(
         missing = [c for c in wanted if c not in ds.column_names]
         if missing:
             raise DataError(f"{source}: dataset lacks column(s) {missing}; has {ds.column_names}")
-        ds = ds.select_columns(list(wanted))
+        ds = _checked_texts(ds.select_columns(list(wanted)), source, columns, BadRows(bad_rows))
         if score_column is not None:  # checked and scaled as a file's, rows counted from 1
             checked = [check_score(v, source, i, score_column, score_range) for i, v in enumerate(ds[score_column], 1)]
             ds = ds.remove_columns(score_column).add_column(score_column, checked)
