@@ -120,6 +120,60 @@ def test_a_sentence_only_in_a_mined_negative_is_found(tmp_path: Path) -> None:
     assert str(err.value).startswith(f"{path}, line 2: 'Dogs run in a park!' is a sentence of evaluation task TASK")
 
 
+MINED = [
+    {"sent0": CLEAN[0], "sent1": CLEAN[1], "hard_neg": "Dogs run in a park!"},
+    {"sent0": CLEAN[1], "sent1": CLEAN[2], "hard_neg": CLEAN[0]},
+    {"sent0": CLEAN[2], "sent1": CLEAN[0], "hard_neg": CLEAN[1]},
+]
+
+
+def write_every_format(folder: Path, rows: list[dict[str, str]]) -> list[Path]:
+    """``rows`` as each training format writes them: CSV, TSV, JSONL, gzip'd JSONL, Parquet,
+    an Arrow (Feather) file, a ``datasets.save_to_disk`` folder of 3 shards, and a glob of them."""
+    import gzip
+
+    import datasets
+    import pyarrow as pa
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    head = list(rows[0])
+    (folder / "t.csv").write_text("\n".join([",".join(head), *(",".join(r.values()) for r in rows)]) + "\n", "utf-8")
+    (folder / "t.tsv").write_text("\n".join(["\t".join(head), *("\t".join(r.values()) for r in rows)]) + "\n", "utf-8")
+    jsonl = "".join(json.dumps(r) + "\n" for r in rows)
+    (folder / "t.jsonl").write_text(jsonl, "utf-8")
+    (folder / "t.jsonl.gz").write_bytes(gzip.compress(jsonl.encode()))
+    pq.write_table(pa.Table.from_pylist(rows), folder / "t.parquet")
+    feather.write_feather(pa.Table.from_pylist(rows), folder / "t.arrow")
+    datasets.Dataset.from_list(rows).save_to_disk(str(folder / "saved"), num_shards=3)
+    return [*sorted(folder.glob("t.*")), folder / "saved", folder / "saved" / "data-*.arrow"]
+
+
+def test_overlap_reads_every_training_format_alike(tmp_path: Path) -> None:
+    """`simcse-kit overlap` reads what training reads: the same rows in every format and
+    layout give the same keys, the hard negatives among them (it read only CSV, JSONL and
+    text: a Parquet file, a compressed one or a folder of shards stopped it)."""
+    want = np.stack([text_hashes([r[c] for r in MINED]) for c in ("sent0", "sent1", "hard_neg")], axis=1)
+    for path in write_every_format(tmp_path / "data", MINED):
+        fmt, keys = file_keys(path, cache_dir=tmp_path / "cache")
+        assert fmt == "table" and np.array_equal(keys, want), path
+    unsup = tmp_path / "unsup.csv"  # only sent0: an unsup table, not a pair file lacking sent1
+    unsup.write_text("sent0\n" + "".join(f"{s}\n" for s in CLEAN), "utf-8")
+    assert np.array_equal(file_keys(unsup, cache_dir=tmp_path / "cache")[1], text_hashes(CLEAN)[:, None])
+
+
+@pytest.mark.parametrize(("name", "where_"), [("t.parquet", "row 1"), ("t.arrow", "row 1"), ("t.jsonl.gz", "line 1")])
+def test_the_guard_names_the_row_of_a_parquet_or_compressed_file(tmp_path: Path, name: str, where_: str) -> None:
+    """``data.decontaminate: error`` on one Parquet, Arrow or compressed file names the row or
+    line holding the test sentence (finding it read the file as plain text: "not valid UTF-8")."""
+    path = write_every_format(tmp_path / "data", MINED)[0].parent / name
+    _, keys = file_keys(path, cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError) as err:
+        guard("error").check(str(path), keys, lambda i: list(MINED[i].values()), path)
+    assert str(err.value).startswith(f"{path}, {where_}: 'Dogs run in a park!' is a sentence of evaluation task TASK")
+
+
 def test_drop_removes_exactly_the_overlapping_rows_and_dev_only_when_asked() -> None:
     rows = [
         (CLEAN[0], CLEAN[1]),

@@ -54,7 +54,14 @@ def register(add_parser: Callable[..., argparse.ArgumentParser]) -> None:
         help="count the evaluation sentences (STS suite, retrieval tasks) that training files also hold",
         description="Sentences are compared with case, punctuation and whitespace folded (docs/contamination.md).",
     )
-    p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="training files (text, CSV/JSONL, STS-B or SICK)")
+    p.add_argument(
+        "files",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="training files, folders or quoted glob patterns of shards (text, CSV, TSV, JSONL, Parquet, Arrow, "
+        "gzip/zstd; STS-B or SICK)",
+    )
     p.add_argument(
         "--format",
         default="auto",

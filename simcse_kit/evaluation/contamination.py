@@ -28,14 +28,22 @@ from typing import Any
 import numpy as np
 
 from simcse_kit.data.overlap import dataset_keys, normalize, text_hashes
-from simcse_kit.data.readers import read_train_file
+from simcse_kit.data.readers import (
+    COLUMNAR,
+    NEGATIVE,
+    NUMBERED_NEGATIVE,
+    TABLE_SUFFIXES,
+    read_train_file,
+    record_batches,
+    table_columns,
+)
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.beir import read_beir
 from simcse_kit.evaluation.retrieval_tasks import RETRIEVAL_TASKS
-from simcse_kit.evaluation.sts_readers import PAIR_READERS, STSPairs, load_task
+from simcse_kit.evaluation.sts_readers import EVAL_READERS, PAIR_READERS, STSPairs, load_task
 from simcse_kit.evaluation.suite import TaskSpec
 from simcse_kit.evaluation.tables import STS_COLUMNS, format_rows, format_table
-from simcse_kit.files import read_lines
+from simcse_kit.files import LineStream, data_suffix, shard_paths
 
 __all__ = [
     "CONTAMINATED_SHARE",
@@ -136,10 +144,10 @@ def retrieval_sets(data_root: str | Path) -> list[EvalSet]:
 
 
 def dev_set(path: str | Path, fmt: str) -> EvalSet:
-    """The dev split a run selects on: a scored-pair file (``stsb``, ``sick``) or a BEIR folder."""
+    """The dev split a run selects on: a scored-pair file (``stsb``, ``sick``, ``pairs``) or a BEIR folder."""
     if fmt == "beir":
         return beir_set(path, "dev")
-    pairs = PAIR_READERS[fmt](path)
+    pairs = EVAL_READERS[fmt](path)
     return pair_set("dev", "dev", path, pairs.sentences1, pairs.sentences2)
 
 
@@ -300,12 +308,20 @@ class Guard:
 
 def find_line(path: str | Path, text: str) -> int | None:
     """The first line of ``path`` whose normalised text holds ``text``'s (a CSV row's field
-    too), for an error's message; None when none does (a field across lines)."""
+    too; a Parquet or Arrow file's row holding it as a field), for an error's message; None
+    when none does (a field across lines). Streamed: a file of any size, compressed or not."""
     wanted = normalize(text)
-    for number, line in read_lines(Path(path)):
-        if wanted in normalize(line):
-            return number
-    return None
+    if data_suffix(path) in COLUMNAR:
+        with record_batches(Path(path)) as (_, batches):
+            rows = (row for batch in batches for row in batch.to_pylist())
+            return next((n for n, row in enumerate(rows, 1) if any(_holds(v, wanted) for v in row.values())), None)
+    return next((number for number, line in LineStream(path, keep_bad=True) if wanted in normalize(line)), None)
+
+
+def _holds(value: object, wanted: str) -> bool:
+    """Whether a columnar row's field (a text, or a list of them: ``hard_neg``) is ``wanted`` once normalised."""
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, str) and normalize(v) == wanted for v in values)
 
 
 def format_marked_table(
@@ -339,11 +355,17 @@ FILE_FORMATS = ("auto", "text", "table", "stsb", "sick")
 
 
 def detect_format(path: Path) -> str:
-    """A training file's format from its first line: ``sick`` (a tab-separated header with
+    """A training file's format (a folder's or pattern's: its first shard's): ``table`` for
+    Parquet and Arrow; else from its first line, ``sick`` (a tab-separated header with
     ``sentence_A`` and ``sentence_B``), ``stsb`` (7 or more tab-separated fields, the fifth
-    a score), else ``table`` for ``.csv``/``.jsonl``/``.json`` and ``text`` for the rest."""
-    lines = read_lines(path)
-    first = lines[0][1].split("\t") if lines else []
+    a score); else ``table`` for CSV, TSV and JSONL and ``text`` for the rest."""
+    shard = shard_paths(path)[0]
+    if data_suffix(shard) in COLUMNAR:
+        return "table"
+    first: list[str] = []
+    for _, line in LineStream(shard):  # the first line only
+        first = line.split("\t")
+        break
     if {"sentence_A", "sentence_B"} <= set(first):
         return "sick"
     if len(first) >= 7:
@@ -352,15 +374,17 @@ def detect_format(path: Path) -> str:
             return "stsb"
         except ValueError:
             pass
-    return "table" if path.suffix.lower() in (".csv", ".jsonl", ".json") else "text"
+    return "table" if data_suffix(shard) in TABLE_SUFFIXES else "text"
 
 
 def file_keys(path: str | Path, fmt: str = "auto", cache_dir: str | Path | None = None) -> tuple[str, np.ndarray]:
     """A training file's format and its rows' keys, ``uint64 [rows, text columns]``.
 
-    ``text``: one sentence a line; ``table``: CSV or JSONL with ``sent0, sent1`` (and hard
-    negatives), each read as training reads it, through its Arrow cache (the keys beside it);
-    ``stsb`` / ``sick``: a scored pair file, a row per pair.
+    ``text``: one sentence a line; ``table``: CSV, TSV, JSONL, Parquet or Arrow with ``sent0``
+    (and ``sent1``, and hard negatives: the columns its first shard has), each read as
+    training reads it, through its Arrow cache (the keys beside it); ``stsb`` / ``sick``: a
+    scored pair file, a row per pair. ``path`` may be a training set's shards (a folder or a
+    glob pattern), except for ``stsb`` and ``sick``.
 
     Raises:
         DataError: as the readers, naming the file and line.
@@ -374,8 +398,9 @@ def file_keys(path: str | Path, fmt: str = "auto", cache_dir: str | Path | None 
         mode = "unsup"
         warn_if_tabular(path)
     else:
-        lines = read_lines(path)
-        mode = "hardneg" if lines and "hard_neg" in lines[0][1] else "sup"
+        columns = table_columns(shard_paths(path)[0])
+        negatives = NEGATIVE in columns or any(NUMBERED_NEGATIVE.fullmatch(c) for c in columns)
+        mode = "hardneg" if negatives else "sup" if "sent1" in columns else "unsup"
     return fmt, dataset_keys(read_train_file(path, mode, cache_dir=cache_dir).dataset)
 
 
@@ -383,8 +408,11 @@ def warn_if_tabular(path: Path, sample: int = 1000) -> None:
     """A text file is one sentence a line; one whose lines mostly hold tabs is more likely a
     headerless table (SICK's ``SICK_train.txt``: ``id, sentence A, sentence B, score, label``),
     whose whole lines would be compared and match nothing: said, not guessed."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [line for _, line in zip(range(sample), f, strict=False)]
+    lines = [
+        line
+        for shard in shard_paths(path)[:1]
+        for _, (_, line) in zip(range(sample), LineStream(shard, keep_bad=True), strict=False)
+    ]
     tabbed = sum("\t" in line for line in lines)
     if lines and tabbed * 2 > len(lines):
         logger.warning(
