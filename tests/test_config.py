@@ -252,3 +252,10 @@ def test_allowed_values_have_one_definition() -> None:
     assert precision.PRECISIONS is PRECISIONS
     assert batch.PROMPT_NAMES is modes.PROMPT_NAMES
     assert MODES == tuple(modes.TABLE)
+
+
+def test_a_pairs_or_beir_dev_split_needs_its_file() -> None:
+    """``data.dev_format: pairs`` (a user's table) and ``beir`` have no default file to fall back on."""
+    for fmt, what in (("pairs", "a table of sent0, sent1, score"), ("beir", "a BEIR-format folder")):
+        with pytest.raises(ConfigError, match=re.escape(f"config key 'data.dev_file' = None: must be {what}")):
+            load_config(None, {"dev_format": fmt})

@@ -199,6 +199,41 @@ def test_dev_evaluator_known_answer(tmp_path: Path) -> None:
     assert sorted(encoder.seen) == sorted(table) and max(encoder.batch_sizes) <= 3  # one pass
 
 
+def write_pairs_table(path: Path, pairs: list[tuple[str, str]], golds: list[float]) -> None:
+    """``pairs`` and ``golds`` as a user's own STS set: a CSV of sent0, sent1, score."""
+    import csv as csv_module
+
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv_module.writer(f)
+        writer.writerow(["sent0", "sent1", "score"])
+        writer.writerows([a, b, g] for (a, b), g in zip(pairs, golds, strict=True))
+
+
+def test_a_pairs_table_scores_as_the_same_pairs_in_stsb_format(tmp_path: Path) -> None:
+    """``pairs`` (a user's table of sent0, sent1, score) as dev and as a suite task gives what the
+    same pairs give in STS-B's own format; on another scale (x 20) the same Spearman and the same
+    alignment, its positives taken from 80% of its range up (gold 4 of 0-5)."""
+    dev, table = pair_table([0.1, 0.2, 0.3, 0.4, 0.6], "dev")
+    golds = [0.0, 4.0, 2.0, 4.5, 5.0]
+    write_stsb(tmp_path / "STS" / "STSBenchmark" / "sts-dev.csv", dev, golds)
+    write_pairs_table(tmp_path / "mine.csv", dev, golds)
+    write_pairs_table(tmp_path / "mine100.csv", dev, [20 * g for g in golds])
+    want = DevEvaluator(tmp_path, batch_size=3)(VectorEncoder(table))
+    for name in ("mine.csv", "mine100.csv"):
+        evaluator = DevEvaluator(tmp_path, batch_size=3, path=tmp_path / name, fmt="pairs")
+        assert (evaluator.primary_metric, evaluator.metric_label) == ("pairs_dev", f"{name} Spearman x 100")
+        got = evaluator(VectorEncoder(table))
+        assert got["pairs_dev"] == pytest.approx(want["stsb_dev"]) and got["alignment"] == pytest.approx(want["alignment"])
+        assert got["uniformity"] == pytest.approx(want["uniformity"])
+    write_stsb(tmp_path / "STS" / "STSBenchmark" / "sts-test.csv", dev, golds)
+    suite = {"B": TaskSpec("stsb", "STS/STSBenchmark"), "P": TaskSpec("pairs", str(tmp_path / "mine100.csv"))}
+    results = STSEvaluator(tmp_path, batch_size=3, suite=suite)(VectorEncoder(table))
+    assert results["P"] == pytest.approx(results["B"]) and results["P"] == pytest.approx(want["stsb_dev"])
+    (tmp_path / "bad.csv").write_text("sent0,sent1,score\na,b,1\nc,d,high\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad\.csv, line 3: score 'high' \(column 'score'\) is not a number"):
+        DevEvaluator(tmp_path, path=tmp_path / "bad.csv", fmt="pairs")
+
+
 def test_dev_evaluator_one_encoding_matches_definitions_on_real_dev(data_dir: Path) -> None:
     evaluator = DevEvaluator(data_dir / "senteval")
     assert len(evaluator.pairs) == 1500

@@ -47,7 +47,7 @@ PAIR_FORMATS = ("stsb", "sick")  #: scored-pair files a run reads; evaluation.st
 # one file's concern), and how batches are drawn among the datasets (simcse_kit.data.mixture).
 MIXTURE_MODES = ("unsup", "sup", "hardneg")
 SAMPLINGS = ("proportional", "round_robin", "weighted")  #: data.sampling: how batches are drawn among the datasets
-DEV_FORMATS = (*PAIR_FORMATS, "beir")
+DEV_FORMATS = (*PAIR_FORMATS, "pairs", "beir")
 TEACHER_LOSSES = modes.TEACHER_LOSSES  #: simcse_kit.training.objective.objectives.TeacherTargets.kind
 SCORE_LOSSES = ("cosent", "angle")  # simcse_kit.core.score_losses.SCORE_LOSSES' names (config imports no torch)
 # loss.distill: a teacher's scores of each anchor's candidates (simcse_kit.core.score_losses'
@@ -298,8 +298,9 @@ class DataConfig:
     dev_file: str | None = option(None, "dev split for checkpoint selection (None: STS-B dev of eval_data_dir)")
     dev_format: str = option(
         "stsb",
-        'dev_file\'s format: "stsb" (sts-dev.csv), "sick" (SICK_trial.txt) or "beir" (a BEIR-format retrieval '
-        "folder: selects on its qrels/dev.tsv nDCG@10, docs/retrieval.md)",
+        'dev_file\'s format: "stsb" (sts-dev.csv), "sick" (SICK_trial.txt), "pairs" (a table of sent0, sent1, score: '
+        'CSV, TSV, JSONL, Parquet..., on any scale) or "beir" (a BEIR-format retrieval folder: selects on its '
+        "qrels/dev.tsv nDCG@10, docs/retrieval.md)",
     )
     prompts: dict[str, str] | None = option(
         None,
@@ -358,6 +359,8 @@ class DataConfig:
         ]
         if self.dev_format == "beir":
             rules.append(("dev_file", self.dev_file is not None, "a BEIR-format folder with data.dev_format beir"))
+        if self.dev_format == "pairs":
+            rules.append(("dev_file", self.dev_file is not None, "a table of sent0, sent1, score with data.dev_format pairs"))
         rules.append(("bad_rows", self.bad_rows in ("error", "skip"), "'error' or 'skip'"))
         rules.append(("decontaminate", self.decontaminate in ("warn", "drop", "error"), "'warn', 'drop' or 'error'"))
         if self.num_workers is not None:

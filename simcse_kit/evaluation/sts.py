@@ -25,7 +25,7 @@ from scipy.stats import spearmanr
 from simcse_kit.errors import DataError, where
 from simcse_kit.evaluation.encoding import Embedded, Encode, encode_once
 from simcse_kit.evaluation.geometry import pair_alignment_uniformity
-from simcse_kit.evaluation.sts_readers import PAIR_READERS, STSPairs, load_task
+from simcse_kit.evaluation.sts_readers import EVAL_READERS, STSPairs, load_task
 from simcse_kit.evaluation.suite import MAIN_TASKS, TaskSpec, default_suite, stsb_split_path
 
 __all__ = [
@@ -238,9 +238,16 @@ class STSEvaluator:
         return results
 
 
-DEV_METRICS: dict[str, tuple[str, str]] = {"stsb": ("stsb_dev", "STS-B dev"), "sick": ("sick_dev", "SICK trial")}
+DEV_METRICS: dict[str, tuple[str, str]] = {
+    "stsb": ("stsb_dev", "STS-B dev"),
+    "sick": ("sick_dev", "SICK trial"),
+    "pairs": ("pairs_dev", "dev pairs"),
+}
 """Per dev-file format: the key its Spearman x 100 is reported under and the split's
-name (SICK's scored dev split is SICK_trial.txt)."""
+name (SICK's scored dev split is SICK_trial.txt; a ``pairs`` table is named by its file)."""
+POSITIVE_SHARE = 0.8
+"""Where a positive pair starts, as a share of the dev scores' range: gold 4 of STS-B's 0-5,
+SimCSE's alignment threshold, carried to a ``pairs`` table's own scale."""
 
 
 class DevEvaluator:
@@ -260,7 +267,9 @@ class DevEvaluator:
         data_dir: The SentEval-layout data folder.
         batch_size: Sentences per ``encode`` call.
         path: The dev file instead of ``STS/STSBenchmark/sts-dev.csv``.
-        fmt: Its format, a key of :data:`~simcse_kit.evaluation.sts_readers.PAIR_READERS`.
+        fmt: Its format, a key of :data:`~simcse_kit.evaluation.sts_readers.EVAL_READERS`
+            (``pairs``: a table of ``sent0, sent1, score`` on any scale; its positives for
+            the alignment are the pairs from :data:`POSITIVE_SHARE` of its score range up).
 
     Raises:
         DataError: The dev file is missing or malformed.
@@ -273,12 +282,17 @@ class DevEvaluator:
     def __init__(self, data_dir: Path | str, batch_size: int = 64, path: Path | str | None = None, fmt: str = "stsb") -> None:
         self.path = stsb_split_path(data_dir, "dev") if path is None else Path(path)  #: the dev file
         self.batch_size = batch_size
-        self.pairs = PAIR_READERS[fmt](self.path)
+        self.pairs = EVAL_READERS[fmt](self.path)
         self.primary_metric, self.dev_name = DEV_METRICS[fmt]
+        self.threshold = 4.0  # gold >= 4 of 0-5 (STS-B) or 1-5 (SICK), as SimCSE's Figure 2
+        if fmt == "pairs":
+            self.dev_name = self.path.name
+            low, high = float(self.pairs.scores.min()), float(self.pairs.scores.max())
+            self.threshold = low + POSITIVE_SHARE * (high - low)
         self.metric_label = f"{self.dev_name} Spearman x 100"
 
     def __call__(self, encode: Encode) -> dict[str, float]:
         """``{primary_metric, "alignment", "uniformity"}`` of ``encode`` on the dev pairs."""
-        result = sts_alignment_uniformity(encode, self.pairs, batch_size=self.batch_size)
+        result = sts_alignment_uniformity(encode, self.pairs, self.threshold, self.batch_size)
         logger.info("%s alignment %.4f, uniformity %.4f", self.dev_name, result["alignment"], result["uniformity"])
         return {self.primary_metric: result["spearman"], "alignment": result["alignment"], "uniformity": result["uniformity"]}

@@ -15,6 +15,8 @@ STS data layout (``shared/data/senteval``)::
     STS/STSBenchmark/sts-{dev,test}.csv        genre, file, year, id, score, s1, s2
     SICK/SICK_test_annotated.txt               header; pair_ID, A, B, relatedness 1-5, ...
 
+and a user's own scored pairs: a table of ``sent0, sent1, score`` (format ``pairs``).
+
 Which tasks run and where their files are is the suite (:mod:`~simcse_kit.evaluation.suite`,
 ``evaluate/sts.yaml``); the SentEval transfer tasks are read by
 :mod:`~simcse_kit.evaluation.transfer_readers`.
@@ -36,11 +38,13 @@ from simcse_kit.evaluation.suite import TaskSpec
 from simcse_kit.files import read_lines
 
 __all__ = [
+    "EVAL_READERS",
     "PAIR_READERS",
     "STSPairs",
     "load_task",
     "normalize_whitespace",
     "pairs_from_columns",
+    "read_pairs",
     "read_sick",
     "read_sts_subset",
     "read_stsb",
@@ -275,6 +279,24 @@ def pairs_from_columns(
     return STSPairs(s1, s2, np.asarray(gold, dtype=np.float64))
 
 
+def read_pairs(path: Path | str) -> STSPairs:
+    """Reads a table of scored pairs, a user's own STS set: columns ``sent0``, ``sent1`` and
+    ``score``, in any table format training reads (CSV, TSV, JSONL, Parquet, Arrow, gzip or
+    zstd; :func:`simcse_kit.data.readers.read_rows`), on any scale (Spearman reads the order).
+
+    Raises:
+        DataError: as the training readers: naming the file, its line (or row) and the problem.
+    """
+    from simcse_kit.data.readers import read_rows
+
+    rows = read_rows(path, ("sent0", "sent1"), score_column="score")
+    return STSPairs(
+        [normalize_whitespace(r["sent0"]) for r in rows],
+        [normalize_whitespace(r["sent1"]) for r in rows],
+        np.asarray([r["score"] for r in rows], dtype=np.float64),
+    )
+
+
 _READER_OF: dict[str, Callable[..., STSPairs]] = {"stsb": read_stsb, "sick": read_sick}
 PAIR_READERS: dict[str, Callable[..., STSPairs]] = {fmt: _READER_OF[fmt] for fmt in PAIR_FORMATS}
 """The readers of one scored-pair file by format: what a training run may name as its dev
@@ -284,12 +306,17 @@ without a reader fails here, at import. Each takes the path and, optionally, ``b
 (the scores' allowed range)."""
 
 
+EVAL_READERS: dict[str, Callable[[Path | str], STSPairs]] = {**PAIR_READERS, "pairs": read_pairs}
+"""The readers of one scored-pair file an evaluation reads (a dev split, ``data.dev_format``;
+a suite task's file): :data:`PAIR_READERS`' and a table of ``sent0, sent1, score``."""
+
+
 def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:
     """Reads every split of one STS task.
 
     Returns:
         Split name -> pairs: the subsets for ``sts``; ``dev`` and ``test`` for
-        ``stsb``; ``test`` for ``sick``.
+        ``stsb``; ``test`` for ``sick`` and ``pairs``.
 
     Raises:
         DataError: As the readers.
@@ -301,4 +328,6 @@ def load_task(data_dir: Path | str, spec: TaskSpec) -> dict[str, STSPairs]:
         return {split: read_stsb(base / f"sts-{split}.csv") for split in ("dev", "test")}
     if spec.format == "sick":
         return {"test": read_sick(base)}
+    if spec.format == "pairs":
+        return {"test": read_pairs(base)}
     raise ValueError(f"task format {spec.format!r} is not read from a data folder")

@@ -22,8 +22,8 @@ from simcse_kit.errors import ConfigError
 __all__ = ["MAIN_TASKS", "SUITE_NAME", "TaskSpec", "default_suite", "load_suite", "stsb_split_path"]
 
 # "hub": one test split from a Hugging Face dataset (simcse_kit.evaluation.hub), never in a YAML suite.
-TaskFormat = Literal["sts", "stsb", "sick", "hub"]
-FORMATS: tuple[str, ...] = ("sts", "stsb", "sick")
+TaskFormat = Literal["sts", "stsb", "sick", "pairs", "hub"]
+FORMATS: tuple[str, ...] = ("sts", "stsb", "sick", "pairs")
 
 SUITE_NAME = "sts"
 """The built-in suite of the paper's seven tasks (``evaluate/sts.yaml``)."""
@@ -39,11 +39,13 @@ class TaskSpec:
     Attributes:
         format: ``"sts"`` (STS12-16 input/gold file pairs, one per subset),
             ``"stsb"`` (STS Benchmark ``sts-dev.csv`` and ``sts-test.csv``) or
-            ``"sick"`` (one SICK file with a header row) or ``"hub"`` (one
+            ``"sick"`` (one SICK file with a header row), ``"pairs"`` (a table of
+            ``sent0, sent1, score``: CSV, TSV, JSONL, Parquet...) or ``"hub"`` (one
             ``test`` split read through ``datasets``, see
             :mod:`simcse_kit.evaluation.hub`).
         path: Relative to the data folder: the task's folder for ``sts`` and
-            ``stsb``, the annotated test file for ``sick``; the dataset id for ``hub``.
+            ``stsb``, the annotated test file for ``sick``, the table for ``pairs``
+            (an absolute path is taken as it is); the dataset id for ``hub``.
         subsets: The subset names for ``sts`` (``STS.input.<subset>.txt``);
             empty for the other formats.
     """
@@ -57,7 +59,7 @@ def load_suite(path: Path | str) -> dict[str, TaskSpec]:
     """Loads and checks a YAML suite definition such as ``evaluate/sts.yaml``.
 
     The file holds one key, ``tasks``, mapping each task name to ``format``
-    (``sts``, ``stsb`` or ``sick``), ``path`` (relative to the data folder) and,
+    (``sts``, ``stsb``, ``sick`` or ``pairs``), ``path`` (relative to the data folder) and,
     for ``sts`` only, a non-empty list ``subsets``::
 
         tasks:
