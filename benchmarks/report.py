@@ -41,11 +41,9 @@ Row = list[str]
 # record has provenance and must leave it (the check says so), and no new name may join it (issue 49:
 # records that cannot drift).
 LEGACY = frozenset({
-    "backbone_memory-cuda-bert-base", "backbone_memory-cuda-mpnet-base", "domain-h100", "gpu-h100-bertbase-l32",
-    "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip", "gpu-h100-minilm", "gpu-h100-syncs-1-before",
-    "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8", "lora-h100-minilm",
-    "lora-h100-mpnet", "mining-h100", "multi-h100",
-    "scores-h100",
+    "domain-h100", "gpu-h100-bertbase-l32", "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip",
+    "gpu-h100-syncs-1-before", "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8",
+    "lora-h100-minilm", "lora-h100-mpnet", "mining-h100", "multi-h100", "scores-h100",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
 
@@ -582,9 +580,17 @@ def _dated(kept: list[Record], sync_debug: bool) -> list[str]:
 
 
 def _gpu_machine(kept: list[Record], full: bool) -> list[str]:
-    """The GPU records' one machine line (the runs share it), then each file's date and command; ``full`` as in
-    :func:`machine_line`."""
-    return [machine_line(kept[0], full=full).split("; `")[0], *_dated(kept, False)]
+    """Per GPU and commit, one machine line (with the records' provenance note), then each of their files' date and
+    command; ``full`` as in :func:`machine_line`."""
+    groups: dict[tuple[str, str, str], list[Record]] = {}
+    for rec in (r for r in kept if not r["args"].get("sync_debug")):
+        key = (rec.get("device", ""), rec["machine"].get("commit", ""), provenance_note(rec))
+        groups.setdefault(key, []).append(rec)
+    return [
+        line
+        for (_, _, note), recs in groups.items()
+        for line in (machine_line(recs[0], full=full).split("; `")[0] + note, *_dated(recs, False))
+    ]
 
 
 GPU = Spec(

@@ -837,3 +837,27 @@ def test_quality_tables_carry_the_transfer_average_its_verdict_and_what_lowers_t
             table.pop("transfer:avg")
     assert [r[at] for r in report.QUALITY.rows(rec)] == ["–"] * 5
     assert not [x for x in report._quality_verdict([rec]) if "transfer" in x]
+
+
+def test_gpu_records_of_two_machines_get_a_line_each_with_their_provenance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU tables' footer: one machine line per GPU and commit (not the first record's for all), each marked as
+    :func:`report.provenance_note` says, then that machine's files; a sync-debug record is the syncs table's."""
+    monkeypatch.setattr(report, "LEGACY", frozenset({"gpu-old", "gpu-old-2"}))
+    args = {"sync_debug": False}
+
+    def rec(stem: str, gpu: str, commit: str, **extra: Any) -> dict[str, Any]:
+        machine = MACHINE | {"commit": commit, "gpu_driver": "580"}
+        return {"_file": stem, "device": gpu, "machine": machine, "command": f"make {stem}", "args": args} | extra
+
+    kept = [
+        rec("gpu-old", "H100", "44ede73"),
+        rec("gpu-new", "H200", "313e10b", provenance=CLEAN),
+        rec("gpu-old-2", "H100", "44ede73"),
+        rec("gpu-syncs", "H200", "313e10b", provenance=CLEAN, args={"sync_debug": True}),
+    ]
+    lines = report._gpu_machine(kept, full=False)
+    assert [line.split(": ")[0] for line in lines] == ["- 2026-11-24 07:00 UTC", "- gpu-old", "- gpu-old-2",
+                                                       "- 2026-11-24 07:00 UTC", "- gpu-new"]  # fmt: skip
+    assert "H100, driver 580; commit 44ede73 (record predates provenance; to be re-run)" in lines[0]
+    assert lines[3].endswith("H200, driver 580; commit 313e10b")
+    assert lines[4] == "- gpu-new: 2026-11-24 07:00 UTC; `make gpu-new`"
