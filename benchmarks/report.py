@@ -41,9 +41,9 @@ Row = list[str]
 # record has provenance and must leave it (the check says so), and no new name may join it (issue 49:
 # records that cannot drift).
 LEGACY = frozenset({
-    "domain-h100", "gpu-h100-bertbase-l32", "gpu-h100-bertbase", "gpu-h100-minilm-b512-clip",
-    "gpu-h100-syncs-1-before", "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "gpu-h100-workers8",
-    "lora-h100-minilm", "lora-h100-mpnet", "mining-h100", "multi-h100", "scores-h100",
+    "domain-h100", "gpu-h100-bertbase-l32", "gpu-h100-bertbase", "gpu-h100-syncs-1-before",
+    "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "lora-h100-minilm", "lora-h100-mpnet",
+    "mining-h100", "multi-h100", "scores-h100",
 })  # fmt: skip
 PROVENANCE_KEYS = ("commit", "dirty", "threads")
 
@@ -573,24 +573,27 @@ def _sync_rows(rec: Record) -> Iterable[Row]:
             yield [rec["_file"].removeprefix("gpu-h100-syncs-"), job, run["variant"], per_step, text]
 
 
-def _dated(kept: list[Record], sync_debug: bool) -> list[str]:
-    """Each file's date and command (the files share one machine)."""
+def _dated(kept: list[Record], sync_debug: bool, full: bool = True) -> list[str]:
+    """Each file's date and command (the files share one machine); without ``full`` (BENCHMARKS.md) the command
+    leaves out where it wrote the record, as :func:`machine_line` does."""
     chosen = (r for r in kept if bool(r["args"].get("sync_debug")) == sync_debug)
-    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{r['command']}`" for r in chosen]
+    command = (lambda c: c) if full else (lambda c: re.sub(r" --out[ =]\S+", "", c))
+    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{command(r['command'])}`" for r in chosen]
 
 
 def _gpu_machine(kept: list[Record], full: bool) -> list[str]:
     """Per GPU and commit, one machine line (with the records' provenance note), then each of their files' date and
-    command; ``full`` as in :func:`machine_line`."""
+    command; ``full`` as in :func:`machine_line`, and without it the host CPU is left to the full tables' lines."""
     groups: dict[tuple[str, str, str], list[Record]] = {}
     for rec in (r for r in kept if not r["args"].get("sync_debug")):
         key = (rec.get("device", ""), rec["machine"].get("commit", ""), provenance_note(rec))
         groups.setdefault(key, []).append(rec)
-    return [
-        line
-        for (_, _, note), recs in groups.items()
-        for line in (machine_line(recs[0], full=full).split("; `")[0] + note, *_dated(recs, False))
-    ]
+    lines = []
+    for (_, _, note), recs in groups.items():
+        line = machine_line(recs[0], full=full).split("; `")[0]
+        line = line if full else re.sub(r"^(- [^:]+:\d\d UTC): [^;]+; ", r"\1: ", line)  # the date holds one colon
+        lines += [line + note, *_dated(recs, False, full)]
+    return lines
 
 
 GPU = Spec(
@@ -1562,13 +1565,14 @@ def headline() -> str:
 
 
 def gpu_headline() -> str:
-    """The README's GPU sentence: the like-for-like runs (both sides clip, same workers)."""
+    """The README's GPU sentence: every record with provenance that runs the like-for-like pair at the CUDA default
+    of 8 DataLoader workers (both sides clip), so a second run of the same comparison shows beside the first."""
     return "\n".join(
-        f"- {rec['device']}, {job}: simcse-kit (`{key.split('/')[0]}`) trains at **{r['median']:.2f}x** "
-        f"({r['min']:.2f}–{r['max']:.2f}) the sentence-transformers trainer (`{key.split('/')[1]}`, bf16), "
-        f"same DataLoader workers and gradient clipping (median of {r['n']} paired rounds)."
-        for rec in records("gpu") if rec["_file"].endswith("-clip")
-        for job, data in rec["jobs"].items() for key, r in data["summary"].items() if "/" in key
+        f"- {rec['device']}, {job}: simcse-kit (`kit-pad-w8`) trains at **{r['median']:.2f}x** ({r['min']:.2f}–"
+        f"{r['max']:.2f}) the sentence-transformers trainer (`st-w8`, bf16), same DataLoader workers and gradient "
+        f"clipping (median of {r['n']} paired rounds; `{rec['_file']}`)."
+        for rec in records("gpu") if rec.get("provenance")
+        for job, data in rec["jobs"].items() if (r := data["summary"].get("kit-pad-w8/st-w8"))
     )  # fmt: skip
 
 

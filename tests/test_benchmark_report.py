@@ -861,3 +861,23 @@ def test_gpu_records_of_two_machines_get_a_line_each_with_their_provenance(monke
     assert "H100, driver 580; commit 44ede73 (record predates provenance; to be re-run)" in lines[0]
     assert lines[3].endswith("H200, driver 580; commit 313e10b")
     assert lines[4] == "- gpu-new: 2026-11-24 07:00 UTC; `make gpu-new`"
+
+
+def test_the_readme_gpu_line_is_every_stamped_run_of_the_default_workers_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README's GPU headline: one line per record with provenance holding `kit-pad-w8/st-w8` (a second run of the
+    same comparison shows beside the first); a record without provenance, or without that pair, gives none."""
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    pair = {"median": 2.0, "min": 1.5, "max": 2.5, "n": 3}
+    jobs = {"minilm-b512-l32": {"summary": {"kit-pad-w8/st-w8": pair, "kit-pad-w8": {}}}}
+    _write(tmp_path, "gpu-a", {"device": "H200", "jobs": jobs, "provenance": CLEAN})
+    _write(tmp_path, "gpu-b", {"device": "H200", "jobs": jobs, "provenance": CLEAN})
+    _write(tmp_path, "gpu-old", {"device": "H100", "jobs": jobs})  # no provenance
+    _write(tmp_path, "gpu-w4", {"device": "H200", "jobs": {"j": {"summary": {"kit-pad-w4/st-w4": pair}}}, "provenance": CLEAN})
+    lines = report.gpu_headline().splitlines()
+    assert lines == [
+        f"- H200, minilm-b512-l32: simcse-kit (`kit-pad-w8`) trains at **2.00x** (1.50–2.50) the sentence-transformers "
+        f"trainer (`st-w8`, bf16), same DataLoader workers and gradient clipping (median of 3 paired rounds; `{f}`)."
+        for f in ("gpu-a", "gpu-b")
+    ]
