@@ -211,11 +211,21 @@ def _a(kept: list[Record], key: str) -> Any:
 # --------------------------------------------------------------------------- the machine line
 
 
-def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
+def shown_command(command: str, full: bool = True) -> str:
+    """``command`` as a table shows it. Where the record was first written (``--json``, outside the checkout so the
+    next run's tree stays clean) is not part of how it was measured: the line gives the command that remakes it in
+    results/. Without ``full`` (BENCHMARKS.md) where that machine kept its data, caches, runs and record is left to
+    the full line."""
+    command = re.sub(r" --json[ =]\S+", "", command)
+    return command if full else re.sub(r" --(output-dir|data-root|teacher-cache-dir|work|out)[ =]\S+", "", command)
+
+
+def machine_line(rec: Record, label: str = "", full: bool = True, host: bool = True, command: bool = True) -> str:
     """Where, when and how ``rec`` was measured: date, CPU and ISA flags, threads, GPU and driver,
     load, library versions, commit and command, all from its JSON. Without ``full`` (BENCHMARKS.md, which stays short)
     the ISA flags, library versions and the command's local paths are left to the full tables' lines; a limit on the
-    kernels stays."""
+    kernels stays. Without ``host`` the CPU is left out (a GPU record's short line), without ``command`` the
+    command (lines whose files follow, each with its own)."""
     m, args = rec["machine"], rec.get("args") or {}
     flags = (m.get("isa_flags") or [k for k, on in (m.get("flags") or {}).items() if on]) if full else []
     threads = args.get("threads") or m.get("threads") or m.get("torch_threads")
@@ -223,6 +233,7 @@ def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
     detail = ", ".join(flags) + limit
     cpu = " ".join(filter(None, (m["cpu"], m.get("cpu_generation"))))  # records before the generation was kept: the name
     where = [(f"{cpu} ({detail})" if detail else cpu) + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")]
+    where = where if host else []
     gpu = rec.get("device") if rec.get("device", "cpu") != "cpu" else m.get("gpu")
     if gpu:
         where.append(f"{gpu}, driver {m.get('gpu_driver', '?')}")
@@ -232,12 +243,8 @@ def machine_line(rec: Record, label: str = "", full: bool = True) -> str:
     libs = ", ".join(f"{k} {v}" for k, v in libraries.items() if v and v != "-" and k not in ("simcse-kit", "accelerate"))
     where += [libs] if full and libs else []
     commit = f"; commit {m['commit']}" if m.get("commit") else ""
-    # Where the record was first written (``--json``, outside the checkout so the next run's tree stays clean) is
-    # not part of how it was measured: the line gives the command that remakes it in results/.
-    command = re.sub(r" --json[ =]\S+", "", rec["command"])
-    if not full:  # where that machine kept its data, caches and runs: the full line names them
-        command = re.sub(r" --(output-dir|data-root|teacher-cache-dir|work)[ =]\S+", "", command)
-    return f"- {label}{m['date_utc']}: {'; '.join(where)}{commit}; `{command}`{provenance_note(rec)}"
+    shown = f"; `{shown_command(rec['command'], full)}`" if command else ""
+    return f"- {label}{m['date_utc']}: {'; '.join(where)}{commit}{shown}{provenance_note(rec)}"
 
 
 # --------------------------------------------------------------------------- the renderer
@@ -574,11 +581,9 @@ def _sync_rows(rec: Record) -> Iterable[Row]:
 
 
 def _dated(kept: list[Record], sync_debug: bool, full: bool = True) -> list[str]:
-    """Each file's date and command (the files share one machine); without ``full`` (BENCHMARKS.md) the command
-    leaves out where it wrote the record, as :func:`machine_line` does."""
+    """Each file's date and command (the files share one machine); ``full`` as in :func:`shown_command`."""
     chosen = (r for r in kept if bool(r["args"].get("sync_debug")) == sync_debug)
-    command = (lambda c: c) if full else (lambda c: re.sub(r" --out[ =]\S+", "", c))
-    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{command(r['command'])}`" for r in chosen]
+    return [f"- {r['_file']}: {r['machine']['date_utc']}; `{shown_command(r['command'], full)}`" for r in chosen]
 
 
 def _gpu_machine(kept: list[Record], full: bool) -> list[str]:
@@ -588,12 +593,11 @@ def _gpu_machine(kept: list[Record], full: bool) -> list[str]:
     for rec in (r for r in kept if not r["args"].get("sync_debug")):
         key = (rec.get("device", ""), rec["machine"].get("commit", ""), provenance_note(rec))
         groups.setdefault(key, []).append(rec)
-    lines = []
-    for (_, _, note), recs in groups.items():
-        line = machine_line(recs[0], full=full).split("; `")[0]
-        line = line if full else re.sub(r"^(- [^:]+:\d\d UTC): [^;]+; ", r"\1: ", line)  # the date holds one colon
-        lines += [line + note, *_dated(recs, False, full)]
-    return lines
+    return [
+        line
+        for recs in groups.values()
+        for line in (machine_line(recs[0], full=full, host=full, command=False), *_dated(recs, False, full))
+    ]
 
 
 GPU = Spec(
