@@ -41,7 +41,7 @@ Row = list[str]
 # record has provenance and must leave it (the check says so), and no new name may join it (issue 49:
 # records that cannot drift).
 LEGACY = frozenset({
-    "domain-h100", "gpu-h100-bertbase-l32", "gpu-h100-bertbase", "gpu-h100-syncs-1-before",
+    "gpu-h100-bertbase-l32", "gpu-h100-bertbase", "gpu-h100-syncs-1-before",
     "gpu-h100-syncs-2-masks-and-guard", "gpu-h100-syncs-3-final", "lora-h100-minilm", "lora-h100-mpnet",
     "mining-h100", "multi-h100", "scores-h100",
 })  # fmt: skip
@@ -663,34 +663,40 @@ def _domain_rows(rec: Record) -> Iterable[Row]:
         yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _ms(m, sd, "retrieval:avg", n), _guard_cell(name, s)]
 
 
-def _domain_verdict(kept: list[Record], transfer_to_base: bool = True) -> list[str]:
-    """Per domain: the kit row chosen on dev (never on test) against base and the best peer; then its SentEval
-    transfer average against the base (unless not ``transfer_to_base``) and the best peer by the interval rule, where
-    the record scored it."""
-    stats, lines = _domain_tables(kept[0]), []
+def _domain_choices(rec: Record) -> Iterable[tuple[str, dict[str, Record], str, str, str, bool]]:
+    """Per domain: its rows, the kit row chosen on dev (never on test), the base row, the best peer on the domain's
+    test set, and whether that peer kept the untouched model in every seed (so that it scores as the base)."""
+    stats = _domain_tables(rec)
     for domain in dict.fromkeys(s["domain"] for s in stats.values()):
         of = {n: s for n, s in stats.items() if s["domain"] == domain}
         target = next(iter(of.values()))["target"]
-        kit = {n: s["mean"] for n, s in of.items() if s["kind"] == "kit"}
-        best = max(kit, key=lambda n: kit[n]["best_stsb_dev"])
+        best = max((n for n, s in of.items() if s["kind"] == "kit"), key=lambda n: of[n]["mean"]["best_stsb_dev"])
         base_row = next(n for n, s in of.items() if s["kind"] == "base")
-        base = of[base_row]["mean"][target]
-        peers = {n: s["mean"][target] for n, s in of.items() if s["kind"] == "st"}
-        peer, score = max(peers, key=peers.__getitem__), kit[best][target]
+        peer = max((n for n, s in of.items() if s["kind"] == "st"), key=lambda n: of[n]["mean"][target])
+        score, base, theirs = (of[n]["mean"][target] for n in (best, base_row, peer))
+        same = _kept_base(of[peer]) and f"{score - base:+.2f}" == f"{score - theirs:+.2f}"
+        yield domain, of, best, base_row, peer, same
+
+
+def _domain_verdict(kept: list[Record]) -> list[str]:
+    """Per domain: the kit row chosen on dev against base and the best peer; then its SentEval transfer average
+    against the base and the best peer by the interval rule, where the record scored it."""
+    lines = []
+    for domain, of, best, base_row, peer, same in _domain_choices(kept[0]):
+        target = of[best]["target"]
+        score, base, theirs = (of[n]["mean"][target] for n in (best, base_row, peer))
         # A peer that kept the untouched model in every seed scores as the base: one comparison, said once.
-        same = _kept_base(of[peer]) and f"{score - base:+.2f}" == f"{score - peers[peer]:+.2f}"
         gaps = (
             f"{score - base:+.2f} over the base and the best peer `{peer}`, which kept it in every seed"
             if same
-            else f"{score - base:+.2f} over the base, {score - peers[peer]:+.2f} over the best peer `{peer}`"
+            else f"{score - base:+.2f} over the base, {score - theirs:+.2f} over the best peer `{peer}`"
         )
         lines.append(
             f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {gaps} ({interval_verdict(kept[0], best, peer)}); "
-            f"7-task average {kit[best]['avg']:.2f}."
+            f"7-task average {of[best]['mean']['avg']:.2f}."
         )
-        against = ((base_row,) if same else (base_row, peer)) if transfer_to_base else (peer,)
-        for other in against:
-            lines += _transfer_gap(stats, best, other)
+        for other in (base_row,) if same else (base_row, peer):
+            lines += _transfer_gap(of, best, other)
     return lines
 
 
@@ -701,9 +707,17 @@ def _kept_base(row: Record) -> bool:
 
 
 def _domain_headline(kept: list[Record]) -> list[str]:
-    """:func:`_domain_verdict` for BENCHMARKS.md: the transfer gap to the best peer only (the base's is in the
+    """:func:`_domain_verdict` for BENCHMARKS.md, one line per domain under the table of its test scores: the chosen
+    row against the best peer only, on the 7-task and the transfer averages (the gaps to the base are in the
     details)."""
-    return _domain_verdict(kept, transfer_to_base=False)
+    lines = []
+    for domain, of, best, _, peer, same in _domain_choices(kept[0]):
+        path = _per_pair(kept[0], (best, peer))
+        gaps = [path if isinstance(path, str) else str(_difference(path, best, peer)), _transfer_difference(of, best, peer)]
+        said = "; SentEval transfer avg ".join(g for g in gaps if g)
+        kept_base = " (kept the base)" * same
+        lines.append(f"- {domain}: `{best}` (chosen on dev) − the best peer `{peer}`{kept_base}: 7-task avg {said}.")
+    return lines
 
 
 def _mining_rows(rec: Record) -> Iterable[Row]:
@@ -914,16 +928,22 @@ def _seed_gap(a: Record, b: Record, key: str) -> tuple[float, float]:
     return a["mean"][key] - b["mean"][key], max(a["std"].get(key, 0.0), b["std"].get(key, 0.0))
 
 
-def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
-    """``row``'s SentEval transfer average against ``other``'s by the interval rule: the accuracies are not per-pair
-    data, so the interval is Welch's t over the seeds' averages (:func:`stats.seed_difference`)."""
+def _transfer_difference(res: Record, row: str, other: str) -> str | None:
+    """``row``'s SentEval transfer average against ``other``'s by the interval rule, or None where either lacks it:
+    the accuracies are not per-pair data, so the interval is Welch's t over the seeds' averages
+    (:func:`stats.seed_difference`)."""
     key = "transfer:avg"
     seeds = [[s[key] for s in res[r].get("per_seed", {}).values() if key in s] for r in (row, other)]
     if not all(seeds):
-        return []
+        return None
     i = seed_difference(*seeds)
-    return [f"- SentEval transfer avg, `{row}` − `{other}`: {i.difference:+.2f} (95% interval {i.low:+.2f} to "
-            f"{i.high:+.2f}): {i.verdict}."]  # fmt: skip
+    return f"{i.difference:+.2f} (95% interval {i.low:+.2f} to {i.high:+.2f}): {i.verdict}"
+
+
+def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
+    """:func:`_transfer_difference` as a verdict line of its own (none where it is None)."""
+    gap = _transfer_difference(res, row, other)
+    return [f"- SentEval transfer avg, `{row}` − `{other}`: {gap}."] if gap else []
 
 
 BELOW_BASE = "below the untouched base"

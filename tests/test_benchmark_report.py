@@ -415,12 +415,20 @@ def test_domain_and_teacher_tables_carry_the_transfer_average_and_its_verdict() 
     lines = report._domain_verdict([record])
     assert lines[0].startswith("- sick: chosen on dev `sick-kit-similarity`, SICKRelatedness 78.00: +1.00 over the base")
     assert lines[1:] == [base, peer]
-    assert report._domain_headline([record])[1:] == [peer]
+    # BENCHMARKS.md: one line per domain, against the best peer only (no per-pair data here: no 7-task interval).
+    headline = "- sick: `sick-kit-similarity` (chosen on dev) − the best peer `sick-st-mse`{}: 7-task avg {}; "
+    transfer = "SentEval transfer avg {} (95% interval {}): {}."
+    assert report._domain_headline([record]) == [
+        headline.format("", report.NO_INTERVAL) + transfer.format("+0.30", "-0.15 to +0.75", "no difference measured")
+    ]
     kept = {str(i): {"transfer:avg": 83.0, "best_step": 0} for i in (1, 2, 3)}  # a peer that kept the base: said once
     record["results"] = results | {"sick-st-mse": row("st", 77.0, 80.9, (83.0,) * 3) | {"per_seed": kept}}
     lines = report._domain_verdict([record])
     assert "+1.00 over the base and the best peer `sick-st-mse`, which kept it in every seed (" in lines[0]
-    assert lines[1:] == [base] and report._domain_headline([record])[1:] == [base.replace("sick-base", "sick-st-mse")]
+    assert lines[1:] == [base]
+    assert report._domain_headline([record]) == [
+        headline.format(" (kept the base)", report.NO_INTERVAL) + transfer.format("+0.70", "+0.20 to +1.20", "better")
+    ]
     for name in results:  # a record without transfer scores: '–' and no transfer line
         results[name] = row(results[name]["kind"], 77.0, 80.0, ())
     assert [r[5] for r in report.DOMAIN.rows({"results": results})] == ["–"] * 4
