@@ -680,7 +680,8 @@ def _domain_choices(rec: Record) -> Iterable[tuple[str, dict[str, Record], str, 
 
 def _domain_verdict(kept: list[Record]) -> list[str]:
     """Per domain: the kit row chosen on dev against base and the best peer; then its SentEval transfer average
-    against the base and the best peer by the interval rule, where the record scored it."""
+    against the base and the best peer by the interval rule, where the record scored it; then every trained row's
+    scores below the domain's base."""
     lines = []
     for domain, of, best, base_row, peer, same in _domain_choices(kept[0]):
         target = of[best]["target"]
@@ -697,6 +698,7 @@ def _domain_verdict(kept: list[Record]) -> list[str]:
         )
         for other in (base_row,) if same else (base_row, peer):
             lines += _transfer_gap(of, best, other)
+        lines += [line for name, s in of.items() if _trained(name, s) for line in _below_base(of, name, base_row)]
     return lines
 
 
@@ -949,11 +951,11 @@ def _transfer_gap(res: Record, row: str, other: str) -> list[str]:
 BELOW_BASE = "below the untouched base"
 
 
-def _below_base(res: Record, row: str) -> list[str]:
+def _below_base(res: Record, row: str, base_row: str = "base") -> list[str]:
     """Every STS average, sound retrieval task and transfer average on which row ``row``'s mean falls below the
-    untouched base's by at least the shown 0.01, each with the row's seed std, so a reader sees whether the drop is
-    inside its noise."""
-    base, ours, sd = res.get("base", {}).get("mean", {}), res[row]["mean"], res[row].get("std", {})
+    untouched base's (row ``base_row``) by at least the shown 0.01, each with the row's seed std, so a reader sees
+    whether the drop is inside its noise."""
+    base, ours, sd = res.get(base_row, {}).get("mean", {}), res[row]["mean"], res[row].get("std", {})
     keys = (*STS, *(f"retrieval:{t}" for t in SOUND_TASKS), "transfer:avg")
     below = [f"{SHORT.get(k, k.replace('retrieval:', 'nDCG@10 '))} {ours[k] - base[k]:+.2f} (std {sd.get(k, 0.0):.2f})"
              for k in keys if k in base and k in ours and round(ours[k] - base[k], 2) < 0]  # fmt: skip

@@ -384,7 +384,8 @@ def test_scored_table_known_answer() -> None:
 def test_domain_and_teacher_tables_carry_the_transfer_average_and_its_verdict() -> None:
     """The domain and teacher tables: a SentEval transfer column after the 7-task average ('–' in a record that did not
     score it), and below the dev-chosen kit row's line its transfer gap to the base and to the best peer by Welch's
-    interval (hand-computed below); BENCHMARKS.md's headline keeps the peer's gap only."""
+    interval (hand-computed below), and each trained row's scores under its domain's base; BENCHMARKS.md's headline
+    keeps the peer's gaps only."""
 
     def row(kind: str, target: float, dev: float, transfer: tuple[float, ...]) -> dict[str, Any]:
         per_seed = {str(i): {"transfer:avg": t} for i, t in enumerate(transfer, 1)}
@@ -429,6 +430,11 @@ def test_domain_and_teacher_tables_carry_the_transfer_average_and_its_verdict() 
     assert report._domain_headline([record]) == [
         headline.format(" (kept the base)", report.NO_INTERVAL) + transfer.format("+0.70", "+0.20 to +1.20", "better")
     ]
+    # A trained row under its domain's base (not the record's "base": there is none) says so, with its seed std.
+    record["results"] = results | {"sick-st-ct": row("st", 76.5, 79.0, (82.4, 82.5, 82.6))}
+    assert report._domain_verdict([record])[-1] == (
+        "- `sick-st-ct` below the untouched base: SICK-R -0.50 (std 0.10), SentEval transfer avg -0.50 (std 0.10)."
+    )
     for name in results:  # a record without transfer scores: '–' and no transfer line
         results[name] = row(results[name]["kind"], 77.0, 80.0, ())
     assert [r[5] for r in report.DOMAIN.rows({"results": results})] == ["–"] * 4

@@ -301,7 +301,8 @@ def test_the_domain_table_has_the_chosen_rate_the_seeds_and_the_verdict_chosen_o
     ]
     assert report._domain_verdict([record]) == [
         "- sick: chosen on dev `sick-domain`, SICKRelatedness 77.00: +0.00 over the base, +0.50 over the best peer "
-        "`sick-st-mnrl` (no interval (record predates per-pair data)); 7-task average 78.00."
+        "`sick-st-mnrl` (no interval (record predates per-pair data)); 7-task average 78.00.",
+        "- `sick-st-mnrl` below the untouched base: SICK-R -0.50 (std 0.00).",
     ]
 
 
