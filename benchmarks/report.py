@@ -21,7 +21,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks._common import REPO, SOUND_TASKS, lines_label, spread
 from benchmarks.stats import Interval, load_rows, seed_difference, spearman_difference, spearman_level
@@ -77,14 +77,14 @@ def _level(path: Path, row: str) -> Interval:
     return spearman_level(rows[row], gold)
 
 
-def interval_verdict(rec: Record, a: str, b: str) -> str:
+def interval_verdict(rec: Record, a: str, b: str, lead: str = "interval rule, 7-task average: ") -> str:
     """The interval rule on rows ``a`` - ``b`` of ``rec``: their 7-task averages' difference with its 95% interval
     (a paired bootstrap over the test pairs and the seeds, ``benchmarks.stats``) and "better", "worse" or "no
-    difference measured"; where the record has no per-pair data for them, it says so."""
+    difference measured", after ``lead``; where the record has no per-pair data for them, it says so."""
     path = _per_pair(rec, (a, b))
     if isinstance(path, str):
         return path
-    return f"interval rule, 7-task average: {_difference(path, a, b)}"
+    return f"{lead}{_difference(path, a, b)}"
 
 
 def goal_verdict(rec: Record, row: str, goal: float) -> str:
@@ -232,8 +232,8 @@ def machine_line(rec: Record, label: str = "", full: bool = True, host: bool = T
     limit = ("; " if flags else "") + "kernels limited to AVX2" if m.get("kernel_limits") else ""
     detail = ", ".join(flags) + limit
     cpu = " ".join(filter(None, (m["cpu"], m.get("cpu_generation"))))  # records before the generation was kept: the name
-    where = [(f"{cpu} ({detail})" if detail else cpu) + (f", {threads} thread{'s' * (threads > 1)}" if threads else "")]
-    where = where if host else []
+    threads_said = f", {threads} thread{'s' * (threads > 1)}" if threads else ""
+    where = [(f"{cpu} ({detail})" if detail else cpu) + threads_said] if host else []
     gpu = rec.get("device") if rec.get("device", "cpu") != "cpu" else m.get("gpu")
     if gpu:
         where.append(f"{gpu}, driver {m.get('gpu_driver', '?')}")
@@ -663,19 +663,37 @@ def _domain_rows(rec: Record) -> Iterable[Row]:
         yield [name, lr, str(n), *cells, _best_step(s["per_seed"]), _ms(m, sd, "retrieval:avg", n), _guard_cell(name, s)]
 
 
-def _domain_choices(rec: Record) -> Iterable[tuple[str, dict[str, Record], str, str, str, bool]]:
-    """Per domain: its rows, the kit row chosen on dev (never on test), the base row, the best peer on the domain's
-    test set, and whether that peer kept the untouched model in every seed (so that it scores as the base)."""
+class DomainChoice(NamedTuple):
+    """One domain of a domain or teacher record: its rows, the kit row chosen on dev (never on test), the base row
+    and the best peer on the domain's test set (``target``), with those three rows' test scores."""
+
+    domain: str
+    rows: dict[str, Record]
+    target: str
+    best: str
+    base: str
+    peer: str
+    score: float
+    base_score: float
+    peer_score: float
+
+    @property
+    def peer_kept_base(self) -> bool:
+        """Whether the peer kept the untouched model in every seed, so that it scores as the base (as shown)."""
+        gap = f"{self.score - self.base_score:+.2f}"
+        return _kept_base(self.rows[self.peer]) and gap == f"{self.score - self.peer_score:+.2f}"
+
+
+def _domain_choices(rec: Record) -> Iterable[DomainChoice]:
+    """:class:`DomainChoice` per domain of ``rec``."""
     stats = _domain_tables(rec)
     for domain in dict.fromkeys(s["domain"] for s in stats.values()):
         of = {n: s for n, s in stats.items() if s["domain"] == domain}
         target = next(iter(of.values()))["target"]
         best = max((n for n, s in of.items() if s["kind"] == "kit"), key=lambda n: of[n]["mean"]["best_stsb_dev"])
-        base_row = next(n for n, s in of.items() if s["kind"] == "base")
+        base = next(n for n, s in of.items() if s["kind"] == "base")
         peer = max((n for n, s in of.items() if s["kind"] == "st"), key=lambda n: of[n]["mean"][target])
-        score, base, theirs = (of[n]["mean"][target] for n in (best, base_row, peer))
-        same = _kept_base(of[peer]) and f"{score - base:+.2f}" == f"{score - theirs:+.2f}"
-        yield domain, of, best, base_row, peer, same
+        yield DomainChoice(domain, of, target, best, base, peer, *(of[n]["mean"][target] for n in (best, base, peer)))
 
 
 def _domain_verdict(kept: list[Record]) -> list[str]:
@@ -683,22 +701,21 @@ def _domain_verdict(kept: list[Record]) -> list[str]:
     against the base and the best peer by the interval rule, where the record scored it; then every trained row's
     scores below the domain's base."""
     lines = []
-    for domain, of, best, base_row, peer, same in _domain_choices(kept[0]):
-        target = of[best]["target"]
-        score, base, theirs = (of[n]["mean"][target] for n in (best, base_row, peer))
+    for c in _domain_choices(kept[0]):
         # A peer that kept the untouched model in every seed scores as the base: one comparison, said once.
+        same, over_base = c.peer_kept_base, f"{c.score - c.base_score:+.2f} over the base"
         gaps = (
-            f"{score - base:+.2f} over the base and the best peer `{peer}`, which kept it in every seed"
+            f"{over_base} and the best peer `{c.peer}`, which kept it in every seed"
             if same
-            else f"{score - base:+.2f} over the base, {score - theirs:+.2f} over the best peer `{peer}`"
+            else f"{over_base}, {c.score - c.peer_score:+.2f} over the best peer `{c.peer}`"
         )
         lines.append(
-            f"- {domain}: chosen on dev `{best}`, {target} {score:.2f}: {gaps} ({interval_verdict(kept[0], best, peer)}); "
-            f"7-task average {of[best]['mean']['avg']:.2f}."
+            f"- {c.domain}: chosen on dev `{c.best}`, {c.target} {c.score:.2f}: {gaps} "
+            f"({interval_verdict(kept[0], c.best, c.peer)}); 7-task average {c.rows[c.best]['mean']['avg']:.2f}."
         )
-        for other in (base_row,) if same else (base_row, peer):
-            lines += _transfer_gap(of, best, other)
-        lines += [line for name, s in of.items() if _trained(name, s) for line in _below_base(of, name, base_row)]
+        for other in (c.base,) if same else (c.base, c.peer):
+            lines += _transfer_gap(c.rows, c.best, other)
+        lines += [line for n, s in c.rows.items() if _trained(n, s) for line in _below_base(c.rows, n, c.base)]
     return lines
 
 
@@ -713,12 +730,11 @@ def _domain_headline(kept: list[Record]) -> list[str]:
     row against the best peer only, on the 7-task and the transfer averages (the gaps to the base are in the
     details)."""
     lines = []
-    for domain, of, best, _, peer, same in _domain_choices(kept[0]):
-        path = _per_pair(kept[0], (best, peer))
-        gaps = [path if isinstance(path, str) else str(_difference(path, best, peer)), _transfer_difference(of, best, peer)]
+    for c in _domain_choices(kept[0]):
+        gaps = [interval_verdict(kept[0], c.best, c.peer, lead=""), _transfer_difference(c.rows, c.best, c.peer)]
         said = "; SentEval transfer avg ".join(g for g in gaps if g)
-        kept_base = " (kept the base)" * same
-        lines.append(f"- {domain}: `{best}` (chosen on dev) − the best peer `{peer}`{kept_base}: 7-task avg {said}.")
+        peer = f"`{c.peer}`" + " (kept the base)" * c.peer_kept_base
+        lines.append(f"- {c.domain}: `{c.best}` (chosen on dev) − the best peer {peer}: 7-task avg {said}.")
     return lines
 
 
