@@ -29,11 +29,15 @@ Queries and documents are distinct sentences past the calibration lines: the Wik
 then SentEval's single-sentence transfer files (MR, CR, SUBJ, MPQA, SNLI, SST); never an STS
 or SICK sentence. A run asking for more than there are stops and says how many there are.
 
-The QAT job is trained with the recipe and ``--loss.quantization binary`` (docs/quantization.md)::
+The QAT job is the main job's recipe with ``--loss.quantization binary`` (docs/quantization.md).
+``--train DIR`` trains both at ``--seed`` into ``DIR/main-<seed>`` and ``DIR/qat-<seed>`` (a finished run
+there is reused) and compares them, after the ``--models`` given::
 
-    simcse-kit train train/unsup.yaml --seed 1 --output-dir runs/compact/main-1
-    simcse-kit train train/unsup.yaml --seed 1 --loss.quantization binary --output-dir runs/compact/qat-1
-    python -m benchmarks.compact --seed 1 --models main=runs/compact/main-1 qat=runs/compact/qat-1 --search-corpus 0
+    python -m benchmarks.compact --seed 1 --train runs/compact --search-corpus 0
+
+Each trained model's run carries the commit, clean-tree flag and CPU it was made at (``made_at.json``,
+written as it starts); the record lists them, and the report marks a record whose models were made at
+another commit or carry no stamp (a run trained by hand and named with ``--models``).
 
 One record per invocation (machine, commit, clean-tree flag, threads, arguments, every figure)
 goes to ``--json`` (default ``benchmarks/results/compact-<cpu class>-seed<seed>.json``, ``-base``
@@ -45,7 +49,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -55,7 +64,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks._common import DATA, REPO, SOUND_TASKS, WIKI, cpu_class, cpu_flags, machine, refuse_dirty, save_results, setup_run
+from benchmarks.quality import runs_stamps
+from benchmarks.st_peers import settle_stamp, stamp_start
 from benchmarks.stats import save_rows
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("float32", "int8", "binary", "binary+rescore")
 # SentEval's files of one sentence a line (SST's: "sentence<TAB>label"): the search corpus past Wikipedia's lines.
@@ -64,6 +77,30 @@ SENTENCE_FILES = (
     "SUBJ/subj.subjective", "MPQA/mpqa.pos", "MPQA/mpqa.neg", "SNLI/s1.dev", "SNLI/s2.dev", "SNLI/s1.test",
     "SNLI/s2.test", "SST/binary/sentiment-train", "SST/binary/sentiment-dev", "SST/binary/sentiment-test",
 )  # fmt: skip
+
+
+RECIPE = REPO / "train" / "unsup.yaml"  # the main job
+TRAINED = {"main": (), "qat": ("--loss.quantization", "binary")}  # --train: each model's overrides of the recipe
+
+
+def train_models(out: Path, seed: int, threads: int) -> list[tuple[str, str]]:
+    """The main job and its QAT twin (:data:`TRAINED`) at ``seed``, each trained in a fresh interpreter with
+    ``threads`` threads into ``out/<name>-<seed>`` and stamped as it starts; a finished run there is reused (its stamp
+    says where it was made), an unfinished one removed (the kit refuses to train into a folder that exists)."""
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "SIMCSE_KIT_DATA": str(DATA)}
+    specs = []
+    for name, overrides in TRAINED.items():
+        folder = out / f"{name}-{seed}"
+        if not (folder / "metrics.json").is_file():
+            if folder.is_dir():
+                logger.warning("removing the unfinished run in %s", folder)
+                shutil.rmtree(folder)
+            stamp_start(folder)
+            command = [sys.executable, "-m", "simcse_kit.cli", "train", str(RECIPE), "--seed", str(seed)]
+            subprocess.run([*command, "--output-dir", str(folder), *overrides], cwd=REPO, env=env, check=True)
+        settle_stamp(folder)
+        specs.append((name, str(folder)))
+    return specs
 
 
 def sentence_pool() -> Iterator[str]:
@@ -282,10 +319,9 @@ class _NoRetrieval:
 
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--models", nargs="+", required=True, metavar="NAME=PATH", help="models to compare (a run, export or hub name)"
-    )
+    p.add_argument("--models", nargs="*", default=[], metavar="NAME=PATH", help="models to compare (a run, export or hub name)")
     p.add_argument("--seed", type=int, default=None, help="the training seed of the trained models (base has none)")
+    p.add_argument("--train", type=Path, default=None, metavar="DIR", help="train main and qat at --seed into DIR first")
     p.add_argument("--dims", default="full,128", help="comma-separated: 'full' and Matryoshka prefix sizes")
     p.add_argument("--tasks", nargs="+", default=None, help="STS tasks (default: the 7)")
     p.add_argument("--queries", type=int, default=1000, help="queries searched")
@@ -306,14 +342,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     import faiss
 
     faiss.omp_set_num_threads(args.threads)  # as torch's: the record's thread count is every library's
-    specs = [spec.split("=", 1) for spec in args.models]
-    if any(len(spec) != 2 for spec in specs):
+    given = [spec.split("=", 1) for spec in args.models]
+    if any(len(spec) != 2 for spec in given):
         p.error("--models: give NAME=PATH pairs, e.g. base=all-MiniLM-L6-v2")
+    specs = [(name, path) for name, path in given]
+    if args.train is not None and args.seed is None:
+        p.error("--train: give the --seed the models are trained at")
+    if not specs and args.train is None:
+        p.error("give --models NAME=PATH pairs, --train DIR, or both")
     from simcse_kit.config.recipes import senteval_dir
     from simcse_kit.evaluation import STSEvaluator
     from simcse_kit.evaluation.retrieval import RetrievalEvaluator
     from simcse_kit.evaluation.retrieval_tasks import build_retrieval_tasks
 
+    if args.train is not None:
+        specs += train_models(args.train, args.seed, args.threads)
     sts = STSEvaluator(senteval_dir(None, None), tasks=args.tasks, batch_size=args.batch_size)
     folders = build_retrieval_tasks(Path(tempfile.mkdtemp(prefix="compact-")), DATA, args.retrieval_tasks or [])
     retrieval = RetrievalEvaluator(list(folders.values()), batch_size=args.batch_size) if folders else _NoRetrieval()
@@ -335,6 +378,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     tag = "search" if args.search_only else f"seed{args.seed}" if args.seed is not None else "base"
     out = args.json or REPO / "benchmarks" / "results" / f"compact-{cpu_class(flags)}-{tag}.json"
     record = {"machine": machine(), "args": vars(args), "rows": rows, "search": timing}
+    # Where each trained model was made (a model without a stamp: "unknown"); the base is no run of ours.
+    trained = {name: {args.seed or 0: Path(path)} for name, path in specs if name != "base"}
+    record["runs_made_at"], record["runs_made_on"] = runs_stamps(trained) if not args.search_only else ({}, {})
     record["predictions"] = "per-pair STS scores of each row: the .npz of the same name beside this record"
     save_results(out, record, allow_dirty=args.allow_dirty)
     save_rows(out.with_suffix(".npz"), pairs, gold_of(sts))

@@ -1548,7 +1548,9 @@ def _compact_command(rec: Record) -> str:
     a = rec["args"]
     seed = f" --seed {a['seed']}" if a.get("seed") is not None else ""
     only = " --search-only" if a.get("search_only") else ""
-    return f"python -m benchmarks.compact{seed}{only} --models {' '.join(a['models'])} --search-corpus {a['search_corpus']}"
+    models = f" --models {' '.join(a['models'])}" if a["models"] else ""
+    train = f" --train {a['train']}" if a.get("train") else ""
+    return f"python -m benchmarks.compact{seed}{only}{models}{train} --search-corpus {a['search_corpus']}"
 
 
 def _compact_goals(dims: list[int]) -> list[str]:

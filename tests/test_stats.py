@@ -447,3 +447,47 @@ def test_seed_difference_is_welchs_t_interval_over_the_seeds() -> None:
     assert one.verdict == "better"
     flat = seed_difference([83.04] * 3, [83.04])
     assert (flat.difference, flat.low, flat.high, flat.verdict) == (0.0, 0.0, 0.0, "no difference measured")
+
+
+def test_compact_trains_its_models_stamped_and_reuses_a_finished_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks.compact --train`` makes the main job and its QAT twin itself, each stamped with the commit it
+    started at, so the record names where its models were made (a model named by hand with ``--models`` and no
+    stamp reads "unknown", which the report marks); a finished run is reused with its own stamp, an unfinished one
+    trained again from scratch."""
+    import subprocess
+
+    from benchmarks import _common, compact, quality, report
+
+    head = {"commit": "a" * 40}
+    monkeypatch.setattr(_common, "provenance", lambda _: {"commit": head["commit"], "dirty": False, "threads": None})
+    commands: list[list[str]] = []
+
+    def train(command: list[str], **kwargs: Any) -> None:  # simcse-kit train: the folder and its metrics.json
+        assert kwargs["env"]["OMP_NUM_THREADS"] == "1" and kwargs["check"]
+        commands.append(command)
+        folder = Path(command[command.index("--output-dir") + 1])
+        folder.mkdir()
+        (folder / "metrics.json").write_text("{}")
+
+    monkeypatch.setattr(subprocess, "run", train)
+    specs = compact.train_models(tmp_path, 7, threads=1)
+    assert specs == [("main", str(tmp_path / "main-7")), ("qat", str(tmp_path / "qat-7"))]
+    recipe = ["-m", "simcse_kit.cli", "train", str(compact.RECIPE), "--seed", "7", "--output-dir"]
+    assert [c[1:8] for c in commands] == [recipe, recipe]
+    assert commands[0][8:] == [str(tmp_path / "main-7")]
+    assert commands[1][8:] == [str(tmp_path / "qat-7"), "--loss.quantization", "binary"]
+    folders = {name: {7: Path(path)} for name, path in specs}
+    assert quality.runs_stamps(folders)[0] == {"main": ["a" * 40], "qat": ["a" * 40]}
+
+    head["commit"] = "b" * 40  # the code moves on: the finished main run is reused, the unfinished qat run made again
+    (tmp_path / "qat-7" / "metrics.json").unlink()
+    commands.clear()
+    compact.train_models(tmp_path, 7, threads=1)
+    assert [c[c.index("--output-dir") + 1] for c in commands] == [str(tmp_path / "qat-7")]
+    made_at = quality.runs_stamps(folders | {"hand": {7: tmp_path}})[0]
+    assert made_at == {"main": ["a" * 40], "qat": ["b" * 40], "hand": ["unknown"]}
+    record = {"provenance": {"commit": "b" * 40, "dirty": False}, "runs_made_at": made_at}
+    assert report.provenance_note(record) == f" (reuses runs made at another commit: {'a' * 12}, unknown)"
+    command = {"seed": 7, "models": [], "train": str(tmp_path), "search_corpus": 0}
+    said = f"python -m benchmarks.compact --seed 7 --train {tmp_path} --search-corpus 0"
+    assert report._compact_command({"args": command}) == said
