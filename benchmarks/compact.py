@@ -48,10 +48,10 @@ without ``--seed``). A smoke run: ``--recall-corpus 2000 --search-corpus 2000 --
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import logging
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -65,7 +65,7 @@ import numpy as np
 
 from benchmarks._common import DATA, REPO, SOUND_TASKS, WIKI, cpu_class, cpu_flags, machine, refuse_dirty, save_results, setup_run
 from benchmarks.quality import runs_stamps
-from benchmarks.st_peers import settle_stamp, stamp_start
+from benchmarks.st_peers import make_once
 from benchmarks.stats import save_rows
 
 logger = logging.getLogger(__name__)
@@ -91,14 +91,9 @@ def train_models(out: Path, seed: int, threads: int) -> list[tuple[str, str]]:
     specs = []
     for name, overrides in TRAINED.items():
         folder = out / f"{name}-{seed}"
-        if not (folder / "metrics.json").is_file():
-            if folder.is_dir():
-                logger.warning("removing the unfinished run in %s", folder)
-                shutil.rmtree(folder)
-            stamp_start(folder)
-            command = [sys.executable, "-m", "simcse_kit.cli", "train", str(RECIPE), "--seed", str(seed)]
-            subprocess.run([*command, "--output-dir", str(folder), *overrides], cwd=REPO, env=env, check=True)
-        settle_stamp(folder)
+        command = [sys.executable, "-m", "simcse_kit.cli", "train", str(RECIPE), "--seed", str(seed)]
+        command += ["--output-dir", str(folder), *overrides]
+        make_once(folder, functools.partial(subprocess.run, command, cwd=REPO, env=env, check=True))
         specs.append((name, str(folder)))
     return specs
 

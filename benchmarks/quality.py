@@ -17,7 +17,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from benchmarks.st_peers import (
     TRANSFER_BATCHES,
     TRANSFER_NORMALIZE,
     dev_curve,
+    make_once,
     resolve_precision,
     retrieval_row,
     run_settings,
@@ -384,15 +384,7 @@ def run_job(job: Job) -> dict[str, float]:
 
     cfg = kit_config(job)
     folder = Path(job.out) / f"seed-{job.seed}"
-    if (folder / "metrics.json").is_file():
-        check_same_run(cfg, folder)
-    else:
-        if folder.is_dir():  # stopped part-way: the kit refuses to write over it
-            logger.warning("removing the unfinished run in %s", folder)
-            shutil.rmtree(folder)
-        stamp_start(folder)
-        run_seeds(cfg, [job.seed])
-    settle_stamp(folder)  # also a run resumed after its worker was killed before its final table
+    make_once(folder, lambda: run_seeds(cfg, [job.seed]), check=lambda: check_same_run(cfg, folder))
     done = folder / "metrics.json"
     metrics = json.loads(done.read_text(encoding="utf-8")) if job.dev_only else table_owed(folder, cfg)
     row = {

@@ -394,6 +394,22 @@ def settle_stamp(folder: Path) -> None:
             os.replace(pending, folder / MADE_AT)
 
 
+def make_once(folder: Path, train: Callable[[], object], check: Callable[[], object] | None = None) -> None:
+    """Make the run in ``folder`` with ``train``, stamped as it starts (:func:`stamp_start`), unless it finished
+    there before (its metrics.json exists): then ``check``, if given, vets it for reuse and it keeps its own stamp.
+    A run stopped part-way is removed first, since the kit refuses to train into a folder that exists."""
+    if (folder / "metrics.json").is_file():
+        if check is not None:
+            check()
+    else:
+        if folder.is_dir():
+            logger.warning("removing the unfinished run in %s", folder)
+            shutil.rmtree(folder)
+        stamp_start(folder)
+        train()
+    settle_stamp(folder)  # also a run resumed after its worker was killed before its final table
+
+
 def save_sts_pairs(path: Path, evaluator: Any) -> None:
     """The per-pair cosines (float16) and gold scores behind each task's figure of the last call of an
     ``STSEvaluator`` (``main_split``: STS12-16 all subsets concatenated), for ``benchmarks.stats``'s intervals."""

@@ -344,6 +344,44 @@ def test_a_run_is_stamped_with_the_commit_and_cpu_it_was_made_at(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed-1"]  # the pending stamp was moved, not copied
 
 
+def test_make_once_trains_a_run_once_and_trains_an_unfinished_one_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """st_peers.make_once, shared by quality.run_job and compact.train_models: a new run is trained and stamped with
+    the commit it started at; a finished one is vetted by ``check`` and reused with its own stamp, never trained
+    again (a failed check stops there); a folder without metrics.json (stopped part-way) is removed and made again."""
+    from benchmarks import _common, st_peers
+
+    head = {"commit": "a" * 40}
+    monkeypatch.setattr(_common, "provenance", lambda _: {"commit": head["commit"], "dirty": False, "threads": None})
+    folder, calls = tmp_path / "run", []
+
+    def train() -> None:
+        assert not folder.exists()  # the kit refuses to train into a folder that exists
+        calls.append("train")
+        folder.mkdir()
+        (folder / "metrics.json").write_text("{}")
+        head["commit"] = "b" * 40  # the code moves on while the run is out
+
+    def made_at() -> str:
+        return json.loads((folder / st_peers.MADE_AT).read_text())["commit"]
+
+    def refuse() -> None:
+        raise ValueError("another run's settings")
+
+    st_peers.make_once(folder, train, check=lambda: calls.append("check"))
+    assert calls == ["train"] and made_at() == "a" * 40
+    st_peers.make_once(folder, train, check=lambda: calls.append("check"))
+    assert calls == ["train", "check"] and made_at() == "a" * 40
+    with pytest.raises(ValueError, match="another run"):
+        st_peers.make_once(folder, train, check=refuse)
+    assert calls == ["train", "check"]
+    (folder / "metrics.json").unlink()
+    (folder / "checkpoint").mkdir()  # what a stopped run leaves
+    st_peers.make_once(folder, train)
+    assert calls == ["train", "check", "train"] and made_at() == "b" * 40
+    assert sorted(p.name for p in folder.iterdir()) == [st_peers.MADE_AT, "metrics.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # the pending stamp was moved
+
+
 def test_a_run_killed_before_its_final_table_keeps_the_commit_it_was_trained_at(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
