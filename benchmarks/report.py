@@ -1511,11 +1511,30 @@ def compact_block() -> str:
     )
     out = [intro, "", *md_table(head, rows), "", *_compact_goals(dims[:1]), ""]
     quality = [r for r in kept if r["rows"]]
-    others = ", ".join(str(r["args"]["seed"]) for r in quality[1:] if r["args"].get("seed") is not None)
-    same = f" Seeds {others}: the same command with their seed, same machine (details)." if others else ""
-    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}, full=False) + same] if quality else []
+    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}, full=False) + _compact_seeds(quality)]
     lines += [machine_line(r | {"command": _compact_command(r)}, full=False) for r in kept if not r["rows"]]
     return "\n".join([*out, *lines])
+
+
+def _compact_seeds(quality: list[Record]) -> str:
+    """What the quality records after the first ran, beside its command: each seed, and the models it scored
+    beyond the first's; the details' commands where another argument or the CPU differs."""
+    first = quality[0]
+
+    def setting(rec: Record) -> tuple[Any, ...]:
+        args = {k: v for k, v in rec["args"].items() if k not in ("seed", "models")}
+        return sorted(args.items()), rec["machine"].get("cpu"), rec["machine"].get("cpu_class")
+
+    others = [r for r in quality[1:] if r["args"].get("seed") is not None]
+    if not others:
+        return ""
+    if any(setting(r) != setting(first) for r in others):
+        return " Other seeds: their commands and machines in the details."
+    said = []
+    for rec in others:
+        extra = [m for m in rec["args"].get("models", []) if m not in first["args"].get("models", [])]
+        said.append(f"{rec['args']['seed']}" + (f" (+ `--models {' '.join(extra)}`)" if extra else ""))
+    return f" Seeds {', '.join(said)}: same command and machine (details)."
 
 
 def compact_details() -> str:

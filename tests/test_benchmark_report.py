@@ -895,3 +895,21 @@ def test_the_readme_gpu_line_is_every_stamped_run_of_the_default_workers_pair(
         f"trainer (`st-w8`, bf16), same DataLoader workers and gradient clipping (median of 3 paired rounds; `{f}`)."
         for f in ("gpu-a", "gpu-b")
     ]
+
+
+def test_the_compact_line_names_what_the_other_seeds_ran_beyond_the_first() -> None:
+    """The compact block shows the first seed's command and says the others ran the same one only where they did:
+    a seed that also scored a model names it, and a seed run with another argument or on another CPU sends the
+    reader to the details rather than being called the same."""
+    machine = {"cpu": "CPU A", "cpu_class": "amx"}
+    args = {"seed": 1, "models": [], "train": "runs/compact", "threads": 1}
+    first = {"args": args, "machine": machine}
+    base = {"args": args | {"seed": 42, "models": ["base=all-MiniLM-L6-v2"]}, "machine": machine}
+    said = report._compact_seeds([first, {"args": args | {"seed": 2}, "machine": machine}, base])
+    assert said == " Seeds 2, 42 (+ `--models base=all-MiniLM-L6-v2`): same command and machine (details)."
+    for other in (
+        {"args": args | {"seed": 2, "threads": 2}, "machine": machine},
+        {"args": args | {"seed": 2}, "machine": machine | {"cpu": "CPU B"}},
+    ):
+        assert report._compact_seeds([first, other, base]) == " Other seeds: their commands and machines in the details."
+    assert report._compact_seeds([first]) == ""
