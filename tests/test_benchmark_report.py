@@ -913,3 +913,8 @@ def test_the_compact_line_names_what_the_other_seeds_ran_beyond_the_first() -> N
     ):
         assert report._compact_seeds([first, other, base]) == " Other seeds: their commands and machines in the details."
     assert report._compact_seeds([first]) == ""
+
+
+def test_a_goal_missed_by_less_than_a_hundredth_shows_by_how_much() -> None:
+    assert report._missed(0.0042) == "missed by 0.004"  # two decimals would say "missed by 0.00"
+    assert report._missed(0.05) == "missed by 0.05" and report._missed(0.0) == "missed by 0.00"
