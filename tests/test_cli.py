@@ -139,3 +139,20 @@ def test_paper_recipes_use_the_paper_loss() -> None:
     repo = Path(__file__).resolve().parents[1]
     for name in ("unsup_bert_base.yaml", "unsup_bert_large.yaml"):
         assert load_config(repo / "train" / "paper" / name).loss.unsup_loss == "paper", name
+
+
+def test_the_cli_log_leaves_out_faiss_trying_its_simd_builds() -> None:
+    """faiss logs each SIMD build it tries on import at INFO ("Could not load library with AVX2 support due to:
+    ModuleNotFoundError" where the wheel ships one dispatching library): under the CLI's log, which `mine` and
+    `evaluate --precision` import faiss into, none of it shows; under a plain INFO log it does."""
+    import subprocess
+    import sys
+
+    plain = "import logging; logging.basicConfig(level=logging.INFO); import faiss"
+    ours = "from simcse_kit.cli import configure_logging; configure_logging(False); import faiss, logging"
+    ours += "; logging.getLogger('simcse_kit').info('still logging')"
+    logs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr for code in (plain, ours)
+    ]
+    assert "faiss.loader" in logs[0]
+    assert "faiss.loader" not in logs[1] and "INFO simcse_kit: still logging" in logs[1]

@@ -66,20 +66,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(verbose: bool) -> None:
+    """The CLI's log: INFO (DEBUG with ``-v``) with times, less the libraries that chatter at INFO."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    # faiss.loader: on import, every SIMD build it tries first, each "Could not load library ...
+    # ModuleNotFoundError" where the wheel ships one dispatching library, which reads as a failure.
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "faiss.loader"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # transformers 5 lists every unsharded layer at WARNING on a plain single-device load.
+    logging.getLogger("transformers.distributed.tensor_parallel").setLevel(logging.ERROR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not args.extra_ok:  # only train/sweep take config overrides
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    for noisy in ("httpx", "urllib3", "filelock", "datasets"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # transformers 5 lists every unsharded layer at WARNING on a plain single-device load.
-    logging.getLogger("transformers.distributed.tensor_parallel").setLevel(logging.ERROR)
+    configure_logging(args.verbose)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         check_counts(args)
