@@ -1511,7 +1511,8 @@ def compact_block() -> str:
     )
     out = [intro, "", *md_table(head, rows), "", *_compact_goals(dims[:1]), ""]
     quality = [r for r in kept if r["rows"]]
-    lines = [machine_line(quality[0] | {"command": _compact_command(quality[0])}, full=False) + _compact_seeds(quality)]
+    first = [machine_line(quality[0] | {"command": _compact_command(quality[0])}, full=False)] if quality else []
+    lines = [line + _compact_seeds(quality) for line in first]
     lines += [machine_line(r | {"command": _compact_command(r)}, full=False) for r in kept if not r["rows"]]
     return "\n".join([*out, *lines])
 

@@ -918,3 +918,14 @@ def test_the_compact_line_names_what_the_other_seeds_ran_beyond_the_first() -> N
 def test_a_goal_missed_by_less_than_a_hundredth_shows_by_how_much() -> None:
     assert report._missed(0.0042) == "missed by 0.004"  # two decimals would say "missed by 0.00"
     assert report._missed(0.05) == "missed by 0.05" and report._missed(0.0) == "missed by 0.00"
+
+
+def test_the_compact_block_with_only_the_search_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Search timing kept before any quality record: the block shows the timing and its command, no seed line."""
+    import shutil
+
+    shutil.copy(report.RESULTS / "compact-amx-search.json", tmp_path)
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    block = report.compact_block()
+    assert "--search-only --models base=all-MiniLM-L6-v2 --search-corpus 100000" in block
+    assert "Seeds" not in block and "| 384 |" not in block
